@@ -1,0 +1,1 @@
+"""Conveyor: an inference batching service."""

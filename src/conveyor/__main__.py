@@ -1,0 +1,5 @@
+"""``python -m conveyor`` runs the CLI."""
+
+from conveyor.cli import app
+
+app()

@@ -1,0 +1,1 @@
+"""The HTTP surface: thin handlers that parse, call the service, and format."""

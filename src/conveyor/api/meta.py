@@ -1,0 +1,49 @@
+"""Model list, liveness, readiness and metrics."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from conveyor.service import Service
+
+router = APIRouter()
+
+
+def _json(body: object, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    """OpenAI's model list: every model this service hosts."""
+    service: Service = request.app.state.service
+    data = [
+        {"id": h.config.name, "object": "model", "created": h.created_at, "owned_by": "conveyor"}
+        for h in service.models()
+    ]
+    return _json({"object": "list", "data": data})
+
+
+@router.get("/health")
+async def health() -> Response:
+    """Alive: the process answers."""
+    return _json({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    """Ready: every model loaded and accepting inputs (503 until then)."""
+    service: Service = request.app.state.service
+    if service.is_ready:
+        return _json({"status": "ready", "models": [h.config.name for h in service.models()]})
+    return _json({"status": "loading"}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition of this service's registry."""
+    service: Service = request.app.state.service
+    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,45 @@
+"""Request bodies as pydantic models (OpenAI's field names and types)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+
+EmbeddingInputField = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+
+
+class EmbeddingRequest(BaseModel):
+    """``POST /v1/embeddings``; ``truncate`` is Conveyor's extension."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr = Field(min_length=1)
+    input: EmbeddingInputField
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(default=None, ge=1)
+    user: StrictStr | None = None
+    truncate: bool = False
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: EmbeddingInputField) -> EmbeddingInputField:
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("input must not be an empty string")
+            return value
+        if not value:
+            raise ValueError("input must not be an empty list")
+        for index, item in enumerate(value):
+            if isinstance(item, str | list) and len(item) == 0:
+                raise ValueError(f"input[{index}] must not be empty")
+        return value
+
+    def inputs(self) -> list[str | list[int]]:
+        """The input normalised to a list of strings or token-id lists."""
+        value = self.input
+        if isinstance(value, str):
+            return [value]
+        if value and isinstance(value[0], int):
+            return [[int(token) for token in value]]  # one input given as token ids
+        return list(value)  # type: ignore[arg-type]

@@ -1,0 +1,61 @@
+"""How long a batch takes: a forgetting linear fit t(n) = a + b * n.
+
+Used to predict an arriving input's wait (refuse it at once if it cannot meet
+its deadline), to compute ``Retry-After`` and to export a service rate.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class BatchTimeModel:
+    """Exponentially weighted least squares over (batch size, seconds) pairs."""
+
+    def __init__(self, *, alpha: float = 0.1, min_observations: int = 3) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError("alpha must be in (0, 1]")
+        self.alpha = alpha
+        self.min_observations = min_observations
+        self.num_observations = 0
+        self._n = 0.0
+        self._t = 0.0
+        self._nn = 0.0
+        self._nt = 0.0
+
+    @property
+    def is_warm(self) -> bool:
+        """True once enough batches were seen for predictions to mean something."""
+        return self.num_observations >= self.min_observations
+
+    def observe(self, batch_size: int, seconds: float) -> None:
+        """Record one batch."""
+        w = 1.0 if self.num_observations == 0 else self.alpha
+        self._n += w * (batch_size - self._n)
+        self._t += w * (seconds - self._t)
+        self._nn += w * (batch_size * batch_size - self._nn)
+        self._nt += w * (batch_size * seconds - self._nt)
+        self.num_observations += 1
+
+    def seconds_for(self, batch_size: int) -> float:
+        """Predicted model time for a batch of ``batch_size``."""
+        variance = self._nn - self._n * self._n
+        if variance <= 1e-9 or self._n <= 0:
+            return max(self._t, 0.0)
+        slope = max(0.0, (self._nt - self._n * self._t) / variance)
+        intercept = max(0.0, self._t - slope * self._n)
+        return intercept + slope * batch_size
+
+    def predicted_wait_s(self, num_ahead: int, cap: int) -> float:
+        """Time until an input with ``num_ahead`` inputs before it has its result."""
+        num_batches = math.ceil((num_ahead + 1) / max(1, cap))
+        return num_batches * self.seconds_for(cap)
+
+    def drain_time_s(self, num_queued: int, cap: int) -> float:
+        """Time to run the whole queue at full batches."""
+        return math.ceil(num_queued / max(1, cap)) * self.seconds_for(cap)
+
+    def service_rate(self, cap: int) -> float:
+        """Inputs per second at full batches (0 when unknown)."""
+        seconds = self.seconds_for(cap)
+        return cap / seconds if seconds > 0 else 0.0

@@ -1,0 +1,172 @@
+"""Settings: a YAML file, then environment variables, then flags; validated once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from conveyor.errors import ConfigError
+
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+class _Strict(BaseModel):
+    """Base for config sections: unknown keys are mistakes, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BatchingConfig(_Strict):
+    """Knobs every one-shot model shares; they sit flat in the model's entry."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    max_batch_size: int = Field(default=32, ge=1, le=65536)
+    max_wait_ms: float = Field(default=5.0, ge=0, le=60_000)
+    max_batch_tokens: int | None = Field(
+        default=None, ge=1, description="Padded tokens per batch (inputs x longest input)."
+    )
+    max_queue: int = Field(default=1024, ge=1)
+    timeout_ms: float = Field(default=30_000, gt=0)
+    max_inputs_per_request: int = Field(default=2048, ge=1)
+
+
+class SyntheticModelConfig(BatchingConfig):
+    """A calibrated stand-in for a GPU model: sleeps for its batch time, so the GIL is free."""
+
+    kind: Literal["synthetic"]
+    batch_latency_ms: float = Field(default=20.0, ge=0)
+    per_item_ms: float = Field(default=0.0, ge=0)
+    dim: int = Field(default=8, ge=1, le=65536)
+    max_input_tokens: int = Field(default=512, ge=1)
+    fail_marker: str | None = None
+    oom_above: int | None = Field(default=None, ge=1)
+    slow_marker: str | None = None
+    slow_ms: float = Field(default=0.0, ge=0)
+
+
+class EmbeddingModelConfig(BatchingConfig):
+    """A sentence-transformers / Hugging Face encoder; the bundled MiniLM when no path."""
+
+    kind: Literal["embedding"]
+    path: Path | None = None
+    device: str = "auto"
+    max_input_tokens: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"model directory {value} does not exist")
+        return value
+
+
+ModelConfig = Annotated[
+    SyntheticModelConfig | EmbeddingModelConfig,
+    Field(discriminator="kind"),
+]
+
+
+class ApiKey(_Strict):
+    """An accepted API key and the tenant it belongs to."""
+
+    key: str = Field(min_length=8)
+    tenant: str = "default"
+
+
+class ServerConfig(_Strict):
+    """The whole service configuration."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_keys: list[ApiKey] = Field(default_factory=list)
+    data_dir: Path = Path("data")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    models: list[ModelConfig] = Field(default_factory=list)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys_from_strings(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"key": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @model_validator(mode="after")
+    def _defaults_and_unique_names(self) -> ServerConfig:
+        if not self.models:
+            object.__setattr__(self, "models", [default_model_config()])
+        names = [model.name for model in self.models]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"model names must be unique; repeated: {', '.join(duplicates)}")
+        keys = [api_key.key for api_key in self.api_keys]
+        if len(set(keys)) != len(keys):
+            raise ValueError("api_keys must be unique")
+        return self
+
+    def model(self, name: str) -> SyntheticModelConfig | EmbeddingModelConfig | None:
+        """The model entry of that name, if configured."""
+        return next((model for model in self.models if model.name == name), None)
+
+
+def default_model_config() -> EmbeddingModelConfig:
+    """The model served when no configuration names one: the bundled all-MiniLM-L6-v2."""
+    return EmbeddingModelConfig(
+        name=DEFAULT_MODEL_NAME, kind="embedding", max_batch_size=64, max_wait_ms=5
+    )
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        lines.append(f"  {where}: {error['msg']}")
+    return "\n".join(lines)
+
+
+def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    if "CONVEYOR_HOST" in env:
+        overrides["host"] = env["CONVEYOR_HOST"]
+    if "CONVEYOR_PORT" in env:
+        overrides["port"] = env["CONVEYOR_PORT"]
+    if "CONVEYOR_DATA_DIR" in env:
+        overrides["data_dir"] = env["CONVEYOR_DATA_DIR"]
+    if "CONVEYOR_API_KEYS" in env:
+        overrides["api_keys"] = [key for key in env["CONVEYOR_API_KEYS"].split(",") if key]
+    return overrides
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    overrides: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> ServerConfig:
+    """Read YAML (if given), apply ``CONVEYOR_*`` env vars, then ``overrides``; validate once.
+
+    Raises ``ConfigError`` with one line per mistake.
+    """
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {path} not found") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        raw = dict(loaded or {})
+    raw.update(_env_overrides(dict(os.environ) if env is None else env))
+    raw.update({key: value for key, value in (overrides or {}).items() if value is not None})
+    try:
+        return ServerConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from exc

@@ -1,0 +1,384 @@
+"""Continuous-batching scheduler: which sequences compute which tokens each step.
+
+Policy, kept deliberately simple:
+
+* Order.  Every queue is ordered by ``(priority, arrival)``: online before
+  batch, older before newer.  Waiting sequences are admitted strictly in that
+  order (the head blocks the queue when it does not fit), so a preempted
+  sequence, which keeps its arrival, is readmitted before newer arrivals of the
+  same or lower priority.
+* Each step.  Running sequences go first: single-token steps (decodes) in
+  order, then running chunked prefills in order, each taking what is left of
+  the token budget.  Then waiting sequences are admitted while the sequence
+  cap, the token budget and free blocks allow; a prompt longer than the
+  remaining budget is prefilled in chunks over several steps.
+* Preemption.  When a running sequence needs a block and none is free, the
+  running sequence with the largest ``(priority, arrival)`` is preempted (its
+  blocks are freed and its tokens, generated ones included, are recomputed
+  after readmission).  A step that preempted admits no one: the pool is short.
+  Preemption only ever serves running sequences; a waiting online request
+  waits for blocks rather than evicting running batch work.
+* Two-phase steps.  ``schedule`` reserves blocks but does not advance any
+  sequence; ``postprocess`` does, after the model ran.  If the run fails (out
+  of memory), the caller shrinks the token budget and schedules again.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.sequence import Sequence, SequenceStatus, check_token_id
+from conveyor.engine.step import SeqChunk
+
+
+def _order_key(seq: Sequence) -> tuple[int, int]:
+    """Queue order: more important first, then older first."""
+    return (int(seq.priority), seq.arrival)
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerConfig:
+    """Per-step limits of the scheduler."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}) so every running sequence can decode"
+            )
+
+
+@dataclass(slots=True, frozen=True)
+class ScheduledChunk:
+    """``num_new_tokens`` tokens of ``seq`` to compute this step.
+
+    ``start_pos`` and ``needs_logits`` are captured from the sequence when the
+    chunk is made, so a chunk that outlived its step is detected.
+    """
+
+    seq: Sequence
+    num_new_tokens: int
+    start_pos: int = field(init=False)
+    needs_logits: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        start = self.seq.num_computed_tokens
+        if self.num_new_tokens < 1:
+            raise ValueError(f"num_new_tokens must be >= 1, got {self.num_new_tokens}")
+        if start + self.num_new_tokens > self.seq.num_tokens:
+            raise ValueError(
+                f"sequence {self.seq.seq_id!r} has {self.seq.num_uncomputed_tokens} "
+                f"uncomputed tokens, cannot schedule {self.num_new_tokens}"
+            )
+        # Frozen dataclass: derived fields are set through object.__setattr__.
+        object.__setattr__(self, "start_pos", start)
+        # Reaching the newest token means the model must sample after this chunk.
+        object.__setattr__(self, "needs_logits", start + self.num_new_tokens == self.seq.num_tokens)
+
+    def to_seq_chunk(self) -> SeqChunk:
+        """The runner's view: tokens, first position, block table, whether to sample."""
+        if self.seq.num_computed_tokens != self.start_pos:
+            raise ValueError(
+                f"chunk of {self.seq.seq_id!r} is stale: it starts at {self.start_pos} but the "
+                f"sequence has {self.seq.num_computed_tokens} computed tokens"
+            )
+        end = self.start_pos + self.num_new_tokens
+        return SeqChunk(
+            token_ids=tuple(self.seq.token_ids[self.start_pos : end]),
+            start_pos=self.start_pos,
+            block_table=tuple(self.seq.block_table),
+            needs_logits=self.needs_logits,
+        )
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's plan: the chunks to compute and who was preempted for it."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether there is nothing to compute this step."""
+        return not self.chunks
+
+    def to_seq_chunks(self) -> list[SeqChunk]:
+        """Every chunk in the runner's form, in step order."""
+        return [chunk.to_seq_chunk() for chunk in self.chunks]
+
+
+class _StepPlan:
+    """Mutable accumulator for one ``schedule`` call."""
+
+    __slots__ = ("budget_left", "chunks", "num_batched_tokens", "preempted")
+
+    def __init__(self, token_budget: int) -> None:
+        self.chunks: dict[str, ScheduledChunk] = {}
+        self.preempted: list[Sequence] = []
+        self.budget_left = token_budget
+        self.num_batched_tokens = 0
+
+    def add(self, chunk: ScheduledChunk) -> None:
+        """Schedule a chunk and charge it to the budget."""
+        self.chunks[chunk.seq.seq_id] = chunk
+        self.budget_left -= chunk.num_new_tokens
+        self.num_batched_tokens += chunk.num_new_tokens
+
+    def drop(self, seq: Sequence) -> None:
+        """Unschedule ``seq`` (it was preempted later in the step) and refund it."""
+        chunk = self.chunks.pop(seq.seq_id, None)
+        if chunk is not None:
+            self.budget_left += chunk.num_new_tokens
+            self.num_batched_tokens -= chunk.num_new_tokens
+
+    def to_output(self) -> SchedulerOutput:
+        """Freeze the plan into the public output."""
+        return SchedulerOutput(list(self.chunks.values()), self.preempted, self.num_batched_tokens)
+
+
+class Scheduler:
+    """Decides each step's batch; see the module docstring for the policy."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        """Refuse a pool that cannot hold one sequence of ``max_model_len`` tokens.
+
+        That guarantee is what makes every admitted sequence able to run to
+        completion (alone, if it must), so preemption can never livelock.
+        """
+        needed = block_manager.num_blocks_needed(config.max_model_len)
+        if needed > block_manager.num_blocks:
+            raise ValueError(
+                f"max_model_len {config.max_model_len} needs {needed} blocks of "
+                f"{block_manager.block_size} tokens but the pool has {block_manager.num_blocks}; "
+                "lower max_model_len or give the KV cache more blocks"
+            )
+        self._config = config
+        self._block_manager = block_manager
+        self._waiting: list[Sequence] = []
+        self._running: list[Sequence] = []
+        self._by_id: dict[str, Sequence] = {}
+        self._length_capped: set[str] = set()
+        self._token_budget = config.max_num_batched_tokens
+        self._pending: SchedulerOutput | None = None
+
+    @property
+    def config(self) -> SchedulerConfig:
+        """The limits this scheduler enforces."""
+        return self._config
+
+    @property
+    def block_manager(self) -> BlockManager:
+        """The KV-cache pool this scheduler allocates from."""
+        return self._block_manager
+
+    @property
+    def token_budget(self) -> int:
+        """Current per-step token budget (lowered after out-of-memory failures)."""
+        return self._token_budget
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting for admission (preempted ones included)."""
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Sequences holding KV-cache blocks."""
+        return len(self._running)
+
+    @property
+    def has_unfinished(self) -> bool:
+        """Whether any sequence is waiting or running."""
+        return bool(self._by_id)
+
+    def get(self, seq_id: str) -> Sequence | None:
+        """The waiting or running sequence with this id, if any."""
+        return self._by_id.get(seq_id)
+
+    # -- life cycle -------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a fresh sequence for admission.
+
+        Raises ValueError for a sequence that is not fresh, whose id is already
+        queued, or that is longer than ``max_model_len`` (anything within
+        ``max_model_len`` fits the pool, see ``__init__``).
+        """
+        if seq.status is not SequenceStatus.WAITING or seq.block_table or seq.num_computed_tokens:
+            raise ValueError(f"sequence {seq.seq_id!r} is not fresh (status {seq.status.value})")
+        if seq.seq_id in self._by_id:
+            raise ValueError(f"a sequence with id {seq.seq_id!r} is already queued")
+        if seq.num_tokens > self._config.max_model_len:
+            raise ValueError(
+                f"sequence {seq.seq_id!r} has {seq.num_tokens} tokens, more than "
+                f"max_model_len {self._config.max_model_len}"
+            )
+        bisect.insort(self._waiting, seq, key=_order_key)
+        self._by_id[seq.seq_id] = seq
+
+    def abort(self, seq_id: str) -> Sequence | None:
+        """Drop a sequence wherever it is and free its blocks; None if unknown."""
+        seq = self._by_id.get(seq_id)
+        if seq is None:
+            return None
+        self._remove(seq)
+        seq.status = SequenceStatus.ABORTED
+        return seq
+
+    def finish(self, seq_id: str) -> Sequence:
+        """Mark a sequence finished (the caller saw a stop condition) and free it."""
+        seq = self._by_id.get(seq_id)
+        if seq is None:
+            raise ValueError(f"no waiting or running sequence has id {seq_id!r}")
+        self._remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        return seq
+
+    def _remove(self, seq: Sequence) -> None:
+        """Take ``seq`` out of the queues, releasing its blocks if it holds any."""
+        if seq.status is SequenceStatus.RUNNING:
+            self._running.remove(seq)
+            self._block_manager.free(seq)
+        else:
+            self._waiting.remove(seq)
+        del self._by_id[seq.seq_id]
+        self._length_capped.discard(seq.seq_id)
+
+    # -- token budget -----------------------------------------------------------
+
+    def shrink_token_budget(self) -> int:
+        """Halve the per-step token budget (floor 1) after the runner ran out of memory."""
+        self._token_budget = max(1, self._token_budget // 2)
+        return self._token_budget
+
+    def restore_token_budget(self) -> int:
+        """Double the budget back towards the configured one; call after a good step."""
+        self._token_budget = min(self._config.max_num_batched_tokens, self._token_budget * 2)
+        return self._token_budget
+
+    # -- stepping ---------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step; reserves blocks but advances no sequence.
+
+        Raises RuntimeError if a sequence that reached ``max_model_len`` (as
+        reported by ``postprocess``) has not been finished.
+        """
+        if self._length_capped:
+            capped = ", ".join(sorted(self._length_capped))
+            raise RuntimeError(f"finish() the sequences at max_model_len first: {capped}")
+        plan = _StepPlan(self._token_budget)
+        # Decodes first: one token each, and they hold the most latency-bound users.
+        for single_token in (True, False):
+            for seq in list(self._running):
+                is_single = seq.num_uncomputed_tokens == 1
+                if seq.status is SequenceStatus.RUNNING and is_single is single_token:
+                    self._schedule_running(seq, plan)
+        if not plan.preempted:
+            self._admit_waiting(plan)
+        self._pending = plan.to_output()
+        return self._pending
+
+    def _schedule_running(self, seq: Sequence, plan: _StepPlan) -> None:
+        """Give a running sequence its next chunk, preempting others for blocks."""
+        if plan.budget_left == 0:
+            return
+        while (room := self._block_manager.num_appendable_tokens(seq)) < 1:
+            victim = self._running[-1]
+            self._preempt(victim, plan)
+            if victim is seq:
+                return
+        # A prefill squeezed for blocks takes a shorter chunk instead of preempting.
+        num_new = min(seq.num_uncomputed_tokens, plan.budget_left, room)
+        self._block_manager.append(seq, num_new)
+        plan.add(ScheduledChunk(seq, num_new))
+
+    def _preempt(self, victim: Sequence, plan: _StepPlan) -> None:
+        """Free a running sequence's blocks and requeue it at its arrival position."""
+        self._running.remove(victim)
+        plan.drop(victim)
+        self._block_manager.free(victim)
+        victim.status = SequenceStatus.WAITING
+        victim.num_preemptions += 1
+        bisect.insort(self._waiting, victim, key=_order_key)
+        plan.preempted.append(victim)
+
+    def _admit_waiting(self, plan: _StepPlan) -> None:
+        """Admit waiting sequences in order while seats, budget and blocks allow."""
+        manager = self._block_manager
+        while (
+            self._waiting
+            and len(self._running) < self._config.max_num_seqs
+            and plan.budget_left > 0
+        ):
+            seq = self._waiting[0]
+            num_new = min(seq.num_tokens - manager.num_cache_hit_tokens(seq), plan.budget_left)
+            if not manager.can_allocate(seq, num_new):
+                return
+            self._waiting.pop(0)
+            manager.allocate(seq)
+            manager.append(seq, num_new)
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self._running, seq, key=_order_key)
+            plan.add(ScheduledChunk(seq, num_new))
+
+    def postprocess(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
+        """Apply a step the model completed: advance caches, append sampled tokens.
+
+        ``output`` must be the latest ``schedule()`` result, postprocessed once.
+        ``sampled`` maps the seq_id of every chunk with ``needs_logits`` to its
+        new token.  Chunks of sequences aborted or finished since ``schedule``
+        are ignored, with their tokens.  Returns the sequences that reached
+        ``max_model_len``: the caller must ``finish`` them before the next step.
+        Everything is validated before anything changes.
+        """
+        if output is not self._pending:
+            raise ValueError("output is not the latest schedule() result, or was postprocessed")
+        live = [chunk for chunk in output.chunks if self._is_running(chunk.seq)]
+        self._check_sampled(output, live, sampled)
+        self._pending = None
+        capped: list[Sequence] = []
+        for chunk in live:
+            seq = chunk.seq
+            seq.num_computed_tokens += chunk.num_new_tokens
+            self._block_manager.cache_computed_blocks(seq)
+            if chunk.needs_logits:
+                seq.append_token(sampled[seq.seq_id])
+                if seq.num_tokens >= self._config.max_model_len:
+                    capped.append(seq)
+                    self._length_capped.add(seq.seq_id)
+        return capped
+
+    def _is_running(self, seq: Sequence) -> bool:
+        """Whether ``seq`` itself (not a namesake) is still running."""
+        return self._by_id.get(seq.seq_id) is seq and seq.status is SequenceStatus.RUNNING
+
+    @staticmethod
+    def _check_sampled(
+        output: SchedulerOutput, live: list[ScheduledChunk], sampled: dict[str, int]
+    ) -> None:
+        """Every live sampling chunk has a valid token; no token lacks a chunk."""
+        expected = {chunk.seq.seq_id for chunk in live if chunk.needs_logits}
+        gone = {chunk.seq.seq_id for chunk in output.chunks} - {c.seq.seq_id for c in live}
+        missing = expected - sampled.keys()
+        if missing:
+            raise ValueError(f"no sampled token for {sorted(missing)}")
+        unexpected = sampled.keys() - expected - gone
+        if unexpected:
+            raise ValueError(
+                f"sampled tokens for sequences that did not sample: {sorted(unexpected)}"
+            )
+        for seq_id in expected:
+            check_token_id(seq_id, sampled[seq_id])

@@ -1,0 +1,146 @@
+"""One exception root; each error knows its HTTP status and OpenAI error body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConveyorError(Exception):
+    """Root of every error Conveyor raises on purpose.
+
+    ``status_code`` is the HTTP status the API answers with; ``error_type`` and
+    ``code`` fill the OpenAI error body ``{"error": {message, type, param, code}}``.
+    """
+
+    status_code: int = 500
+    error_type: str = "server_error"
+    default_code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+
+    def to_body(self) -> dict[str, Any]:
+        """The OpenAI-shaped error body."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        """Extra HTTP headers this error carries (``Retry-After`` for 429)."""
+        return {}
+
+
+class InvalidRequest(ConveyorError):
+    """The request is malformed or breaks a limit: 400."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class InputRejected(InvalidRequest):
+    """The model rejected one input (found by running it): 400."""
+
+    default_code = "input_rejected"
+
+
+class AuthenticationFailed(ConveyorError):
+    """Missing or wrong API key: 401."""
+
+    status_code = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class NotFound(ConveyorError):
+    """The named resource does not exist (or belongs to another tenant): 404."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    """No model of that name is served here: 404."""
+
+    default_code = "model_not_found"
+
+
+class QueueFull(ConveyorError):
+    """Admission refused because the queue is at its bound: 429 with Retry-After."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    default_code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after_s: int, code: str | None = None):
+        super().__init__(message, code=code)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class DeadlineExceeded(ConveyorError):
+    """The request's deadline passed (or would pass) before it could run: 504."""
+
+    status_code = 504
+    error_type = "timeout_error"
+    default_code = "deadline_exceeded"
+
+
+class ClientGone(ConveyorError):
+    """The caller disconnected; nothing is sent back (nginx's 499 in logs)."""
+
+    status_code = 499
+    error_type = "client_closed_request"
+    default_code = "client_gone"
+
+
+class ModelFault(ConveyorError):
+    """The model failed on an input it should have handled: 500."""
+
+    status_code = 500
+    error_type = "server_error"
+    default_code = "model_error"
+
+
+class ModelContractError(ModelFault):
+    """The model broke its contract (for example, wrong number of outputs): 500."""
+
+    default_code = "model_contract_violation"
+
+
+class ModelOutOfMemory(ConveyorError):
+    """The device ran out of memory on a batch; the batcher halves and retries."""
+
+    status_code = 503
+    error_type = "server_error"
+    default_code = "out_of_memory"
+
+
+class ServiceUnavailable(ConveyorError):
+    """Not ready, or shutting down: 503."""
+
+    status_code = 503
+    error_type = "server_error"
+    default_code = "unavailable"
+
+
+class NotImplementedYet(ConveyorError):
+    """A capability that is planned but not built yet: 501, said plainly."""
+
+    status_code = 501
+    error_type = "invalid_request_error"
+    default_code = "not_implemented"
+
+
+class ConfigError(ConveyorError):
+    """The configuration is invalid; raised once at start-up."""

@@ -1,0 +1,1 @@
+"""Model backends behind one protocol per model family."""

@@ -1,0 +1,176 @@
+"""The engine room shared by the HTTP API and the library: models and their batchers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.batching.batcher import Batcher, BatcherSettings
+from conveyor.batching.item import WorkItem
+from conveyor.config import EmbeddingModelConfig, ServerConfig, SyntheticModelConfig
+from conveyor.errors import ModelNotFound, ServiceUnavailable
+from conveyor.metrics import Metrics, ModelMetrics
+from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector
+from conveyor.models.registry import build_embedding_model
+from conveyor.priority import Priority
+
+log = logging.getLogger(__name__)
+
+OneShotConfig = SyntheticModelConfig | EmbeddingModelConfig
+ModelFactory = Callable[[OneShotConfig], EmbeddingModel]
+
+
+@dataclass(slots=True)
+class HostedModel:
+    """A loaded one-shot model, its config, its batcher and its metric children."""
+
+    config: OneShotConfig
+    model: EmbeddingModel
+    batcher: Batcher
+    metrics: ModelMetrics
+    created_at: int
+
+
+@dataclass(slots=True, frozen=True)
+class EmbedResult:
+    """Vectors in input order and the real number of tokens they cost."""
+
+    vectors: list[Vector]
+    num_tokens: int
+
+
+class Service:
+    """Loads the configured models, batches their inputs, answers callers.
+
+    Use as ``async with Service(config) as service: await service.embed(...)``.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        metrics: Metrics | None = None,
+        model_factory: ModelFactory = build_embedding_model,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self._model_factory = model_factory
+        self._models: dict[str, HostedModel] = {}
+        self._is_ready = False
+
+    @property
+    def is_ready(self) -> bool:
+        """True once every model is loaded and accepting inputs."""
+        return self._is_ready
+
+    async def start(self) -> None:
+        """Load every model (off the event loop) and start its batcher."""
+        for model_config in self.config.models:
+            started = time.perf_counter()
+            model = await asyncio.to_thread(self._model_factory, model_config)
+            self._models[model_config.name] = self._host(model_config, model)
+            log.info("loaded %s in %.1f s", model_config.name, time.perf_counter() - started)
+        self._is_ready = True
+
+    def _host(self, config: OneShotConfig, model: EmbeddingModel) -> HostedModel:
+        settings = BatcherSettings(
+            max_batch_size=config.max_batch_size,
+            max_wait_ms=config.max_wait_ms,
+            max_batch_tokens=config.max_batch_tokens,
+            max_queue=config.max_queue,
+        )
+        metrics = self.metrics.for_model(config.name)
+        batcher = Batcher(config.name, model.embed_batch, settings, metrics)
+        batcher.start()
+        return HostedModel(config, model, batcher, metrics, int(time.time()))
+
+    async def stop(self) -> None:
+        """Refuse new work, fail what is queued, release the models."""
+        self._is_ready = False
+        for hosted in self._models.values():
+            await hosted.batcher.stop()
+            hosted.model.close()
+        self._models.clear()
+
+    async def __aenter__(self) -> Service:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def models(self) -> list[HostedModel]:
+        """Every hosted model, in config order."""
+        return list(self._models.values())
+
+    def hosted(self, name: str) -> HostedModel:
+        """The hosted model of that name, or 404."""
+        hosted = self._models.get(name)
+        if hosted is None:
+            if not self._is_ready and self.config.model(name) is not None:
+                raise ServiceUnavailable(f"model {name!r} is still loading")
+            raise ModelNotFound(f"the model {name!r} does not exist", param="model")
+        return hosted
+
+    def submit_embeddings(
+        self,
+        hosted: HostedModel,
+        inputs: Sequence[EmbeddingInput],
+        *,
+        priority: Priority = Priority.ONLINE,
+        timeout_ms: float | None = None,
+        truncate: bool = False,
+    ) -> tuple[list[WorkItem], int]:
+        """Encode and admit every input (all or none); returns the items and token count."""
+        encoded = hosted.model.encode(inputs, truncate=truncate)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout_ms or hosted.config.timeout_ms) / 1000
+        items: list[WorkItem] = []
+        try:
+            for enc in encoded:
+                items.append(hosted.batcher.submit(enc.payload, enc.num_tokens, priority, deadline))
+        except BaseException:
+            for item in items:
+                hosted.batcher.abandon(item)
+            raise
+        return items, sum(enc.num_tokens for enc in encoded)
+
+    async def embed(
+        self,
+        model: str,
+        inputs: Sequence[EmbeddingInput],
+        *,
+        priority: Priority = Priority.ONLINE,
+        timeout_ms: float | None = None,
+        truncate: bool = False,
+    ) -> EmbedResult:
+        """Embed ``inputs`` with ``model``; each input is batched like a separate request."""
+        hosted = self.hosted(model)
+        items, num_tokens = self.submit_embeddings(
+            hosted, inputs, priority=priority, timeout_ms=timeout_ms, truncate=truncate
+        )
+        vectors = await gather_items(hosted.batcher, items)
+        return EmbedResult(vectors, num_tokens)
+
+
+async def gather_items(batcher: Batcher, items: list[WorkItem]) -> list[Any]:
+    """Await every item's result; if the awaiting is cancelled, drop what has not run."""
+    try:
+        if len(items) == 1:
+            return [await items[0].future]
+        return list(await asyncio.gather(*(item.future for item in items)))
+    except BaseException:
+        for item in items:
+            batcher.abandon(item)
+            item.future.add_done_callback(_consume_outcome)
+        raise
+
+
+def _consume_outcome(future: asyncio.Future[Any]) -> None:
+    """Mark a result nobody will read as retrieved (no 'never retrieved' noise)."""
+    if not future.cancelled():
+        future.exception()

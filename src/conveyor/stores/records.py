@@ -1,0 +1,273 @@
+"""Row types for the job store: files, batches, shards, leases and workers.
+
+Everything here is a plain frozen dataclass or a string enum so records can cross thread and
+process boundaries and be serialised without touching a database driver.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+FILE_ID_PREFIX = "file-"
+BATCH_ID_PREFIX = "batch_"
+# 12 random bytes: collisions are negligible and ids stay short enough for logs and URLs.
+_ID_RANDOM_BYTES = 12
+
+
+def new_file_id() -> str:
+    """Return a fresh OpenAI-style file id (`file-` + random hex)."""
+    return FILE_ID_PREFIX + secrets.token_hex(_ID_RANDOM_BYTES)
+
+
+def new_batch_id() -> str:
+    """Return a fresh OpenAI-style batch id (`batch_` + random hex)."""
+    return BATCH_ID_PREFIX + secrets.token_hex(_ID_RANDOM_BYTES)
+
+
+class BatchStatus(StrEnum):
+    """Batch lifecycle states, spelled exactly as OpenAI's Batch API spells them."""
+
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_BATCH_STATUSES: frozenset[BatchStatus] = frozenset(
+    {BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED}
+)
+
+# Legal lifecycle edges. The store's compare-and-set guards against races; this table guards
+# against programming errors such as resurrecting a completed batch.
+BATCH_TRANSITIONS: dict[BatchStatus, frozenset[BatchStatus]] = {
+    BatchStatus.VALIDATING: frozenset(
+        {BatchStatus.IN_PROGRESS, BatchStatus.FAILED, BatchStatus.CANCELLING}
+    ),
+    BatchStatus.IN_PROGRESS: frozenset(
+        {BatchStatus.FINALIZING, BatchStatus.CANCELLING, BatchStatus.EXPIRED, BatchStatus.FAILED}
+    ),
+    BatchStatus.FINALIZING: frozenset(
+        {BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED}
+    ),
+    BatchStatus.CANCELLING: frozenset({BatchStatus.CANCELLED}),
+    BatchStatus.FAILED: frozenset(),
+    BatchStatus.COMPLETED: frozenset(),
+    BatchStatus.EXPIRED: frozenset(),
+    BatchStatus.CANCELLED: frozenset(),
+}
+
+# The `*_at` column stamped when a batch enters each status. VALIDATING has none: a batch is
+# created in it and `created_at` records that moment.
+STATUS_TIMESTAMP_FIELD: dict[BatchStatus, str] = {
+    BatchStatus.IN_PROGRESS: "in_progress_at",
+    BatchStatus.FINALIZING: "finalizing_at",
+    BatchStatus.COMPLETED: "completed_at",
+    BatchStatus.FAILED: "failed_at",
+    BatchStatus.EXPIRED: "expired_at",
+    BatchStatus.CANCELLING: "cancelling_at",
+    BatchStatus.CANCELLED: "cancelled_at",
+}
+
+
+def can_transition(from_status: BatchStatus, to_status: BatchStatus) -> bool:
+    """Return whether the lifecycle allows moving a batch from `from_status` to `to_status`."""
+    return to_status in BATCH_TRANSITIONS[from_status]
+
+
+class ShardStatus(StrEnum):
+    """Shard states: waiting for a worker, held under a lease, or committed."""
+
+    PENDING = "pending"
+    LEASED = "leased"
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """An uploaded file. The bytes live in the object store under `object_key`."""
+
+    id: str
+    tenant: str
+    filename: str
+    purpose: str
+    bytes: int
+    created_at: int
+    object_key: str
+    status: str = "processed"
+
+    def __post_init__(self) -> None:
+        """Reject records that could never be valid rows."""
+        if not self.id.startswith(FILE_ID_PREFIX):
+            raise ValueError(f"file id must start with {FILE_ID_PREFIX!r}: {self.id!r}")
+        _require_text("tenant", self.tenant)
+        _require_text("object_key", self.object_key)
+        if self.bytes < 0:
+            raise ValueError(f"bytes must be >= 0, got {self.bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchError:
+    """One entry of a batch's `errors` list (OpenAI: code, message, param, line)."""
+
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready form used in storage and API responses."""
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any]) -> BatchError:
+        """Build from the JSON form written by `to_dict`."""
+        return BatchError(
+            code=str(raw["code"]),
+            message=str(raw["message"]),
+            param=raw.get("param"),
+            line=raw.get("line"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCounts:
+    """Request totals of a batch. The store derives all three from the batch's shards."""
+
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """A batch job. `request_counts` is read-only: the store computes it from the shards."""
+
+    id: str
+    tenant: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    created_at: int
+    status: BatchStatus = BatchStatus.VALIDATING
+    metadata: dict[str, str] | None = None
+    model: str | None = None
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    errors: list[BatchError] | None = None
+    request_counts: RequestCounts = field(default_factory=RequestCounts)
+
+    def __post_init__(self) -> None:
+        """Reject malformed ids, statuses and metadata before they reach a database."""
+        if not self.id.startswith(BATCH_ID_PREFIX):
+            raise ValueError(f"batch id must start with {BATCH_ID_PREFIX!r}: {self.id!r}")
+        _require_text("tenant", self.tenant)
+        if not isinstance(self.status, BatchStatus):
+            raise ValueError(f"status must be a BatchStatus, got {self.status!r}")
+        validate_metadata(self.metadata)
+
+
+def validate_metadata(metadata: dict[str, str] | None) -> None:
+    """Raise ValueError unless `metadata` is None or a str -> str mapping."""
+    if metadata is None:
+        return
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError(f"metadata must map str to str, got {key!r}: {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """What the planner decides for a shard: a line-aligned byte range of the input file.
+
+    `byte_end` is exclusive. `first_line` is the 0-based line number of the range's first line
+    in the whole input file, so workers can report errors with file-wide line numbers.
+    """
+
+    index: int
+    byte_start: int
+    byte_end: int
+    first_line: int
+    num_lines: int
+
+    def __post_init__(self) -> None:
+        """Reject negative positions and inverted ranges."""
+        if self.index < 0 or self.first_line < 0 or self.num_lines < 0:
+            raise ValueError(f"shard index, first_line and num_lines must be >= 0: {self}")
+        if not 0 <= self.byte_start <= self.byte_end:
+            raise ValueError(f"shard byte range must satisfy 0 <= start <= end: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRecord:
+    """A shard row as stored, including lease and progress state."""
+
+    batch_id: str
+    index: int
+    byte_start: int
+    byte_end: int
+    first_line: int
+    num_lines: int
+    status: ShardStatus
+    attempt: int
+    lease_owner: str | None
+    lease_expires_at: float | None
+    output_key: str | None
+    error_key: str | None
+    num_completed: int
+    num_failed: int
+    started_at: float | None
+    committed_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLease:
+    """Proof that `worker_id` holds attempt `attempt` of a shard until `lease_expires_at`.
+
+    `attempt` is the fencing token: every fenced call compares it with the stored attempt, so a
+    worker whose lease was taken over can no longer change the shard.
+    """
+
+    batch_id: str
+    index: int
+    attempt: int
+    worker_id: str
+    lease_expires_at: float
+    byte_start: int
+    byte_end: int
+    first_line: int
+    num_lines: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """A registered worker and how long ago it last sent a heartbeat."""
+
+    worker_id: str
+    address: str
+    models: tuple[str, ...]
+    capacity: int
+    load: dict[str, Any]
+    last_heartbeat_at: float
+    heartbeat_age_s: float
+    is_stale: bool
+
+
+def _require_text(name: str, value: str) -> None:
+    """Raise ValueError when a required text field is empty."""
+    if not value:
+        raise ValueError(f"{name} must be a non-empty string")

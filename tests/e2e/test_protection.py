@@ -1,0 +1,92 @@
+"""Overload, deadlines, disconnects and API keys on real server processes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import Server
+
+pytestmark = pytest.mark.slow
+
+
+def slow_model(**overrides: object) -> dict[str, object]:
+    model: dict[str, object] = {
+        "name": "slow",
+        "kind": "synthetic",
+        "max_batch_size": 1,
+        "max_wait_ms": 0,
+        "max_queue": 2,
+        "timeout_ms": 30000,
+        "batch_latency_ms": 300,
+        "dim": 4,
+    }
+    model.update(overrides)
+    return {"models": [model]}
+
+
+def post(server: Server, text: str, **kw: object) -> httpx.Response:
+    return httpx.post(f"{server.api}/embeddings", json={"model": "slow", "input": text}, **kw)  # type: ignore[arg-type]
+
+
+def test_queue_full_gets_429_with_computed_retry_after(server_factory) -> None:
+    server: Server = server_factory(slow_model())
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda i: post(server, f"x{i}", timeout=30), range(8)))
+    statuses = sorted(r.status_code for r in responses)
+    assert 200 in statuses and 429 in statuses
+    rejected = next(r for r in responses if r.status_code == 429)
+    assert int(rejected.headers["Retry-After"]) >= 1
+    assert rejected.json()["error"]["code"] == "queue_full"
+    assert (
+        server.metric("conveyor_requests_total", model="slow", outcome="rejected_queue_full") >= 1
+    )
+    assert post(server, "after the storm", timeout=30).status_code == 200
+
+
+def test_deadline_in_queue_is_504_and_input_never_runs(server_factory) -> None:
+    server: Server = server_factory(slow_model(max_queue=10))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        blocker = pool.submit(post, server, "blocker", timeout=30)
+        time.sleep(0.05)  # let the blocker reach the model first
+        doomed = post(server, "doomed", headers={"x-conveyor-timeout-ms": "100"}, timeout=30)
+        assert blocker.result().status_code == 200
+    assert doomed.status_code == 504
+    assert doomed.json()["error"]["code"] == "deadline_exceeded"
+    assert server.metric("conveyor_inputs_processed_total", model="slow") == 1
+    assert server.metric("conveyor_requests_total", model="slow", outcome="deadline") == 1
+
+
+def test_client_that_disconnects_is_dropped_before_running(server_factory) -> None:
+    server: Server = server_factory(slow_model(max_queue=10))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        blocker = pool.submit(post, server, "blocker", timeout=30)
+        time.sleep(0.05)
+        with pytest.raises(httpx.ReadTimeout):
+            post(server, "impatient", timeout=0.1)
+        assert blocker.result().status_code == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if server.metric("conveyor_requests_total", model="slow", outcome="client_gone") == 1:
+            break
+        time.sleep(0.05)
+    assert server.metric("conveyor_requests_total", model="slow", outcome="client_gone") == 1
+    time.sleep(0.4)  # longer than one batch: had it run, it would be counted by now
+    assert server.metric("conveyor_inputs_processed_total", model="slow") == 1
+
+
+def test_api_keys(server_factory) -> None:
+    config = {**slow_model(batch_latency_ms=0), "api_keys": ["sk-test-0123456789"]}
+    server: Server = server_factory(config)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.api, api_key="sk-wrong-key", max_retries=0).models.list()
+    missing = httpx.get(f"{server.api}/models")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+    good = openai.OpenAI(base_url=server.api, api_key="sk-test-0123456789", max_retries=0)
+    assert [m.id for m in good.models.list()] == ["slow"]
+    assert httpx.get(f"{server.url}/health").status_code == 200

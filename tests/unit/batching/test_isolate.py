@@ -1,0 +1,104 @@
+"""Bisection isolates exactly the failing inputs; OOM halves; contract breaks are loud."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conveyor.batching.isolate import run_isolated
+from conveyor.errors import InputRejected, ModelContractError, ModelFault, ModelOutOfMemory
+
+
+class Recorder:
+    """A fake model: doubles numbers, fails on the bad ones, OOMs above a size."""
+
+    def __init__(
+        self, bad: set[int] = frozenset(), oom_above: int | None = None, crash: bool = False
+    ):
+        self.bad = bad
+        self.oom_above = oom_above
+        self.crash = crash
+        self.calls: list[list[int]] = []
+
+    def __call__(self, payloads: list[Any]) -> list[int]:
+        self.calls.append(list(payloads))
+        if self.oom_above is not None and len(payloads) > self.oom_above:
+            raise ModelOutOfMemory("too big")
+        if any(p in self.bad for p in payloads):
+            if self.crash:
+                raise RuntimeError("kernel exploded")
+            raise InputRejected("bad input")
+        return [p * 2 for p in payloads]
+
+
+def never_oom(size: int) -> int:
+    raise AssertionError("no OOM expected")
+
+
+def test_clean_batch_runs_once() -> None:
+    model = Recorder()
+    assert run_isolated(model, [1, 2, 3], cap=10, on_oom=never_oom) == [2, 4, 6]
+    assert model.calls == [[1, 2, 3]]
+
+
+@pytest.mark.parametrize("bad", [{0}, {7}, {3, 4}, {0, 15}, set(range(16))])
+def test_only_failing_inputs_get_errors(bad: set[int]) -> None:
+    model = Recorder(bad=bad)
+    results = run_isolated(model, list(range(16)), cap=16, on_oom=never_oom)
+    for value, result in zip(range(16), results, strict=True):
+        if value in bad:
+            assert isinstance(result, InputRejected)
+        else:
+            assert result == value * 2
+
+
+def test_bisection_calls_are_logarithmic_for_one_bad_input() -> None:
+    model = Recorder(bad={5})
+    run_isolated(model, list(range(16)), cap=16, on_oom=never_oom)
+    # 1 full call, then two halves per level down to the single input: 1 + 2 * 4.
+    assert len(model.calls) == 9
+
+
+def test_generic_exception_becomes_model_fault_500() -> None:
+    model = Recorder(bad={2}, crash=True)
+    results = run_isolated(model, [1, 2, 3], cap=3, on_oom=never_oom)
+    assert results[0] == 2 and results[2] == 6
+    assert isinstance(results[1], ModelFault) and results[1].status_code == 500
+    assert "kernel exploded" in results[1].message
+
+
+def test_oom_halves_and_reports_new_cap() -> None:
+    model = Recorder(oom_above=4)
+    seen: list[int] = []
+
+    def on_oom(size: int) -> int:
+        seen.append(size)
+        return size // 2
+
+    results = run_isolated(model, list(range(10)), cap=10, on_oom=on_oom)
+    assert results == [v * 2 for v in range(10)]
+    # 10 -> OOM, cap 5 -> OOM again, cap 2: every later call fits and obeys the cap.
+    assert seen == [10, 5]
+    assert [len(call) for call in model.calls] == [10, 5, 2, 2, 1, 2, 2, 1]
+
+
+def test_single_input_oom_is_a_model_fault() -> None:
+    model = Recorder(oom_above=0)
+    results = run_isolated(model, [1], cap=1, on_oom=lambda size: 1)
+    assert isinstance(results[0], ModelFault) and results[0].code == "out_of_memory"
+
+
+def test_wrong_number_of_outputs_fails_every_input_loudly() -> None:
+    def short(payloads: list[Any]) -> list[int]:
+        return [1]
+
+    results = run_isolated(short, [1, 2, 3], cap=3, on_oom=never_oom)
+    assert all(isinstance(r, ModelContractError) for r in results)
+    assert "1 outputs for a batch of 3" in results[0].message
+
+
+def test_cap_splits_batch_before_running() -> None:
+    model = Recorder()
+    run_isolated(model, list(range(7)), cap=3, on_oom=never_oom)
+    assert [len(c) for c in model.calls] == [3, 3, 1]
