@@ -11,15 +11,10 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from conveyor.errors import ConveyorError, InvalidRequest
+from conveyor.endpoints.validation import invalid_from_validation
+from conveyor.errors import ConveyorError
 
 log = logging.getLogger(__name__)
-
-# Fields that accept several shapes: pydantic's per-shape report is noise to a caller.
-UNION_HINTS = {
-    "input": "'input' must be a string, an array of strings, an array of token ids "
-    "(integers) or an array of arrays of token ids",
-}
 
 
 def error_response(error: ConveyorError) -> Response:
@@ -30,25 +25,6 @@ def error_response(error: ConveyorError) -> Response:
         media_type="application/json",
         headers=error.headers(),
     )
-
-
-def invalid_from_validation(exc: ValidationError | RequestValidationError) -> InvalidRequest:
-    """A 400 naming the first bad field, from pydantic's report."""
-    errors = exc.errors()
-    if not errors:
-        return InvalidRequest("the request body is invalid")
-    first = errors[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = location[0] if location else None
-    where = ".".join(location) or "body"
-    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if param in UNION_HINTS and first.get("type") != "value_error":
-        return InvalidRequest(UNION_HINTS[param], param=param)
-    if first.get("type") == "json_invalid":
-        return InvalidRequest(f"the request body is not valid JSON: {message}")
-    if first.get("type") == "missing":
-        return InvalidRequest(f"missing required parameter: {where!r}", param=param)
-    return InvalidRequest(f"invalid value for {where!r}: {message}", param=param)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -123,10 +123,10 @@ class Batcher:
             raise ServiceUnavailable("the service is shutting down")
         now = loop.time()
         cap = self.governor.cap(now)
-        if not self.queue.can_put():
-            self.metrics.requests["rejected_queue_full"].inc()
+        if not self.queue.can_put(priority):
             raise QueueFull(
-                f"model {self.name!r} queue is full ({self.queue.max_queue} inputs waiting)",
+                f"model {self.name!r} queue is full ({self.queue.max_queue} {priority.name.lower()} "
+                "inputs waiting)",
                 retry_after_s=self.retry_after_s(cap),
             )
         if self.timing.is_warm:

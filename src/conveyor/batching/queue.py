@@ -52,13 +52,17 @@ class BatchQueue:
         """Live inputs that would run before a new input of ``priority``."""
         return sum(n for p, n in self._num_queued.items() if p <= priority)
 
-    def can_put(self) -> bool:
-        """False when the queue is at its bound."""
-        return self.num_queued < self.max_queue
+    def can_put(self, priority: Priority = Priority.ONLINE) -> bool:
+        """False when that class is at its bound.
+
+        Each class has its own bound, so a batch job that fills its share can
+        never make online callers see 429.
+        """
+        return self._num_queued[priority] < self.max_queue
 
     def put(self, item: WorkItem) -> None:
         """Enqueue; the caller checks ``can_put`` first (and answers 429 if not)."""
-        if not self.can_put():
+        if not self.can_put(item.priority):
             raise OverflowError("queue is full")
         self._deques[item.priority].append(item)
         self._num_queued[item.priority] += 1

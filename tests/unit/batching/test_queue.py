@@ -117,6 +117,11 @@ def test_bound_refuses_beyond_max_queue(loop: asyncio.AbstractEventLoop) -> None
     assert not q.can_put()
     with pytest.raises(OverflowError):
         q.put(make(loop))
+    # Batch work has its own bound: a full online class does not block it, nor vice versa.
+    assert q.can_put(Priority.BATCH)
+    q.put(make(loop, priority=Priority.BATCH))
+    q.put(make(loop, priority=Priority.BATCH))
+    assert not q.can_put(Priority.BATCH)
 
 
 def test_cap_below_max_batch_size_limits_the_batch(loop: asyncio.AbstractEventLoop) -> None:

@@ -1,0 +1,82 @@
+"""Embeddings: validate a body, batch its inputs, format OpenAI's response."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from pydantic import ValidationError
+
+from conveyor.endpoints.schemas import EmbeddingRequest
+from conveyor.endpoints.validation import invalid_from_validation
+from conveyor.errors import InvalidRequest
+from conveyor.models.base import Vector
+from conveyor.priority import Priority
+from conveyor.service import HostedModel, Service, gather_items
+
+
+def parse_embedding_request(body: bytes | dict[str, Any]) -> EmbeddingRequest:
+    """Validate a JSON body (raw bytes or decoded); any mistake is a 400 naming the field."""
+    try:
+        if isinstance(body, bytes | str):
+            return EmbeddingRequest.model_validate_json(body)
+        return EmbeddingRequest.model_validate(body)
+    except ValidationError as exc:
+        raise invalid_from_validation(exc) from None
+
+
+def check_request(hosted: HostedModel, request: EmbeddingRequest) -> list[str | list[int]]:
+    """Limits that depend on the model; returns the normalised inputs."""
+    if request.dimensions is not None and request.dimensions != hosted.model.dim:
+        raise InvalidRequest(
+            f"model {request.model!r} returns {hosted.model.dim} dimensions; "
+            f"it cannot return {request.dimensions}",
+            param="dimensions",
+        )
+    inputs = request.inputs()
+    limit = hosted.config.max_inputs_per_request
+    if len(inputs) > limit:
+        raise InvalidRequest(f"too many inputs: {len(inputs)} (at most {limit})", param="input")
+    return inputs
+
+
+async def run_embeddings(
+    service: Service,
+    body: bytes | dict[str, Any] | EmbeddingRequest,
+    *,
+    priority: Priority = Priority.ONLINE,
+    timeout_ms: float | None = None,
+) -> dict[str, Any]:
+    """Embed every input of one request; cancelling this drops inputs not yet run."""
+    request = body if isinstance(body, EmbeddingRequest) else parse_embedding_request(body)
+    hosted = service.hosted(request.model)
+    inputs = check_request(hosted, request)
+    items, num_tokens = service.submit_embeddings(
+        hosted, inputs, priority=priority, timeout_ms=timeout_ms, truncate=request.truncate
+    )
+    vectors = await gather_items(hosted.batcher, items)
+    return embedding_body(request.model, vectors, num_tokens, request.encoding_format)
+
+
+def embedding_body(
+    model: str, vectors: list[Vector], num_tokens: int, encoding_format: str
+) -> dict[str, Any]:
+    """OpenAI's embedding list object."""
+    encode = _as_base64 if encoding_format == "base64" else _as_floats
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": encode(v)}
+            for i, v in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+    }
+
+
+def _as_floats(vector: Vector) -> list[float]:
+    return vector.tolist()  # type: ignore[no-any-return]
+
+
+def _as_base64(vector: Vector) -> str:
+    return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
