@@ -125,8 +125,8 @@ class Batcher:
         cap = self.governor.cap(now)
         if not self.queue.can_put(priority):
             raise QueueFull(
-                f"model {self.name!r} queue is full ({self.queue.max_queue} {priority.name.lower()} "
-                "inputs waiting)",
+                f"model {self.name!r} queue is full "
+                f"({self.queue.max_queue} {priority.name.lower()} inputs waiting)",
                 retry_after_s=self.retry_after_s(cap),
             )
         if self.timing.is_warm:
