@@ -1,0 +1,1 @@
+"""Tests of the torch side of the generative engine (decoder, runner, sampling, tokenizer)."""
