@@ -1,0 +1,101 @@
+"""Config: YAML + env + overrides, validated once with messages that name the mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conveyor.config import DEFAULT_MODEL_NAME, SyntheticModelConfig, load_config
+from conveyor.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "conveyor.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_no_file_serves_the_default_model() -> None:
+    config = load_config(env={})
+    assert [m.name for m in config.models] == [DEFAULT_MODEL_NAME]
+    assert config.models[0].kind == "embedding"
+    assert config.port == 8000
+
+
+def test_flat_model_entry_from_the_issue(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+models:
+  - name: syn
+    kind: synthetic
+    max_batch_size: 100
+    max_wait_ms: 5
+    max_queue: 1000
+    timeout_ms: 30000
+    batch_latency_ms: 20
+    per_item_ms: 0
+    dim: 8
+    fail_marker: POISON
+    oom_above: 64
+""",
+    )
+    config = load_config(path, env={})
+    model = config.models[0]
+    assert isinstance(model, SyntheticModelConfig)
+    assert (model.max_batch_size, model.oom_above, model.fail_marker) == (100, 64, "POISON")
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (
+            "models:\n  - name: a\n    kind: synthetic\n    max_batch_size: 0\n",
+            "models.0.synthetic.max_batch_size",
+        ),
+        (
+            "models:\n  - name: a\n    kind: synthetic\n    bogus: 1\n",
+            "bogus: Extra inputs are not permitted",
+        ),
+        ("models:\n  - name: a\n    kind: quantum\n", "does not match any of the expected tags"),
+        (
+            "models:\n  - {name: a, kind: synthetic}\n  - {name: a, kind: synthetic}\n",
+            "repeated: a",
+        ),
+        ("models:\n  - {name: a, kind: embedding, path: /no/such/dir}\n", "does not exist"),
+        ("port: 99999\n", "port"),
+        ("- just\n- a list\n", "mapping at the top level"),
+        ("models: [\n", "not valid YAML"),
+        ("api_keys: [short]\n", "api_keys.0.key"),
+    ],
+)
+def test_mistakes_are_reported_with_their_place(tmp_path: Path, text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert fragment in str(info.value)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(Path("/definitely/not/here.yaml"), env={})
+
+
+def test_env_then_overrides_win(tmp_path: Path) -> None:
+    path = write(tmp_path, "port: 8100\nhost: 127.0.0.1\n")
+    env = {"CONVEYOR_PORT": "8200", "CONVEYOR_API_KEYS": "sk-aaaaaaaa1,sk-bbbbbbbb2"}
+    config = load_config(path, env=env)
+    assert config.port == 8200
+    assert [k.key for k in config.api_keys] == ["sk-aaaaaaaa1", "sk-bbbbbbbb2"]
+    assert load_config(path, env=env, overrides={"port": 8300, "host": None}).port == 8300
+
+
+def test_api_keys_with_tenants(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "api_keys:\n  - key: sk-tenant-a-123\n    tenant: a\n  - sk-plain-12345\n"
+    )
+    config = load_config(path, env={})
+    assert [(k.key, k.tenant) for k in config.api_keys] == [
+        ("sk-tenant-a-123", "a"),
+        ("sk-plain-12345", "default"),
+    ]
