@@ -9,10 +9,12 @@ from typing import Annotated
 
 import typer
 
+from conveyor.cli_batch import batch_app
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
 
 app = typer.Typer(help="Conveyor: batched inference behind an OpenAI-compatible API.")
+app.add_typer(batch_app, name="batch")
 
 
 def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
@@ -47,6 +49,88 @@ def serve(
     )
     uvicorn.run(
         create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@app.command()
+def worker(
+    store: Annotated[str, typer.Option(envvar="CONVEYOR_STORE", help="Job store URL.")],
+    config: Annotated[Path | None, typer.Option(help="YAML config file (models).")] = None,
+    objects: Annotated[
+        str | None, typer.Option(envvar="CONVEYOR_OBJECTS", help="Object store URL.")
+    ] = None,
+    listen: Annotated[str, typer.Option(help="HOST:PORT to listen on.")] = "127.0.0.1:8001",
+    advertise: Annotated[
+        str | None, typer.Option(envvar="CONVEYOR_ADVERTISE", help="URL gateways use.")
+    ] = None,
+    worker_id: Annotated[str | None, typer.Option(help="Registry id (default: random).")] = None,
+    heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 1.0,
+    drain_timeout_s: Annotated[float, typer.Option(help="Longest SIGTERM drain.")] = 30.0,
+) -> None:
+    """Host the configured models and join the fleet through the store's worker registry."""
+    from conveyor.worker import WorkerSettings, parse_listen, run_worker
+
+    settings = _load_or_exit(config)
+    try:
+        host, port = parse_listen(listen)
+        worker_settings = WorkerSettings(
+            store_url=store, objects_url=objects, host=host, port=port, advertise=advertise,
+            worker_id=worker_id, heartbeat_s=heartbeat_s, drain_timeout_s=drain_timeout_s,
+        )  # fmt: skip
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=2) from None
+    _configure_logging(settings.log_level)
+    run_worker(settings, worker_settings)
+
+
+@app.command()
+def gateway(
+    store: Annotated[str, typer.Option(envvar="CONVEYOR_STORE", help="Job store URL.")],
+    config: Annotated[Path | None, typer.Option(help="YAML config file (API keys).")] = None,
+    objects: Annotated[
+        str | None, typer.Option(envvar="CONVEYOR_OBJECTS", help="Object store URL.")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on (0 = any free).")] = None,
+    stale_after_s: Annotated[float, typer.Option(help="Heartbeat age that is stale.")] = 3.0,
+    refresh_s: Annotated[float, typer.Option(help="Seconds between registry reads.")] = 0.25,
+    max_attempts: Annotated[int, typer.Option(help="Workers tried per request.")] = 3,
+    target_utilisation: Annotated[float, typer.Option(help="For desired replicas.")] = 0.7,
+) -> None:
+    """Route online requests to the fleet's workers; holds no model."""
+    import uvicorn
+
+    from conveyor.gateway import GatewaySettings, create_gateway_app
+
+    settings = _load_or_exit(config, host=host, port=port)
+    try:
+        gateway_settings = GatewaySettings(
+            store_url=store, objects_url=objects, stale_after_s=stale_after_s,
+            reap_after_s=max(60.0, 20 * stale_after_s), refresh_s=refresh_s,
+            max_attempts=max_attempts, target_utilisation=target_utilisation,
+        )  # fmt: skip
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=2) from None
+    _configure_logging(settings.log_level)
+    uvicorn.run(
+        create_gateway_app(gateway_settings, settings),
         host=settings.host,
         port=settings.port,
         loop="uvloop",

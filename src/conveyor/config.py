@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from conveyor.errors import ConfigError
+from conveyor.jobs.config import JobsConfig
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
@@ -65,8 +66,57 @@ class EmbeddingModelConfig(BatchingConfig):
         return value
 
 
+class GenerateModelConfig(_Strict):
+    """A generative Llama-family checkpoint served with continuous batching.
+
+    The KV cache holds ``kv_cache_tokens`` tokens, or on CUDA takes
+    ``kv_cache_memory_fraction`` of the device; with neither, 0.9 of a CUDA device or
+    16384 tokens elsewhere. ``max_queue`` bounds requests waiting for admission.
+    """
+
+    kind: Literal["generate"]
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    path: Path
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    max_num_seqs: int = Field(default=64, ge=1, le=65536)
+    max_num_batched_tokens: int = Field(default=2048, ge=1)
+    kv_cache_tokens: int | None = Field(default=None, ge=1)
+    kv_cache_memory_fraction: float | None = Field(default=None, gt=0, le=1)
+    block_size: int = Field(default=16, ge=1, le=1024)
+    max_model_len: int | None = Field(
+        default=None, ge=2, description="Prompt plus output; default: the model's own limit."
+    )
+    max_queue: int = Field(default=1024, ge=1)
+    timeout_ms: float = Field(default=30_000, gt=0, description="Deadline for the first token.")
+    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, value: Path) -> Path:
+        if not value.is_dir():
+            raise ValueError(f"model directory {value} does not exist")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_limits(self) -> GenerateModelConfig:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
+        if self.kv_cache_tokens is not None and self.kv_cache_memory_fraction is not None:
+            raise ValueError("set kv_cache_tokens or kv_cache_memory_fraction, not both")
+        return self
+
+    @property
+    def max_batch_size(self) -> int:
+        """Sequences the model runs at once (what capacity sums mean for one-shot models)."""
+        return self.max_num_seqs
+
+
 ModelConfig = Annotated[
-    SyntheticModelConfig | EmbeddingModelConfig,
+    SyntheticModelConfig | EmbeddingModelConfig | GenerateModelConfig,
     Field(discriminator="kind"),
 ]
 
@@ -87,6 +137,7 @@ class ServerConfig(_Strict):
     data_dir: Path = Path("data")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     models: list[ModelConfig] = Field(default_factory=list)
+    jobs: JobsConfig = Field(default_factory=JobsConfig)
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -108,7 +159,9 @@ class ServerConfig(_Strict):
             raise ValueError("api_keys must be unique")
         return self
 
-    def model(self, name: str) -> SyntheticModelConfig | EmbeddingModelConfig | None:
+    def model(
+        self, name: str
+    ) -> SyntheticModelConfig | EmbeddingModelConfig | GenerateModelConfig | None:
         """The model entry of that name, if configured."""
         return next((model for model in self.models if model.name == name), None)
 

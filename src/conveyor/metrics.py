@@ -51,6 +51,25 @@ class ModelMetrics:
     inputs_processed: Any
 
 
+@dataclass(slots=True)
+class GeneratorMetrics:
+    """Metric children bound to one generative model's label."""
+
+    running: Any
+    waiting: Any
+    kv_blocks_used: Any
+    kv_blocks_free: Any
+    prompt_tokens: Any
+    generated_tokens: Any
+    time_to_first_token_s: Any
+    time_per_output_token_s: Any
+    preemptions: Any
+    prefix_cache_hit_tokens: Any
+    oom_backoffs: Any
+    latency_s: Any
+    requests: dict[str, Any]
+
+
 class Metrics:
     """All metric families; ``for_model`` returns the children for one model."""
 
@@ -109,6 +128,57 @@ class Metrics:
             "conveyor_inputs_processed_total", "Inputs the model has run", ["model"],
             registry=reg,
         )  # fmt: skip
+        self.batch_cache_hits = Counter(
+            "conveyor_batch_cache_hits_total", "Batch job lines answered from the result cache",
+            registry=reg,
+        )  # fmt: skip
+        self.batch_lines = Counter(
+            "conveyor_batch_lines_total", "Batch job lines run to a result, by outcome",
+            ["outcome"], registry=reg,
+        )  # fmt: skip
+        self._add_generator_families(reg)
+
+    def _add_generator_families(self, reg: CollectorRegistry) -> None:
+        """Families of generative models (continuous batching), labelled by model."""
+        self.running_seqs = Gauge(
+            "conveyor_running_sequences", "Sequences holding KV-cache blocks", ["model"],
+            registry=reg,
+        )  # fmt: skip
+        self.waiting_seqs = Gauge(
+            "conveyor_waiting_sequences", "Sequences waiting for admission (preempted included)",
+            ["model"], registry=reg,
+        )  # fmt: skip
+        self.kv_blocks_used = Gauge(
+            "conveyor_kv_blocks_used", "KV-cache blocks held by sequences", ["model"],
+            registry=reg,
+        )  # fmt: skip
+        self.kv_blocks_free = Gauge(
+            "conveyor_kv_blocks_free", "KV-cache blocks free (cached prefixes included)",
+            ["model"], registry=reg,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "conveyor_prompt_tokens_total", "Prompt tokens of admitted requests", ["model"],
+            registry=reg,
+        )  # fmt: skip
+        self.generated_tokens = Counter(
+            "conveyor_generated_tokens_total", "Tokens sampled", ["model"], registry=reg
+        )
+        self.time_to_first_token_s = Histogram(
+            "conveyor_time_to_first_token_seconds", "Arrival to first sampled token",
+            ["model"], buckets=LATENCY_BUCKETS_S, registry=reg,
+        )  # fmt: skip
+        self.time_per_output_token_s = Histogram(
+            "conveyor_time_per_output_token_seconds", "Time between a request's tokens",
+            ["model"], buckets=LATENCY_BUCKETS_S, registry=reg,
+        )  # fmt: skip
+        self.preemptions = Counter(
+            "conveyor_preemptions_total", "Sequences evicted to free KV-cache blocks",
+            ["model"], registry=reg,
+        )  # fmt: skip
+        self.prefix_cache_hit_tokens = Counter(
+            "conveyor_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache",
+            ["model"], registry=reg,
+        )  # fmt: skip
 
     def for_model(self, model: str) -> ModelMetrics:
         """Children bound to ``model``; every outcome and reason is created up front."""
@@ -128,3 +198,63 @@ class Metrics:
             service_rate=self.service_rate.labels(model),
             inputs_processed=self.inputs_processed.labels(model),
         )
+
+    def for_generator(self, model: str) -> GeneratorMetrics:
+        """Children bound to generative ``model``; every outcome is created up front."""
+        return GeneratorMetrics(
+            running=self.running_seqs.labels(model),
+            waiting=self.waiting_seqs.labels(model),
+            kv_blocks_used=self.kv_blocks_used.labels(model),
+            kv_blocks_free=self.kv_blocks_free.labels(model),
+            prompt_tokens=self.prompt_tokens.labels(model),
+            generated_tokens=self.generated_tokens.labels(model),
+            time_to_first_token_s=self.time_to_first_token_s.labels(model),
+            time_per_output_token_s=self.time_per_output_token_s.labels(model),
+            preemptions=self.preemptions.labels(model),
+            prefix_cache_hit_tokens=self.prefix_cache_hit_tokens.labels(model),
+            oom_backoffs=self.oom_backoffs.labels(model),
+            latency_s=self.latency_s.labels(model),
+            requests={o: self.requests.labels(model, o) for o in OUTCOMES},
+        )
+
+
+class GatewayMetrics:
+    """A gateway's metrics: its own requests and the fleet-wide scaling signal per model."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg = self.registry
+        self.fleet_queue_depth = Gauge(
+            "conveyor_fleet_queue_depth", "Inputs queued across healthy workers", ["model"],
+            registry=reg,
+        )  # fmt: skip
+        self.arrival_rate = Gauge(
+            "conveyor_fleet_arrival_rate_inputs_per_second",
+            "Inputs per second arriving at this gateway", ["model"], registry=reg,
+        )  # fmt: skip
+        self.service_rate = Gauge(
+            "conveyor_fleet_service_rate_inputs_per_second",
+            "Inputs per second the healthy workers sustain together at full batches", ["model"],
+            registry=reg,
+        )  # fmt: skip
+        self.desired_replicas = Gauge(
+            "conveyor_desired_replicas",
+            "Workers needed: arrival rate x mean service time / target utilisation", ["model"],
+            registry=reg,
+        )  # fmt: skip
+        self.workers = Gauge(
+            "conveyor_fleet_workers", "Registered workers by routing state", ["state"],
+            registry=reg,
+        )  # fmt: skip
+        self.requests = Counter(
+            "conveyor_gateway_requests_total", "Proxied requests by final status code",
+            ["model", "code"], registry=reg,
+        )  # fmt: skip
+        self.retries = Counter(
+            "conveyor_gateway_retries_total", "Attempts retried on another worker",
+            ["model", "reason"], registry=reg,
+        )  # fmt: skip
+        self.latency_s = Histogram(
+            "conveyor_gateway_request_latency_seconds", "Gateway request latency", ["model"],
+            buckets=LATENCY_BUCKETS_S, registry=reg,
+        )  # fmt: skip

@@ -7,21 +7,30 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.batching.batcher import Batcher, BatcherSettings
 from conveyor.batching.item import WorkItem
-from conveyor.config import EmbeddingModelConfig, ServerConfig, SyntheticModelConfig
-from conveyor.errors import ModelNotFound, ServiceUnavailable
-from conveyor.metrics import Metrics, ModelMetrics
+from conveyor.config import (
+    EmbeddingModelConfig,
+    GenerateModelConfig,
+    ServerConfig,
+    SyntheticModelConfig,
+)
+from conveyor.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
+from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics
 from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector
-from conveyor.models.registry import build_embedding_model
+from conveyor.models.registry import build_embedding_model, build_generator
 from conveyor.priority import Priority
+
+if TYPE_CHECKING:
+    from conveyor.engine.generator import HostedGenerator
 
 log = logging.getLogger(__name__)
 
 OneShotConfig = SyntheticModelConfig | EmbeddingModelConfig
 ModelFactory = Callable[[OneShotConfig], EmbeddingModel]
+GeneratorFactory = Callable[[GenerateModelConfig, GeneratorMetrics], "HostedGenerator"]
 
 
 @dataclass(slots=True)
@@ -55,11 +64,15 @@ class Service:
         *,
         metrics: Metrics | None = None,
         model_factory: ModelFactory = build_embedding_model,
+        generator_factory: GeneratorFactory = build_generator,
     ) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
         self._model_factory = model_factory
+        self._generator_factory = generator_factory
         self._models: dict[str, HostedModel] = {}
+        # Generative models (continuous batching), beside the one-shot ones.
+        self.generators: dict[str, HostedGenerator] = {}
         self._is_ready = False
 
     @property
@@ -71,8 +84,14 @@ class Service:
         """Load every model (off the event loop) and start its batcher."""
         for model_config in self.config.models:
             started = time.perf_counter()
-            model = await asyncio.to_thread(self._model_factory, model_config)
-            self._models[model_config.name] = self._host(model_config, model)
+            if isinstance(model_config, GenerateModelConfig):
+                metrics = self.metrics.for_generator(model_config.name)
+                self.generators[model_config.name] = await asyncio.to_thread(
+                    self._generator_factory, model_config, metrics
+                )
+            else:
+                model = await asyncio.to_thread(self._model_factory, model_config)
+                self._models[model_config.name] = self._host(model_config, model)
             log.info("loaded %s in %.1f s", model_config.name, time.perf_counter() - started)
         self._is_ready = True
 
@@ -95,6 +114,9 @@ class Service:
             await hosted.batcher.stop()
             hosted.model.close()
         self._models.clear()
+        for generator in self.generators.values():
+            await asyncio.to_thread(generator.stop)
+        self.generators.clear()
 
     async def __aenter__(self) -> Service:
         await self.start()
@@ -111,10 +133,30 @@ class Service:
         """The hosted model of that name, or 404."""
         hosted = self._models.get(name)
         if hosted is None:
+            if name in self.generators:
+                raise InvalidRequest(
+                    f"the model {name!r} is a generative model; use /v1/completions or "
+                    "/v1/chat/completions",
+                    param="model",
+                )
             if not self._is_ready and self.config.model(name) is not None:
                 raise ServiceUnavailable(f"model {name!r} is still loading")
             raise ModelNotFound(f"the model {name!r} does not exist", param="model")
         return hosted
+
+    def generator(self, name: str) -> HostedGenerator:
+        """The generative model of that name: 404 if unknown, 400 if it only embeds."""
+        generator = self.generators.get(name)
+        if generator is not None:
+            return generator
+        if name in self._models:
+            raise InvalidRequest(
+                f"the model {name!r} is an embedding model; it does not generate text",
+                param="model",
+            )
+        if not self._is_ready and self.config.model(name) is not None:
+            raise ServiceUnavailable(f"model {name!r} is still loading")
+        raise ModelNotFound(f"the model {name!r} does not exist", param="model")
 
     def submit_embeddings(
         self,

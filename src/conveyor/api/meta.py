@@ -20,9 +20,11 @@ def _json(body: object, status_code: int = 200) -> Response:
 async def list_models(request: Request) -> Response:
     """OpenAI's model list: every model this service hosts."""
     service: Service = request.app.state.service
+    entries = [(h.config.name, h.created_at) for h in service.models()]
+    entries += [(g.config.name, g.created_at) for g in service.generators.values()]
     data = [
-        {"id": h.config.name, "object": "model", "created": h.created_at, "owned_by": "conveyor"}
-        for h in service.models()
+        {"id": name, "object": "model", "created": created, "owned_by": "conveyor"}
+        for name, created in entries
     ]
     return _json({"object": "list", "data": data})
 
@@ -38,7 +40,8 @@ async def ready(request: Request) -> Response:
     """Ready: every model loaded and accepting inputs (503 until then)."""
     service: Service = request.app.state.service
     if service.is_ready:
-        return _json({"status": "ready", "models": [h.config.name for h in service.models()]})
+        names = [h.config.name for h in service.models()] + list(service.generators)
+        return _json({"status": "ready", "models": names})
     return _json({"status": "loading"}, status_code=503)
 
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from conveyor.config import EmbeddingModelConfig, SyntheticModelConfig
+from typing import TYPE_CHECKING
+
+from conveyor.config import EmbeddingModelConfig, GenerateModelConfig, SyntheticModelConfig
+from conveyor.metrics import GeneratorMetrics
 from conveyor.models.base import EmbeddingModel
+
+if TYPE_CHECKING:
+    from conveyor.engine.generator import HostedGenerator
 
 
 def build_embedding_model(config: SyntheticModelConfig | EmbeddingModelConfig) -> EmbeddingModel:
@@ -15,3 +21,10 @@ def build_embedding_model(config: SyntheticModelConfig | EmbeddingModelConfig) -
     from conveyor.models.embedding import SentenceEmbeddingModel
 
     return SentenceEmbeddingModel(config)
+
+
+def build_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> HostedGenerator:
+    """Load a generative model and start its engine (slow: call from a thread)."""
+    from conveyor.engine.generator import load_generator
+
+    return load_generator(config, metrics)

@@ -12,9 +12,11 @@ time argument is explicit (`now`, unix seconds) so tests and callers control the
 from __future__ import annotations
 
 import json
+import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from conveyor.stores import sql_queries as q
@@ -42,6 +44,32 @@ MAX_BATCHES_PAGE = 100
 
 class StoreError(Exception):
     """A job store operation failed in the database (connection, constraint, closed store)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculationPolicy:
+    """When a running shard is a straggler worth a speculative second run.
+
+    A shard qualifies when it has run longer than `min_running_s` and longer than
+    `slow_factor` times the median run time of its batch's committed shards (so a batch
+    needs at least one committed shard before anything is speculated).
+    """
+
+    slow_factor: float = 3.0
+    min_running_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        """Reject factors that would speculate on ordinary shards."""
+        if self.slow_factor < 1:
+            raise ValueError(f"slow_factor must be >= 1, got {self.slow_factor}")
+        if self.min_running_s < 0:
+            raise ValueError(f"min_running_s must be >= 0, got {self.min_running_s}")
+
+    def is_straggler(self, running_s: float, run_times_s: Sequence[float]) -> bool:
+        """Whether a shard running for `running_s` lags its batch's committed `run_times_s`."""
+        if not run_times_s or running_s < self.min_running_s:
+            return False
+        return running_s > self.slow_factor * statistics.median(run_times_s)
 
 
 class JobStore(Protocol):
@@ -124,6 +152,12 @@ class JobStore(Protocol):
         self, worker_id: str, now: float, lease_s: float, batch_ids: Iterable[str] | None = None
     ) -> ShardLease | None:
         """Atomically lease one claimable shard of an in-progress batch, oldest batch first."""
+        ...
+
+    def claim_speculative(
+        self, worker_id: str, now: float, lease_s: float, policy: SpeculationPolicy
+    ) -> ShardLease | None:
+        """Lease a second, speculative run of a straggling shard (see `SpeculationPolicy`)."""
         ...
 
     def renew_lease(self, lease: ShardLease, now: float, lease_s: float) -> bool:
@@ -398,6 +432,36 @@ class SqlJobStore(ABC):
             rows = session.query(q.CLAIM_SHARD.text(self._dialect), params)
         return _decode_lease(rows[0]) if rows else None
 
+    def claim_speculative(
+        self, worker_id: str, now: float, lease_s: float, policy: SpeculationPolicy
+    ) -> ShardLease | None:
+        """Lease a speculative run of the oldest straggler on another worker, or None.
+
+        The original attempt keeps its lease; both may commit and the first one wins. At most
+        one speculative run per shard; a reclaim or release of the original ends it.
+        """
+        _require_worker(worker_id)
+        _check_lease_s(lease_s)
+        probe = {"worker_id": worker_id, "now": float(now)}
+        probe["started_before"] = float(now) - policy.min_running_s
+        with self._session(is_write=True) as session:
+            candidates = session.query(q.SPECULATION_CANDIDATES.text(self._dialect), probe)
+            run_times: dict[str, list[float]] = {}
+            for batch_id, index, attempt, started_at in candidates:
+                if batch_id not in run_times:
+                    rows = session.query(
+                        q.SHARD_RUN_TIMES.text(self._dialect), {"batch_id": batch_id}
+                    )
+                    run_times[batch_id] = [float(row[0]) for row in rows]
+                if not policy.is_straggler(float(now) - float(started_at), run_times[batch_id]):
+                    continue
+                claim = {"batch_id": batch_id, "shard_index": index, "attempt": attempt}
+                claim |= {"worker_id": worker_id, "lease_expires_at": float(now) + lease_s}
+                rows = session.query(q.CLAIM_SPECULATIVE.text(self._dialect), claim)
+                if rows:
+                    return _decode_lease(rows[0], is_speculative=True)
+        return None
+
     def renew_lease(self, lease: ShardLease, now: float, lease_s: float) -> bool:
         """Extend the lease to `now + lease_s` if this attempt still holds the shard.
 
@@ -407,11 +471,15 @@ class SqlJobStore(ABC):
         """
         _check_lease_s(lease_s)
         params = _fence(lease) | {"lease_expires_at": float(now) + float(lease_s)}
-        return self._change(q.RENEW_LEASE, params) > 0
+        query = q.RENEW_SPECULATIVE if lease.is_speculative else q.RENEW_LEASE
+        return self._change(query, params) > 0
 
     def report_progress(self, lease: ShardLease, num_completed: int, num_failed: int) -> bool:
         """Record this attempt's progress (fenced by attempt); False for a stale attempt."""
         _check_counts(lease, num_completed, num_failed)
+        if lease.is_speculative:
+            # The batch's counts follow the original; a speculative run only proves it holds.
+            return self._change(q.RENEW_SPECULATIVE, _fence(lease) | _same_expiry(lease)) > 0
         params = _fence(lease) | {"num_completed": num_completed, "num_failed": num_failed}
         return self._change(q.REPORT_PROGRESS, params) > 0
 
@@ -437,14 +505,17 @@ class SqlJobStore(ABC):
             "num_completed": num_completed,
             "num_failed": num_failed,
         }
-        return self._change(q.COMMIT_SHARD, params) > 0
+        query = q.COMMIT_SPECULATIVE if lease.is_speculative else q.COMMIT_SHARD
+        return self._change(query, params) > 0
 
     def release_shard(self, lease: ShardLease) -> bool:
         """Give a leased shard back (pending) without finishing it, e.g. when draining.
 
-        The attempt counter is kept, so the released attempt stays fenced out.
+        The attempt counter is kept, so the released attempt stays fenced out. Releasing a
+        speculative lease only frees its slot; the original keeps running.
         """
-        return self._change(q.RELEASE_SHARD, _fence(lease)) > 0
+        query = q.RELEASE_SPECULATIVE if lease.is_speculative else q.RELEASE_SHARD
+        return self._change(query, _fence(lease)) > 0
 
     def count_shards(self, batch_id: str) -> dict[ShardStatus, int]:
         """Return the number of the batch's shards in each status (all statuses present)."""
@@ -692,8 +763,13 @@ def _decode_shard(row: tuple[Any, ...]) -> ShardRecord:
     )
 
 
-def _decode_lease(row: tuple[Any, ...]) -> ShardLease:
-    """Build a ShardLease from the RETURNING row of `CLAIM_SHARD`."""
+def _same_expiry(lease: ShardLease) -> dict[str, object]:
+    """Renewal parameters that leave a speculative lease's expiry as it is."""
+    return {"lease_expires_at": lease.lease_expires_at}
+
+
+def _decode_lease(row: tuple[Any, ...], *, is_speculative: bool = False) -> ShardLease:
+    """Build a ShardLease from the RETURNING row of `CLAIM_SHARD` or `CLAIM_SPECULATIVE`."""
     batch_id, index, attempt, owner, expires_at, byte_start, byte_end, first_line, lines = row
     return ShardLease(
         batch_id=batch_id,
@@ -705,4 +781,5 @@ def _decode_lease(row: tuple[Any, ...]) -> ShardLease:
         byte_end=int(byte_end),
         first_line=int(first_line),
         num_lines=int(lines),
+        is_speculative=is_speculative,
     )

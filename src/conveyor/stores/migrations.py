@@ -129,7 +129,16 @@ class Migration:
         return [s.format(**_TYPES[dialect]) for s in self.statements]
 
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial schema", _V1_INITIAL),)
+# A second, speculative holder of a leased shard (straggler speculation): its owner and lease.
+_V2_SPECULATION = (
+    "ALTER TABLE shards ADD COLUMN spec_owner TEXT",
+    "ALTER TABLE shards ADD COLUMN spec_expires_at {float}",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial schema", _V1_INITIAL),
+    Migration(2, "speculative shard attempts", _V2_SPECULATION),
+)
 
 LATEST_VERSION = MIGRATIONS[-1].version
 

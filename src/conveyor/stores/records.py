@@ -240,6 +240,10 @@ class ShardLease:
 
     `attempt` is the fencing token: every fenced call compares it with the stored attempt, so a
     worker whose lease was taken over can no longer change the shard.
+
+    A speculative lease (`is_speculative`) runs the same attempt a second time, beside a
+    straggling original: it is fenced by its own owner slot, and whichever of the two commits
+    first wins.
     """
 
     batch_id: str
@@ -251,6 +255,7 @@ class ShardLease:
     byte_end: int
     first_line: int
     num_lines: int
+    is_speculative: bool = False
 
 
 @dataclass(frozen=True, slots=True)

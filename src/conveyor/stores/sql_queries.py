@@ -270,7 +270,7 @@ _CLAIM_UPDATE = (
     f"UPDATE shards SET status = '{ShardStatus.LEASED}', attempt = attempt + 1, "
     "lease_owner = :worker_id, lease_expires_at = :lease_expires_at, "
     "num_completed = 0, num_failed = 0, output_key = NULL, error_key = NULL, "
-    "started_at = :now, committed_at = NULL "
+    "started_at = :now, committed_at = NULL, spec_owner = NULL, spec_expires_at = NULL "
     "WHERE (batch_id, shard_index) = ({candidate}) "
     "RETURNING batch_id, shard_index, attempt, lease_owner, lease_expires_at, "
     "byte_start, byte_end, first_line, num_lines"
@@ -320,8 +320,64 @@ COMMIT_SHARD = shared(
 RELEASE_SHARD = shared(
     "release_shard",
     f"UPDATE shards SET status = '{ShardStatus.PENDING}', lease_owner = NULL, "
-    "lease_expires_at = NULL, num_completed = 0, num_failed = 0, started_at = NULL "
-    f"{_FENCE}",
+    "lease_expires_at = NULL, num_completed = 0, num_failed = 0, started_at = NULL, "
+    f"spec_owner = NULL, spec_expires_at = NULL {_FENCE}",
+)
+
+# -- straggler speculation: a second holder of a leased shard, fenced by its own owner slot --
+
+# Shards running on someone else's live lease with no speculative copy yet, and since when.
+SPECULATION_CANDIDATES = shared(
+    "speculation_candidates",
+    "SELECT s.batch_id, s.shard_index, s.attempt, s.started_at FROM shards s "
+    "JOIN batches b ON b.id = s.batch_id "
+    f"WHERE b.status = '{BatchStatus.IN_PROGRESS}' AND s.status = '{ShardStatus.LEASED}' "
+    "AND s.lease_expires_at > :now AND s.spec_owner IS NULL AND s.lease_owner <> :worker_id "
+    "AND s.started_at <= :started_before "
+    "ORDER BY b.seq, s.started_at",
+)
+
+# How long each committed shard of a batch ran (for the batch's median).
+SHARD_RUN_TIMES = shared(
+    "shard_run_times",
+    "SELECT committed_at - started_at FROM shards "
+    f"WHERE batch_id = :batch_id AND status = '{ShardStatus.DONE}' "
+    "AND started_at IS NOT NULL AND committed_at IS NOT NULL",
+)
+
+CLAIM_SPECULATIVE = shared(
+    "claim_speculative",
+    "UPDATE shards SET spec_owner = :worker_id, spec_expires_at = :lease_expires_at "
+    "WHERE batch_id = :batch_id AND shard_index = :shard_index AND attempt = :attempt "
+    f"AND status = '{ShardStatus.LEASED}' AND spec_owner IS NULL "
+    "RETURNING batch_id, shard_index, attempt, spec_owner, spec_expires_at, "
+    "byte_start, byte_end, first_line, num_lines",
+)
+
+_SPEC_FENCE = (
+    "WHERE batch_id = :batch_id AND shard_index = :shard_index AND attempt = :attempt "
+    f"AND spec_owner = :worker_id AND status = '{ShardStatus.LEASED}'"
+)
+
+RENEW_SPECULATIVE = shared(
+    "renew_speculative",
+    f"UPDATE shards SET spec_expires_at = :lease_expires_at {_SPEC_FENCE}",
+)
+
+# The same row change as `COMMIT_SHARD`: once either holder committed, the shard is done and
+# the other's fence (status = leased) no longer matches.
+COMMIT_SPECULATIVE = shared(
+    "commit_speculative",
+    f"UPDATE shards SET status = '{ShardStatus.DONE}', output_key = :output_key, "
+    "error_key = :error_key, num_completed = :num_completed, num_failed = :num_failed, "
+    "committed_at = :now, lease_expires_at = NULL, spec_owner = NULL, spec_expires_at = NULL "
+    f"{_SPEC_FENCE} AND spec_expires_at > :now",
+)
+
+# Only the speculative slot is freed; the original keeps running.
+RELEASE_SPECULATIVE = shared(
+    "release_speculative",
+    f"UPDATE shards SET spec_owner = NULL, spec_expires_at = NULL {_SPEC_FENCE}",
 )
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,305 @@
+"""Fleet benchmark: throughput behind one gateway with 1, 2 and 3 workers, and failover.
+
+With the synthetic model (a calibrated sleep, so workers do not compete for CPU) it measures:
+
+- closed-loop throughput through one gateway with 1, 2 and 3 workers, and the gateway's own
+  ceiling (3 workers whose model takes no time), all in the same run;
+- failover: open-loop load at half the 3-worker throughput, one worker SIGKILLed a third of
+  the way in: the time until the gateway's routing table no longer lists it (after which all
+  traffic flows on the survivors) and the requests that failed meanwhile.
+
+Needs PostgreSQL (CONVEYOR_TEST_PG_URL, default the local server's ``test`` database); a
+fresh database is created for the run and dropped after it.
+
+    python -m bench.fleet            # full run: bench/results/fleet.json and fleet.png
+    python -m bench.fleet --smoke --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+
+from bench.common import (
+    RESULTS_DIR,
+    ServerProcess,
+    http_get,
+    machine_info,
+    package_versions,
+    python_argv,
+    write_json,
+)
+from bench.loadgen import LoadMode, LoadResult, LoadSpec, run_load_process
+
+PG_ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+MODEL = "syn"
+# Each worker serves at most max_batch_size / batch_latency = 4 / 40 ms = 100 inputs/s, far
+# below what one gateway forwards, so adding workers is what adds throughput.
+SLOW_MODEL = {
+    "name": MODEL, "kind": "synthetic", "max_batch_size": 4, "max_wait_ms": 2,
+    "max_queue": 4096, "batch_latency_ms": 40, "dim": 4, "max_input_tokens": 64,
+}  # fmt: skip
+FAST_MODEL = {**SLOW_MODEL, "max_batch_size": 256, "batch_latency_ms": 0}
+SPEEDUP_GOAL_AT_2 = 1.8
+POLL_S = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Run lengths and load shape."""
+
+    out_dir: Path
+    is_smoke: bool
+    seconds: float
+    num_clients: int
+    failover_seconds: float
+
+
+def parse_options(argv: Sequence[str] | None = None) -> Options:
+    """Command-line options; ``--smoke`` shortens every run."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the results")
+    parser.add_argument("--smoke", action="store_true", help="tiny run (seconds) for tests")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        return Options(args.out, True, seconds=1.5, num_clients=16, failover_seconds=3.0)
+    return Options(args.out, False, seconds=5.0, num_clients=64, failover_seconds=9.0)
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new PostgreSQL database for this run, dropped afterwards."""
+    import psycopg
+
+    from conveyor.stores.job_store import open_job_store
+
+    name = f"conveyor_bench_{uuid.uuid4().hex}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = urlunsplit(urlsplit(PG_ADMIN_URL)._replace(path=f"/{name}"))
+    try:
+        open_job_store(url).close()  # migrate once, before processes race to do it
+        yield url
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class Fleet:
+    """Workers and one gateway on a store, each a ``ServerProcess``; all stopped on exit."""
+
+    def __init__(self, store_url: str, work_dir: Path, stack: ExitStack) -> None:
+        self.store_url = store_url
+        self.work_dir = work_dir
+        self._stack = stack
+        self.workers: dict[str, ServerProcess] = {}
+
+    def add_worker(self, name: str, model: dict[str, Any]) -> ServerProcess:
+        config = self.work_dir / f"{name}.yaml"
+        config.write_text(yaml.safe_dump({"models": [model], "log_level": "warning"}))
+        argv = lambda port: python_argv(  # noqa: E731
+            "-m", "conveyor", "worker", "--config", str(config), "--store", self.store_url,
+            "--listen", f"127.0.0.1:{port}", "--worker-id", name, "--heartbeat-s", "0.2",
+        )  # fmt: skip
+        proc = self._stack.enter_context(
+            ServerProcess(name, argv, log_path=self.work_dir / f"{name}.log")
+        )
+        proc.start()
+        proc.wait_ready()
+        self.workers[name] = proc
+        return proc
+
+    def add_gateway(self) -> ServerProcess:
+        config = self.work_dir / "gateway.yaml"
+        config.write_text(yaml.safe_dump({"log_level": "warning"}))
+        argv = lambda port: python_argv(  # noqa: E731
+            "-m", "conveyor", "gateway", "--config", str(config), "--store", self.store_url,
+            "--port", str(port), "--stale-after-s", "1.0", "--refresh-s", "0.1",
+        )  # fmt: skip
+        proc = self._stack.enter_context(
+            ServerProcess("gateway", argv, log_path=self.work_dir / "gateway.log")
+        )
+        proc.start()
+        proc.wait_ready()
+        return proc
+
+
+def routable(gateway: ServerProcess) -> set[str]:
+    """Worker ids the gateway routes to now."""
+    _, body = http_get(gateway.port, "/v1/fleet")
+    return {w["id"] for w in json.loads(body)["workers"] if w["is_routable"]}
+
+
+def wait_routable(gateway: ServerProcess, wanted: set[str], timeout_s: float = 30) -> None:
+    """Block until the gateway routes to exactly ``wanted``."""
+    deadline = time.monotonic() + timeout_s
+    while routable(gateway) != wanted:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gateway never routed to exactly {sorted(wanted)}")
+        time.sleep(POLL_S)
+
+
+def write_bodies(path: Path, count: int = 256) -> Path:
+    """Request bodies for the load generator: one short input each."""
+    bodies = [json.dumps({"model": MODEL, "input": [f"sentence number {i}"]}) for i in range(count)]
+    path.write_text(json.dumps(bodies))
+    return path
+
+
+def closed_loop(opts: Options, gateway: ServerProcess, bodies: Path) -> LoadResult:
+    """Saturation throughput through the gateway."""
+    spec = LoadSpec(
+        mode=LoadMode.CLOSED, seconds=opts.seconds, num_clients=opts.num_clients,
+        ramp_s=min(1.0, opts.seconds / 3), drain_s=2.0,
+    )  # fmt: skip
+    return run_load_process(spec, gateway.port, bodies)
+
+
+def measure_scaling(opts: Options, store_url: str, work_dir: Path, bodies: Path) -> dict[str, Any]:
+    """Throughput with 1, 2, 3 slow workers, then the gateway ceiling with 3 fast ones."""
+    runs: dict[str, Any] = {}
+    with ExitStack() as stack:
+        fleet = Fleet(store_url, work_dir, stack)
+        gateway = fleet.add_gateway()
+        for count in (1, 2, 3):
+            fleet.add_worker(f"w{count}", SLOW_MODEL)
+            wait_routable(gateway, {f"w{i}" for i in range(1, count + 1)})
+            runs[f"workers_{count}"] = closed_loop(opts, gateway, bodies).to_dict()
+    with ExitStack() as stack:
+        fleet = Fleet(store_url, work_dir, stack)
+        gateway = fleet.add_gateway()
+        for name in ("f1", "f2", "f3"):
+            fleet.add_worker(name, FAST_MODEL)
+        wait_routable(gateway, {"f1", "f2", "f3"})
+        runs["gateway_ceiling"] = closed_loop(opts, gateway, bodies).to_dict()
+    return runs
+
+
+def measure_failover(
+    opts: Options, store_url: str, work_dir: Path, bodies: Path, rate_per_s: float
+) -> dict[str, Any]:
+    """Open-loop load on 3 workers; SIGKILL one; time until the gateway stops routing to it."""
+    with ExitStack() as stack:
+        fleet = Fleet(store_url, work_dir, stack)
+        gateway = fleet.add_gateway()
+        for name in ("k1", "k2", "k3"):
+            fleet.add_worker(name, SLOW_MODEL)
+        wait_routable(gateway, {"k1", "k2", "k3"})
+        spec = LoadSpec(
+            mode=LoadMode.OPEN, seconds=opts.failover_seconds, rate_per_s=rate_per_s,
+            expected_latency_ms=60, drain_s=3.0,
+        )  # fmt: skip
+        result: dict[str, LoadResult] = {}
+        loader = threading.Thread(
+            target=lambda: result.update(load=run_load_process(spec, gateway.port, bodies))
+        )
+        loader.start()
+        time.sleep(opts.failover_seconds / 3)
+        os.kill(fleet.workers["k1"].pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_routable(gateway, {"k2", "k3"})
+        removed_s = time.monotonic() - killed_at
+        loader.join()
+    load = result["load"]
+    return {
+        "offered_per_s": rate_per_s,
+        "time_to_reroute_s": round(removed_s, 3),
+        "num_failed": load.num_errors + load.num_unfinished,
+        "num_sent": load.num_sent,
+        "load": load.to_dict(),
+    }
+
+
+def evaluate(runs: dict[str, Any]) -> dict[str, Any]:
+    """Speedups and whether the 2-worker goal is met (capped by the gateway ceiling)."""
+    tput = {k: float(v["throughput_per_s"]) for k, v in runs.items()}
+    one = tput["workers_1"]
+    ceiling_ratio = tput["gateway_ceiling"] / one if one else 0.0
+    target = min(SPEEDUP_GOAL_AT_2, ceiling_ratio)
+    speedup_2 = tput["workers_2"] / one if one else 0.0
+    return {
+        "throughput_per_s": tput,
+        "speedup_2": round(speedup_2, 3),
+        "speedup_3": round(tput["workers_3"] / one, 3) if one else 0.0,
+        "speedup_2_target": round(target, 3),
+        "speedup_2_passed": speedup_2 >= target,
+    }
+
+
+def write_png(path: Path, result: dict[str, Any]) -> None:
+    """Bars: throughput with 1-3 workers against ideal scaling and the gateway ceiling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tput = result["summary"]["throughput_per_s"]
+    counts = [1, 2, 3]
+    values = [tput[f"workers_{n}"] for n in counts]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([str(n) for n in counts], values, color="tab:blue", label="measured")
+    ax.plot([str(n) for n in counts], [values[0] * n for n in counts], "k--", label="linear")
+    ax.axhline(tput["gateway_ceiling"], color="tab:red", label="gateway ceiling")
+    failover = result["failover"]
+    ax.set_title(
+        f"synthetic model behind one gateway; SIGKILL: rerouted in "
+        f"{failover['time_to_reroute_s']} s, {failover['num_failed']} failed",
+        fontsize=9,
+    )
+    ax.set_xlabel("workers")
+    ax.set_ylabel("requests/s (closed loop)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_benchmark(opts: Options) -> dict[str, Any]:
+    """Every measurement, in one fresh database and one work folder."""
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = opts.out_dir / "fleet-work"
+    work_dir.mkdir(exist_ok=True)
+    bodies = write_bodies(work_dir / "bodies.json")
+    with fresh_database() as store_url:
+        runs = measure_scaling(opts, store_url, work_dir, bodies)
+        summary = evaluate(runs)
+        rate = max(10.0, summary["throughput_per_s"]["workers_3"] / 2)
+        failover = measure_failover(opts, store_url, work_dir, bodies, rate)
+    return {
+        "inputs": {
+            "is_smoke": opts.is_smoke, "seconds": opts.seconds, "num_clients": opts.num_clients,
+            "slow_model": SLOW_MODEL, "fast_model": FAST_MODEL,
+        },
+        "machine": machine_info(),
+        "versions": package_versions(),
+        "runs": runs,
+        "summary": summary,
+        "failover": failover,
+    }  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run, write fleet.json and fleet.png, print the summary."""
+    opts = parse_options(argv)
+    result = run_benchmark(opts)
+    write_json(opts.out_dir / "fleet.json", result)
+    write_png(opts.out_dir / "fleet.png", result)
+    print(json.dumps({"summary": result["summary"], "failover": {
+        k: v for k, v in result["failover"].items() if k != "load"}}, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

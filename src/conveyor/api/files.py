@@ -1,0 +1,90 @@
+"""`/v1/files`: upload (streamed), list, retrieve, download and delete batch files."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.concurrency import iterate_in_threadpool
+from starlette.responses import Response, StreamingResponse
+
+from conveyor.errors import InvalidRequest
+from conveyor.jobs.subsystem import JobsSubsystem
+from conveyor.jobs.upload import MultipartStream
+from conveyor.jobs.views import deleted_file_object, file_object, list_page
+
+router = APIRouter()
+
+
+def jobs_of(request: Request) -> JobsSubsystem:
+    """The app's jobs subsystem."""
+    jobs: JobsSubsystem = request.app.state.jobs
+    return jobs
+
+
+def tenant_of(request: Request) -> str:
+    """The caller's tenant, as set by the API key middleware ("default" without keys)."""
+    return str(request.scope.get("state", {}).get("tenant", "default"))
+
+
+def json_response(body: object, status_code: int = 200) -> Response:
+    """A JSON response."""
+    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
+
+
+def int_param(request: Request, name: str) -> int | None:
+    """An optional integer query parameter (400 if it is not an integer)."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer", param=name) from None
+
+
+@router.post("/v1/files")
+async def upload_file(request: Request) -> Response:
+    """Multipart upload (`file`, `purpose=batch`), streamed to the object store."""
+    api = jobs_of(request).api
+    form = MultipartStream(request.headers.get("content-type", ""), api.check_upload_fields)
+    chunks = form.file_chunks(request.stream())
+    record = await api.upload_file(tenant_of(request), chunks, form)
+    return json_response(file_object(record))
+
+
+@router.get("/v1/files")
+async def list_files(request: Request) -> Response:
+    """The caller's files, newest first (`purpose`, `after`, `limit`)."""
+    params = request.query_params
+    rows, has_more = await jobs_of(request).api.list_files(
+        tenant_of(request),
+        purpose=params.get("purpose"),
+        after=params.get("after"),
+        limit=int_param(request, "limit"),
+    )
+    return json_response(list_page([file_object(r) for r in rows], has_more))
+
+
+@router.get("/v1/files/{file_id}")
+async def retrieve_file(request: Request, file_id: str) -> Response:
+    """One file's metadata."""
+    record = await jobs_of(request).api.get_file(tenant_of(request), file_id)
+    return json_response(file_object(record))
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(request: Request, file_id: str) -> Response:
+    """The file's bytes, streamed from the object store."""
+    record, chunks = await jobs_of(request).api.file_content(tenant_of(request), file_id)
+    return StreamingResponse(
+        iterate_in_threadpool(chunks),
+        media_type="application/octet-stream",
+        headers={"content-length": str(record.bytes)},
+    )
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(request: Request, file_id: str) -> Response:
+    """Delete the file (404 if it is not the caller's)."""
+    await jobs_of(request).api.delete_file(tenant_of(request), file_id)
+    return json_response(deleted_file_object(file_id))

@@ -1,0 +1,143 @@
+"""The gateway's HTTP routes: fleet status, model union, health, metrics and the proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from conveyor.api.disconnect import DisconnectWatcher
+from conveyor.api.embeddings import timeout_from_headers
+from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
+from conveyor.fleet.proxy import OutboundRequest, forwardable_headers
+
+if TYPE_CHECKING:
+    from conveyor.gateway import Gateway
+
+router = APIRouter()
+
+
+def _json(body: object, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+def parse_model(body: bytes) -> tuple[str, int]:
+    """The request's ``model`` and how many inputs it carries (for the arrival rate)."""
+    try:
+        parsed: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("the request body is not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = parsed.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string", param="model")
+    inputs = parsed.get("input")
+    # A list of strings or of token lists is one input each; anything else counts once.
+    is_many = isinstance(inputs, list) and inputs and not isinstance(inputs[0], int)
+    return model, len(inputs) if is_many and isinstance(inputs, list) else 1
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    """OpenAI's model list: the union of the healthy workers' models."""
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "conveyor"}
+        for name in _gateway(request).healthy_models()
+    ]
+    return _json({"object": "list", "data": data})
+
+
+@router.get("/v1/fleet")
+async def fleet(request: Request) -> Response:
+    """Workers, their models, load and heartbeat age; per-model scaling figures."""
+    return _json(_gateway(request).fleet_document())
+
+
+@router.get("/health")
+async def health() -> Response:
+    """Alive: the process answers."""
+    return _json({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    """Ready once the worker registry has been read from the store."""
+    if _gateway(request).registry.has_refreshed:
+        return _json({"status": "ready", "models": _gateway(request).healthy_models()})
+    return _json({"status": "loading"}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition of the gateway's registry."""
+    registry = _gateway(request).metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _canceller(task: asyncio.Task[Any] | None) -> Callable[[], None]:
+    def cancel() -> None:
+        if task is not None:
+            task.cancel()
+
+    return cancel
+
+
+@router.post("/v1/{path:path}")
+async def proxy(request: Request, path: str) -> Response:
+    """Route an online request to a worker hosting its model; retry on failure."""
+    gateway = _gateway(request)
+    started = time.perf_counter()
+    body = await request.body()
+    model, num_inputs = parse_model(body)
+    try:
+        response = await _forward(gateway, request, body, model, num_inputs)
+    except ConveyorError as exc:
+        gateway.metrics.requests.labels(model, str(exc.status_code)).inc()
+        raise
+    gateway.metrics.requests.labels(model, str(response.status_code)).inc()
+    gateway.metrics.latency_s.labels(model).observe(time.perf_counter() - started)
+    return response
+
+
+async def _forward(
+    gateway: Gateway, request: Request, body: bytes, model: str, num_inputs: int
+) -> Response:
+    """Admit, then proxy with the caller's deadline; a client that leaves cancels it."""
+    if model not in gateway.registered_models():
+        raise ModelNotFound(f"the model {model!r} does not exist", param="model")
+    if gateway.num_in_flight >= gateway.settings.max_in_flight:
+        raise QueueFull("the gateway is at its in-flight limit", retry_after_s=1)
+    gateway.count_arrival(model, num_inputs)
+    timeout_ms = timeout_from_headers(request) or gateway.settings.default_timeout_ms
+    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    outbound = OutboundRequest(
+        method=request.method,
+        path=path,
+        headers=forwardable_headers(request.headers.items()),
+        body=body,
+        model=model,
+        deadline=asyncio.get_running_loop().time() + timeout_ms / 1000,
+    )
+    gateway.num_in_flight += 1
+    watcher = DisconnectWatcher(request.receive, _canceller(asyncio.current_task()))
+    try:
+        return await gateway.proxy.forward(outbound)
+    except asyncio.CancelledError:
+        if not watcher.is_gone:
+            raise
+        raise ClientGone("the client disconnected before the result was ready") from None
+    finally:
+        watcher.close()
+        gateway.num_in_flight -= 1

@@ -1,0 +1,174 @@
+"""``/v1/completions``: encode prompts, run them, format OpenAI's text completion objects."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from conveyor.endpoints.generation import (
+    ChoiceResult,
+    GenerationRun,
+    check_token_ids,
+    parse_body,
+    resolve_max_tokens,
+    sampling_params,
+    start_run,
+    token_text,
+    usage_body,
+)
+from conveyor.endpoints.generation_schemas import CompletionRequest
+from conveyor.engine.generator import HostedGenerator
+from conveyor.engine.sampling import TokenLogprobs
+from conveyor.errors import InvalidRequest
+from conveyor.priority import Priority
+from conveyor.service import Service
+
+__all__ = [
+    "completion_body",
+    "completion_chunks",
+    "parse_completion_request",
+    "run_completion",
+    "start_completion",
+]
+
+OBJECT = "text_completion"
+
+
+def parse_completion_request(body: bytes | str | dict[str, Any]) -> CompletionRequest:
+    """Validate a completions body; any mistake is a 400 naming the field."""
+    return parse_body(CompletionRequest, body)
+
+
+def encode_prompts(generator: HostedGenerator, request: CompletionRequest) -> list[list[int]]:
+    """Token ids of every prompt (texts are tokenized, id lists are range-checked)."""
+    prompts: list[list[int]] = []
+    for prompt in request.prompts():
+        if isinstance(prompt, str):
+            ids = generator.tokenizer.encode(prompt)
+        else:
+            check_token_ids(generator, prompt, param="prompt")
+            ids = list(prompt)
+        if not ids:
+            raise InvalidRequest("the prompt encodes to no tokens", param="prompt")
+        prompts.append(ids)
+    return prompts
+
+
+def start_completion(
+    service: Service,
+    request: CompletionRequest,
+    *,
+    priority: Priority = Priority.ONLINE,
+    timeout_ms: float | None = None,
+) -> GenerationRun:
+    """Validate against the model and submit every prompt (400, 404, 429 raised here)."""
+    generator = service.generator(request.model)
+    prompts = encode_prompts(generator, request)
+    budgets = [
+        resolve_max_tokens(
+            generator, len(ids), request.max_tokens, param="max_tokens", prompt_param="prompt"
+        )
+        for ids in prompts
+    ]
+    # One params for all prompts; each request is still capped by its own context room.
+    params = sampling_params(
+        request,
+        max_tokens=max(budgets),
+        num_logprobs=request.logprobs,
+        vocab_size=generator.vocab_size,
+    )
+    return start_run(
+        generator,
+        id_prefix="cmpl",
+        model=request.model,
+        prompts=prompts,
+        params=params,
+        priority=priority,
+        timeout_ms=timeout_ms,
+    )
+
+
+async def run_completion(
+    service: Service,
+    body: bytes | str | dict[str, Any] | CompletionRequest,
+    *,
+    priority: Priority = Priority.ONLINE,
+    timeout_ms: float | None = None,
+) -> dict[str, Any]:
+    """Run a whole (non-streamed) completion; cancelling this aborts the generation."""
+    request = body if isinstance(body, CompletionRequest) else parse_completion_request(body)
+    if request.stream:
+        raise InvalidRequest("stream: true is not supported here", param="stream")
+    run = start_completion(service, request, priority=priority, timeout_ms=timeout_ms)
+    try:
+        results = await run.collect()
+    finally:
+        run.close()
+    return completion_body(run, results)
+
+
+def completion_body(run: GenerationRun, results: Sequence[ChoiceResult]) -> dict[str, Any]:
+    """OpenAI's ``text_completion`` object for finished results."""
+    choices = [
+        {
+            "index": result.index,
+            "text": result.text,
+            "logprobs": _logprobs_body(run.generator, result.logprobs, result.text_offsets),
+            "finish_reason": result.finish_reason,
+        }
+        for result in results
+    ]
+    num_output = sum(result.num_output_tokens for result in results)
+    return {
+        **_envelope(run),
+        "choices": choices,
+        "usage": usage_body(run.total_prompt_tokens, num_output),
+    }
+
+
+async def completion_chunks(
+    run: GenerationRun, *, include_usage: bool
+) -> AsyncIterator[dict[str, Any]]:
+    """The streamed chunks (without the ``[DONE]`` sentinel), usage chunk last if asked."""
+    text_lengths: dict[int, int] = {}
+    async for output in run.outputs():
+        offset = text_lengths.get(output.index, 0)
+        text_lengths[output.index] = offset + len(output.text)
+        if not output.text and not output.logprobs and not output.is_finished:
+            continue  # a token that completes no character yet: nothing to send
+        offsets = [offset] * len(output.logprobs)
+        choice = {
+            "index": output.index,
+            "text": output.text,
+            "logprobs": _logprobs_body(run.generator, list(output.logprobs), offsets),
+            "finish_reason": None if output.finish_reason is None else output.finish_reason.value,
+        }
+        chunk: dict[str, Any] = {**_envelope(run), "choices": [choice]}
+        if include_usage:
+            chunk["usage"] = None
+        yield chunk
+    if include_usage:
+        usage = usage_body(run.total_prompt_tokens, run.total_output_tokens)
+        yield {**_envelope(run), "choices": [], "usage": usage}
+
+
+def _envelope(run: GenerationRun) -> dict[str, Any]:
+    """The fields every completion object and chunk starts with."""
+    return {"id": run.id, "object": OBJECT, "created": run.created, "model": run.model}
+
+
+def _logprobs_body(
+    generator: HostedGenerator, logprobs: Sequence[TokenLogprobs], offsets: Sequence[int]
+) -> dict[str, Any] | None:
+    """The legacy completions ``logprobs`` object; None when none were asked for."""
+    if not logprobs:
+        return None
+    return {
+        "tokens": [token_text(generator, item.token_id) for item in logprobs],
+        "token_logprobs": [item.logprob for item in logprobs],
+        "top_logprobs": [
+            {token_text(generator, token_id): value for token_id, value in item.top}
+            for item in logprobs
+        ],
+        "text_offset": list(offsets),
+    }

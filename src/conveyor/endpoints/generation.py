@@ -1,0 +1,275 @@
+"""What completions and chat share: parsing, limits, sampling params, and one running call.
+
+No HTTP here: the API streams or answers from a :class:`GenerationRun`, batch jobs
+collect it into a response body.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from conveyor.endpoints.generation_schemas import PROMPT_HINT, GenerationRequestBody
+from conveyor.engine.generator import HostedGenerator
+from conveyor.engine.request import GenerationOutput
+from conveyor.engine.sampling import SamplingParams, TokenLogprobs
+from conveyor.engine.stream import GenerationStream
+from conveyor.errors import InvalidRequest
+from conveyor.priority import Priority
+
+__all__ = [
+    "ChoiceResult",
+    "GenerationRun",
+    "check_token_ids",
+    "parse_body",
+    "resolve_max_tokens",
+    "sampling_params",
+    "start_run",
+    "token_text",
+    "usage_body",
+]
+
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+def parse_body(model_cls: type[BodyT], body: bytes | str | dict[str, Any]) -> BodyT:
+    """Validate a JSON body (raw or decoded); any mistake is a 400 naming the field."""
+    try:
+        if isinstance(body, bytes | str):
+            return model_cls.model_validate_json(body)
+        return model_cls.model_validate(body)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: ValidationError) -> InvalidRequest:
+    """A 400 naming the field, clearer than pydantic's report on unions and unknown fields.
+
+    Our own checks (``value_error``) win over a union's per-branch type errors, and the
+    branch tags pydantic puts in the location (``stop.str``) are dropped.
+    """
+    errors = exc.errors()
+    if not errors:
+        return InvalidRequest("the request body is invalid")
+    first = next((error for error in errors if error["type"] == "value_error"), errors[0])
+    kind = first["type"]
+    location = [str(part) for part in first["loc"] if not _is_union_tag(part)]
+    where = ".".join(location)
+    param = location[0] if location else None
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if kind == "json_invalid":
+        return InvalidRequest(f"the request body is not valid JSON: {message}")
+    if kind == "missing":
+        return InvalidRequest(f"missing required parameter: {where!r}", param=param)
+    if kind == "extra_forbidden":
+        return InvalidRequest(f"unrecognized request argument: {where!r}", param=where)
+    if param == "prompt" and kind != "value_error":
+        return InvalidRequest(PROMPT_HINT, param=param)
+    field_name = next((part for part in reversed(location) if not part.isdigit()), "")
+    if field_name in _UNION_HINTS and kind != "value_error":
+        return InvalidRequest(
+            f"invalid value for {where!r}: {_UNION_HINTS[field_name]}", param=param
+        )
+    if not location:
+        return InvalidRequest(message)
+    return InvalidRequest(f"invalid value for {where!r}: {message}", param=param)
+
+
+def _is_union_tag(part: object) -> bool:
+    """Whether a location part names a union branch (``str``, ``list[str]``), not a field."""
+    return isinstance(part, str) and (part in _SCALAR_TAGS or "[" in part)
+
+
+# Fields that accept several shapes: one sentence instead of an error per shape.
+_UNION_HINTS = {
+    "content": "content must be a string or an array of text parts",
+    "stop": "stop must be a string or an array of strings",
+}
+_SCALAR_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list"})
+
+
+def resolve_max_tokens(
+    generator: HostedGenerator,
+    num_prompt_tokens: int,
+    requested: int | None,
+    *,
+    param: str,
+    prompt_param: str,
+) -> int:
+    """The output budget: ``requested``, or all the room the context leaves; 400 if too long.
+
+    ``param`` / ``prompt_param`` name the request's output-limit and prompt fields.
+    """
+    limit = generator.max_model_len
+    if num_prompt_tokens >= limit:
+        raise InvalidRequest(
+            f"this model's maximum context length is {limit} tokens, and the prompt has "
+            f"{num_prompt_tokens}: no room is left for output; shorten the prompt",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    if requested is None:
+        return limit - num_prompt_tokens
+    if num_prompt_tokens + requested > limit:
+        raise InvalidRequest(
+            f"this model's maximum context length is {limit} tokens; you requested "
+            f"{num_prompt_tokens + requested} ({num_prompt_tokens} in the prompt, {requested} "
+            f"for the output); lower {param} or shorten the prompt",
+            param=param,
+            code="context_length_exceeded",
+        )
+    return requested
+
+
+def sampling_params(
+    request: GenerationRequestBody, *, max_tokens: int, num_logprobs: int | None, vocab_size: int
+) -> SamplingParams:
+    """The engine's params from a completions or chat body; 400 for values it refuses."""
+    stop_token_ids = list(request.stop_token_ids or [])
+    too_big = [token for token in stop_token_ids if token >= vocab_size]
+    if too_big:
+        raise InvalidRequest(
+            f"stop_token_ids must be below the vocabulary size {vocab_size}; got {too_big}",
+            param="stop_token_ids",
+        )
+    try:
+        return SamplingParams(
+            temperature=1.0 if request.temperature is None else float(request.temperature),
+            top_p=1.0 if request.top_p is None else float(request.top_p),
+            top_k=0 if request.top_k is None else request.top_k,
+            seed=request.seed,
+            max_tokens=max_tokens,
+            stop=request.stop_strings(),
+            stop_token_ids=stop_token_ids,
+            ignore_eos=request.ignore_eos,
+            logprobs=num_logprobs,
+        )
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def check_token_ids(generator: HostedGenerator, token_ids: Sequence[int], *, param: str) -> None:
+    """400 unless every id is inside the model's vocabulary."""
+    vocab_size = generator.vocab_size
+    bad = [token for token in token_ids if not 0 <= token < vocab_size]
+    if bad:
+        raise InvalidRequest(f"token ids must be in [0, {vocab_size}); got {bad[:5]}", param=param)
+
+
+def usage_body(num_prompt_tokens: int, num_completion_tokens: int) -> dict[str, int]:
+    """OpenAI's ``usage`` object."""
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_completion_tokens,
+        "total_tokens": num_prompt_tokens + num_completion_tokens,
+    }
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    """Everything one prompt produced, for a non-streamed response."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # Character offset of each token's text in ``text`` (completions logprobs).
+    text_offsets: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_output_tokens: int = 0
+
+
+@dataclass(slots=True)
+class GenerationRun:
+    """One call in progress: its ids, prompts and the stream of outputs.
+
+    Close it when done (idempotent): an unfinished run is then aborted in the engine.
+    """
+
+    id: str
+    created: int
+    model: str
+    generator: HostedGenerator
+    stream: GenerationStream
+    num_prompt_tokens: list[int]
+    _peeked: GenerationOutput | None = field(default=None, init=False)
+    _num_output_tokens: dict[int, int] = field(default_factory=dict, init=False)
+
+    @property
+    def total_prompt_tokens(self) -> int:
+        """Prompt tokens over every prompt."""
+        return sum(self.num_prompt_tokens)
+
+    @property
+    def total_output_tokens(self) -> int:
+        """Tokens generated so far over every prompt."""
+        return sum(self._num_output_tokens.values())
+
+    async def first(self) -> None:
+        """Wait for the first output, so errors before any token surface as plain errors."""
+        if self._peeked is None:
+            self._peeked = await self.stream.get()
+
+    async def outputs(self) -> AsyncIterator[GenerationOutput]:
+        """Every output in order (the peeked one first)."""
+        if self._peeked is not None:
+            peeked, self._peeked = self._peeked, None
+            yield self._count(peeked)
+        async for output in self.stream:
+            yield self._count(output)
+
+    def _count(self, output: GenerationOutput) -> GenerationOutput:
+        """Track the output token totals for ``usage``."""
+        self._num_output_tokens[output.index] = output.num_output_tokens
+        return output
+
+    async def collect(self) -> list[ChoiceResult]:
+        """Run to the end; one result per prompt, in prompt order."""
+        results = [ChoiceResult(index) for index in range(len(self.num_prompt_tokens))]
+        async for output in self.outputs():
+            result = results[output.index]
+            for _ in output.token_ids:
+                result.text_offsets.append(len(result.text))
+            result.text += output.text
+            result.token_ids.extend(output.token_ids)
+            result.logprobs.extend(output.logprobs)
+            result.num_output_tokens = output.num_output_tokens
+            if output.finish_reason is not None:
+                result.finish_reason = output.finish_reason.value
+        return results
+
+    def close(self) -> None:
+        """Stop listening and abort what has not finished."""
+        self.stream.close()
+
+
+def start_run(
+    generator: HostedGenerator,
+    *,
+    id_prefix: str,
+    model: str,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    priority: Priority,
+    timeout_ms: float | None,
+) -> GenerationRun:
+    """Submit every prompt to the engine and return the run (429 / 400 raised here)."""
+    stream = generator.submit(prompts, params, priority=priority, timeout_ms=timeout_ms)
+    return GenerationRun(
+        id=f"{id_prefix}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=model,
+        generator=generator,
+        stream=stream,
+        num_prompt_tokens=[len(prompt) for prompt in prompts],
+    )
+
+
+def token_text(generator: HostedGenerator, token_id: int) -> str:
+    """How one token reads on its own (special tokens included), for logprobs."""
+    return generator.tokenizer.decode([token_id], skip_special_tokens=False)

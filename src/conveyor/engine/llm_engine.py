@@ -1,0 +1,495 @@
+"""The generation engine: one thread that steps schedule -> run -> sample -> postprocess.
+
+Callers (on an event loop) queue requests and aborts; the engine thread applies them
+between steps, so nothing ever changes under a running step. Each step's outputs go back
+to the callers' streams in one ``loop.call_soon_threadsafe`` per loop. With nothing to
+do, the thread sleeps on a condition variable until a request or an abort arrives.
+
+Out-of-memory in a step halves the scheduler's token budget and plans the step again
+(the budget grows back after good steps). Any other failure of the model fails only the
+sequences of that step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.request import FinishReason, GenerationOutput, GenerationRequest
+from conveyor.engine.sampling import Sampler, SamplingParams, TokenLogprobs
+from conveyor.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from conveyor.engine.step import SeqChunk
+from conveyor.engine.stream import GenerationStream, deliver_threadsafe
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.errors import (
+    ConveyorError,
+    InvalidRequest,
+    ModelFault,
+    ModelOutOfMemory,
+    ServiceUnavailable,
+)
+from conveyor.metrics import GeneratorMetrics
+from conveyor.priority import Priority
+
+__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "StepRunner"]
+
+log = logging.getLogger(__name__)
+
+# Weight of the newest finished request in the running mean of request run time.
+_RUN_TIME_SMOOTHING = 0.1
+
+
+class StepRunner(Protocol):
+    """What the engine needs from a model runner (``ModelRunner`` is one)."""
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Token ids that end a sequence."""
+
+    def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+        """Run one step; logits [chunks needing logits, vocab] in chunk order."""
+
+
+@dataclass(slots=True, frozen=True)
+class EngineConfig:
+    """Limits of one engine: scheduler limits plus the KV-cache pool's shape."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    num_kv_blocks: int
+    block_size: int
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler's share of the limits (validated there)."""
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+        )
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters since the engine started; written by the engine thread only."""
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_prefix_cache_hit_tokens: int = 0
+    # Prefill chunks that stopped short of the sequence's end (chunked prefill).
+    num_partial_prefills: int = 0
+    num_oom_retries: int = 0
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_finished: int = 0
+    num_aborted: int = 0
+    num_failed: int = 0
+    max_num_used_blocks: int = 0
+    max_num_running: int = 0
+
+
+@dataclass(slots=True)
+class _Add:
+    """Command: queue a request whose outputs go to ``stream``."""
+
+    request: GenerationRequest
+    stream: GenerationStream
+
+
+@dataclass(slots=True)
+class _Abort:
+    """Command: drop a request and free its blocks."""
+
+    request_id: str
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A live request and where its outputs go."""
+
+    request: GenerationRequest
+    stream: GenerationStream
+
+
+@dataclass(slots=True)
+class _Shared:
+    """State both threads touch; only under ``LLMEngine._wakeup``."""
+
+    commands: list[_Add | _Abort] = field(default_factory=list)
+    num_pending_adds: int = 0
+    num_waiting: int = 0
+    num_running: int = 0
+    is_idle: bool = True
+    is_stopping: bool = False
+
+
+class LLMEngine:
+    """Continuous batching for one model; thread-safe entry points, one stepping thread.
+
+    ``add_request`` / ``abort`` may be called from any thread; outputs are delivered on
+    each stream's event loop. Call :meth:`start` once and :meth:`stop` at the end.
+    """
+
+    def __init__(
+        self,
+        runner: StepRunner,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+        *,
+        metrics: GeneratorMetrics | None = None,
+        name: str = "engine",
+    ) -> None:
+        self.config = config
+        self.name = name
+        self.stats = EngineStats()
+        self._runner = runner
+        self._tokenizer = tokenizer
+        self._metrics = metrics
+        self._scheduler = Scheduler(
+            config.scheduler_config(), BlockManager(config.num_kv_blocks, config.block_size)
+        )
+        self._sampler = Sampler()
+        eos = set(runner.eos_token_ids)
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self._entries: dict[str, _Entry] = {}
+        self._next_arrival = 0
+        self._mean_run_s = 0.0
+        self._shared = _Shared()
+        self._wakeup = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+        self._publish()  # the gauges show the empty pool before the first request
+
+    # -- any thread ---------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued or waiting for KV blocks (as of the last step)."""
+        with self._wakeup:
+            return self._shared.num_pending_adds + self._shared.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        """Sequences holding KV blocks (as of the last step)."""
+        with self._wakeup:
+            return self._shared.num_running
+
+    @property
+    def num_used_blocks(self) -> int:
+        """KV blocks held by sequences; exact once :meth:`wait_until_idle` returned."""
+        return self._scheduler.block_manager.num_used_blocks
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """Blocks in the KV-cache pool."""
+        return self._scheduler.block_manager.num_blocks
+
+    @property
+    def token_budget(self) -> int:
+        """The scheduler's current per-step token budget (lowered after OOM)."""
+        return self._scheduler.token_budget
+
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: Priority = Priority.ONLINE,
+        index: int = 0,
+    ) -> GenerationRequest:
+        """Build a request for this engine; ValueError if it cannot run (too long, empty)."""
+        return GenerationRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            params=params,
+            tokenizer=self._tokenizer,
+            eos_token_ids=self.eos_token_ids,
+            max_model_len=self.config.max_model_len,
+            arrival_s=time.monotonic(),
+            priority=priority,
+            index=index,
+        )
+
+    def add_request(self, request: GenerationRequest, stream: GenerationStream) -> None:
+        """Queue ``request``; its outputs go to ``stream``. 503 once the engine stops."""
+        with self._wakeup:
+            if self._shared.is_stopping:
+                raise ServiceUnavailable(f"model {self.name!r} is shutting down")
+            self._shared.commands.append(_Add(request, stream))
+            self._shared.num_pending_adds += 1
+            self._wakeup.notify_all()
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request between steps and free its blocks; unknown ids are ignored."""
+        with self._wakeup:
+            if self._shared.is_stopping:
+                return  # stopping fails and frees every request anyway
+            self._shared.commands.append(_Abort(request_id))
+            self._wakeup.notify_all()
+
+    def estimated_drain_s(self) -> float:
+        """Rough seconds until the requests waiting now have all been admitted."""
+        seats = self.config.max_num_seqs
+        return math.ceil(self.num_waiting / seats) * max(self._mean_run_s, 0.1)
+
+    def wait_until_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until no request is queued or unfinished; False on timeout.
+
+        For tests and shutdown: once it returns True every abort has been applied and
+        every finished request has released its blocks.
+        """
+        with self._wakeup:
+            return self._wakeup.wait_for(
+                lambda: self._shared.is_idle and not self._shared.commands, timeout_s
+            )
+
+    def start(self) -> None:
+        """Start the stepping thread."""
+        if self._thread is not None:
+            raise RuntimeError(f"engine {self.name!r} is already started")
+        self._thread = threading.Thread(target=self._run, name=f"engine-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop stepping; every unfinished request gets 503."""
+        with self._wakeup:
+            self._shared.is_stopping = True
+            self._wakeup.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("engine %s did not stop within %.0f s", self.name, timeout_s)
+                return
+        self._fail_everything(ServiceUnavailable(f"model {self.name!r} is shutting down"))
+
+    # -- engine thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        """The stepping loop."""
+        try:
+            while (commands := self._next_commands()) is not None:
+                self._apply(commands)
+                if self._scheduler.has_unfinished:
+                    self._step()
+                self._publish()
+        except Exception:
+            log.exception("engine %s crashed", self.name)
+            with self._wakeup:
+                self._shared.is_stopping = True  # refuse new requests from now on
+            try:
+                self._fail_everything(ModelFault("the generation engine crashed"))
+            finally:
+                with self._wakeup:
+                    self._shared.is_idle = True
+                    self._wakeup.notify_all()
+
+    def _next_commands(self) -> list[_Add | _Abort] | None:
+        """Sleep until there is work; take the queued commands. None when stopping."""
+        shared = self._shared
+        with self._wakeup:
+            while not shared.is_stopping and not shared.commands:
+                if self._scheduler.has_unfinished:
+                    break
+                shared.is_idle = True
+                self._wakeup.notify_all()
+                self._wakeup.wait()
+            if shared.is_stopping:
+                return None
+            shared.is_idle = False
+            commands, shared.commands = shared.commands, []
+            # Moved from "pending" to the scheduler's queue, so num_waiting stays whole.
+            shared.num_waiting += shared.num_pending_adds
+            shared.num_pending_adds = 0
+            return commands
+
+    def _apply(self, commands: Iterable[_Add | _Abort]) -> None:
+        """Add and abort requests, in the order callers issued them."""
+        for command in commands:
+            if isinstance(command, _Add):
+                self._admit(command.request, command.stream)
+            else:
+                self._abort_now(command.request_id)
+
+    def _admit(self, request: GenerationRequest, stream: GenerationStream) -> None:
+        """Hand a request to the scheduler; a refusal fails only that request."""
+        request.seq.arrival = self._next_arrival
+        self._next_arrival += 1
+        try:
+            self._scheduler.add(request.seq)
+        except ValueError as exc:
+            deliver_threadsafe([(stream, InvalidRequest(str(exc)))])
+            return
+        self._entries[request.request_id] = _Entry(request, stream)
+        self.stats.num_prompt_tokens += len(request.prompt_token_ids)
+        if self._metrics is not None:
+            self._metrics.prompt_tokens.inc(len(request.prompt_token_ids))
+
+    def _abort_now(self, request_id: str) -> None:
+        """Free an aborted request's blocks (it may have finished meanwhile)."""
+        if self._entries.pop(request_id, None) is None:
+            return
+        self._scheduler.abort(request_id)
+        self.stats.num_aborted += 1
+
+    def _step(self) -> None:
+        """Plan, run, sample and account for one step."""
+        output = self._scheduler.schedule()
+        self._note_preemptions(output)
+        if output.is_empty:
+            # Cannot happen with a pool that fits max_model_len; fail loudly, never spin.
+            self._fail_everything(ModelFault("the scheduler could not place any sequence"))
+            return
+        try:
+            logits = self._runner.execute(output.to_seq_chunks())
+        except ModelOutOfMemory as exc:
+            self._on_out_of_memory(output, exc)
+            return
+        except Exception as exc:
+            log.exception("engine %s: the model failed a step", self.name)
+            self._fail_step(output, ModelFault(f"the model failed on this step: {exc}"))
+            return
+        self.stats.num_steps += 1
+        self._note_admissions(output)
+        self._finish_step(output, logits)
+
+    def _note_preemptions(self, output: SchedulerOutput) -> None:
+        """Count sequences the scheduler evicted to make room."""
+        if not output.preempted:
+            return
+        self.stats.num_preemptions += len(output.preempted)
+        if self._metrics is not None:
+            self._metrics.preemptions.inc(len(output.preempted))
+
+    def _note_admissions(self, output: SchedulerOutput) -> None:
+        """Count prefix-cache hits of (re)admitted sequences and split prefills."""
+        for chunk in output.chunks:
+            seq = chunk.seq
+            request = self._entries[seq.seq_id].request
+            if request.num_admissions <= seq.num_preemptions:
+                request.num_admissions += 1
+                self.stats.num_prefix_cache_hit_tokens += seq.num_cached_tokens
+                if self._metrics is not None and seq.num_cached_tokens:
+                    self._metrics.prefix_cache_hit_tokens.inc(seq.num_cached_tokens)
+            if not chunk.needs_logits:
+                self.stats.num_partial_prefills += 1
+
+    def _on_out_of_memory(self, output: SchedulerOutput, exc: ModelOutOfMemory) -> None:
+        """Halve the token budget and let the next iteration plan a smaller step."""
+        if self._scheduler.token_budget <= 1:
+            self._fail_step(output, ModelOutOfMemory(f"out of memory even at one token: {exc}"))
+            return
+        budget = self._scheduler.shrink_token_budget()
+        self.stats.num_oom_retries += 1
+        if self._metrics is not None:
+            self._metrics.oom_backoffs.inc()
+        log.warning("engine %s out of memory; token budget now %d", self.name, budget)
+
+    def _finish_step(self, output: SchedulerOutput, logits: torch.Tensor) -> None:
+        """Sample, advance the scheduler, check stops, hand outputs to the streams."""
+        sampling = [self._entries[c.seq.seq_id] for c in output.chunks if c.needs_logits]
+        result = self._sampler.sample(
+            logits,
+            [entry.request.params for entry in sampling],
+            [entry.request.generator for entry in sampling],
+        )
+        sampled = {
+            entry.request.request_id: token
+            for entry, token in zip(sampling, result.token_ids, strict=True)
+        }
+        capped = self._scheduler.postprocess(output, sampled)
+        self._scheduler.restore_token_budget()
+        now_s = time.monotonic()
+        deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = []
+        for row, entry in enumerate(sampling):
+            logprobs = result.logprobs[row] if result.logprobs else None
+            generated = self._take_token(entry, result.token_ids[row], logprobs, now_s)
+            deliveries.append((entry.stream, generated))
+        for seq in capped:
+            capped_entry = self._entries.get(seq.seq_id)
+            if capped_entry is not None:  # at the context length but not finished: end it
+                last = capped_entry.request.final_output(FinishReason.LENGTH, now_s)
+                deliveries.append((capped_entry.stream, last))
+                self._retire(capped_entry)
+        deliver_threadsafe(deliveries)
+
+    def _take_token(
+        self, entry: _Entry, token_id: int, logprobs: TokenLogprobs | None, now_s: float
+    ) -> GenerationOutput:
+        """Give a sampled token to its request; retire the request if it stopped."""
+        request = entry.request
+        previous_s = request.last_token_s
+        output = request.add_token(token_id, logprobs, now_s)
+        self.stats.num_generated_tokens += 1
+        if self._metrics is not None:
+            self._metrics.generated_tokens.inc()
+            if previous_s is None:
+                self._metrics.time_to_first_token_s.observe(now_s - request.arrival_s)
+            else:
+                self._metrics.time_per_output_token_s.observe(now_s - previous_s)
+        if output.is_finished:
+            self._retire(entry)
+        return output
+
+    def _retire(self, entry: _Entry) -> None:
+        """Release a finished request's blocks and fold its run time into the mean."""
+        request = entry.request
+        del self._entries[request.request_id]
+        self._scheduler.finish(request.request_id)
+        self.stats.num_finished += 1
+        if request.first_token_s is not None and request.finished_s is not None:
+            run_s = request.finished_s - request.arrival_s
+            self._mean_run_s += _RUN_TIME_SMOOTHING * (run_s - self._mean_run_s)
+
+    def _fail_step(self, output: SchedulerOutput, error: ConveyorError) -> None:
+        """Fail every request with a chunk in this step; the others carry on."""
+        deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = []
+        for chunk in output.chunks:
+            entry = self._entries.pop(chunk.seq.seq_id, None)
+            if entry is not None:
+                self._scheduler.abort(chunk.seq.seq_id)
+                deliveries.append((entry.stream, error))
+                self.stats.num_failed += 1
+        deliver_threadsafe(deliveries)
+
+    def _fail_everything(self, error: ConveyorError) -> None:
+        """Fail queued and live requests alike (shutdown, or an engine fault)."""
+        with self._wakeup:
+            commands, self._shared.commands = self._shared.commands, []
+            self._shared.num_pending_adds = 0
+        deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = [
+            (command.stream, error) for command in commands if isinstance(command, _Add)
+        ]
+        for request_id, entry in list(self._entries.items()):
+            self._scheduler.abort(request_id)
+            deliveries.append((entry.stream, error))
+            self.stats.num_failed += 1
+        self._entries.clear()
+        deliver_threadsafe(deliveries)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Refresh the cross-thread counters and the gauges after a step."""
+        scheduler = self._scheduler
+        manager = scheduler.block_manager
+        stats = self.stats
+        stats.max_num_used_blocks = max(stats.max_num_used_blocks, manager.num_used_blocks)
+        stats.max_num_running = max(stats.max_num_running, scheduler.num_running)
+        with self._wakeup:
+            self._shared.num_waiting = scheduler.num_waiting
+            self._shared.num_running = scheduler.num_running
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.running.set(scheduler.num_running)
+            metrics.waiting.set(scheduler.num_waiting)
+            metrics.kv_blocks_used.set(manager.num_used_blocks)
+            metrics.kv_blocks_free.set(manager.num_free_blocks)

@@ -1,0 +1,177 @@
+"""One generation request inside the engine: stop conditions, text, and what each step adds.
+
+Lives on the engine thread. The event loop only ever sees the immutable
+:class:`GenerationOutput` values a request hands out, one per sampled token.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import torch
+
+from conveyor.engine.sampling import SamplingParams, TokenLogprobs, new_generator
+from conveyor.engine.sequence import Sequence
+from conveyor.engine.tokenizer import Detokenizer, Tokenizer
+from conveyor.priority import Priority
+
+__all__ = ["FinishReason", "GenerationOutput", "GenerationRequest", "RequestTimings"]
+
+
+class FinishReason(enum.Enum):
+    """Why a request stopped, in OpenAI's words."""
+
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the model's context length
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimings:
+    """Monotonic timestamps (``time.monotonic()``) of one request's life, in seconds."""
+
+    arrival_s: float
+    first_token_s: float | None = None
+    finished_s: float | None = None
+
+    @property
+    def time_to_first_token_s(self) -> float | None:
+        """Seconds from arrival to the first sampled token."""
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOutput:
+    """What one step added to one request: new token(s), the text they completed, and state.
+
+    ``index`` tells apart the requests sharing one stream (several prompts of one
+    completions call). ``text`` is safe to stream (stop strings are never part of it).
+    The counts are totals so far; ``finish_reason`` is set on the request's last output.
+    """
+
+    index: int
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprobs, ...]
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    timings: RequestTimings
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether this is the request's last output."""
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True, eq=False)
+class GenerationRequest:
+    """A request's engine-side state: its sequence, sampler inputs, detokenizer and stops.
+
+    ``max_model_len`` caps prompt plus output; ``eos_token_ids`` end the request unless
+    ``params.ignore_eos``. Built on the caller's thread, then owned by the engine thread.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    tokenizer: Tokenizer
+    eos_token_ids: Collection[int]
+    max_model_len: int
+    arrival_s: float
+    priority: Priority = Priority.ONLINE
+    index: int = 0
+    seq: Sequence = field(init=False)
+    generator: torch.Generator | None = field(init=False)
+    detokenizer: Detokenizer = field(init=False)
+    max_output_tokens: int = field(init=False)
+    first_token_s: float | None = field(init=False, default=None)
+    last_token_s: float | None = field(init=False, default=None)
+    finished_s: float | None = field(init=False, default=None)
+    finish_reason: FinishReason | None = field(init=False, default=None)
+    # How many times the sequence got KV blocks (admissions plus re-admissions).
+    num_admissions: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(self.prompt_token_ids)} tokens; the context length is "
+                f"{self.max_model_len}, which leaves no room for output"
+            )
+        # arrival is set by the engine when it queues the sequence (a strict order).
+        self.seq = Sequence(self.request_id, self.prompt_token_ids, priority=self.priority)
+        self.generator = None if self.params.seed is None else new_generator(self.params.seed)
+        self.detokenizer = self.tokenizer.detokenizer(
+            prompt_ids=self.prompt_token_ids, stop=self.params.stop
+        )
+        room = self.max_model_len - len(self.prompt_token_ids)
+        self.max_output_tokens = min(self.params.max_tokens, room)
+        self.eos_token_ids = frozenset(self.eos_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether a stop condition has been met."""
+        return self.finish_reason is not None
+
+    def timings(self) -> RequestTimings:
+        """The request's timestamps so far."""
+        return RequestTimings(self.arrival_s, self.first_token_s, self.finished_s)
+
+    def add_token(
+        self, token_id: int, logprobs: TokenLogprobs | None, now_s: float
+    ) -> GenerationOutput:
+        """Account for a token the scheduler has appended; check every stop condition.
+
+        Order: a stop token ends the request without adding its text; otherwise the
+        token's text is checked for stop strings; then ``max_tokens`` and the context
+        length end it with ``length``.
+        """
+        if self.first_token_s is None:
+            self.first_token_s = now_s
+        self.last_token_s = now_s
+        text, reason = self._text_and_reason(token_id)
+        if reason is not None:
+            self.finish(reason, now_s)
+        return self._output((token_id,), text, () if logprobs is None else (logprobs,))
+
+    def finish(self, reason: FinishReason, now_s: float) -> None:
+        """Record the end of the request (idempotent: the first reason wins)."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.finished_s = now_s
+
+    def final_output(self, reason: FinishReason, now_s: float) -> GenerationOutput:
+        """An output with no new token that ends the request (text still held back)."""
+        self.finish(reason, now_s)
+        return self._output((), self.detokenizer.flush(), ())
+
+    def _text_and_reason(self, token_id: int) -> tuple[str, FinishReason | None]:
+        """The text this token releases and the stop condition it meets, if any."""
+        params = self.params
+        is_eos = not params.ignore_eos and token_id in self.eos_token_ids
+        if is_eos or token_id in params.stop_token_ids:
+            return self.detokenizer.flush(), FinishReason.STOP
+        piece = self.detokenizer.add_token(token_id)
+        if piece.is_stopped:
+            return piece.text, FinishReason.STOP
+        if self.seq.num_output_tokens >= self.max_output_tokens:
+            return piece.text + self.detokenizer.flush(), FinishReason.LENGTH
+        return piece.text, None
+
+    def _output(
+        self, token_ids: tuple[int, ...], text: str, logprobs: tuple[TokenLogprobs, ...]
+    ) -> GenerationOutput:
+        """Freeze the request's current state into an output value."""
+        return GenerationOutput(
+            index=self.index,
+            token_ids=token_ids,
+            text=text,
+            logprobs=logprobs,
+            finish_reason=self.finish_reason,
+            num_prompt_tokens=len(self.prompt_token_ids),
+            num_output_tokens=self.seq.num_output_tokens,
+            num_cached_tokens=self.seq.num_cached_tokens,
+            timings=self.timings(),
+        )

@@ -1,0 +1,113 @@
+"""The gateway's view of the fleet: worker rows from the store, refreshed periodically."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.fleet.router import WorkerView
+from conveyor.stores.job_store import JobStore, StoreError
+from conveyor.stores.records import WorkerRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoad:
+    """One model's state on one worker, as its heartbeat reported it."""
+
+    queue_depth: int = 0
+    service_per_s: float = 0.0
+    is_loaded: bool = True
+
+
+def model_loads(record: WorkerRecord) -> dict[str, ModelLoad]:
+    """Per-model load from a worker row; tolerant of missing fields (older workers)."""
+    raw: Mapping[str, Any] = record.load.get("models", {})
+    loads: dict[str, ModelLoad] = {}
+    for name in record.models:
+        entry: Mapping[str, Any] = raw.get(name, {})
+        loads[name] = ModelLoad(
+            queue_depth=int(entry.get("queue_depth", 0)),
+            service_per_s=float(entry.get("service_per_s", 0.0)),
+            is_loaded=bool(entry.get("is_loaded", True)),
+        )
+    return loads
+
+
+def view_from_record(record: WorkerRecord) -> WorkerView:
+    """The routing view of a worker row."""
+    loads = model_loads(record)
+    return WorkerView(
+        worker_id=record.worker_id,
+        address=record.address,
+        models=frozenset(record.models),
+        loaded_models=frozenset(name for name, load in loads.items() if load.is_loaded),
+        queue_depth={name: load.queue_depth for name, load in loads.items()},
+        last_heartbeat_at=record.last_heartbeat_at,
+        is_stale=record.is_stale,
+        is_draining=bool(record.load.get("is_draining", False)),
+    )
+
+
+class FleetRegistry:
+    """Worker rows and their routing views, as of the last successful refresh.
+
+    Rows whose heartbeat is older than ``reap_after_s`` are deleted from the store, so a
+    worker killed without deregistering disappears for every gateway.
+    """
+
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        stale_after_s: float,
+        reap_after_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if stale_after_s <= 0 or reap_after_s < stale_after_s:
+            raise ValueError("need 0 < stale_after_s <= reap_after_s")
+        self._store = store
+        self.stale_after_s = stale_after_s
+        self.reap_after_s = reap_after_s
+        self._clock = clock
+        self.records: list[WorkerRecord] = []
+        self.views: list[WorkerView] = []
+        self.num_refreshes = 0
+        self.num_failed_refreshes = 0
+
+    @property
+    def has_refreshed(self) -> bool:
+        """True once the store has been read at least once."""
+        return self.num_refreshes > 0
+
+    async def refresh(self) -> None:
+        """Read the worker rows (off the event loop) and reap the long-dead ones."""
+        records = await asyncio.to_thread(
+            self._store.list_workers, self._clock(), self.stale_after_s
+        )
+        dead = [r for r in records if r.heartbeat_age_s > self.reap_after_s]
+        for record in dead:
+            await asyncio.to_thread(self._store.remove_worker, record.worker_id)
+            log.info(
+                "reaped worker %s (silent for %.1f s)", record.worker_id, record.heartbeat_age_s
+            )
+        alive = [r for r in records if r.heartbeat_age_s <= self.reap_after_s]
+        self.records = alive
+        self.views = [view_from_record(r) for r in alive]
+        self.num_refreshes += 1
+
+    async def run(self, interval_s: float, on_refresh: Callable[[], None]) -> None:
+        """Refresh every ``interval_s`` until cancelled; a failing store keeps the last view."""
+        while True:
+            try:
+                await self.refresh()
+                on_refresh()
+            except StoreError as exc:
+                self.num_failed_refreshes += 1
+                log.warning("worker registry refresh failed: %s", exc)
+            await asyncio.sleep(interval_s)

@@ -1,0 +1,169 @@
+"""Pure routing: pick a healthy worker for a model by power of two choices on its load.
+
+Nothing here does I/O or reads a clock; callers pass ``now`` and a seeded ``random.Random``,
+so every decision can be replayed in tests.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What a gateway knows about one worker from its last heartbeat."""
+
+    worker_id: str
+    address: str
+    models: frozenset[str]
+    loaded_models: frozenset[str]
+    queue_depth: Mapping[str, int] = field(default_factory=dict)
+    last_heartbeat_at: float = 0.0
+    is_stale: bool = False
+    is_draining: bool = False
+
+    def __post_init__(self) -> None:
+        """Reject views that could never come from a real heartbeat."""
+        if not self.worker_id:
+            raise ValueError("worker_id must be a non-empty string")
+        if not self.loaded_models <= self.models:
+            raise ValueError("loaded_models must be a subset of models")
+
+
+class Ejections:
+    """Passive ejection: a worker that refused a connection gets no traffic for a while.
+
+    It is re-admitted once ``cooldown_s`` has passed *and* it has sent a heartbeat after the
+    ejection, so a worker that died stays out until the registry forgets it.
+    """
+
+    def __init__(self, cooldown_s: float) -> None:
+        if cooldown_s < 0:
+            raise ValueError(f"cooldown_s must be >= 0, got {cooldown_s}")
+        self.cooldown_s = cooldown_s
+        self._ejected_at: dict[str, float] = {}
+
+    def eject(self, worker_id: str, now: float) -> None:
+        """Stop routing to ``worker_id`` from ``now``."""
+        self._ejected_at[worker_id] = now
+
+    def is_ejected(self, worker: WorkerView, now: float) -> bool:
+        """True while ``worker`` is ejected; forgets the ejection once it is healthy again."""
+        ejected_at = self._ejected_at.get(worker.worker_id)
+        if ejected_at is None:
+            return False
+        is_cooled = now >= ejected_at + self.cooldown_s
+        if is_cooled and worker.last_heartbeat_at > ejected_at:
+            del self._ejected_at[worker.worker_id]
+            return False
+        return True
+
+    def forget_missing(self, present_ids: Collection[str]) -> None:
+        """Drop ejections of workers the registry no longer lists."""
+        for worker_id in [w for w in self._ejected_at if w not in present_ids]:
+            del self._ejected_at[worker_id]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingPolicy:
+    """Knobs of the choice: how much an unloaded model costs compared with queued inputs."""
+
+    cold_penalty: int = 8
+
+    def __post_init__(self) -> None:
+        """Validate the knobs."""
+        if self.cold_penalty < 0:
+            raise ValueError(f"cold_penalty must be >= 0, got {self.cold_penalty}")
+
+
+class Router:
+    """Chooses workers and counts this gateway's in-flight requests per worker."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        ejections: Ejections,
+        policy: RoutingPolicy | None = None,
+    ) -> None:
+        self._rng = rng
+        self.ejections = ejections
+        self.policy = policy or RoutingPolicy()
+        self._in_flight: dict[str, int] = {}
+
+    def in_flight(self, worker_id: str) -> int:
+        """Requests this gateway has outstanding on ``worker_id``."""
+        return self._in_flight.get(worker_id, 0)
+
+    def acquire(self, worker_id: str) -> None:
+        """Count a request sent to ``worker_id``."""
+        self._in_flight[worker_id] = self._in_flight.get(worker_id, 0) + 1
+
+    def release(self, worker_id: str) -> None:
+        """Count a request to ``worker_id`` as finished."""
+        remaining = self._in_flight.get(worker_id, 0) - 1
+        if remaining > 0:
+            self._in_flight[worker_id] = remaining
+        else:
+            self._in_flight.pop(worker_id, None)
+
+    def load(self, worker: WorkerView, model: str) -> int:
+        """In flight from this gateway plus the queue depth the worker last reported."""
+        return self.in_flight(worker.worker_id) + worker.queue_depth.get(model, 0)
+
+    def is_routable(self, worker: WorkerView, now: float) -> bool:
+        """Fresh heartbeat, not draining, not ejected."""
+        if worker.is_stale or worker.is_draining:
+            return False
+        return not self.ejections.is_ejected(worker, now)
+
+    def candidates(
+        self,
+        workers: Sequence[WorkerView],
+        model: str,
+        now: float,
+        exclude: Collection[str] = (),
+    ) -> list[WorkerView]:
+        """Routable workers hosting ``model``, minus those in ``exclude`` (already tried)."""
+        return [
+            worker
+            for worker in workers
+            if model in worker.models
+            and worker.worker_id not in exclude
+            and self.is_routable(worker, now)
+        ]
+
+    def choose(
+        self,
+        workers: Sequence[WorkerView],
+        model: str,
+        now: float,
+        exclude: Collection[str] = (),
+    ) -> WorkerView | None:
+        """The worker for the next request of ``model``, or None when no worker can take it.
+
+        Two random workers that already have the model loaded are compared on load; when
+        even the better one is busier than ``cold_penalty``, one worker without the model
+        loaded competes too, its load raised by the penalty (the cost of loading it).
+        """
+        candidates = self.candidates(workers, model, now, exclude)
+        if not candidates:
+            return None
+        warm = [w for w in candidates if model in w.loaded_models]
+        cold = [w for w in candidates if model not in w.loaded_models]
+        best = self._two_choices(warm, model) if warm else None
+        if best is not None and (not cold or self.load(best, model) < self.policy.cold_penalty):
+            return best
+        challenger = self._two_choices(cold, model)
+        if best is None:
+            return challenger
+        challenger_load = self.load(challenger, model) + self.policy.cold_penalty
+        return challenger if challenger_load < self.load(best, model) else best
+
+    def _two_choices(self, pool: Sequence[WorkerView], model: str) -> WorkerView:
+        """The less loaded of two distinct random members of ``pool`` (ties: the first)."""
+        if len(pool) == 1:
+            return pool[0]
+        first, second = self._rng.sample(list(pool), 2)
+        return second if self.load(second, model) < self.load(first, model) else first

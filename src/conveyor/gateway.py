@@ -1,0 +1,303 @@
+"""The gateway process: holds no model; authenticates, admits, routes and answers.
+
+It reads the worker registry from the shared job store, sends each online request to a
+healthy worker hosting its model (see ``fleet.router``), retries failures on other workers
+(``fleet.proxy``) and exports the fleet's scaling signal (``fleet.scaling``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from conveyor.api import batches as batch_routes
+from conveyor.api import files as file_routes
+from conveyor.api import fleet as fleet_routes
+from conveyor.api.auth import ApiKeyMiddleware
+from conveyor.api.errors import install_error_handlers
+from conveyor.config import ServerConfig
+from conveyor.errors import ServiceUnavailable
+from conveyor.fleet.proxy import Proxy, ProxySettings
+from conveyor.fleet.registry import FleetRegistry, model_loads
+from conveyor.fleet.router import Ejections, Router, WorkerView
+from conveyor.fleet.scaling import ModelDemand, RateMeter, desired_replicas
+from conveyor.jobs.subsystem import JobsSubsystem
+from conveyor.metrics import GatewayMetrics
+from conveyor.stores.job_store import JobStore, StoreError, open_job_store
+from conveyor.stores.object_store import ObjectStore, open_object_store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """How a gateway finds workers, judges their health, retries and scales."""
+
+    store_url: str
+    objects_url: str | None = None
+    stale_after_s: float = 3.0
+    reap_after_s: float = 60.0
+    refresh_s: float = 0.25
+    ejection_cooldown_s: float = 1.0
+    max_attempts: int = 3
+    connect_timeout_s: float = 1.0
+    default_timeout_ms: float = 30_000
+    max_in_flight: int = 4096
+    max_connections_per_worker: int = 256
+    target_utilisation: float = 0.7
+    arrival_window_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        """Reject settings that would make the gateway route badly or never."""
+        if self.stale_after_s <= 0 or self.refresh_s <= 0:
+            raise ValueError("stale_after_s and refresh_s must be > 0")
+        if self.reap_after_s < self.stale_after_s:
+            raise ValueError("reap_after_s must be >= stale_after_s")
+        if self.max_in_flight < 1 or self.max_connections_per_worker < 1:
+            raise ValueError("max_in_flight and max_connections_per_worker must be >= 1")
+        if not 0 < self.target_utilisation <= 1:
+            raise ValueError("target_utilisation must be in (0, 1]")
+        if self.default_timeout_ms <= 0 or self.arrival_window_s <= 0:
+            raise ValueError("default_timeout_ms and arrival_window_s must be > 0")
+
+
+class Gateway:
+    """One gateway's state: registry view, router, proxy, admission and scaling meters."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        store: JobStore,
+        *,
+        objects: ObjectStore | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.objects = objects
+        self.metrics = GatewayMetrics()
+        self.registry = FleetRegistry(
+            store, stale_after_s=settings.stale_after_s, reap_after_s=settings.reap_after_s
+        )
+        self.router = Router(rng or random.Random(), Ejections(settings.ejection_cooldown_s))
+        self.num_in_flight = 0
+        self._arrivals: dict[str, RateMeter] = {}
+        self._client: httpx.AsyncClient | None = None
+        self._proxy: Proxy | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
+
+    @property
+    def proxy(self) -> Proxy:
+        """The proxy (exists between ``start`` and ``stop``)."""
+        if self._proxy is None:
+            raise RuntimeError("the gateway is not started")
+        return self._proxy
+
+    async def start(self) -> None:
+        """Open the worker connection pool and start refreshing the registry."""
+        # httpx logs every request at INFO: far too loud (and slow) on a proxy's hot path.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        limits = httpx.Limits(
+            max_connections=None,
+            max_keepalive_connections=self.settings.max_connections_per_worker,
+            # Shorter than the workers' keep-alive so the pool never reuses a socket the
+            # worker is closing (that would look like a reset and eject a healthy worker).
+            keepalive_expiry=4.0,
+        )
+        self._client = httpx.AsyncClient(limits=limits, http1=True, http2=False)
+        self._proxy = Proxy(
+            self._client,
+            self.router,
+            lambda: self.registry.views,
+            ProxySettings(self.settings.max_attempts, self.settings.connect_timeout_s),
+            self.metrics,
+            wall_clock=time.time,
+        )
+        try:
+            await self.registry.refresh()
+            self.on_refresh()
+        except StoreError as exc:
+            # Not fatal: /ready stays 503 until the refresh loop gets through.
+            log.warning("first worker registry read failed: %s", exc)
+        self._refresh_task = asyncio.create_task(
+            self.registry.run(self.settings.refresh_s, self.on_refresh), name="fleet-registry"
+        )
+
+    async def stop(self) -> None:
+        """Stop refreshing and close connections and the store."""
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresh_task
+        if self._client is not None:
+            await self._client.aclose()
+        await asyncio.to_thread(self.store.close)
+
+    def routable(self, now: float | None = None) -> list[WorkerView]:
+        """Workers that may get traffic now."""
+        at = time.time() if now is None else now
+        return [view for view in self.registry.views if self.router.is_routable(view, at)]
+
+    def healthy_models(self) -> list[str]:
+        """The union of the models of routable workers, sorted."""
+        return sorted({model for view in self.routable() for model in view.models})
+
+    def registered_models(self) -> set[str]:
+        """Every model some registered, non-stale worker hosts (routable or not)."""
+        return {m for view in self.registry.views if not view.is_stale for m in view.models}
+
+    def count_arrival(self, model: str, num_inputs: int) -> None:
+        """Feed the arrival-rate meter of ``model``."""
+        meter = self._arrivals.get(model)
+        if meter is None:
+            meter = self._arrivals[model] = RateMeter(self.settings.arrival_window_s)
+        meter.record(time.monotonic(), num_inputs)
+
+    def demands(self) -> list[ModelDemand]:
+        """Per model: arrivals here, queue and service rate across routable workers."""
+        now_mono = time.monotonic()
+        routable = self.routable()
+        models = self.registered_models() | set(self._arrivals)
+        records = {r.worker_id: r for r in self.registry.records}
+        demands = []
+        for model in sorted(models):
+            hosts = [v for v in routable if model in v.models]
+            loads = [model_loads(records[v.worker_id])[model] for v in hosts]
+            rates = [load.service_per_s for load in loads if load.service_per_s > 0]
+            meter = self._arrivals.get(model)
+            demands.append(
+                ModelDemand(
+                    model=model,
+                    arrival_per_s=meter.rate_per_s(now_mono) if meter else 0.0,
+                    service_per_s_per_replica=sum(rates) / len(rates) if rates else 0.0,
+                    queue_depth=sum(load.queue_depth for load in loads),
+                    num_replicas=len(hosts),
+                )
+            )
+        return demands
+
+    def on_refresh(self) -> None:
+        """After each registry refresh: forget vanished workers, update the gauges."""
+        self.router.ejections.forget_missing({v.worker_id for v in self.registry.views})
+        self._gauge_workers()
+        for demand in self.demands():
+            replicas = desired_replicas(demand, self.settings.target_utilisation)
+            self.metrics.fleet_queue_depth.labels(demand.model).set(demand.queue_depth)
+            self.metrics.arrival_rate.labels(demand.model).set(demand.arrival_per_s)
+            self.metrics.service_rate.labels(demand.model).set(
+                demand.service_per_s_per_replica * demand.num_replicas
+            )
+            self.metrics.desired_replicas.labels(demand.model).set(replicas)
+
+    def _gauge_workers(self) -> None:
+        now = time.time()
+        counts = {"routable": 0, "stale": 0, "draining": 0, "ejected": 0}
+        for view in self.registry.views:
+            if view.is_stale:
+                counts["stale"] += 1
+            elif view.is_draining:
+                counts["draining"] += 1
+            elif self.router.ejections.is_ejected(view, now):
+                counts["ejected"] += 1
+            else:
+                counts["routable"] += 1
+        for state, count in counts.items():
+            self.metrics.workers.labels(state).set(count)
+
+    def fleet_document(self) -> dict[str, Any]:
+        """``GET /v1/fleet``: every worker with its models, load and heartbeat age."""
+        now = time.time()
+        workers = []
+        for record, view in zip(self.registry.records, self.registry.views, strict=True):
+            workers.append(
+                {
+                    "id": record.worker_id,
+                    "address": record.address,
+                    "models": list(record.models),
+                    "loaded_models": sorted(view.loaded_models),
+                    "capacity": record.capacity,
+                    "load": record.load,
+                    "gateway_in_flight": self.router.in_flight(record.worker_id),
+                    "heartbeat_age_s": round(now - record.last_heartbeat_at, 3),
+                    "is_stale": view.is_stale,
+                    "is_draining": view.is_draining,
+                    "is_ejected": self.router.ejections.is_ejected(view, now),
+                    "is_routable": self.router.is_routable(view, now),
+                }
+            )
+        models = {
+            d.model: {
+                "num_replicas": d.num_replicas,
+                "queue_depth": d.queue_depth,
+                "arrival_per_s": round(d.arrival_per_s, 3),
+                "service_per_s_per_replica": round(d.service_per_s_per_replica, 3),
+                "desired_replicas": desired_replicas(d, self.settings.target_utilisation),
+            }
+            for d in self.demands()
+        }
+        return {"object": "fleet", "workers": workers, "models": models}
+
+
+async def _no_shards_here(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A gateway's jobs subsystem never runs shards (``is_worker`` is off); refuse loudly."""
+    raise ServiceUnavailable("the gateway runs no batch lines; workers do")
+
+
+def gateway_jobs(gateway: Gateway, config: ServerConfig) -> JobsSubsystem:
+    """Files and Batches on the shared stores: plans and finalizes batches, runs no shards.
+
+    A batch's model counts as served when a healthy worker in the registry hosts it.
+    """
+    overrides: dict[str, Any] = {"job_store_url": gateway.settings.store_url, "is_worker": False}
+    if gateway.settings.objects_url:
+        overrides["object_store_url"] = gateway.settings.objects_url
+    jobs_config = config.jobs.model_copy(update=overrides)
+    return JobsSubsystem(
+        jobs_config,
+        config.data_dir,
+        _no_shards_here,
+        lambda model: model in gateway.healthy_models(),
+    )
+
+
+def create_gateway_app(
+    settings: GatewaySettings,
+    config: ServerConfig,
+    *,
+    store: JobStore | None = None,
+) -> FastAPI:
+    """The gateway's HTTP app; API keys come from ``config`` (its models are ignored)."""
+    objects = open_object_store(settings.objects_url) if settings.objects_url else None
+    gateway = Gateway(settings, store or open_job_store(settings.store_url), objects=objects)
+    jobs = gateway_jobs(gateway, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        await jobs.start()
+        try:
+            yield
+        finally:
+            await jobs.stop()
+            await gateway.stop()
+
+    app = FastAPI(title="Conveyor gateway", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = gateway
+    app.state.jobs = jobs
+    install_error_handlers(app)
+    # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
+    app.include_router(file_routes.router)
+    app.include_router(batch_routes.router)
+    app.include_router(fleet_routes.router)
+    app.add_middleware(ApiKeyMiddleware, keys={k.key: k.tenant for k in config.api_keys})
+    return app

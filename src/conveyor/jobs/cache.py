@@ -1,0 +1,65 @@
+"""The result cache: identical deterministic requests are computed once.
+
+Keys are content addresses: a hash of the endpoint, the model and the canonical request body
+(keys sorted), so re-running an evaluation set costs nothing for lines already computed. Only
+deterministic requests are cached: embeddings always, generation only with temperature 0.
+Values are the JSON response bodies, stored in the job store (`cache_get` / `cache_put`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from conveyor.stores.job_store import JobStore
+
+EMBEDDINGS = "/v1/embeddings"
+GENERATION_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+KEY_PREFIX = "v1:"
+
+
+def is_deterministic(endpoint: str, body: dict[str, Any]) -> bool:
+    """Whether the same body always yields the same response."""
+    if endpoint == EMBEDDINGS:
+        return True
+    if endpoint in GENERATION_ENDPOINTS:
+        # Sampling is random unless greedy; n > 1 asks for different answers on purpose.
+        temperature = body.get("temperature")
+        is_greedy = isinstance(temperature, int | float) and float(temperature) == 0.0
+        return is_greedy and body.get("n", 1) == 1 and not body.get("stream", False)
+    return False
+
+
+def cache_key(endpoint: str, body: dict[str, Any]) -> str | None:
+    """The content address of a request, or None when it must not be cached."""
+    if not is_deterministic(endpoint, body):
+        return None
+    try:
+        canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
+    digest = hashlib.sha256()
+    for part in (endpoint.encode(), str(body.get("model", "")).encode(), canonical):
+        digest.update(len(part).to_bytes(8, "little"))  # length-prefixed: no ambiguous joins
+        digest.update(part)
+    return KEY_PREFIX + digest.hexdigest()
+
+
+class ResultCache:
+    """Batched reads and writes of cached response bodies (blocking: call from a thread)."""
+
+    def __init__(self, store: JobStore) -> None:
+        """Use `store`'s result cache table."""
+        self._store = store
+
+    def get_many(self, keys: Sequence[str | None]) -> list[bytes | None]:
+        """The cached body for each key (None for a miss or an uncacheable request)."""
+        return [None if key is None else self._store.cache_get(key) for key in keys]
+
+    def put_many(self, entries: Sequence[tuple[str, bytes]]) -> None:
+        """Store response bodies under their keys (existing entries are left alone)."""
+        for key, value in entries:
+            self._store.cache_put(key, value)

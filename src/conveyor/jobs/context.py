@@ -1,0 +1,87 @@
+"""What every part of the jobs subsystem shares: stores, settings, the clock, the executor."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from conveyor.jobs.config import JobsConfig
+from conveyor.jobs.line_runner import RetryPolicy, RunRequest, Sleep
+from conveyor.stores.job_store import JobStore
+from conveyor.stores.object_store import ObjectStore
+
+_T = TypeVar("_T")
+
+
+class JobCounters:
+    """Prometheus children for batch jobs (no-ops without a registry, e.g. in unit tests)."""
+
+    def __init__(self, metrics: Any = None) -> None:
+        """Bind to `conveyor.metrics.Metrics` families when given."""
+        self._metrics = metrics
+        self.num_cache_hits = 0
+        self.num_lines = {"completed": 0, "failed": 0}
+
+    def cache_hit(self, count: int = 1) -> None:
+        """Lines answered from the result cache."""
+        self.num_cache_hits += count
+        if self._metrics is not None:
+            self._metrics.batch_cache_hits.inc(count)
+
+    def line_done(self, outcome: str, count: int = 1) -> None:
+        """Lines that ran to a record (`completed` or `failed`)."""
+        self.num_lines[outcome] += count
+        if self._metrics is not None:
+            self._metrics.batch_lines.labels(outcome).inc(count)
+
+
+@dataclass(slots=True)
+class JobsContext:
+    """Shared state of one process's jobs subsystem."""
+
+    store: JobStore
+    objects: ObjectStore
+    config: JobsConfig
+    worker_id: str
+    run_request: RunRequest
+    is_model_served: Callable[[str], bool]
+    clock: Callable[[], float] = time.time
+    sleep: Sleep = asyncio.sleep
+    counters: JobCounters = field(default_factory=JobCounters)
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """Backoff for transient line failures."""
+        cfg = self.config
+        return RetryPolicy(cfg.max_line_retries, cfg.retry_base_s, cfg.retry_max_s)
+
+
+async def wait_for_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until `event` is set or `timeout_s` passed; True if it was set."""
+    if event.is_set():
+        return True
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def wait_for_any(events: list[asyncio.Event], timeout_s: float) -> None:
+    """Wait until one of `events` is set or `timeout_s` passed."""
+    if any(event.is_set() for event in events):
+        return
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+async def shielded(call: Callable[[], Awaitable[_T]]) -> _T:
+    """Run `call` so that cancelling the caller does not interrupt it half-way."""
+    return await asyncio.shield(asyncio.ensure_future(call()))

@@ -1,0 +1,118 @@
+"""The shard runner loop: claim a shard, run it, commit; repeat until told to stop.
+
+Each runner holds one shard at a time. A process runs `num_shard_runners` of them so the
+model never waits at a shard boundary. Claims go through the job store, so any number of
+processes (and hosts, with PostgreSQL) share the work; leases make a dead runner's shard
+claimable again once its lease expires.
+
+A runner with nothing to claim may instead take a speculative second run of a straggler (a
+shard running far longer than its batch's median, see `SpeculationPolicy`); whichever run
+commits first wins and the other finds its commit refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from conveyor.jobs.context import JobsContext, shielded, wait_for_any
+from conveyor.jobs.shard import AttemptOutcome, ShardAttempt
+from conveyor.stores.job_store import SpeculationPolicy, StoreError
+from conveyor.stores.object_store import ObjectStoreError
+from conveyor.stores.records import ShardLease
+
+log = logging.getLogger(__name__)
+
+
+class ShardRunner:
+    """Claims and runs shards until `shutdown` is set."""
+
+    def __init__(
+        self, ctx: JobsContext, wake: asyncio.Event, committed: asyncio.Event | None = None
+    ) -> None:
+        """`wake` is set when work may be claimable; we set `committed` after each commit."""
+        self._ctx = ctx
+        self._wake = wake
+        self._committed = committed
+        self.num_committed = 0
+        self.num_failed_attempts = 0
+        self.num_speculative = 0
+
+    async def run_forever(self, shutdown: asyncio.Event) -> None:
+        """The loop: claim, run, and wait a little whenever there is nothing to do."""
+        poll_s = self._ctx.config.poll_every_s
+        while not shutdown.is_set():
+            lease = await self._claim()
+            if lease is None:
+                await wait_for_any([shutdown, self._wake], poll_s)
+                self._wake.clear()
+                continue
+            try:
+                is_ok = await self.run_shard(lease, shutdown)
+            except (StoreError, ObjectStoreError, OSError):
+                log.exception("shard %d of %s: store failure", lease.index, lease.batch_id)
+                is_ok = False
+            if not is_ok:
+                # Back off so a shard that fails at once does not spin the loop.
+                await wait_for_any([shutdown], poll_s)
+
+    async def _claim(self) -> ShardLease | None:
+        """Lease the next claimable shard, else a straggler's speculative run, else None.
+
+        None also when the store is unreachable.
+        """
+        ctx = self._ctx
+        cfg = ctx.config
+        try:
+            lease = await asyncio.to_thread(
+                ctx.store.claim_shard, ctx.worker_id, ctx.clock(), cfg.lease_s
+            )
+            if lease is not None or not cfg.speculation:
+                return lease
+            policy = SpeculationPolicy(cfg.speculation_slow_factor, cfg.speculation_min_running_s)
+            lease = await asyncio.to_thread(
+                ctx.store.claim_speculative, ctx.worker_id, ctx.clock(), cfg.lease_s, policy
+            )
+        except StoreError:
+            log.exception("cannot claim a shard")
+            return None
+        if lease is not None:
+            self.num_speculative += 1
+            log.info("speculating on straggler shard %d of %s", lease.index, lease.batch_id)
+        return lease
+
+    async def run_shard(self, lease: ShardLease, shutdown: asyncio.Event) -> bool:
+        """Run one claimed shard; False when the attempt failed (the shard was released)."""
+        ctx = self._ctx
+        batch = await asyncio.to_thread(ctx.store.get_batch_any, lease.batch_id)
+        if batch is None:
+            return True  # deleted under us; nothing to run or release
+        attempt = ShardAttempt(ctx, lease, batch, shutdown)
+        try:
+            outcome = await attempt.run()
+        except asyncio.CancelledError:
+            await self._release(lease)
+            raise
+        except Exception:
+            # Anything that is not a line's own error lands here: the shard goes back, and a
+            # shard that keeps failing is bisected on later attempts (see `isolation`).
+            self.num_failed_attempts += 1
+            log.exception(
+                "shard %d of %s failed on attempt %d", lease.index, lease.batch_id, lease.attempt
+            )
+            await self._release(lease)
+            return False
+        if outcome is AttemptOutcome.INTERRUPTED:
+            await self._release(lease)
+        elif outcome is AttemptOutcome.COMMITTED:
+            self.num_committed += 1
+            if self._committed is not None:
+                self._committed.set()  # the batch may be complete: supervise it now
+        return True
+
+    async def _release(self, lease: ShardLease) -> None:
+        """Give the shard back now (not at lease expiry); a store error only delays that."""
+        try:
+            await shielded(lambda: asyncio.to_thread(self._ctx.store.release_shard, lease))
+        except StoreError:
+            log.exception("cannot release shard %d of %s", lease.index, lease.batch_id)

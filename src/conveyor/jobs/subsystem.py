@@ -1,0 +1,140 @@
+"""The jobs subsystem of one process: its stores, the supervisor and the shard runners.
+
+`start` opens the stores and launches named background tasks; `stop` sets their stop event,
+lets running shards hand their leases back, and closes the stores. Writes that must finish
+(commits, releases) are shielded, so a cancelled task cannot leave them half done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from conveyor.errors import ServiceUnavailable
+from conveyor.jobs.config import JobsConfig
+from conveyor.jobs.context import JobCounters, JobsContext
+from conveyor.jobs.line_runner import RunRequest
+from conveyor.jobs.runner import ShardRunner
+from conveyor.jobs.service import JobsService
+from conveyor.jobs.supervisor import Supervisor
+from conveyor.stores.job_store import open_job_store
+from conveyor.stores.object_store import open_object_store
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 8.0
+
+
+class JobsSubsystem:
+    """Owns the batch-job machinery of one process."""
+
+    def __init__(
+        self,
+        config: JobsConfig,
+        data_dir: Path,
+        run_request: RunRequest,
+        is_model_served: Callable[[str], bool],
+        *,
+        metrics: Any = None,
+    ) -> None:
+        """Nothing is opened before `start`."""
+        self.config = config
+        self._data_dir = data_dir
+        self._run_request = run_request
+        self._is_model_served = is_model_served
+        self._counters = JobCounters(metrics)
+        self._ctx: JobsContext | None = None
+        self._api: JobsService | None = None
+        self._shutdown = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    def for_service(
+        cls, service: Any, *, is_model_served: Callable[[str], bool] | None = None
+    ) -> JobsSubsystem:
+        """Jobs that run their lines on `service`'s models at batch priority.
+
+        A batch's model counts as served when `service` hosts it, unless `is_model_served`
+        says otherwise (a fleet worker also accepts models other workers host).
+        """
+        from conveyor.endpoints import execute
+        from conveyor.priority import Priority
+
+        config = service.config
+        timeout_ms = config.jobs.line_timeout_ms
+
+        async def run_request(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+            return await execute(
+                service, endpoint, body, priority=Priority.BATCH, timeout_ms=timeout_ms
+            )
+
+        def is_hosted(name: str) -> bool:
+            return config.model(name) is not None
+
+        return cls(
+            config.jobs, config.data_dir, run_request, is_model_served or is_hosted,
+            metrics=service.metrics,
+        )  # fmt: skip
+
+    @property
+    def api(self) -> JobsService:
+        """The file and batch operations (503 until started)."""
+        if self._api is None:
+            raise ServiceUnavailable("batch jobs are not available yet")
+        return self._api
+
+    @property
+    def context(self) -> JobsContext:
+        """The shared context (after `start`)."""
+        if self._ctx is None:
+            raise RuntimeError("the jobs subsystem is not started")
+        return self._ctx
+
+    async def start(self) -> None:
+        """Open the stores and start the supervisor and shard runners."""
+        cfg = self.config
+        store = await asyncio.to_thread(open_job_store, cfg.job_store_url_for(self._data_dir))
+        objects = await asyncio.to_thread(
+            open_object_store, cfg.object_store_url_for(self._data_dir)
+        )
+        ctx = JobsContext(
+            store=store, objects=objects, config=cfg, worker_id=cfg.resolved_worker_id(),
+            run_request=self._run_request, is_model_served=self._is_model_served,
+            counters=self._counters,
+        )  # fmt: skip
+        self._ctx = ctx
+        self._api = JobsService(ctx, self._kick.set)
+        self._shutdown.clear()
+        supervisor = Supervisor(ctx, self._wake)
+        self._spawn("conveyor-jobs-supervisor", supervisor.run_forever(self._shutdown, self._kick))
+        if cfg.is_worker:
+            for index in range(cfg.num_shard_runners):
+                runner = ShardRunner(ctx, self._wake, self._kick)
+                self._spawn(f"conveyor-jobs-runner-{index}", runner.run_forever(self._shutdown))
+        log.info("batch jobs started (worker %s)", ctx.worker_id)
+
+    def _spawn(self, name: str, coro: Any) -> None:
+        """Start a named background task and keep a reference to it."""
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop the tasks (running shards are released, not lost) and close the stores."""
+        self._shutdown.set()
+        if self._tasks:
+            _, late = await asyncio.wait(self._tasks, timeout=timeout_s)
+            for task in late:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._tasks.clear()
+        self._api = None
+        if self._ctx is not None:
+            await asyncio.to_thread(self._ctx.store.close)
+            self._ctx = None

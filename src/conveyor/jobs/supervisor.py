@@ -1,0 +1,125 @@
+"""The supervisor: moves batches through their lifecycle.
+
+Every tick (and whenever the API kicks it) it scans the job store:
+
+- `validating`: validate the input and plan shards, then `in_progress` (or `failed`, listing
+  every bad line);
+- `in_progress`: past `expires_at`, or with every shard done, go to `finalizing`;
+- `finalizing` / `cancelling`: assemble the output and error files (see `finalize`).
+
+Every move is a compare-and-set in the store, so several processes may supervise the same
+store; a batch left half-way by a crash is picked up again on the next tick after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from conveyor.jobs.context import JobsContext, wait_for_any
+from conveyor.jobs.finalize import Finalizer
+from conveyor.jobs.keys import file_key
+from conveyor.jobs.planner import BatchPlan, plan_batch
+from conveyor.stores.job_store import StoreError
+from conveyor.stores.object_store import ObjectNotFoundError, ObjectStoreError
+from conveyor.stores.records import BatchError, BatchRecord, BatchStatus, ShardStatus
+
+log = logging.getLogger(__name__)
+
+
+class Supervisor:
+    """Plans, expires and finalizes the batches of one job store."""
+
+    def __init__(self, ctx: JobsContext, wake_runners: asyncio.Event) -> None:
+        """`wake_runners` is set after a batch is planned, so runners claim at once."""
+        self._ctx = ctx
+        self._finalizer = Finalizer(ctx)
+        self._wake_runners = wake_runners
+
+    async def run_forever(self, shutdown: asyncio.Event, kick: asyncio.Event) -> None:
+        """Tick every `poll_every_s`, or sooner when `kick` is set."""
+        while not shutdown.is_set():
+            kick.clear()
+            try:
+                await self.tick()
+            except Exception:  # keep supervising: the next tick retries from stored state
+                log.exception("batch supervision failed; retrying")
+            await wait_for_any([shutdown, kick], self._ctx.config.poll_every_s)
+
+    async def tick(self) -> None:
+        """One pass over every batch that is not finished."""
+        store = self._ctx.store
+        for batch in await asyncio.to_thread(store.batches_in_status, [BatchStatus.VALIDATING]):
+            await self.plan(batch)
+        for batch in await asyncio.to_thread(store.batches_in_status, [BatchStatus.IN_PROGRESS]):
+            await self._maybe_finish(batch)
+        finalizable = [BatchStatus.FINALIZING, BatchStatus.CANCELLING]
+        for batch in await asyncio.to_thread(store.batches_in_status, finalizable):
+            try:
+                await asyncio.to_thread(self._finalizer.try_finalize, batch)
+            except (StoreError, ObjectStoreError, OSError, ValueError):
+                log.exception("cannot finalize %s yet", batch.id)
+
+    async def plan(self, batch: BatchRecord) -> None:
+        """Validate a batch's input; fail it, or store its shards and start it."""
+        ctx = self._ctx
+        try:
+            plan = await asyncio.to_thread(self._plan, batch)
+        except ObjectNotFoundError:
+            error = BatchError("file_not_found", f"input file {batch.input_file_id} is gone")
+            await self._fail(batch, [error])
+            return
+        if not plan.report.is_valid:
+            await self._fail(batch, plan.report.errors)
+            return
+        await asyncio.to_thread(self._store_shards, batch, plan)
+        is_started = await asyncio.to_thread(
+            ctx.store.transition, batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS,
+            ctx.clock(), model=plan.report.model,
+        )  # fmt: skip
+        if is_started:
+            log.info("batch %s: %d requests in %d shards",
+                     batch.id, plan.report.num_requests, len(plan.shards))  # fmt: skip
+            self._wake_runners.set()
+
+    def _plan(self, batch: BatchRecord) -> BatchPlan:
+        """Blocking: stream the input once, validating and planning shards."""
+        cfg = self._ctx.config
+        return plan_batch(
+            self._ctx.objects, file_key(batch.input_file_id),
+            endpoint=batch.endpoint, is_model_served=self._ctx.is_model_served,
+            lines_per_shard=cfg.lines_per_shard, max_requests=cfg.max_requests_per_batch,
+            max_listed_errors=cfg.max_listed_errors,
+        )  # fmt: skip
+
+    def _store_shards(self, batch: BatchRecord, plan: BatchPlan) -> None:
+        """Insert the shards unless an earlier (crashed) or concurrent planner already did."""
+        store = self._ctx.store
+        if store.list_shards(batch.id):
+            return
+        try:
+            store.add_shards(batch.id, plan.shards)
+        except StoreError:
+            if not store.list_shards(batch.id):
+                raise
+
+    async def _fail(self, batch: BatchRecord, errors: list[BatchError]) -> None:
+        """Mark a batch that cannot run as failed, with its errors."""
+        ctx = self._ctx
+        await asyncio.to_thread(
+            ctx.store.transition, batch.id, [BatchStatus.VALIDATING], BatchStatus.FAILED,
+            ctx.clock(), errors=errors,
+        )  # fmt: skip
+
+    async def _maybe_finish(self, batch: BatchRecord) -> None:
+        """Move a running batch to finalizing once it expired or every shard is done."""
+        ctx = self._ctx
+        is_expired = batch.expires_at is not None and batch.expires_at <= ctx.clock()
+        if not is_expired:
+            counts = await asyncio.to_thread(ctx.store.count_shards, batch.id)
+            if counts[ShardStatus.PENDING] or counts[ShardStatus.LEASED]:
+                return
+        await asyncio.to_thread(
+            ctx.store.transition, batch.id, [BatchStatus.IN_PROGRESS], BatchStatus.FINALIZING,
+            ctx.clock(),
+        )  # fmt: skip

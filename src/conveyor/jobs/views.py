@@ -1,0 +1,79 @@
+"""The JSON shapes of OpenAI's File and Batch objects and their list pages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.stores.records import BatchRecord, FileRecord
+
+BATCH_TIMESTAMPS = (
+    "created_at",
+    "in_progress_at",
+    "expires_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+)
+
+
+def file_object(rec: FileRecord) -> dict[str, Any]:
+    """OpenAI's File object."""
+    return {
+        "id": rec.id,
+        "object": "file",
+        "bytes": rec.bytes,
+        "created_at": rec.created_at,
+        "filename": rec.filename,
+        "purpose": rec.purpose,
+        "status": rec.status,
+        "expires_at": None,
+        "status_details": None,
+    }
+
+
+def deleted_file_object(file_id: str) -> dict[str, Any]:
+    """OpenAI's answer to a file deletion."""
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+def batch_object(rec: BatchRecord) -> dict[str, Any]:
+    """OpenAI's Batch object; `errors` is a list object or null."""
+    errors = None
+    if rec.errors:
+        errors = {"object": "list", "data": [e.to_dict() for e in rec.errors]}
+    body: dict[str, Any] = {
+        "id": rec.id,
+        "object": "batch",
+        "endpoint": rec.endpoint,
+        "model": rec.model,
+        "errors": errors,
+        "input_file_id": rec.input_file_id,
+        "completion_window": rec.completion_window,
+        "status": rec.status.value,
+        "output_file_id": rec.output_file_id,
+        "error_file_id": rec.error_file_id,
+    }
+    body.update({name: getattr(rec, name) for name in BATCH_TIMESTAMPS})
+    counts = rec.request_counts
+    body["request_counts"] = {
+        "total": counts.total,
+        "completed": counts.completed,
+        "failed": counts.failed,
+    }
+    body["metadata"] = rec.metadata
+    return body
+
+
+def list_page(data: Sequence[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """OpenAI's cursor page: `first_id`, `last_id` and `has_more` around the items."""
+    return {
+        "object": "list",
+        "data": list(data),
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }

@@ -1,0 +1,76 @@
+"""Gateways route to healthy workers: model union, two gateways, stale workers skipped."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.integration.fleet.conftest import (
+    MODEL,
+    STALE_AFTER_S,
+    SYNTHETIC,
+    Fleet,
+    Proc,
+    embed,
+    fleet_doc,
+    routable_ids,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+
+def test_two_gateways_route_to_fresh_workers_only(fleet: Fleet) -> None:
+    # "c" registers once and never beats again, so it goes stale while still alive.
+    stale = fleet.start_worker("c", heartbeat_s=600)
+    fleet.start_worker("a")
+    fleet.start_worker("b", config={"models": [SYNTHETIC, {**SYNTHETIC, "name": "other"}]})
+    gateways = [fleet.start_gateway("g1"), fleet.start_gateway("g2")]
+    for gateway in gateways:
+
+        def is_c_stale(g: Proc = gateway) -> bool:
+            return routable_ids(g) == {"a", "b"}
+
+        wait_until(is_c_stale, 10 * STALE_AFTER_S, "c stale")
+    workers = {p.name: p for p in fleet.procs}
+    before = {name: workers[name].num_ok() for name in "abc"}
+    with httpx.Client() as client:
+        for i in range(30):
+            for gateway in gateways:
+                response = embed(client, gateway, f"text {i}")
+                assert response.status_code == 200, response.text
+                assert len(response.json()["data"][0]["embedding"]) == SYNTHETIC["dim"]
+    assert workers["c"].num_ok() == before["c"]
+    assert workers["a"].num_ok() > before["a"]
+    assert workers["b"].num_ok() > before["b"]
+    assert stale.process.poll() is None
+
+
+def test_models_are_the_union_of_healthy_workers(fleet: Fleet) -> None:
+    fleet.start_worker("a")
+    fleet.start_worker("b", config={"models": [{**SYNTHETIC, "name": "other"}]})
+    gateway = fleet.start_gateway()
+    wait_until(lambda: routable_ids(gateway) == {"a", "b"}, 5, "both workers routable")
+    models = httpx.get(f"{gateway.url}/v1/models").json()
+    assert sorted(m["id"] for m in models["data"]) == sorted([MODEL, "other"])
+    response = httpx.post(f"{gateway.url}/v1/embeddings", json={"model": "nope", "input": "x"})
+    assert response.status_code == 404
+    assert response.json()["error"]["param"] == "model"
+
+
+def test_fleet_status_and_scaling_signal(fleet: Fleet) -> None:
+    fleet.start_worker("a")
+    gateway = fleet.start_gateway()
+    wait_until(lambda: routable_ids(gateway) == {"a"}, 5, "worker routable")
+    with httpx.Client() as client:
+        for i in range(20):
+            assert embed(client, gateway, f"t{i}").status_code == 200
+    doc = fleet_doc(gateway)
+    (worker,) = doc["workers"]
+    assert worker["models"] == [MODEL]
+    assert worker["heartbeat_age_s"] < STALE_AFTER_S
+    assert set(worker["load"]["models"][MODEL]) >= {"queue_depth", "service_per_s"}
+    assert doc["models"][MODEL]["arrival_per_s"] > 0
+    assert doc["models"][MODEL]["num_replicas"] == 1
+    wait_until(lambda: gateway.metric("conveyor_desired_replicas", model=MODEL) >= 1, 5, "gauge")
+    assert gateway.metric("conveyor_gateway_requests_total", model=MODEL, code="200") == 20

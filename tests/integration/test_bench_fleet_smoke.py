@@ -1,0 +1,68 @@
+"""The fleet benchmark: its smoke mode runs end to end and reports every figure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench.fleet import evaluate, parse_options
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SMOKE_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def smoke_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run ``python -m bench.fleet --smoke`` once into a fresh folder."""
+    import psycopg
+
+    from tests.integration.fleet.conftest import PG_ADMIN_URL
+
+    try:
+        psycopg.connect(PG_ADMIN_URL, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        pytest.skip(f"PostgreSQL not reachable: {exc}")
+    out_dir = tmp_path_factory.mktemp("bench-fleet")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.fleet", "--smoke", f"--out={out_dir}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(f"bench.fleet --smoke failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return out_dir
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_smoke_reports_scaling_and_failover(smoke_out: Path) -> None:
+    result: dict[str, Any] = json.loads((smoke_out / "fleet.json").read_text())
+    tput = result["summary"]["throughput_per_s"]
+    assert set(tput) == {"workers_1", "workers_2", "workers_3", "gateway_ceiling"}
+    assert all(value > 0 for value in tput.values())
+    assert isinstance(result["summary"]["speedup_2_passed"], bool)
+    failover = result["failover"]
+    assert failover["time_to_reroute_s"] >= 0
+    assert failover["num_failed"] <= failover["num_sent"]
+    assert result["inputs"]["is_smoke"] is True
+    assert (smoke_out / "fleet.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def _run(tput: float) -> dict[str, float]:
+    return {"throughput_per_s": tput}
+
+
+def test_the_speedup_goal_is_capped_by_the_gateway_ceiling() -> None:
+    runs = {"workers_1": _run(100), "workers_2": _run(150), "workers_3": _run(160)}
+    capped = evaluate({**runs, "gateway_ceiling": _run(150)})
+    assert capped["speedup_2_target"] == 1.5 and capped["speedup_2_passed"]
+    uncapped = evaluate({**runs, "gateway_ceiling": _run(1000)})
+    assert uncapped["speedup_2_target"] == 1.8 and not uncapped["speedup_2_passed"]
+
+
+def test_smoke_options_are_short(tmp_path: Path) -> None:
+    opts = parse_options(["--smoke", f"--out={tmp_path}"])
+    assert opts.is_smoke and opts.seconds < 5 and opts.out_dir == tmp_path

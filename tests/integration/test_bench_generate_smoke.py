@@ -1,0 +1,110 @@
+"""The generation benchmark's smoke mode runs every contender end to end and reports every
+figure; its pure pieces (workload, percentiles, goals) compute what they say."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench.generate import (
+    CONTENDERS,
+    PATTERNS,
+    BenchRequest,
+    RequestTiming,
+    goals,
+    percentile,
+    with_rate,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SMOKE_TIMEOUT_S = 300
+SUMMARY_FIELDS = {
+    "num_requests", "num_output_tokens", "output_tokens_per_s", "ttft_p50_ms", "ttft_p95_ms",
+    "tpot_p50_ms", "tpot_p95_ms", "latency_p50_ms", "latency_p95_ms", "kv",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def smoke_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run ``python -m bench.generate --smoke`` once into a fresh folder."""
+    out_dir = tmp_path_factory.mktemp("bench-generate")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.generate", "--smoke", f"--out={out_dir}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT_S,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"bench.generate --smoke failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def smoke_result(smoke_out: Path) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((smoke_out / "generate.json").read_text())
+    return result
+
+
+@pytest.mark.slow
+def test_smoke_reports_every_contender_and_pattern(smoke_result: dict[str, Any]) -> None:
+    assert smoke_result["inputs"]["is_smoke"] is True
+    for pattern in PATTERNS:
+        assert set(smoke_result["results"][pattern]) == set(CONTENDERS)
+        for contender in CONTENDERS:
+            summary = smoke_result["results"][pattern][contender]
+            assert set(summary) >= SUMMARY_FIELDS, (pattern, contender)
+            assert summary["num_requests"] == 8
+            assert summary["output_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_smoke_accounts_for_the_kv_cache(smoke_result: dict[str, Any]) -> None:
+    for pattern in PATTERNS:
+        kv = smoke_result["results"][pattern]["conveyor"]["kv"]
+        assert kv["max_kv_blocks_used"] > 0
+        assert kv["kv_blocks_used_after"] == 0  # every block came back
+        assert smoke_result["results"][pattern]["hf_static"]["kv"]["max_kv_tokens_allocated"] > 0
+
+
+@pytest.mark.slow
+def test_smoke_evaluates_the_goals_and_writes_a_png(
+    smoke_result: dict[str, Any], smoke_out: Path
+) -> None:
+    assert {goal["name"] for goal in smoke_result["goals"]} == {
+        "burst.throughput_over_static",
+        *(f"{pattern}.ttft_p95_below_static" for pattern in PATTERNS),
+    }
+    assert all(isinstance(goal["passed"], bool) for goal in smoke_result["goals"])
+    assert (smoke_out / "generate.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_steady_arrivals_are_evenly_spaced() -> None:
+    requests = [BenchRequest(i, [5] * 3, 4) for i in range(4)]
+    assert [r.arrival_s for r in with_rate(requests, 2.0)] == [0.0, 0.5, 1.0, 1.5]
+
+
+def test_request_timing_and_percentiles() -> None:
+    timing = RequestTiming(arrival_s=1.0, token_times_s=[1.5, 1.7, 1.9])
+    assert timing.ttft_s == pytest.approx(0.5)
+    assert timing.tpot_s == pytest.approx(0.2)
+    assert RequestTiming(0.0, [0.1]).tpot_s is None
+    assert percentile([float(v) for v in range(1, 101)], 0.95) == 95.0
+    assert percentile([], 0.5) is None
+
+
+def test_goals_compare_with_static_batching() -> None:
+    def summary(tok_per_s: float, ttft_p95_ms: float) -> dict[str, Any]:
+        return {"output_tokens_per_s": tok_per_s, "ttft_p95_ms": ttft_p95_ms}
+
+    runs = {"conveyor": summary(300.0, 50.0), "hf_static": summary(100.0, 60.0)}
+    found = {goal["name"]: goal for goal in goals({"burst": runs, "steady": runs})}
+    assert found["burst.throughput_over_static"]["passed"]
+    assert found["burst.throughput_over_static"]["value"] == 3.0
+    assert found["steady.ttft_p95_below_static"]["passed"]
+    assert "steady.throughput_over_static" not in found  # a fixed offered rate: not compared

@@ -1,0 +1,190 @@
+"""Shard attempts and the runner loop on an in-memory store: windows, commits, stops, leases,
+crashing lines. The clock is explicit; nothing waits on wall time except short heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conveyor.errors import InvalidRequest
+from conveyor.jobs.context import JobsContext
+from conveyor.jobs.runner import ShardRunner
+from conveyor.jobs.shard import AttemptOutcome, ShardAttempt
+from conveyor.jobs.supervisor import Supervisor
+from conveyor.stores.records import BatchStatus, ShardStatus
+from tests.unit.jobs.fakes import (
+    FakeEndpoint,
+    create_batch,
+    input_file,
+    make_ctx,
+    records,
+    status_of,
+    upload,
+    wait_blocked,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+async def start_batch(ctx: JobsContext, num_lines: int) -> str:
+    """Upload, create and plan a batch; return its id."""
+    source = upload(ctx, input_file(num_lines))
+    batch = create_batch(ctx, source.id)
+    await Supervisor(ctx, asyncio.Event()).plan(batch)
+    assert status_of(ctx, batch.id) is BatchStatus.IN_PROGRESS
+    return batch.id
+
+
+async def run_all(ctx: JobsContext, shutdown: asyncio.Event | None = None) -> ShardRunner:
+    """Claim and run shards until none is claimable."""
+    runner = ShardRunner(ctx, asyncio.Event())
+    while lease := ctx.store.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s):
+        await runner.run_shard(lease, shutdown or asyncio.Event())
+    return runner
+
+
+async def finish(ctx: JobsContext, batch_id: str) -> dict:
+    """Let the supervisor finalize; return the batch's files' records."""
+    await Supervisor(ctx, asyncio.Event()).tick()
+    batch = ctx.store.get_batch_any(batch_id)
+    assert batch is not None
+    return {"batch": batch, "outputs": records(ctx, batch.output_file_id),
+            "errors": records(ctx, batch.error_file_id)}  # fmt: skip
+
+
+def custom_ids(found: dict) -> list[str]:
+    return sorted(r["custom_id"] for r in found["outputs"] + found["errors"])
+
+
+async def test_every_line_runs_once_and_the_batch_completes() -> None:
+    ctx = make_ctx(lines_per_shard=3)
+    endpoint = ctx.run_request
+    assert isinstance(endpoint, FakeEndpoint)
+    endpoint.errors["text-4"] = [InvalidRequest("input too long", param="input")]
+    batch_id = await start_batch(ctx, 10)
+    runner = await run_all(ctx)
+    found = await finish(ctx, batch_id)
+    batch = found["batch"]
+    assert runner.num_committed == 4 and batch.status is BatchStatus.COMPLETED
+    assert (batch.request_counts.total, batch.request_counts.completed,
+            batch.request_counts.failed) == (10, 9, 1)  # fmt: skip
+    assert custom_ids(found) == sorted(f"r{i}" for i in range(10))
+    assert [r["custom_id"] for r in found["errors"]] == ["r4"]
+    assert found["errors"][0]["response"]["status_code"] == 400
+    assert sorted(endpoint.calls) == sorted(f"text-{i}" for i in range(10))
+
+
+async def test_lines_in_flight_stay_within_the_window() -> None:
+    ctx = make_ctx(lines_per_shard=50, max_lines_in_flight=4)
+    await start_batch(ctx, 50)
+    await run_all(ctx)
+    assert ctx.run_request.max_in_flight == 4  # type: ignore[attr-defined]
+
+
+async def test_cancel_keeps_finished_lines_and_reports_the_rest() -> None:
+    ctx = make_ctx(lines_per_shard=20, max_lines_in_flight=4)
+    endpoint: FakeEndpoint = ctx.run_request  # type: ignore[assignment]
+    endpoint.blocked = {f"text-{i}" for i in range(5, 30)}
+    batch_id = await start_batch(ctx, 30)
+    lease = ctx.store.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s)
+    assert lease is not None
+    attempt = ShardAttempt(ctx, lease, ctx.store.get_batch_any(batch_id), asyncio.Event())
+    running = asyncio.create_task(attempt.run())
+    await wait_blocked(endpoint, 4)  # text-5..8 wait; text-8 started only after text-4 ended
+    ctx.store.transition(batch_id, [BatchStatus.IN_PROGRESS], BatchStatus.CANCELLING, ctx.clock())
+    assert await running is AttemptOutcome.COMMITTED
+    found = await finish(ctx, batch_id)
+    batch = found["batch"]
+    assert batch.status is BatchStatus.CANCELLED and batch.cancelled_at is not None
+    assert sorted(r["custom_id"] for r in found["outputs"]) == [f"r{i}" for i in range(5)]
+    assert {r["error"]["code"] for r in found["errors"]} == {"batch_cancelled"}
+    assert all(r["response"] is None for r in found["errors"])
+    assert custom_ids(found) == sorted(f"r{i}" for i in range(30))
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (5, 0)
+
+
+async def test_expiry_stops_running_shards_and_expires_pending_ones() -> None:
+    ctx = make_ctx(lines_per_shard=10, max_lines_in_flight=2)
+    endpoint: FakeEndpoint = ctx.run_request  # type: ignore[assignment]
+    endpoint.blocked = {f"text-{i}" for i in range(2, 30)}
+    batch_id = await start_batch(ctx, 30)
+    lease = ctx.store.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s)
+    assert lease is not None
+    attempt = ShardAttempt(ctx, lease, ctx.store.get_batch_any(batch_id), asyncio.Event())
+    running = asyncio.create_task(attempt.run())
+    await wait_blocked(endpoint, 2)
+    ctx.clock.now += 4000  # type: ignore[attr-defined]  # past the one-hour window
+    assert await running is AttemptOutcome.COMMITTED
+    found = await finish(ctx, batch_id)
+    assert found["batch"].status is BatchStatus.EXPIRED
+    assert found["batch"].finalizing_at is not None and found["batch"].expired_at is not None
+    assert custom_ids(found) == sorted(f"r{i}" for i in range(30))
+    expired = [r for r in found["errors"] if r["error"]["code"] == "batch_expired"]
+    assert len(found["outputs"]) == 2 and len(expired) == 28
+
+
+async def test_a_lost_lease_commits_nothing_and_the_new_holder_finishes() -> None:
+    ctx = make_ctx(lines_per_shard=10, lease_s=5.0)
+    endpoint: FakeEndpoint = ctx.run_request  # type: ignore[assignment]
+    endpoint.blocked = {"text-3"}
+    batch_id = await start_batch(ctx, 10)
+    lease = ctx.store.claim_shard("w1", ctx.clock(), ctx.config.lease_s)
+    assert lease is not None
+    attempt = ShardAttempt(ctx, lease, ctx.store.get_batch_any(batch_id), asyncio.Event())
+    ctx.clock.now += 10  # type: ignore[attr-defined]  # w1 looks dead: its lease expired
+    taken = ctx.store.claim_shard("w2", ctx.clock(), ctx.config.lease_s)
+    assert taken is not None and taken.attempt == 2
+    assert await attempt.run() is AttemptOutcome.LOST
+    endpoint.blocked.clear()
+    other = make_ctx(store=ctx.store, objects=ctx.objects, clock=ctx.clock, worker_id="w2")
+    assert await ShardAttempt(other, taken, ctx.store.get_batch_any(batch_id),
+                              asyncio.Event()).run() is AttemptOutcome.COMMITTED  # fmt: skip
+    found = await finish(ctx, batch_id)
+    assert found["batch"].status is BatchStatus.COMPLETED
+    assert custom_ids(found) == sorted(f"r{i}" for i in range(10))
+
+
+async def test_shutdown_releases_the_shard_for_the_next_process() -> None:
+    ctx = make_ctx(lines_per_shard=10)
+    endpoint: FakeEndpoint = ctx.run_request  # type: ignore[assignment]
+    endpoint.blocked = {"text-1"}
+    batch_id = await start_batch(ctx, 10)
+    shutdown = asyncio.Event()
+    lease = ctx.store.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s)
+    assert lease is not None
+    running = asyncio.create_task(ShardRunner(ctx, asyncio.Event()).run_shard(lease, shutdown))
+    await wait_blocked(endpoint, 1)
+    shutdown.set()
+    assert await running
+    (shard,) = ctx.store.list_shards(batch_id)
+    assert shard.status is ShardStatus.PENDING and shard.attempt == 1
+
+
+async def test_a_line_that_keeps_crashing_is_isolated_by_bisection() -> None:
+    ctx = make_ctx(lines_per_shard=8, isolate_after_attempts=2)
+    endpoint: FakeEndpoint = ctx.run_request  # type: ignore[assignment]
+    endpoint.crash_on = {"text-5"}
+    batch_id = await start_batch(ctx, 8)
+    runner = await run_all(ctx)
+    found = await finish(ctx, batch_id)
+    assert found["batch"].status is BatchStatus.COMPLETED
+    assert custom_ids(found) == sorted(f"r{i}" for i in range(8))
+    (isolated,) = found["errors"]
+    assert isolated["custom_id"] == "r5" and isolated["error"]["code"] == "request_isolated"
+    assert runner.num_committed == 1 and runner.num_failed_attempts == 5
+    assert endpoint.calls.count("text-0") == 3  # twice whole, once in its piece; then reused
+    assert not [k for k in ctx.objects.objects if "/pieces/" in k]  # type: ignore[attr-defined]
+
+
+async def test_the_result_cache_answers_repeated_lines() -> None:
+    ctx = make_ctx(lines_per_shard=4, result_cache=True)
+    endpoint: FakeEndpoint = ctx.run_request  # type: ignore[assignment]
+    first = await start_batch(ctx, 6)
+    await run_all(ctx)
+    second = await start_batch(ctx, 6)
+    await run_all(ctx)
+    assert len(endpoint.calls) == 6 and ctx.counters.num_cache_hits == 6
+    one, two = await finish(ctx, first), await finish(ctx, second)
+    bodies = lambda f: sorted(str(r["response"]["body"]) for r in f["outputs"])  # noqa: E731
+    assert bodies(one) == bodies(two) and two["batch"].status is BatchStatus.COMPLETED
