@@ -33,6 +33,9 @@ class BatchingConfig(_Strict):
     max_queue: int = Field(default=1024, ge=1)
     timeout_ms: float = Field(default=30_000, gt=0)
     max_inputs_per_request: int = Field(default=2048, ge=1)
+    memory_mb: int | None = Field(
+        default=None, ge=1, description="Memory the loaded model takes (for the model budget)."
+    )
 
 
 class SyntheticModelConfig(BatchingConfig):
@@ -138,6 +141,12 @@ class ServerConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     models: list[ModelConfig] = Field(default_factory=list)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+    model_memory_budget_mb: int | None = Field(
+        default=None,
+        ge=1,
+        description="Load one-shot models on first use within this budget, evicting the least "
+        "recently used idle one; unset: load every model at start-up.",
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -157,7 +166,24 @@ class ServerConfig(_Strict):
         keys = [api_key.key for api_key in self.api_keys]
         if len(set(keys)) != len(keys):
             raise ValueError("api_keys must be unique")
+        self._check_memory_budget()
         return self
+
+    def _check_memory_budget(self) -> None:
+        """Under a budget, every one-shot model needs a size that fits it on its own."""
+        budget_mb = self.model_memory_budget_mb
+        if budget_mb is None:
+            return
+        for model in self.models:
+            if isinstance(model, GenerateModelConfig):
+                continue
+            if model.memory_mb is None:
+                raise ValueError(f"model {model.name}: memory_mb is required with a budget")
+            if model.memory_mb > budget_mb:
+                raise ValueError(
+                    f"model {model.name}: memory_mb {model.memory_mb} exceeds "
+                    f"model_memory_budget_mb {budget_mb}"
+                )
 
     def model(
         self, name: str

@@ -3,6 +3,10 @@
 It reads the worker registry from the shared job store, sends each online request to a
 healthy worker hosting its model (see ``fleet.router``), retries failures on other workers
 (``fleet.proxy``) and exports the fleet's scaling signal (``fleet.scaling``).
+
+It also serves ``/v1/files`` and ``/v1/batches`` on the fleet's shared job and object stores:
+it plans and finalizes batches but runs no shards (``jobs.is_worker`` is off); the workers
+claim the shards from the same stores.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
 from conveyor.api.auth import ApiKeyMiddleware
 from conveyor.api.errors import install_error_handlers
+from conveyor.api.fastapi_options import fastapi_options
 from conveyor.config import ServerConfig
 from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.proxy import Proxy, ProxySettings
@@ -291,7 +296,7 @@ def create_gateway_app(
             await jobs.stop()
             await gateway.stop()
 
-    app = FastAPI(title="Conveyor gateway", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="Conveyor gateway", version="0.1.0", lifespan=lifespan, **fastapi_options())
     app.state.gateway = gateway
     app.state.jobs = jobs
     install_error_handlers(app)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from conveyor.config import (
     SyntheticModelConfig,
 )
 from conveyor.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
+from conveyor.fleet.model_cache import CacheFull, ModelCache
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics
 from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector
 from conveyor.models.registry import build_embedding_model, build_generator
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from conveyor.engine.generator import HostedGenerator
 
 log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
 
 OneShotConfig = SyntheticModelConfig | EmbeddingModelConfig
 ModelFactory = Callable[[OneShotConfig], EmbeddingModel]
@@ -56,6 +60,10 @@ class Service:
     """Loads the configured models, batches their inputs, answers callers.
 
     Use as ``async with Service(config) as service: await service.embed(...)``.
+
+    With ``model_memory_budget_mb`` set, one-shot models load on first use instead of at
+    start-up (in a thread, one load at a time), and the least recently used idle model is
+    unloaded when the next one would not fit. Callers hold a model through ``using``.
     """
 
     def __init__(
@@ -74,6 +82,10 @@ class Service:
         # Generative models (continuous batching), beside the one-shot ones.
         self.generators: dict[str, HostedGenerator] = {}
         self._is_ready = False
+        budget_mb = config.model_memory_budget_mb
+        self._cache = ModelCache(budget_mb * MIB) if budget_mb is not None else None
+        self._load_lock = asyncio.Lock()
+        self._started_at = int(time.time())
 
     @property
     def is_ready(self) -> bool:
@@ -89,6 +101,8 @@ class Service:
                 self.generators[model_config.name] = await asyncio.to_thread(
                     self._generator_factory, model_config, metrics
                 )
+            elif self._cache is not None:
+                continue  # loaded on first use
             else:
                 model = await asyncio.to_thread(self._model_factory, model_config)
                 self._models[model_config.name] = self._host(model_config, model)
@@ -126,8 +140,89 @@ class Service:
         await self.stop()
 
     def models(self) -> list[HostedModel]:
-        """Every hosted model, in config order."""
+        """Every loaded one-shot model."""
         return list(self._models.values())
+
+    def unloaded_models(self) -> list[OneShotConfig]:
+        """Configured one-shot models not loaded now (only under a memory budget)."""
+        return [
+            m
+            for m in self.config.models
+            if not isinstance(m, GenerateModelConfig) and m.name not in self._models
+        ]
+
+    @property
+    def started_at(self) -> int:
+        """When this service was created (unix seconds)."""
+        return self._started_at
+
+    def model_metrics(self, name: str) -> ModelMetrics:
+        """The metric children of a one-shot model, loaded or not (404/400 like ``hosted``)."""
+        hosted = self._models.get(name)
+        if hosted is not None:
+            return hosted.metrics
+        if self._cache is not None and self._lazy_config(name) is not None:
+            return self.metrics.for_model(name)
+        return self.hosted(name).metrics
+
+    @asynccontextmanager
+    async def using(self, name: str) -> AsyncIterator[HostedModel]:
+        """Hold a one-shot model for a request: loaded first if needed, not evicted meanwhile."""
+        if self._cache is None:
+            yield self.hosted(name)
+            return
+        hosted = await self._acquire(name)
+        try:
+            yield hosted
+        finally:
+            if name in self._models:
+                self._cache.release(name)
+
+    def _lazy_config(self, name: str) -> OneShotConfig | None:
+        """The config of a one-shot model loaded on demand, if ``name`` is one."""
+        config = self.config.model(name)
+        if config is None or isinstance(config, GenerateModelConfig):
+            return None
+        return config
+
+    async def _acquire(self, name: str) -> HostedModel:
+        """Mark ``name`` in use, loading it (and evicting idle models) when it is not loaded."""
+        cache = self._cache
+        if cache is None:
+            raise RuntimeError("models load on first use only under a memory budget")
+        if name in self._models:  # no await between the check and acquire: nothing evicts it
+            cache.acquire(name)
+            return self._models[name]
+        config = self._lazy_config(name)
+        if config is None or not self._is_ready:
+            return self.hosted(name)  # raises the right error (404, 400 or 503)
+        async with self._load_lock:
+            if name not in self._models:
+                await self._load(config, cache)
+            cache.acquire(name)
+            return self._models[name]
+
+    async def _load(self, config: OneShotConfig, cache: ModelCache) -> None:
+        """Evict the least recently used idle models so ``config`` fits, then load it."""
+        size_bytes = (config.memory_mb or 0) * MIB
+        try:
+            victims = cache.plan_load(config.name, size_bytes)
+        except CacheFull as exc:
+            raise ServiceUnavailable(f"model {config.name!r} cannot be loaded now: {exc}") from None
+        evicted = []
+        for victim in victims:
+            # Out of the table and the cache before any await, so no caller can pick it up.
+            evicted.append(self._models.pop(victim))
+            cache.remove(victim)
+        for hosted in evicted:
+            log.info("evicting %s (least recently used)", hosted.config.name)
+            await hosted.batcher.stop()
+            await asyncio.to_thread(hosted.model.close)
+        started = time.perf_counter()
+        model = await asyncio.to_thread(self._model_factory, config)
+        self._models[config.name] = self._host(config, model)
+        cache.add(config.name, size_bytes)
+        log.info("loaded %s on demand in %.1f s", config.name, time.perf_counter() - started)
 
     def hosted(self, name: str) -> HostedModel:
         """The hosted model of that name, or 404."""
@@ -191,11 +286,11 @@ class Service:
         truncate: bool = False,
     ) -> EmbedResult:
         """Embed ``inputs`` with ``model``; each input is batched like a separate request."""
-        hosted = self.hosted(model)
-        items, num_tokens = self.submit_embeddings(
-            hosted, inputs, priority=priority, timeout_ms=timeout_ms, truncate=truncate
-        )
-        vectors = await gather_items(hosted.batcher, items)
+        async with self.using(model) as hosted:
+            items, num_tokens = self.submit_embeddings(
+                hosted, inputs, priority=priority, timeout_ms=timeout_ms, truncate=truncate
+            )
+            vectors = await gather_items(hosted.batcher, items)
         return EmbedResult(vectors, num_tokens)
 
 

@@ -121,6 +121,10 @@ def service_load(service: Service, gate: DrainGate) -> dict[str, Any]:
             "service_per_s": round(batcher.timing.service_rate(batcher.settings.max_batch_size), 3),
             "is_loaded": True,
         }
+    # Not loaded now (a memory budget evicted it, or it was never used): routable, but
+    # gateways prefer a worker that has it loaded.
+    for unloaded in service.unloaded_models():
+        models[unloaded.name] = {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": False}
     # Generative models run their own scheduler; they are listed so gateways route to them.
     for name in getattr(service, "generators", {}):
         models.setdefault(name, {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": True})

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from conveyor.api import batches, chat, completions, embeddings, files, meta
 from conveyor.api.auth import ApiKeyMiddleware
 from conveyor.api.errors import install_error_handlers
+from conveyor.api.fastapi_options import fastapi_options
 from conveyor.config import ServerConfig
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.service import Service
@@ -37,11 +38,13 @@ def create_app(
             await jobs.stop()  # first: running shards hand their leases back
             await service.stop()
 
-    app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan, **fastapi_options())
     app.state.service = service
     app.state.jobs = jobs
     install_error_handlers(app)
-    app.include_router(embeddings.router)
+    # The hot path skips FastAPI's per-request machinery (dependency solving,
+    # body and response models): the handler parses and answers itself.
+    app.add_route("/v1/embeddings", embeddings.create_embeddings, methods=["POST"])
     app.include_router(completions.router)
     app.include_router(chat.router)
     app.include_router(meta.router)

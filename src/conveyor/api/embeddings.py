@@ -7,15 +7,13 @@ import time
 from collections.abc import Callable
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import Request
 from starlette.responses import Response
 
 from conveyor.api.disconnect import DisconnectWatcher
 from conveyor.endpoints.embeddings import parse_embedding_request, run_embeddings
 from conveyor.errors import ClientGone, ConveyorError, InvalidRequest
 from conveyor.service import Service
-
-router = APIRouter()
 
 TIMEOUT_HEADER = "x-conveyor-timeout-ms"
 OUTCOME_BY_STATUS = {
@@ -49,26 +47,25 @@ def _canceller(task: asyncio.Task[object] | None) -> Callable[[], None]:
     return cancel
 
 
-@router.post("/v1/embeddings")
 async def create_embeddings(request: Request) -> Response:
     """Embed each input; several inputs are batched like separate requests."""
     service: Service = request.app.state.service
     started = time.perf_counter()
     body = parse_embedding_request(await request.body())
-    hosted = service.hosted(body.model)
+    metrics = service.model_metrics(body.model)
     watcher = DisconnectWatcher(request.receive, _canceller(asyncio.current_task()))
     try:
         result = await run_embeddings(service, body, timeout_ms=timeout_from_headers(request))
     except asyncio.CancelledError:
         if not watcher.is_gone:
             raise
-        hosted.metrics.requests["client_gone"].inc()
+        metrics.requests["client_gone"].inc()
         raise ClientGone("the client disconnected before the result was ready") from None
     except ConveyorError as exc:
-        hosted.metrics.requests[OUTCOME_BY_STATUS.get(exc.status_code, "model_error")].inc()
+        metrics.requests[OUTCOME_BY_STATUS.get(exc.status_code, "model_error")].inc()
         raise
     finally:
         watcher.close()
-    hosted.metrics.requests["ok"].inc()
-    hosted.metrics.latency_s.observe(time.perf_counter() - started)
+    metrics.requests["ok"].inc()
+    metrics.latency_s.observe(time.perf_counter() - started)
     return Response(orjson.dumps(result), media_type="application/json")

@@ -21,6 +21,8 @@ async def list_models(request: Request) -> Response:
     """OpenAI's model list: every model this service hosts."""
     service: Service = request.app.state.service
     entries = [(h.config.name, h.created_at) for h in service.models()]
+    # Under a memory budget a model not loaded yet is still hosted: it loads on first use.
+    entries += [(m.name, service.started_at) for m in service.unloaded_models()]
     entries += [(g.config.name, g.created_at) for g in service.generators.values()]
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": "conveyor"}
@@ -40,7 +42,8 @@ async def ready(request: Request) -> Response:
     """Ready: every model loaded and accepting inputs (503 until then)."""
     service: Service = request.app.state.service
     if service.is_ready:
-        names = [h.config.name for h in service.models()] + list(service.generators)
+        names = [h.config.name for h in service.models()]
+        names += [m.name for m in service.unloaded_models()] + list(service.generators)
         return _json({"status": "ready", "models": names})
     return _json({"status": "loading"}, status_code=503)
 

@@ -49,12 +49,12 @@ async def run_embeddings(
 ) -> dict[str, Any]:
     """Embed every input of one request; cancelling this drops inputs not yet run."""
     request = body if isinstance(body, EmbeddingRequest) else parse_embedding_request(body)
-    hosted = service.hosted(request.model)
-    inputs = check_request(hosted, request)
-    items, num_tokens = service.submit_embeddings(
-        hosted, inputs, priority=priority, timeout_ms=timeout_ms, truncate=request.truncate
-    )
-    vectors = await gather_items(hosted.batcher, items)
+    async with service.using(request.model) as hosted:
+        inputs = check_request(hosted, request)
+        items, num_tokens = service.submit_embeddings(
+            hosted, inputs, priority=priority, timeout_ms=timeout_ms, truncate=request.truncate
+        )
+        vectors = await gather_items(hosted.batcher, items)
     return embedding_body(request.model, vectors, num_tokens, request.encoding_format)
 
 

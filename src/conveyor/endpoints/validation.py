@@ -24,10 +24,10 @@ def invalid_from_validation(exc: ValidationError | RequestValidationError) -> In
     param = location[0] if location else None
     where = ".".join(location) or "body"
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if param in UNION_HINTS and first.get("type") != "value_error":
-        return InvalidRequest(UNION_HINTS[param], param=param)
     if first.get("type") == "json_invalid":
         return InvalidRequest(f"the request body is not valid JSON: {message}")
     if first.get("type") == "missing":
         return InvalidRequest(f"missing required parameter: {where!r}", param=param)
+    if param in UNION_HINTS and first.get("type") != "value_error":
+        return InvalidRequest(UNION_HINTS[param], param=param)
     return InvalidRequest(f"invalid value for {where!r}: {message}", param=param)

@@ -48,6 +48,7 @@ class JobsContext:
     worker_id: str
     run_request: RunRequest
     is_model_served: Callable[[str], bool]
+    can_run_model: Callable[[str], bool] | None = None
     clock: Callable[[], float] = time.time
     sleep: Sleep = asyncio.sleep
     counters: JobCounters = field(default_factory=JobCounters)

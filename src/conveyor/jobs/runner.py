@@ -19,7 +19,7 @@ from conveyor.jobs.context import JobsContext, shielded, wait_for_any
 from conveyor.jobs.shard import AttemptOutcome, ShardAttempt
 from conveyor.stores.job_store import SpeculationPolicy, StoreError
 from conveyor.stores.object_store import ObjectStoreError
-from conveyor.stores.records import ShardLease
+from conveyor.stores.records import BatchStatus, ShardLease
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,15 @@ class ShardRunner:
         ctx = self._ctx
         cfg = ctx.config
         try:
+            batch_ids = await asyncio.to_thread(self._runnable_batch_ids)
+            if batch_ids is not None and not batch_ids:
+                return None
             lease = await asyncio.to_thread(
-                ctx.store.claim_shard, ctx.worker_id, ctx.clock(), cfg.lease_s
+                ctx.store.claim_shard, ctx.worker_id, ctx.clock(), cfg.lease_s, batch_ids
             )
-            if lease is not None or not cfg.speculation:
+            if lease is not None or not cfg.speculation or batch_ids is not None:
+                # Speculation takes any batch's straggler, so only a process that runs
+                # every model speculates.
                 return lease
             policy = SpeculationPolicy(cfg.speculation_slow_factor, cfg.speculation_min_running_s)
             lease = await asyncio.to_thread(
@@ -80,6 +85,15 @@ class ShardRunner:
             self.num_speculative += 1
             log.info("speculating on straggler shard %d of %s", lease.index, lease.batch_id)
         return lease
+
+    def _runnable_batch_ids(self) -> list[str] | None:
+        """In-progress batches whose model this process runs; None when it runs any model."""
+        can_run = self._ctx.can_run_model
+        if can_run is None:
+            return None
+        batches = self._ctx.store.batches_in_status([BatchStatus.IN_PROGRESS])
+        runnable = [b.id for b in batches if b.model is None or can_run(b.model)]
+        return None if len(runnable) == len(batches) else runnable
 
     async def run_shard(self, lease: ShardLease, shutdown: asyncio.Event) -> bool:
         """Run one claimed shard; False when the attempt failed (the shard was released)."""

@@ -40,12 +40,18 @@ class JobsSubsystem:
         is_model_served: Callable[[str], bool],
         *,
         metrics: Any = None,
+        can_run_model: Callable[[str], bool] | None = None,
     ) -> None:
-        """Nothing is opened before `start`."""
+        """Nothing is opened before `start`.
+
+        `can_run_model` says which models this process runs itself; its shard runners
+        claim only shards of batches for those models (None: any model).
+        """
         self.config = config
         self._data_dir = data_dir
         self._run_request = run_request
         self._is_model_served = is_model_served
+        self._can_run_model = can_run_model
         self._counters = JobCounters(metrics)
         self._ctx: JobsContext | None = None
         self._api: JobsService | None = None
@@ -79,7 +85,7 @@ class JobsSubsystem:
 
         return cls(
             config.jobs, config.data_dir, run_request, is_model_served or is_hosted,
-            metrics=service.metrics,
+            metrics=service.metrics, can_run_model=is_hosted,
         )  # fmt: skip
 
     @property
@@ -106,7 +112,7 @@ class JobsSubsystem:
         ctx = JobsContext(
             store=store, objects=objects, config=cfg, worker_id=cfg.resolved_worker_id(),
             run_request=self._run_request, is_model_served=self._is_model_served,
-            counters=self._counters,
+            can_run_model=self._can_run_model, counters=self._counters,
         )  # fmt: skip
         self._ctx = ctx
         self._api = JobsService(ctx, self._kick.set)

@@ -479,7 +479,7 @@ class SqlJobStore(ABC):
         _check_counts(lease, num_completed, num_failed)
         if lease.is_speculative:
             # The batch's counts follow the original; a speculative run only proves it holds.
-            return self._change(q.RENEW_SPECULATIVE, _fence(lease) | _same_expiry(lease)) > 0
+            return bool(self._rows(q.SPECULATIVE_HELD, _fence(lease)))
         params = _fence(lease) | {"num_completed": num_completed, "num_failed": num_failed}
         return self._change(q.REPORT_PROGRESS, params) > 0
 
@@ -761,11 +761,6 @@ def _decode_shard(row: tuple[Any, ...]) -> ShardRecord:
         started_at=None if started is None else float(started),
         committed_at=None if committed is None else float(committed),
     )
-
-
-def _same_expiry(lease: ShardLease) -> dict[str, object]:
-    """Renewal parameters that leave a speculative lease's expiry as it is."""
-    return {"lease_expires_at": lease.lease_expires_at}
 
 
 def _decode_lease(row: tuple[Any, ...], *, is_speculative: bool = False) -> ShardLease:

@@ -364,6 +364,8 @@ RENEW_SPECULATIVE = shared(
     f"UPDATE shards SET spec_expires_at = :lease_expires_at {_SPEC_FENCE}",
 )
 
+SPECULATIVE_HELD = shared("speculative_held", f"SELECT 1 FROM shards {_SPEC_FENCE}")
+
 # The same row change as `COMMIT_SHARD`: once either holder committed, the shard is done and
 # the other's fence (status = leased) no longer matches.
 COMMIT_SPECULATIVE = shared(

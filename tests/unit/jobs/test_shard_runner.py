@@ -188,3 +188,16 @@ async def test_the_result_cache_answers_repeated_lines() -> None:
     one, two = await finish(ctx, first), await finish(ctx, second)
     bodies = lambda f: sorted(str(r["response"]["body"]) for r in f["outputs"])  # noqa: E731
     assert bodies(one) == bodies(two) and two["batch"].status is BatchStatus.COMPLETED
+
+
+async def test_a_runner_claims_only_batches_of_models_it_runs() -> None:
+    ctx = make_ctx()
+    batch_id = await start_batch(ctx, 4)
+    batch = ctx.store.get_batch_any(batch_id)
+    assert batch is not None and batch.model is not None
+    ctx.can_run_model = lambda name: name != batch.model
+    runner = ShardRunner(ctx, asyncio.Event())
+    assert await runner._claim() is None  # another worker hosts that model
+    ctx.can_run_model = lambda name: name == batch.model
+    lease = await runner._claim()
+    assert lease is not None and lease.batch_id == batch_id
