@@ -58,7 +58,11 @@ class GatewaySettings:
     connect_timeout_s: float = 1.0
     default_timeout_ms: float = 30_000
     max_in_flight: int = 4096
-    max_connections_per_worker: int = 256
+    # Connections to workers at once (long generation streams each hold one).
+    max_connections: int = 256
+    # httpcore polls every idle pooled socket on each request, so a large idle pool costs
+    # CPU on every request: keep few idle connections.
+    max_idle_connections: int = 8
     target_utilisation: float = 0.7
     arrival_window_s: float = 10.0
 
@@ -68,8 +72,8 @@ class GatewaySettings:
             raise ValueError("stale_after_s and refresh_s must be > 0")
         if self.reap_after_s < self.stale_after_s:
             raise ValueError("reap_after_s must be >= stale_after_s")
-        if self.max_in_flight < 1 or self.max_connections_per_worker < 1:
-            raise ValueError("max_in_flight and max_connections_per_worker must be >= 1")
+        if min(self.max_in_flight, self.max_connections, self.max_idle_connections) < 1:
+            raise ValueError("max_in_flight and the connection limits must be >= 1")
         if not 0 < self.target_utilisation <= 1:
             raise ValueError("target_utilisation must be in (0, 1]")
         if self.default_timeout_ms <= 0 or self.arrival_window_s <= 0:
@@ -113,8 +117,8 @@ class Gateway:
         # httpx logs every request at INFO: far too loud (and slow) on a proxy's hot path.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         limits = httpx.Limits(
-            max_connections=None,
-            max_keepalive_connections=self.settings.max_connections_per_worker,
+            max_connections=self.settings.max_connections,
+            max_keepalive_connections=self.settings.max_idle_connections,
             # Shorter than the workers' keep-alive so the pool never reuses a socket the
             # worker is closing (that would look like a reset and eject a healthy worker).
             keepalive_expiry=4.0,
