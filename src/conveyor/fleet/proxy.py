@@ -159,7 +159,7 @@ class Proxy:
                 body = await upstream.aread()
             except httpx.TimeoutException:
                 raise DeadlineExceeded("the worker did not answer within the deadline") from None
-            except httpx.TransportError as exc:
+            except (httpx.TransportError, AttributeError, OSError) as exc:  # see _send
                 self._router.ejections.eject(worker.worker_id, self._wall_clock())
                 raise _AttemptFailed(FailureReason.TRANSPORT, repr(exc)) from None
             headers = response_headers(upstream.headers)
@@ -191,6 +191,12 @@ class Proxy:
         except httpx.TimeoutException:
             raise DeadlineExceeded("the worker did not answer within the deadline") from None
         except httpx.TransportError as exc:
+            self._router.ejections.eject(worker.worker_id, self._wall_clock())
+            raise _AttemptFailed(FailureReason.TRANSPORT, repr(exc)) from None
+        except (AttributeError, OSError) as exc:
+            # The client stack can fail this way on a socket the dying worker just closed
+            # (seen: httpcore asking a closed anyio socket for its peer). Nothing reached
+            # the caller yet, so this is a transport failure: retry elsewhere.
             self._router.ejections.eject(worker.worker_id, self._wall_clock())
             raise _AttemptFailed(FailureReason.TRANSPORT, repr(exc)) from None
 

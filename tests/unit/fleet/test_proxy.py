@@ -75,6 +75,22 @@ async def test_connection_refused_is_retried_elsewhere_and_ejects() -> None:
     assert router.in_flight("a") == 0 and router.in_flight("b") == 0
 
 
+async def test_a_client_stack_crash_on_a_closed_socket_is_retried_elsewhere() -> None:
+    # Regression: a worker killed mid-request once made httpcore raise AttributeError
+    # ('NoneType' object has no attribute 'getpeername'), which became a 500.
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a":
+            raise AttributeError("'NoneType' object has no attribute 'getpeername'")
+        return ok(request)
+
+    workers = [worker("a"), worker("b")]
+    proxy, router = make_proxy(handler, workers)
+    for _ in range(5):
+        response = await proxy.forward(outbound())
+        assert response.status_code == 200 and b'"b"' in response.body
+    assert router.ejections.is_ejected(workers[0], NOW)
+
+
 async def test_a_503_is_retried_without_ejection() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(503) if request.url.host == "a" else ok(request)
