@@ -20,9 +20,11 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from conveyor.api.disconnect import DisconnectWatcher
-from conveyor.api.embeddings import OUTCOME_BY_STATUS
+from conveyor.api.embeddings import OUTCOME_BY_STATUS, timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError
 from conveyor.metrics import GeneratorMetrics
+from conveyor.priority import Priority
+from conveyor.service import Service
 
 if TYPE_CHECKING:  # the generation modules import torch: keep them off the start-up path
     from conveyor.endpoints.generation import ChoiceResult, GenerationRun
@@ -43,6 +45,36 @@ def encode_event(payload: Mapping[str, Any]) -> bytes:
 def outcome_of(error: ConveyorError) -> str:
     """The ``requests_total`` outcome label for an error."""
     return OUTCOME_BY_STATUS.get(error.status_code, "model_error")
+
+
+async def serve_generation(
+    request: Request,
+    parse: Callable[[bytes], Any],
+    start: Callable[..., GenerationRun],
+    make_body: MakeBody,
+    make_chunks: Callable[..., AsyncIterator[dict[str, Any]]],
+) -> Response:
+    """The whole HTTP flow of a generation endpoint: parse, admit, answer as JSON or SSE."""
+    service: Service = request.app.state.service
+    started_s = time.perf_counter()
+    body = parse(await request.body())
+    generator = service.generator(body.model)
+    try:
+        run = start(
+            service, body, priority=Priority.ONLINE, timeout_ms=timeout_from_headers(request)
+        )
+    except ConveyorError as exc:
+        generator.metrics.requests[outcome_of(exc)].inc()
+        raise
+    return await respond(
+        request,
+        run,
+        generator.metrics,
+        started_s=started_s,
+        is_stream=body.stream,
+        make_body=make_body,
+        chunks=make_chunks(run, include_usage=body.include_usage),
+    )
 
 
 async def respond(

@@ -8,6 +8,7 @@ from typing import Any
 from conveyor.endpoints.generation import (
     ChoiceResult,
     GenerationRun,
+    finish_run,
     parse_body,
     resolve_max_tokens,
     sampling_params,
@@ -101,11 +102,7 @@ async def run_chat(
     if request.stream:
         raise InvalidRequest("stream: true is not supported here", param="stream")
     run = start_chat(service, request, priority=priority, timeout_ms=timeout_ms)
-    try:
-        results = await run.collect()
-    finally:
-        run.close()
-    return chat_body(run, results)
+    return await finish_run(run, chat_body)
 
 
 def chat_body(run: GenerationRun, results: Sequence[ChoiceResult]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from conveyor.endpoints.generation import (
     ChoiceResult,
     GenerationRun,
     check_token_ids,
+    finish_run,
     parse_body,
     resolve_max_tokens,
     sampling_params,
@@ -100,11 +101,7 @@ async def run_completion(
     if request.stream:
         raise InvalidRequest("stream: true is not supported here", param="stream")
     run = start_completion(service, request, priority=priority, timeout_ms=timeout_ms)
-    try:
-        results = await run.collect()
-    finally:
-        run.close()
-    return completion_body(run, results)
+    return await finish_run(run, completion_body)
 
 
 def completion_body(run: GenerationRun, results: Sequence[ChoiceResult]) -> dict[str, Any]:

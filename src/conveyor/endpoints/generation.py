@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -273,3 +273,15 @@ def start_run(
 def token_text(generator: HostedGenerator, token_id: int) -> str:
     """How one token reads on its own (special tokens included), for logprobs."""
     return generator.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+async def finish_run(
+    run: GenerationRun,
+    make_body: Callable[[GenerationRun, Sequence[ChoiceResult]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Wait for every choice of a non-streamed run, then format it; cancelling aborts it."""
+    try:
+        results = await run.collect()
+    finally:
+        run.close()
+    return make_body(run, results)
