@@ -41,6 +41,7 @@ import yaml
 
 from bench.common import (
     LOCALHOST,
+    REPO_ROOT,
     RESULTS_DIR,
     ServerProcess,
     http_get,
@@ -769,7 +770,9 @@ def run_benchmark(opts: Options) -> dict[str, Any]:
         "name": "batch",
         "started_at": started_at.isoformat(timespec="seconds"),
         "duration_s": round(time.monotonic() - wall_started, 1),
-        "inputs": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
+        "inputs": {
+            k: (_display_path(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()
+        }
         | {"jobs_config": JOBS, "closed_clients": CLOSED_CLIENTS},
         "versions": package_versions(),
         "machine": machine_info(),
@@ -812,3 +815,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _display_path(path: Path) -> str:
+    """A path as recorded in results: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
