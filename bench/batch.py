@@ -813,13 +813,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"wrote {json_path} and {png_path}")
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _display_path(path: Path) -> str:
     """A path as recorded in results: relative to the repository when inside it."""
     try:
         return str(path.resolve().relative_to(REPO_ROOT))
     except ValueError:
         return str(path)
+
+
+if __name__ == "__main__":
+    main()
