@@ -21,10 +21,6 @@ from tests.e2e.test_batch_api import (
     wait_for_progress,
     wait_until,
 )
-from tests.integration.stores.conftest import (  # noqa: F401  (fixtures)
-    postgres_admin_url,
-    postgres_url,
-)
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +57,6 @@ def test_sigkill_mid_batch_then_restart_on_sqlite(tmp_path: Path) -> None:
 
 
 @pytest.mark.postgres
-def test_sigkill_mid_batch_then_restart_on_postgres(tmp_path: Path, postgres_url: str) -> None:  # noqa: F811
+def test_sigkill_mid_batch_then_restart_on_postgres(tmp_path: Path, postgres_url: str) -> None:
     jobs = {**RESTART_JOBS, "job_store_url": postgres_url}
     kill_and_restart(tmp_path, {"models": [RESTART_SYN], "jobs": jobs})

@@ -18,14 +18,9 @@ SMOKE_TIMEOUT_S = 300
 @pytest.fixture(scope="module")
 def smoke_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run ``python -m bench.fleet --smoke`` once into a fresh folder."""
-    import psycopg
+    from tests.postgres import require_postgres
 
-    from tests.integration.fleet.conftest import PG_ADMIN_URL
-
-    try:
-        psycopg.connect(PG_ADMIN_URL, connect_timeout=3).close()
-    except psycopg.Error as exc:
-        pytest.skip(f"PostgreSQL not reachable: {exc}")
+    require_postgres()
     out_dir = tmp_path_factory.mktemp("bench-fleet")
     done = subprocess.run(
         [sys.executable, "-m", "bench.fleet", "--smoke", f"--out={out_dir}"],

@@ -13,19 +13,17 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-import psycopg
 import pytest
 import yaml
 
-PG_ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+from tests.postgres import fresh_database
+
 HEARTBEAT_S = 0.2
 STALE_AFTER_S = 1.0
 READY_TIMEOUT_S = 60.0
@@ -190,30 +188,11 @@ def embed(client: httpx.Client, gateway: Proc, text: str, timeout_ms: int = 5000
     )
 
 
-@pytest.fixture(scope="session")
-def postgres_admin_url() -> str:
-    """The admin URL, after checking that the server answers (skip or fail otherwise)."""
-    try:
-        psycopg.connect(PG_ADMIN_URL, connect_timeout=3).close()
-    except psycopg.Error as exc:
-        reason = f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return PG_ADMIN_URL
-
-
 @pytest.fixture
 def store_url(postgres_admin_url: str) -> Iterator[str]:
-    """A brand-new database, dropped (with its connections) after the test."""
-    name = f"conveyor_fleet_{uuid.uuid4().hex}"
-    with psycopg.connect(postgres_admin_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield urlunsplit(urlsplit(postgres_admin_url)._replace(path=f"/{name}"))
-    finally:
-        with psycopg.connect(postgres_admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """A brand-new database for the fleet's registry and jobs, dropped after the test."""
+    with fresh_database(postgres_admin_url, prefix="conveyor_fleet") as url:
+        yield url
 
 
 @pytest.fixture
