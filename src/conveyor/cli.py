@@ -59,6 +59,15 @@ def serve(
     )
 
 
+# The shared-state options every fleet process takes.
+StoreUrl = Annotated[
+    str, typer.Option(envvar="CONVEYOR_STORE", help="Job store URL (PostgreSQL for a fleet).")
+]
+ObjectsUrl = Annotated[
+    str | None, typer.Option(envvar="CONVEYOR_OBJECTS", help="Object store URL.")
+]
+
+
 def _configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),
@@ -69,11 +78,9 @@ def _configure_logging(level: str) -> None:
 
 @app.command()
 def worker(
-    store: Annotated[str, typer.Option(envvar="CONVEYOR_STORE", help="Job store URL.")],
+    store: StoreUrl,
     config: Annotated[Path | None, typer.Option(help="YAML config file (models).")] = None,
-    objects: Annotated[
-        str | None, typer.Option(envvar="CONVEYOR_OBJECTS", help="Object store URL.")
-    ] = None,
+    objects: ObjectsUrl = None,
     listen: Annotated[str, typer.Option(help="HOST:PORT to listen on.")] = "127.0.0.1:8001",
     advertise: Annotated[
         str | None, typer.Option(envvar="CONVEYOR_ADVERTISE", help="URL gateways use.")
@@ -101,11 +108,9 @@ def worker(
 
 @app.command()
 def gateway(
-    store: Annotated[str, typer.Option(envvar="CONVEYOR_STORE", help="Job store URL.")],
+    store: StoreUrl,
     config: Annotated[Path | None, typer.Option(help="YAML config file (API keys).")] = None,
-    objects: Annotated[
-        str | None, typer.Option(envvar="CONVEYOR_OBJECTS", help="Object store URL.")
-    ] = None,
+    objects: ObjectsUrl = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on (0 = any free).")] = None,
     stale_after_s: Annotated[float, typer.Option(help="Heartbeat age that is stale.")] = 3.0,

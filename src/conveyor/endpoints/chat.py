@@ -8,9 +8,9 @@ from typing import Any
 from conveyor.endpoints.generation import (
     ChoiceResult,
     GenerationRun,
-    finish_run,
     parse_body,
     resolve_max_tokens,
+    run_unstreamed,
     sampling_params,
     start_run,
     token_text,
@@ -99,10 +99,9 @@ async def run_chat(
 ) -> dict[str, Any]:
     """Run a whole (non-streamed) chat completion; cancelling this aborts the generation."""
     request = body if isinstance(body, ChatCompletionRequest) else parse_chat_request(body)
-    if request.stream:
-        raise InvalidRequest("stream: true is not supported here", param="stream")
-    run = start_chat(service, request, priority=priority, timeout_ms=timeout_ms)
-    return await finish_run(run, chat_body)
+    return await run_unstreamed(
+        service, request, start_chat, chat_body, priority=priority, timeout_ms=timeout_ms
+    )
 
 
 def chat_body(run: GenerationRun, results: Sequence[ChoiceResult]) -> dict[str, Any]:

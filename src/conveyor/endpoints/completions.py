@@ -9,9 +9,9 @@ from conveyor.endpoints.generation import (
     ChoiceResult,
     GenerationRun,
     check_token_ids,
-    finish_run,
     parse_body,
     resolve_max_tokens,
+    run_unstreamed,
     sampling_params,
     start_run,
     token_text,
@@ -98,10 +98,14 @@ async def run_completion(
 ) -> dict[str, Any]:
     """Run a whole (non-streamed) completion; cancelling this aborts the generation."""
     request = body if isinstance(body, CompletionRequest) else parse_completion_request(body)
-    if request.stream:
-        raise InvalidRequest("stream: true is not supported here", param="stream")
-    run = start_completion(service, request, priority=priority, timeout_ms=timeout_ms)
-    return await finish_run(run, completion_body)
+    return await run_unstreamed(
+        service,
+        request,
+        start_completion,
+        completion_body,
+        priority=priority,
+        timeout_ms=timeout_ms,
+    )
 
 
 def completion_body(run: GenerationRun, results: Sequence[ChoiceResult]) -> dict[str, Any]:

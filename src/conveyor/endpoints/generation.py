@@ -275,11 +275,22 @@ def token_text(generator: HostedGenerator, token_id: int) -> str:
     return generator.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-async def finish_run(
-    run: GenerationRun,
+async def run_unstreamed(
+    service: Any,
+    request: Any,
+    start: Callable[..., GenerationRun],
     make_body: Callable[[GenerationRun, Sequence[ChoiceResult]], dict[str, Any]],
+    *,
+    priority: Priority,
+    timeout_ms: float | None,
 ) -> dict[str, Any]:
-    """Wait for every choice of a non-streamed run, then format it; cancelling aborts it."""
+    """Start a parsed request, wait for every choice, format the body; cancelling aborts it.
+
+    The path batch jobs and `endpoints.execute` take: there is nobody to stream to.
+    """
+    if request.stream:
+        raise InvalidRequest("stream: true is not supported here", param="stream")
+    run = start(service, request, priority=priority, timeout_ms=timeout_ms)
     try:
         results = await run.collect()
     finally:

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from conveyor.stores.records import BatchRecord, FileRecord
 
-BATCH_TIMESTAMPS = (
-    "created_at",
-    "in_progress_at",
-    "expires_at",
-    "finalizing_at",
-    "completed_at",
-    "failed_at",
-    "expired_at",
-    "cancelling_at",
-    "cancelled_at",
-)
+# Every `*_at` field of the record, in its declared order (OpenAI's object has each one).
+BATCH_TIMESTAMPS = tuple(f.name for f in fields(BatchRecord) if f.name.endswith("_at"))
 
 
 def file_object(rec: FileRecord) -> dict[str, Any]:
