@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +17,14 @@ from bench.batch import (
     model_figures,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SMOKE_TIMEOUT_S = 300
+from tests.bench_smoke import run_smoke
 
 
 @pytest.fixture(scope="module")
 def smoke_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run ``python -m bench.batch --smoke`` once into a fresh folder."""
     out_dir = tmp_path_factory.mktemp("bench-batch")
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.batch", "--smoke", f"--out={out_dir}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        pytest.fail(f"bench.batch --smoke failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return out_dir
+    return run_smoke("bench.batch", out_dir)
 
 
 @pytest.fixture(scope="module")

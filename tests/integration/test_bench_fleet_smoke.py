@@ -3,32 +3,22 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from bench.fleet import evaluate, parse_options
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SMOKE_TIMEOUT_S = 300
+from tests.bench_smoke import run_smoke
+from tests.postgres import require_postgres
 
 
 @pytest.fixture(scope="module")
 def smoke_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run ``python -m bench.fleet --smoke`` once into a fresh folder."""
-    from tests.postgres import require_postgres
-
     require_postgres()
     out_dir = tmp_path_factory.mktemp("bench-fleet")
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.fleet", "--smoke", f"--out={out_dir}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        pytest.fail(f"bench.fleet --smoke failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return out_dir
+    return run_smoke("bench.fleet", out_dir)
 
 
 @pytest.mark.slow

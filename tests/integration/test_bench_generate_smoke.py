@@ -4,8 +4,6 @@ figure; its pure pieces (workload, percentiles, goals) compute what they say."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +18,8 @@ from bench.generate import (
     with_rate,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SMOKE_TIMEOUT_S = 300
+from tests.bench_smoke import run_smoke
+
 SUMMARY_FIELDS = {
     "num_requests", "num_output_tokens", "output_tokens_per_s", "ttft_p50_ms", "ttft_p95_ms",
     "tpot_p50_ms", "tpot_p95_ms", "latency_p50_ms", "latency_p95_ms", "kv",
@@ -32,17 +30,7 @@ SUMMARY_FIELDS = {
 def smoke_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run ``python -m bench.generate --smoke`` once into a fresh folder."""
     out_dir = tmp_path_factory.mktemp("bench-generate")
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.generate", "--smoke", f"--out={out_dir}"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=SMOKE_TIMEOUT_S,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"bench.generate --smoke failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return out_dir
+    return run_smoke("bench.generate", out_dir)
 
 
 @pytest.fixture(scope="module")

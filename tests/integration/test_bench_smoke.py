@@ -4,8 +4,6 @@ pure pieces (percentiles, response framing, goals, saturation) compute what they
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +20,16 @@ from bench.online import (
     saturation_by_rep,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_smoke import run_smoke
+
 FIGURE_FIELDS = {"unit", "median", "min", "max", "num_runs", "runs", "reference", "ratio"}
-SMOKE_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
 def smoke_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run ``python -m bench.online --smoke`` once into a fresh folder."""
     out_dir = tmp_path_factory.mktemp("bench-online")
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.online", "--smoke", f"--out={out_dir}"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=SMOKE_TIMEOUT_S,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"bench.online --smoke failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return out_dir
+    return run_smoke("bench.online", out_dir)
 
 
 @pytest.fixture(scope="module")
