@@ -140,6 +140,11 @@ def test_a_batch_cancelled_through_the_gateway_ends_cancelled(fleet: Fleet, tmp_
     created = client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
     )
+    # Cancel mid-job, once its lines are planned: a batch cancelled while still
+    # validating has no planned lines, and its output and error files stay empty.
+    wait_until(
+        lambda: client.batches.retrieve(created.id).status == "in_progress", WAIT_S, "planning"
+    )
     assert client.batches.cancel(created.id).status in ("cancelling", "cancelled")
     batch = finished(client, created.id)
     assert batch.status == "cancelled"
