@@ -256,6 +256,20 @@ def test_a_repeated_batch_is_answered_from_the_cache(
     assert all(by_id[r["custom_id"]] == r["response"]["body"] for r in two)
 
 
+def test_the_cache_is_never_shared_between_tenants(
+    client: openai.OpenAI, other_tenant: openai.OpenAI, jobs_server: Server
+) -> None:
+    data = jsonl(embedding_lines(20, prefix="tenant-cache"))
+    first = wait_until(client, submit(client, data).id)
+    hits_before = jobs_server.metric("conveyor_batch_cache_hits_total")
+    theirs = wait_until(other_tenant, submit(other_tenant, data).id)
+    assert first.status == theirs.status == "completed"
+    assert jobs_server.metric("conveyor_batch_cache_hits_total") == hits_before
+    again = wait_until(other_tenant, submit(other_tenant, data).id)
+    assert again.status == "completed"
+    assert jobs_server.metric("conveyor_batch_cache_hits_total") - hits_before == 20
+
+
 def test_tenants_cannot_see_each_others_files_or_batches(
     client: openai.OpenAI, other_tenant: openai.OpenAI
 ) -> None:

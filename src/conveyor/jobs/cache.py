@@ -1,14 +1,19 @@
 """The result cache: identical deterministic requests are computed once.
 
-Keys are content addresses: a hash of the endpoint, the model and the canonical request body
-(keys sorted), so re-running an evaluation set costs nothing for lines already computed. Only
-deterministic requests are cached: embeddings always, generation only with temperature 0.
-Values are the JSON response bodies, stored in the job store (`cache_get` / `cache_put`).
+Keys are content addresses: a hash of the tenant, the endpoint, the model and the canonical
+request body (keys sorted), so re-running an evaluation set costs nothing for lines already
+computed. The tenant is part of the key: one tenant never receives an answer computed for
+another. Only deterministic requests are cached: embeddings always, generation only with
+temperature 0. Values are the JSON response bodies, stored in the job store
+(`cache_get` / `cache_put`). A cached generation answer is served with a fresh `id` and
+`created`, as a new completion would be.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +23,7 @@ from conveyor.stores.job_store import JobStore
 
 EMBEDDINGS = "/v1/embeddings"
 GENERATION_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
-KEY_PREFIX = "v1:"
+KEY_PREFIX = "v2:"  # v2: the tenant is part of the key (v1 keys are never read again)
 
 
 def is_deterministic(endpoint: str, body: dict[str, Any]) -> bool:
@@ -33,8 +38,8 @@ def is_deterministic(endpoint: str, body: dict[str, Any]) -> bool:
     return False
 
 
-def cache_key(endpoint: str, body: dict[str, Any]) -> str | None:
-    """The content address of a request, or None when it must not be cached."""
+def cache_key(tenant: str, endpoint: str, body: dict[str, Any]) -> str | None:
+    """The content address of a tenant's request, or None when it must not be cached."""
     if not is_deterministic(endpoint, body):
         return None
     try:
@@ -42,10 +47,28 @@ def cache_key(endpoint: str, body: dict[str, Any]) -> str | None:
     except TypeError:
         return None
     digest = hashlib.sha256()
-    for part in (endpoint.encode(), str(body.get("model", "")).encode(), canonical):
+    for part in (
+        tenant.encode(),
+        endpoint.encode(),
+        str(body.get("model", "")).encode(),
+        canonical,
+    ):
         digest.update(len(part).to_bytes(8, "little"))  # length-prefixed: no ambiguous joins
         digest.update(part)
     return KEY_PREFIX + digest.hexdigest()
+
+
+def fresh_answer(endpoint: str, cached: bytes) -> bytes:
+    """A cached response body as a new answer: generation gets a new ``id`` and ``created``."""
+    if endpoint not in GENERATION_ENDPOINTS:
+        return cached
+    body = orjson.loads(cached)
+    if isinstance(body.get("id"), str):
+        prefix = body["id"].split("-", 1)[0]
+        body["id"] = f"{prefix}-{uuid.uuid4().hex}"
+    if "created" in body:
+        body["created"] = int(time.time())
+    return orjson.dumps(body)
 
 
 class ResultCache:

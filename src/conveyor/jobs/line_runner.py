@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from conveyor.errors import ConveyorError, InvalidRequest
+from conveyor.jobs.cache import fresh_answer
 from conveyor.jobs.keys import line_id
 from conveyor.jobs.lines import decode_request, failure_record, response_record
 
@@ -100,7 +101,8 @@ class LineRunner:
             error = InvalidRequest(f"line {line_no + 1} is not a valid request: {exc}")
             return LineResult(failure_record(rid, "", error), LineOutcome.FAILED)
         if cached is not None:
-            record = response_record(rid, request.custom_id, 200, orjson.Fragment(cached))
+            answer = orjson.Fragment(fresh_answer(self.endpoint, cached))
+            record = response_record(rid, request.custom_id, 200, answer)
             return LineResult(record, LineOutcome.COMPLETED, is_cache_hit=True)
         try:
             body = await self._call_with_retries(request.body)

@@ -288,7 +288,9 @@ class ShardAttempt:
         keys: list[str | None] = []
         for _, raw in lines:
             try:
-                keys.append(cache_key(self._batch.endpoint, decode_request(raw).body))
+                keys.append(
+                    cache_key(self._batch.tenant, self._batch.endpoint, decode_request(raw).body)
+                )
             except ValueError:
                 keys.append(None)
         hits = await asyncio.to_thread(self._cache.get_many, keys)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from conveyor.jobs.cache import ResultCache, cache_key, is_deterministic
+import orjson
+
+from conveyor.jobs.cache import ResultCache, cache_key, fresh_answer, is_deterministic
 from conveyor.stores.job_store import open_job_store
 
 
 def test_keys_ignore_key_order_and_separate_models_and_endpoints() -> None:
     body = {"model": "m", "input": ["a", "b"], "encoding_format": "float"}
     same = {"encoding_format": "float", "input": ["a", "b"], "model": "m"}
-    assert cache_key("/v1/embeddings", body) == cache_key("/v1/embeddings", same)
-    assert cache_key("/v1/embeddings", body) != cache_key("/v1/embeddings", {**body, "model": "n"})
-    assert cache_key("/v1/embeddings", body) != cache_key("/v1/embeddings", {**body, "input": "ab"})
+    assert cache_key("t", "/v1/embeddings", body) == cache_key("t", "/v1/embeddings", same)
+    assert cache_key("t", "/v1/embeddings", body) != cache_key(
+        "t", "/v1/embeddings", {**body, "model": "n"}
+    )
+    assert cache_key("t", "/v1/embeddings", body) != cache_key(
+        "t", "/v1/embeddings", {**body, "input": "ab"}
+    )
 
 
 def test_generation_is_cached_only_when_greedy() -> None:
@@ -20,7 +26,7 @@ def test_generation_is_cached_only_when_greedy() -> None:
     assert not is_deterministic("/v1/chat/completions", {**chat, "temperature": 0.7})
     assert is_deterministic("/v1/chat/completions", {**chat, "temperature": 0})
     assert not is_deterministic("/v1/completions", {"temperature": 0, "n": 2})
-    assert cache_key("/v1/completions", {"model": "m", "prompt": "x"}) is None
+    assert cache_key("t", "/v1/completions", {"model": "m", "prompt": "x"}) is None
     assert is_deterministic("/v1/embeddings", {"model": "m"})
 
 
@@ -31,3 +37,26 @@ def test_result_cache_round_trip() -> None:
     cache.put_many([("k1", b"ignored")])
     assert cache.get_many(["k1", "k2", None]) == [b"one", None, None]
     store.close()
+
+
+def test_keys_separate_tenants() -> None:
+    body = {"model": "m", "input": "same text"}
+    assert cache_key("acme", "/v1/embeddings", body) != cache_key("globex", "/v1/embeddings", body)
+    greedy = {"model": "m", "prompt": "x", "temperature": 0}
+    assert cache_key("acme", "/v1/completions", greedy) != cache_key("b", "/v1/completions", greedy)
+
+
+def test_a_cached_generation_answer_gets_a_fresh_id_and_timestamp() -> None:
+    cached = orjson.dumps({"id": "chatcmpl-old", "object": "chat.completion", "created": 1,
+                           "choices": [{"index": 0}]})  # fmt: skip
+    answer = orjson.loads(fresh_answer("/v1/chat/completions", cached))
+    assert answer["id"].startswith("chatcmpl-") and answer["id"] != "chatcmpl-old"
+    assert answer["created"] > 1
+    assert answer["choices"] == [{"index": 0}]
+    other = orjson.loads(fresh_answer("/v1/chat/completions", cached))
+    assert other["id"] != answer["id"]
+
+
+def test_a_cached_embedding_is_served_as_stored() -> None:
+    cached = orjson.dumps({"object": "list", "data": [], "model": "m"})
+    assert fresh_answer("/v1/embeddings", cached) == cached
