@@ -129,7 +129,7 @@ class Batcher:
                 f"({self.queue.max_queue} {priority.name.lower()} inputs waiting)",
                 retry_after_s=self.retry_after_s(cap),
             )
-        if self.timing.is_warm:
+        if self.timing.is_warm and not self.is_idle:
             wait_s = self.timing.predicted_wait_s(self.queue.num_ahead_of(priority), cap)
             if now + wait_s > deadline:
                 raise DeadlineExceeded(
@@ -142,6 +142,14 @@ class Batcher:
         self._gauge_queue()
         self._wakeup.set()
         return item
+
+    @property
+    def is_idle(self) -> bool:
+        """Nothing queued and nothing running: an input would start at once.
+
+        An idle model admits every input; only its own deadline timer can still fail it.
+        """
+        return self.num_running == 0 and self.queue.num_queued == 0
 
     def abandon(self, item: WorkItem) -> None:
         """The caller left: drop the input if it has not run yet."""

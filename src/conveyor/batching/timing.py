@@ -2,20 +2,33 @@
 
 Used to predict an arriving input's wait (refuse it at once if it cannot meet
 its deadline), to compute ``Retry-After`` and to export a service rate.
+
+Once warm, one observation counts for at most ``max_outlier_ratio`` times the time
+predicted for its size: a batch stalled by something else (a stop-the-world pause, a
+busy machine) then moves the fit a little instead of teaching it that every batch is
+slow. A real change in speed still shows: each batch moves the fit further.
 """
 
 from __future__ import annotations
 
 import math
 
+# Added to the outlier cap so a model whose batches take ~0 s can still learn it slowed down.
+OUTLIER_SLACK_S = 0.01
+
 
 class BatchTimeModel:
     """Exponentially weighted least squares over (batch size, seconds) pairs."""
 
-    def __init__(self, *, alpha: float = 0.1, min_observations: int = 3) -> None:
+    def __init__(
+        self, *, alpha: float = 0.1, min_observations: int = 3, max_outlier_ratio: float = 4.0
+    ) -> None:
         if not 0 < alpha <= 1:
             raise ValueError("alpha must be in (0, 1]")
+        if max_outlier_ratio < 1:
+            raise ValueError("max_outlier_ratio must be >= 1")
         self.alpha = alpha
+        self.max_outlier_ratio = max_outlier_ratio
         self.min_observations = min_observations
         self.num_observations = 0
         self._n = 0.0
@@ -29,7 +42,10 @@ class BatchTimeModel:
         return self.num_observations >= self.min_observations
 
     def observe(self, batch_size: int, seconds: float) -> None:
-        """Record one batch."""
+        """Record one batch (an outlier is capped first, see the module docstring)."""
+        if self.is_warm:
+            limit_s = self.max_outlier_ratio * self.seconds_for(batch_size) + OUTLIER_SLACK_S
+            seconds = min(seconds, limit_s)
         w = 1.0 if self.num_observations == 0 else self.alpha
         self._n += w * (batch_size - self._n)
         self._t += w * (seconds - self._t)

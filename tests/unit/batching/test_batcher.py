@@ -303,3 +303,19 @@ async def test_stop_fails_queued_inputs(make_batcher) -> None:
     assert blocker.future.done()
     with pytest.raises(ServiceUnavailable):
         submit(batcher, "late")
+
+
+async def test_an_idle_model_admits_whatever_its_batch_time_model_says(make_batcher) -> None:
+    """One pathological batch (35 s, the event loop was frozen) must not refuse work."""
+    model = GatedModel()
+    batcher, _ = make_batcher(model, max_batch_size=1)
+    for _ in range(5):
+        batcher.timing.observe(1, 40.0)  # the fit now says every batch takes 40 s
+    assert batcher.is_idle
+    admitted = submit(batcher, "on an idle model", timeout_s=1.0)
+    await model.wait_started()
+    assert not batcher.is_idle
+    with pytest.raises(DeadlineExceeded):  # busy now: the prediction applies again
+        submit(batcher, "behind a 40 s batch", timeout_s=1.0)
+    model.open_forever()
+    assert await admitted.future == "out:on an idle model"

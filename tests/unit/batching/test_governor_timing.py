@@ -55,3 +55,27 @@ def test_timing_cold_is_not_warm() -> None:
     model = BatchTimeModel(min_observations=3)
     model.observe(1, 0.01)
     assert not model.is_warm
+
+
+def test_timing_one_outlier_batch_moves_the_fit_only_a_little() -> None:
+    model = BatchTimeModel()
+    for _ in range(10):
+        model.observe(8, 0.02)
+    model.observe(8, 35.0)  # a stalled batch
+    # Capped at 4 x 20 ms + 10 ms before weighting: the fit stays well under 100 ms.
+    assert model.seconds_for(8) < 0.03
+    assert model.predicted_wait_s(0, 8) < 0.1
+
+
+def test_timing_a_real_slowdown_is_still_learnt() -> None:
+    model = BatchTimeModel()
+    for _ in range(10):
+        model.observe(8, 0.02)
+    for _ in range(40):
+        model.observe(8, 1.0)  # the model really became 50 x slower
+    assert model.seconds_for(8) == pytest.approx(1.0, rel=0.05)
+
+
+def test_timing_rejects_an_outlier_ratio_below_one() -> None:
+    with pytest.raises(ValueError, match="max_outlier_ratio"):
+        BatchTimeModel(max_outlier_ratio=0.5)
