@@ -13,6 +13,7 @@ from conveyor.errors import ConfigError
 from conveyor.jobs.config import JobsConfig
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+DEFAULT_MAX_INPUTS = 2048  # OpenAI's own limit on inputs in one embeddings request
 
 
 class _Strict(BaseModel):
@@ -30,12 +31,32 @@ class BatchingConfig(_Strict):
     max_batch_tokens: int | None = Field(
         default=None, ge=1, description="Padded tokens per batch (inputs x longest input)."
     )
-    max_queue: int = Field(default=1024, ge=1)
+    max_queue: int = Field(default=2048, ge=1, description="Inputs waiting, per priority class.")
     timeout_ms: float = Field(default=30_000, gt=0)
-    max_inputs_per_request: int = Field(default=2048, ge=1)
+    max_inputs_per_request: int | None = Field(
+        default=None,
+        ge=1,
+        description="Default min(2048, max_queue); above max_queue a request could never fit.",
+    )
     memory_mb: int | None = Field(
         default=None, ge=1, description="Memory the loaded model takes (for the model budget)."
     )
+
+    @model_validator(mode="after")
+    def _request_fits_queue(self) -> BatchingConfig:
+        if self.max_inputs_per_request is not None and self.max_inputs_per_request > self.max_queue:
+            raise ValueError(
+                f"max_inputs_per_request ({self.max_inputs_per_request}) must be <= "
+                f"max_queue ({self.max_queue}): a larger request could never be queued"
+            )
+        return self
+
+    @property
+    def input_limit(self) -> int:
+        """Inputs one request may carry: ``max_inputs_per_request``, else min(2048, queue)."""
+        if self.max_inputs_per_request is not None:
+            return self.max_inputs_per_request
+        return min(DEFAULT_MAX_INPUTS, self.max_queue)
 
 
 class SyntheticModelConfig(BatchingConfig):
@@ -141,6 +162,12 @@ class ServerConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     models: list[ModelConfig] = Field(default_factory=list)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+    max_request_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body (413 above it); file uploads have their own limit. "
+        "16 MiB holds a few million tokens of prompt, past any context window served today.",
+    )
     model_memory_budget_mb: int | None = Field(
         default=None,
         ge=1,

@@ -68,6 +68,12 @@ models:
         ("- just\n- a list\n", "mapping at the top level"),
         ("models: [\n", "not valid YAML"),
         ("api_keys: [short]\n", "api_keys.0.key"),
+        (
+            "models:\n  - {name: a, kind: synthetic, max_queue: 1024, "
+            "max_inputs_per_request: 2048}\n",
+            "max_inputs_per_request (2048) must be <= max_queue (1024)",
+        ),
+        ("max_request_bytes: 10\n", "max_request_bytes"),
     ],
 )
 def test_mistakes_are_reported_with_their_place(tmp_path: Path, text: str, fragment: str) -> None:
@@ -99,3 +105,11 @@ def test_api_keys_with_tenants(tmp_path: Path) -> None:
         ("sk-tenant-a-123", "a"),
         ("sk-plain-12345", "default"),
     ]
+
+
+def test_inputs_per_request_default_to_what_the_queue_holds() -> None:
+    assert SyntheticModelConfig(name="a", kind="synthetic").input_limit == 2048
+    small = SyntheticModelConfig(name="a", kind="synthetic", max_queue=100)
+    assert small.input_limit == 100
+    explicit = SyntheticModelConfig(name="a", kind="synthetic", max_inputs_per_request=8)
+    assert explicit.input_limit == 8

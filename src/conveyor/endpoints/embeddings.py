@@ -34,7 +34,9 @@ def check_request(hosted: HostedModel, request: EmbeddingRequest) -> list[str | 
             param="dimensions",
         )
     inputs = request.inputs()
-    limit = hosted.config.max_inputs_per_request
+    # Config validation keeps max_inputs_per_request <= max_queue, so a request under the
+    # limit can always be queued on an idle model: over it is a 400, never a retryable 429.
+    limit = hosted.config.input_limit
     if len(inputs) > limit:
         raise InvalidRequest(f"too many inputs: {len(inputs)} (at most {limit})", param="input")
     return inputs
@@ -51,7 +53,7 @@ async def run_embeddings(
     request = body if isinstance(body, EmbeddingRequest) else parse_embedding_request(body)
     async with service.using(request.model) as hosted:
         inputs = check_request(hosted, request)
-        items, num_tokens = service.submit_embeddings(
+        items, num_tokens = await service.submit_embeddings(
             hosted, inputs, priority=priority, timeout_ms=timeout_ms, truncate=request.truncate
         )
         vectors = await gather_items(hosted.batcher, items)
