@@ -26,6 +26,9 @@ CASES = [
     ({"model": "nope", "input": "a"}, 404, "nope"),
     ({"model": 7, "input": "a"}, 400, "model"),
     ({"model": "all-MiniLM-L6-v2", "input": [[999999]]}, 400, "vocabulary"),
+    ({"model": "syn", "input": [-1]}, 400, "negative token id"),
+    ({"model": "syn", "input": [[3, -2]]}, 400, "negative token id"),
+    ({"model": "all-MiniLM-L6-v2", "input": [[101, -5, 102]]}, 400, "negative token id"),
 ]
 
 
@@ -46,6 +49,29 @@ def test_not_json(main_server: Server) -> None:
     )
     assert response.status_code == 400
     assert "JSON" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity", "0", "-5", "soon"])
+def test_bad_timeout_header(main_server: Server, value: str) -> None:
+    response = httpx.post(f"{main_server.api}/embeddings", json={"model": "syn", "input": "a"},
+                          headers={"x-conveyor-timeout-ms": value})  # fmt: skip
+    assert response.status_code == 400, response.text
+    assert "x-conveyor-timeout-ms" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"no boundary anywhere",
+        b"--b\r\ngarbage\r\n\r\n",
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\ncut off',
+    ],
+)
+def test_malformed_upload(main_server: Server, body: bytes) -> None:
+    response = httpx.post(f"{main_server.api}/files", content=body,
+                          headers={"content-type": "multipart/form-data; boundary=b"})  # fmt: skip
+    assert response.status_code == 400, response.text
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_too_many_inputs(server_factory) -> None:

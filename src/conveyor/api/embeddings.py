@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ from starlette.responses import Response
 from conveyor.api.disconnect import DisconnectWatcher
 from conveyor.endpoints.embeddings import parse_embedding_request, run_embeddings
 from conveyor.errors import ClientGone, ConveyorError, InvalidRequest
+from conveyor.offload import run_sized
 from conveyor.service import Service
 
 TIMEOUT_HEADER = "x-conveyor-timeout-ms"
@@ -34,8 +36,8 @@ def timeout_from_headers(request: Request) -> float | None:
         value = float(raw)
     except ValueError:
         raise InvalidRequest(f"{TIMEOUT_HEADER} must be a number of milliseconds") from None
-    if value <= 0:
-        raise InvalidRequest(f"{TIMEOUT_HEADER} must be positive")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidRequest(f"{TIMEOUT_HEADER} must be a positive, finite number of milliseconds")
     return value
 
 
@@ -51,7 +53,8 @@ async def create_embeddings(request: Request) -> Response:
     """Embed each input; several inputs are batched like separate requests."""
     service: Service = request.app.state.service
     started = time.perf_counter()
-    body = parse_embedding_request(await request.body())
+    raw = await request.body()
+    body = await run_sized(len(raw), parse_embedding_request, raw)
     metrics = service.model_metrics(body.model)
     watcher = DisconnectWatcher(request.receive, _canceller(asyncio.current_task()))
     try:

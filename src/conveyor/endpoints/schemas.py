@@ -33,6 +33,10 @@ class EmbeddingRequest(BaseModel):
         for index, item in enumerate(value):
             if isinstance(item, str | list) and len(item) == 0:
                 raise ValueError(f"input[{index}] must not be empty")
+            if isinstance(item, int) and item < 0:
+                raise ValueError(f"input[{index}] is a negative token id ({item})")
+            if isinstance(item, list) and any(token < 0 for token in item):
+                raise ValueError(f"input[{index}] holds a negative token id")
         return value
 
     def inputs(self) -> list[str | list[int]]:

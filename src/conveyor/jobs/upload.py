@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from conveyor.errors import InvalidRequest
 from conveyor.jobs.errors import FileTooLarge
@@ -196,8 +197,11 @@ class MultipartStream:
             self.fields[part.name] = part.data.decode("utf-8", "replace")
 
     def feed(self, chunk: bytes) -> bytes:
-        """Parse the next body chunk; return the file bytes it held."""
-        self._parser.write(chunk)
+        """Parse the next body chunk; return the file bytes it held (400 if malformed)."""
+        try:
+            self._parser.write(chunk)
+        except MultipartParseError as exc:
+            raise InvalidRequest(f"the multipart body is malformed: {exc}") from None
         data = b"".join(self._file_data)
         self._file_data.clear()
         return data
@@ -205,6 +209,9 @@ class MultipartStream:
     def finish(self) -> None:
         """End of body: fail if it was truncated or had no file."""
         self._parser.finalize()
+        # The parser itself accepts a body cut off before its closing boundary.
+        if self._parser.state != MultipartState.END:
+            raise InvalidRequest("the multipart body ends before its closing boundary")
         if self._num_files != 1:
             raise InvalidRequest("missing the 'file' part", param="file")
 
