@@ -51,6 +51,18 @@ class InputRejected(InvalidRequest):
     default_code = "input_rejected"
 
 
+class RequestTooLarge(ConveyorError):
+    """The request body is larger than ``max_request_bytes``: 413."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
+    default_code = "request_too_large"
+
+    def headers(self) -> dict[str, str]:
+        """The rest of the body is not read, so the connection cannot be reused."""
+        return {"Connection": "close"}
+
+
 class AuthenticationFailed(ConveyorError):
     """Missing or wrong API key: 401."""
 

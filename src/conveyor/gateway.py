@@ -28,6 +28,7 @@ from conveyor.api import batches as batch_routes
 from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
 from conveyor.api.auth import ApiKeyMiddleware
+from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.config import ServerConfig
@@ -308,5 +309,8 @@ def create_gateway_app(
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(fleet_routes.router)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
+    )
     app.add_middleware(ApiKeyMiddleware, keys={k.key: k.tenant for k in config.api_keys})
     return app

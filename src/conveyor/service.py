@@ -23,6 +23,7 @@ from conveyor.fleet.model_cache import CacheFull, ModelCache
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics
 from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector
 from conveyor.models.registry import build_embedding_model, build_generator
+from conveyor.offload import run_sized
 from conveyor.priority import Priority
 
 if TYPE_CHECKING:
@@ -253,7 +254,7 @@ class Service:
             raise ServiceUnavailable(f"model {name!r} is still loading")
         raise ModelNotFound(f"the model {name!r} does not exist", param="model")
 
-    def submit_embeddings(
+    async def submit_embeddings(
         self,
         hosted: HostedModel,
         inputs: Sequence[EmbeddingInput],
@@ -262,8 +263,13 @@ class Service:
         timeout_ms: float | None = None,
         truncate: bool = False,
     ) -> tuple[list[WorkItem], int]:
-        """Encode and admit every input (all or none); returns the items and token count."""
-        encoded = hosted.model.encode(inputs, truncate=truncate)
+        """Encode and admit every input (all or none); returns the items and token count.
+
+        Tokenizing a large request runs off the event loop (``run_sized``).
+        """
+        encoded = await run_sized(
+            input_bytes(inputs), hosted.model.encode, inputs, truncate=truncate
+        )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout_ms or hosted.config.timeout_ms) / 1000
         items: list[WorkItem] = []
@@ -287,11 +293,16 @@ class Service:
     ) -> EmbedResult:
         """Embed ``inputs`` with ``model``; each input is batched like a separate request."""
         async with self.using(model) as hosted:
-            items, num_tokens = self.submit_embeddings(
+            items, num_tokens = await self.submit_embeddings(
                 hosted, inputs, priority=priority, timeout_ms=timeout_ms, truncate=truncate
             )
             vectors = await gather_items(hosted.batcher, items)
         return EmbedResult(vectors, num_tokens)
+
+
+def input_bytes(inputs: Sequence[EmbeddingInput]) -> int:
+    """About how many bytes of input: characters of text, 4 bytes per token id."""
+    return sum(len(item) if isinstance(item, str) else 4 * len(item) for item in inputs)
 
 
 async def gather_items(batcher: Batcher, items: list[WorkItem]) -> list[Any]:

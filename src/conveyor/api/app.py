@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from conveyor.api import batches, chat, completions, embeddings, files, meta
 from conveyor.api.auth import ApiKeyMiddleware
+from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.config import ServerConfig
@@ -50,5 +51,8 @@ def create_app(
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
+    )
     app.add_middleware(ApiKeyMiddleware, keys={k.key: k.tenant for k in config.api_keys})
     return app

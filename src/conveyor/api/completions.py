@@ -18,9 +18,9 @@ async def create_completion(request: Request) -> Response:
         completion_body,
         completion_chunks,
         parse_completion_request,
-        start_completion,
+        prepare_completion,
     )
 
     return await serve_generation(
-        request, parse_completion_request, start_completion, completion_body, completion_chunks
+        request, parse_completion_request, prepare_completion, completion_body, completion_chunks
     )

@@ -23,11 +23,12 @@ from conveyor.api.disconnect import DisconnectWatcher
 from conveyor.api.embeddings import OUTCOME_BY_STATUS, timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError
 from conveyor.metrics import GeneratorMetrics
+from conveyor.offload import run_sized
 from conveyor.priority import Priority
 from conveyor.service import Service
 
 if TYPE_CHECKING:  # the generation modules import torch: keep them off the start-up path
-    from conveyor.endpoints.generation import ChoiceResult, GenerationRun
+    from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun
 
 __all__ = ["DONE_EVENT", "encode_event", "respond"]
 
@@ -50,19 +51,24 @@ def outcome_of(error: ConveyorError) -> str:
 async def serve_generation(
     request: Request,
     parse: Callable[[bytes], Any],
-    start: Callable[..., GenerationRun],
+    prepare: Callable[[Service, Any], PreparedRun],
     make_body: MakeBody,
     make_chunks: Callable[..., AsyncIterator[dict[str, Any]]],
 ) -> Response:
-    """The whole HTTP flow of a generation endpoint: parse, admit, answer as JSON or SSE."""
+    """The whole HTTP flow of a generation endpoint: parse, admit, answer as JSON or SSE.
+
+    Parsing and tokenizing a large body run off the event loop (``run_sized``).
+    """
     service: Service = request.app.state.service
     started_s = time.perf_counter()
-    body = parse(await request.body())
+    raw = await request.body()
+    timeout_ms = timeout_from_headers(request)
+    body, prepared = await run_sized(len(raw), _parse_and_prepare, service, raw, parse, prepare)
     generator = service.generator(body.model)
     try:
-        run = start(
-            service, body, priority=Priority.ONLINE, timeout_ms=timeout_from_headers(request)
-        )
+        if isinstance(prepared, ConveyorError):
+            raise prepared
+        run = prepared.launch(priority=Priority.ONLINE, timeout_ms=timeout_ms)
     except ConveyorError as exc:
         generator.metrics.requests[outcome_of(exc)].inc()
         raise
@@ -75,6 +81,21 @@ async def serve_generation(
         make_body=make_body,
         chunks=make_chunks(run, include_usage=body.include_usage),
     )
+
+
+def _parse_and_prepare(
+    service: Service,
+    raw: bytes,
+    parse: Callable[[bytes], Any],
+    prepare: Callable[[Service, Any], PreparedRun],
+) -> tuple[Any, PreparedRun | ConveyorError]:
+    """Parse, then prepare; a preparation error is returned for the caller to count."""
+    body = parse(raw)
+    service.generator(body.model)  # 404 / 400 for the wrong model, uncounted as before
+    try:
+        return body, prepare(service, body)
+    except ConveyorError as exc:
+        return body, exc
 
 
 async def respond(

@@ -8,11 +8,11 @@ from typing import Any
 from conveyor.endpoints.generation import (
     ChoiceResult,
     GenerationRun,
+    PreparedRun,
     parse_body,
     resolve_max_tokens,
     run_unstreamed,
     sampling_params,
-    start_run,
     token_text,
     usage_body,
 )
@@ -27,8 +27,8 @@ __all__ = [
     "chat_body",
     "chat_chunks",
     "parse_chat_request",
+    "prepare_chat",
     "run_chat",
-    "start_chat",
 ]
 
 OBJECT = "chat.completion"
@@ -55,14 +55,11 @@ def encode_chat(generator: HostedGenerator, request: ChatCompletionRequest) -> l
         raise InvalidRequest(message, param="messages") from None
 
 
-def start_chat(
+def prepare_chat(
     service: Service,
     request: ChatCompletionRequest,
-    *,
-    priority: Priority = Priority.ONLINE,
-    timeout_ms: float | None = None,
-) -> GenerationRun:
-    """Validate against the model and submit the conversation (400, 404, 429 raised here)."""
+) -> PreparedRun:
+    """Check the conversation against the model and tokenize it (400 and 404 raised here)."""
     generator = service.generator(request.model)
     prompt = encode_chat(generator, request)
     param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
@@ -79,15 +76,7 @@ def start_chat(
         num_logprobs=request.num_logprobs,
         vocab_size=generator.vocab_size,
     )
-    return start_run(
-        generator,
-        id_prefix="chatcmpl",
-        model=request.model,
-        prompts=[prompt],
-        params=params,
-        priority=priority,
-        timeout_ms=timeout_ms,
-    )
+    return PreparedRun(generator, "chatcmpl", request.model, [prompt], params)
 
 
 async def run_chat(
@@ -100,7 +89,7 @@ async def run_chat(
     """Run a whole (non-streamed) chat completion; cancelling this aborts the generation."""
     request = body if isinstance(body, ChatCompletionRequest) else parse_chat_request(body)
     return await run_unstreamed(
-        service, request, start_chat, chat_body, priority=priority, timeout_ms=timeout_ms
+        service, request, prepare_chat, chat_body, priority=priority, timeout_ms=timeout_ms
     )
 
 

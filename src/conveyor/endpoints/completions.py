@@ -8,12 +8,12 @@ from typing import Any
 from conveyor.endpoints.generation import (
     ChoiceResult,
     GenerationRun,
+    PreparedRun,
     check_token_ids,
     parse_body,
     resolve_max_tokens,
     run_unstreamed,
     sampling_params,
-    start_run,
     token_text,
     usage_body,
 )
@@ -28,8 +28,8 @@ __all__ = [
     "completion_body",
     "completion_chunks",
     "parse_completion_request",
+    "prepare_completion",
     "run_completion",
-    "start_completion",
 ]
 
 OBJECT = "text_completion"
@@ -55,14 +55,11 @@ def encode_prompts(generator: HostedGenerator, request: CompletionRequest) -> li
     return prompts
 
 
-def start_completion(
+def prepare_completion(
     service: Service,
     request: CompletionRequest,
-    *,
-    priority: Priority = Priority.ONLINE,
-    timeout_ms: float | None = None,
-) -> GenerationRun:
-    """Validate against the model and submit every prompt (400, 404, 429 raised here)."""
+) -> PreparedRun:
+    """Check every prompt against the model and tokenize it (400 and 404 raised here)."""
     generator = service.generator(request.model)
     prompts = encode_prompts(generator, request)
     budgets = [
@@ -78,15 +75,7 @@ def start_completion(
         num_logprobs=request.logprobs,
         vocab_size=generator.vocab_size,
     )
-    return start_run(
-        generator,
-        id_prefix="cmpl",
-        model=request.model,
-        prompts=prompts,
-        params=params,
-        priority=priority,
-        timeout_ms=timeout_ms,
-    )
+    return PreparedRun(generator, "cmpl", request.model, prompts, params)
 
 
 async def run_completion(
@@ -101,7 +90,7 @@ async def run_completion(
     return await run_unstreamed(
         service,
         request,
-        start_completion,
+        prepare_completion,
         completion_body,
         priority=priority,
         timeout_ms=timeout_ms,

@@ -20,16 +20,18 @@ from conveyor.engine.request import GenerationOutput
 from conveyor.engine.sampling import SamplingParams, TokenLogprobs
 from conveyor.engine.stream import GenerationStream
 from conveyor.errors import InvalidRequest
+from conveyor.offload import run_sized
 from conveyor.priority import Priority
 
 __all__ = [
     "ChoiceResult",
     "GenerationRun",
+    "PreparedRun",
+    "check_queue_room",
     "check_token_ids",
     "parse_body",
     "resolve_max_tokens",
     "sampling_params",
-    "start_run",
     "token_text",
     "usage_body",
 ]
@@ -248,26 +250,44 @@ class GenerationRun:
         self.stream.close()
 
 
-def start_run(
-    generator: HostedGenerator,
-    *,
-    id_prefix: str,
-    model: str,
-    prompts: list[list[int]],
-    params: SamplingParams,
-    priority: Priority,
-    timeout_ms: float | None,
-) -> GenerationRun:
-    """Submit every prompt to the engine and return the run (429 / 400 raised here)."""
-    stream = generator.submit(prompts, params, priority=priority, timeout_ms=timeout_ms)
-    return GenerationRun(
-        id=f"{id_prefix}-{uuid.uuid4().hex}",
-        created=int(time.time()),
-        model=model,
-        generator=generator,
-        stream=stream,
-        num_prompt_tokens=[len(prompt) for prompt in prompts],
-    )
+@dataclass(slots=True, frozen=True)
+class PreparedRun:
+    """A request checked against its model and tokenized, ready to submit.
+
+    Preparing is pure CPU work (tokenizing, the chat template) and may run on any thread;
+    ``launch`` submits to the engine and must run on the event loop.
+    """
+
+    generator: HostedGenerator
+    id_prefix: str
+    model: str
+    prompts: list[list[int]]
+    params: SamplingParams
+
+    def launch(self, *, priority: Priority, timeout_ms: float | None) -> GenerationRun:
+        """Submit every prompt to the engine and return the run (429 / 400 raised here)."""
+        check_queue_room(self.generator, len(self.prompts))
+        stream = self.generator.submit(
+            self.prompts, self.params, priority=priority, timeout_ms=timeout_ms
+        )
+        return GenerationRun(
+            id=f"{self.id_prefix}-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.model,
+            generator=self.generator,
+            stream=stream,
+            num_prompt_tokens=[len(prompt) for prompt in self.prompts],
+        )
+
+
+def check_queue_room(generator: HostedGenerator, num_prompts: int) -> None:
+    """More prompts than the queue can ever hold is a 400, not an endless retryable 429."""
+    max_queue = generator.config.max_queue
+    if num_prompts > max_queue:
+        raise InvalidRequest(
+            f"too many prompts: {num_prompts} (this model queues at most {max_queue})",
+            param="prompt",
+        )
 
 
 def token_text(generator: HostedGenerator, token_id: int) -> str:
@@ -277,20 +297,21 @@ def token_text(generator: HostedGenerator, token_id: int) -> str:
 
 async def run_unstreamed(
     service: Any,
-    request: Any,
-    start: Callable[..., GenerationRun],
+    request: GenerationRequestBody,
+    prepare: Callable[[Any, Any], PreparedRun],
     make_body: Callable[[GenerationRun, Sequence[ChoiceResult]], dict[str, Any]],
     *,
     priority: Priority,
     timeout_ms: float | None,
 ) -> dict[str, Any]:
-    """Start a parsed request, wait for every choice, format the body; cancelling aborts it.
+    """Prepare a parsed request, wait for every choice, format the body; cancelling aborts it.
 
     The path batch jobs and `endpoints.execute` take: there is nobody to stream to.
     """
     if request.stream:
         raise InvalidRequest("stream: true is not supported here", param="stream")
-    run = start(service, request, priority=priority, timeout_ms=timeout_ms)
+    prepared = await run_sized(request.input_bytes(), prepare, service, request)
+    run = prepared.launch(priority=priority, timeout_ms=timeout_ms)
     try:
         results = await run.collect()
     finally:

@@ -80,6 +80,10 @@ class GenerationRequestBody(_Body):
     ignore_eos: StrictBool = False
     stop_token_ids: list[StrictInt] | None = None
 
+    def input_bytes(self) -> int:
+        """About how many bytes of input this request carries (decides off-loop work)."""
+        return 0
+
     @field_validator("n")
     @classmethod
     def _one_choice(cls, value: int | None) -> int | None:
@@ -187,6 +191,10 @@ class CompletionRequest(GenerationRequestBody):
             return [[int(token) for token in value]]  # type: ignore[arg-type]
         return list(value)  # type: ignore[arg-type]
 
+    def input_bytes(self) -> int:
+        """Characters of text plus 4 bytes per token id, over every prompt."""
+        return sum(len(p) if isinstance(p, str) else 4 * len(p) for p in self.prompts())
+
 
 class ContentPart(_Body):
     """One part of a message's content; only text parts are supported."""
@@ -269,6 +277,17 @@ class ChatCompletionRequest(GenerationRequestBody):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs to be true")
         return self
+
+    def input_bytes(self) -> int:
+        """Characters of message text over the whole conversation."""
+        total = 0
+        for message in self.messages:
+            content = message.content
+            if isinstance(content, str):
+                total += len(content)
+            elif content is not None:
+                total += sum(len(part.text or "") for part in content)
+        return total
 
     @property
     def requested_max_tokens(self) -> int | None:

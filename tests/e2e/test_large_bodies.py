@@ -1,0 +1,118 @@
+"""Large and oversized bodies on a real server: the cap, and no stall of other callers.
+
+A body over ``max_request_bytes`` gets 413 in OpenAI's shape. A large body under the cap
+is parsed and tokenized off the event loop: other requests are answered meanwhile, and
+the memory it took is handed back afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conveyor.testing import build_tiny_llama
+from tests.e2e.conftest import Server, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+LARGE_CHAT_BYTES = 3_000_000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    checkpoint = build_tiny_llama(tmp_path_factory.mktemp("large-llama"))
+    generate = {"name": "llama", "kind": "generate", "path": str(checkpoint), "device": "cpu",
+                "kv_cache_tokens": 2048, "threads": 1}  # fmt: skip
+    syn = {"name": "syn", "kind": "synthetic", "batch_latency_ms": 0, "max_queue": 1024}
+    config = {"models": [generate, syn], "max_request_bytes": MAX_REQUEST_BYTES}
+    running = start_server(tmp_path_factory.mktemp("large-server"), config)
+    yield running
+    stop_server(running)
+
+
+def rss_mb(server: Server) -> float:
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_a_declared_body_over_the_cap_is_413(server: Server) -> None:
+    body = json.dumps({"model": "syn", "input": "x" * MAX_REQUEST_BYTES}).encode()
+    response = httpx.post(f"{server.api}/embeddings", content=body,
+                          headers={"content-type": "application/json"})  # fmt: skip
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "request_too_large"
+    assert "max_request_bytes" in error["message"]
+
+
+def test_a_chunked_body_over_the_cap_is_413(server: Server) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "syn", "input": "'
+        for _ in range(MAX_REQUEST_BYTES // 65536 + 1):
+            yield b"x" * 65536
+        yield b'"}'
+
+    response = httpx.post(f"{server.api}/embeddings", content=chunks(),
+                          headers={"content-type": "application/json"})  # fmt: skip
+    assert response.status_code == 413, response.text
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_body_under_the_cap_is_served(server: Server) -> None:
+    words = " ".join(["w"] * 60)
+    response = httpx.post(f"{server.api}/embeddings", json={"model": "syn", "input": [words] * 500})
+    assert response.status_code == 200, response.text
+    assert len(response.json()["data"]) == 500
+
+
+def test_a_large_chat_body_does_not_stall_other_callers(server: Server) -> None:
+    """Tokenizing megabytes of prompt takes seconds; the event loop must not wait for it."""
+    content = "hello world " * (LARGE_CHAT_BYTES // 12)
+    body = {"model": "llama", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    before_mb = rss_mb(server)
+    chat: dict[str, float | int] = {}
+
+    def send_chat() -> None:
+        response = httpx.post(f"{server.api}/chat/completions", json=body, timeout=120)
+        chat["status"], chat["done_at"] = response.status_code, time.monotonic()
+
+    sender = threading.Thread(target=send_chat)
+    started = time.monotonic()
+    sender.start()
+    latencies_s: list[float] = []
+    with httpx.Client(timeout=120) as client:
+        while sender.is_alive():
+            sent = time.monotonic()
+            response = client.post(f"{server.api}/embeddings", json={"model": "syn", "input": "hi"})
+            assert response.status_code == 200
+            latencies_s.append(time.monotonic() - sent)
+    sender.join()
+    chat_s = chat["done_at"] - started
+    assert chat["status"] == 400  # far longer than the context window
+    # A blocked loop holds the next small request for the whole tokenization, which is
+    # most of the chat request's time; a free loop answers each in a small fraction of it.
+    assert len(latencies_s) >= 3
+    assert max(latencies_s) < 0.25 * chat_s, (max(latencies_s), chat_s)
+    assert rss_mb(server) - before_mb < 100, "the large request's memory was not handed back"
+
+
+def test_more_inputs_than_the_queue_holds_is_400_not_429(server: Server) -> None:
+    response = httpx.post(f"{server.api}/embeddings",
+                          json={"model": "syn", "input": ["a"] * 1025})  # fmt: skip
+    assert response.status_code == 400, response.text
+    assert "too many inputs" in response.json()["error"]["message"]
+
+
+def test_more_prompts_than_the_queue_holds_is_400_not_429(server: Server) -> None:
+    response = httpx.post(f"{server.api}/completions",
+                          json={"model": "llama", "prompt": ["a"] * 1025, "max_tokens": 1})  # fmt: skip
+    assert response.status_code == 400, response.text
+    assert "too many prompts" in response.json()["error"]["message"]
