@@ -7,12 +7,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 
 from conveyor.api import batches, chat, completions, embeddings, files, meta
 from conveyor.api.auth import ApiKeyMiddleware
 from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
+from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.service import Service
@@ -51,8 +53,21 @@ def create_app(
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)
+    install_openapi(app, _body_models)
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
     )
     app.add_middleware(ApiKeyMiddleware, keys={k.key: k.tenant for k in config.api_keys})
     return app
+
+
+def _body_models() -> dict[str, type[BaseModel]]:
+    """The bodies of the routes that parse their own JSON (imported on first use)."""
+    from conveyor.endpoints.generation_schemas import ChatCompletionRequest, CompletionRequest
+    from conveyor.endpoints.schemas import EmbeddingRequest
+
+    return {
+        "/v1/embeddings": EmbeddingRequest,
+        "/v1/completions": CompletionRequest,
+        "/v1/chat/completions": ChatCompletionRequest,
+    }

@@ -1,0 +1,78 @@
+"""The OpenAPI document, with the request bodies the hot-path handlers parse themselves.
+
+Those handlers take the raw ``Request`` (no per-request FastAPI body machinery), so the
+generated document knows nothing of their bodies; this adds each body's JSON schema,
+from the same pydantic models the handlers validate with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+BodyModels = Callable[[], dict[str, type[BaseModel]]]
+FILE_UPLOAD = {
+    "multipart/form-data": {
+        "schema": {
+            "type": "object",
+            "required": ["file", "purpose"],
+            "properties": {
+                "file": {"type": "string", "format": "binary"},
+                "purpose": {"type": "string", "enum": ["batch"]},
+            },
+        }
+    }
+}
+BATCH_CREATE = {
+    "type": "object",
+    "required": ["input_file_id", "endpoint", "completion_window"],
+    "properties": {
+        "input_file_id": {"type": "string"},
+        "endpoint": {"type": "string"},
+        "completion_window": {"type": "string"},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+
+
+def install_openapi(app: FastAPI, body_models: BodyModels) -> None:
+    """Serve ``/openapi.json`` with request bodies from ``body_models()`` (path → model).
+
+    ``body_models`` is called on the first request for the document, so modules it imports
+    (generation schemas) load only when someone asks.
+    """
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for path, model in body_models().items():
+                _add_json_body(schema, path, model)
+            _add_body(schema, "/v1/files", FILE_UPLOAD)
+            _add_body(schema, "/v1/batches", {"application/json": {"schema": BATCH_CREATE}})
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _add_json_body(schema: dict[str, Any], path: str, model: type[BaseModel]) -> None:
+    """Document ``model`` as the JSON body of ``POST path``, its sub-schemas as components."""
+    body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(body.pop("$defs", {}))
+    components[model.__name__] = body
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    _add_body(schema, path, {"application/json": {"schema": ref}})
+
+
+def _add_body(schema: dict[str, Any], path: str, content: dict[str, Any]) -> None:
+    """Set the request body of ``POST path`` (the operation is created if absent)."""
+    operations = schema.setdefault("paths", {}).setdefault(path, {})
+    operation = operations.setdefault(
+        "post", {"summary": path, "responses": {"200": {"description": "Successful Response"}}}
+    )
+    operation["requestBody"] = {"required": True, "content": content}
