@@ -1,0 +1,172 @@
+"""A small request's latency while a large chat body is parsed and tokenized, and memory after.
+
+One ``conveyor serve`` hosts a tiny random Llama and a synthetic embedding model. Side by
+side in one run: one-input embeddings requests sent back to back on an idle server, then
+the same while a chat request carrying ``--chat-mb`` megabytes of text is in flight (it is
+far longer than the context window, so it ends in a 400 after being tokenized). Reports
+the small requests' latencies in both phases, the chat request's time, and the server's
+resident memory before and after. Writes ``bench/results/large_body.json`` and ``.png``.
+
+    .venv/bin/python -m bench.large_body            # 10 MB chat body, 3 repeats
+    .venv/bin/python -m bench.large_body --smoke --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench.common import (
+    RESULTS_DIR,
+    ServerProcess,
+    machine_info,
+    package_versions,
+    python_argv,
+    wait_until_quiet,
+    write_json,
+)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process, in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def small_latencies_ms(url: str, until: threading.Event | None, count: int) -> list[float]:
+    """One-input embeddings requests back to back: ``count`` of them, or until ``until``."""
+    latencies: list[float] = []
+    with httpx.Client(timeout=120) as client:
+        while (until is None and len(latencies) < count) or (until and not until.is_set()):
+            sent = time.perf_counter()
+            response = client.post(f"{url}/v1/embeddings", json={"model": "syn", "input": "hi"})
+            response.raise_for_status()
+            latencies.append((time.perf_counter() - sent) * 1000)
+    return latencies
+
+
+def one_repeat(url: str, pid: int, chat_bytes: int) -> dict[str, Any]:
+    """Idle latencies, then latencies during one large chat request, and memory."""
+    idle = small_latencies_ms(url, None, 20)
+    before_mb = rss_mb(pid)
+    content = "hello world " * (chat_bytes // 12)
+    body = {"model": "llama", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    done = threading.Event()
+    chat: dict[str, Any] = {}
+
+    def send() -> None:
+        started = time.perf_counter()
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+        chat.update(status=response.status_code, seconds=time.perf_counter() - started)
+        done.set()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    during = small_latencies_ms(url, done, 0)
+    sender.join()
+    time.sleep(0.5)
+    return {
+        "idle_ms": idle,
+        "during_ms": during,
+        "chat": chat,
+        "rss_before_mb": before_mb,
+        "rss_after_mb": rss_mb(pid),
+    }
+
+
+def summary(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over repeats of each phase's worst and median small-request latency."""
+
+    def med(key: str, fn: Any) -> float:
+        return float(statistics.median(fn(r[key]) for r in repeats))
+
+    return {
+        "idle_p50_ms": med("idle_ms", statistics.median),
+        "idle_max_ms": med("idle_ms", max),
+        "during_p50_ms": med("during_ms", statistics.median),
+        "during_max_ms": med("during_ms", max),
+        "chat_seconds": float(statistics.median(r["chat"]["seconds"] for r in repeats)),
+        "rss_growth_mb": float(
+            statistics.median(r["rss_after_mb"] - r["rss_before_mb"] for r in repeats)
+        ),
+    }
+
+
+def write_png(path: Path, result: dict[str, Any]) -> None:
+    """Bars: small-request latency idle and during the large chat request."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result["summary"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = ["idle p50", "idle max", "during p50", "during max"]
+    values = [s["idle_p50_ms"], s["idle_max_ms"], s["during_p50_ms"], s["during_max_ms"]]
+    ax.bar(labels, values, color=["#4c72b0", "#4c72b0", "#dd8452", "#dd8452"])
+    ax.axhline(100, color="gray", linestyle="--", label="goal: 100 ms")
+    ax.set_ylabel("one-input embeddings latency (ms)")
+    ax.set_title(f"during a {result['inputs']['chat_mb']} MB chat body")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--chat-mb", type=float, default=10.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="1 MB, one repeat")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args()
+    chat_mb, repeats = (1.0, 1) if args.smoke else (args.chat_mb, args.repeats)
+    from conveyor.testing import build_tiny_llama
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        checkpoint = build_tiny_llama(tmp / "llama")
+        config = {"data_dir": str(tmp / "data"), "models": [
+            {"name": "syn", "kind": "synthetic", "batch_latency_ms": 1, "dim": 8},
+            {"name": "llama", "kind": "generate", "path": str(checkpoint), "device": "cpu",
+             "kv_cache_tokens": 2048, "threads": 1}]}  # fmt: skip
+        (tmp / "conveyor.yaml").write_text(yaml.safe_dump(config))
+
+        def argv(port: int) -> list[str]:
+            config_path = str(tmp / "conveyor.yaml")
+            return python_argv("-m", "conveyor", "serve", "--config", config_path,
+                               "--port", str(port))  # fmt: skip
+
+        with ServerProcess("serve", argv, log_path=tmp / "serve.log") as server:
+            server.start()
+            server.wait_ready()
+            url = f"http://127.0.0.1:{server.port}"
+            one_repeat(url, server.pid, 100_000)  # warm-up, not counted
+            runs = []
+            for _ in range(repeats):
+                quiet = wait_until_quiet()
+                runs.append({**one_repeat(url, server.pid, int(chat_mb * 1e6)),
+                             "quiet": quiet.to_dict()})  # fmt: skip
+    result = {
+        "inputs": {"chat_mb": chat_mb, "repeats": repeats},
+        "summary": summary(runs),
+        "runs": runs,
+        "machine": machine_info(),
+        "versions": package_versions(),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "large_body.json", result)
+    write_png(args.out / "large_body.png", result)
+    print(yaml.safe_dump(result["summary"], sort_keys=False))
+
+
+if __name__ == "__main__":
+    main()
