@@ -116,6 +116,7 @@ class Service:
             max_wait_ms=config.max_wait_ms,
             max_batch_tokens=config.max_batch_tokens,
             max_queue=config.max_queue,
+            max_online_topup_ms=config.max_online_topup_ms,
         )
         metrics = self.metrics.for_model(config.name)
         batcher = Batcher(config.name, model.embed_batch, settings, metrics)

@@ -20,6 +20,7 @@ from typing import Any
 from conveyor.batching.governor import BatchSizeGovernor
 from conveyor.batching.isolate import run_isolated
 from conveyor.batching.item import ItemState, WorkItem
+from conveyor.batching.mix import online_batch_limit
 from conveyor.batching.queue import BatchQueue, CloseReason
 from conveyor.batching.timing import BatchTimeModel
 from conveyor.errors import DeadlineExceeded, QueueFull, ServiceUnavailable
@@ -40,10 +41,13 @@ class BatcherSettings:
     max_batch_tokens: int | None
     max_queue: int
     oom_probe_interval_s: float = 30.0
+    max_online_topup_ms: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 0:
             raise ValueError("max_wait_ms must be >= 0")
+        if self.max_online_topup_ms < 0:
+            raise ValueError("max_online_topup_ms must be >= 0")
 
 
 @dataclass(slots=True)
@@ -211,7 +215,7 @@ class Batcher:
 
     def _take_if_ready(self) -> list[WorkItem] | None:
         now = self._require_loop().time()
-        cap = self.governor.cap(now)
+        cap = self._batch_limit(self.governor.cap(now))
         reason = self.queue.ready_reason(now, self.settings.max_wait_ms / 1000, cap)
         if reason is None:
             return None
@@ -220,6 +224,17 @@ class Batcher:
             return None
         self._record_batch(batch, reason, now, cap)
         return batch
+
+    def _batch_limit(self, cap: int) -> int:
+        """``cap``, or less while online and job inputs both wait (see ``batching.mix``)."""
+        if not self.queue.num_queued_in(Priority.BATCH):
+            return cap
+        return online_batch_limit(
+            self.queue.num_queued_in(Priority.ONLINE),
+            cap,
+            self.timing,
+            max_topup_s=self.settings.max_online_topup_ms / 1000,
+        )
 
     def _record_batch(
         self, batch: list[WorkItem], reason: CloseReason, now: float, cap: int

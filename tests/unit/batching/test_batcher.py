@@ -319,3 +319,23 @@ async def test_an_idle_model_admits_whatever_its_batch_time_model_says(make_batc
         submit(batcher, "behind a 40 s batch", timeout_s=1.0)
     model.open_forever()
     assert await admitted.future == "out:on an idle model"
+
+
+async def test_an_online_batch_takes_only_the_job_inputs_that_barely_slow_it(make_batcher) -> None:
+    model = GatedModel()
+    batcher, _ = make_batcher(model, max_batch_size=100, max_queue=1000, max_online_topup_ms=5.0)
+    for _ in range(4):
+        for size in (1, 50, 100):
+            batcher.timing.observe(size, 0.02 + 0.0003 * size)  # 20 ms + 0.3 ms an input
+    blocker = [submit(batcher, f"job-{i}", Priority.BATCH) for i in range(100)]
+    await model.wait_started()  # a full job batch runs
+    online = [submit(batcher, f"online-{i}") for i in range(2)]
+    waiting_jobs = [submit(batcher, f"late-job-{i}", Priority.BATCH) for i in range(216)]
+    model.release_all()
+    await model.wait_started()
+    mixed = model.batches[1]
+    assert mixed[:2] == ["online-0", "online-1"]
+    assert len(mixed) == 18  # 2 online + 16 job inputs (5 ms / 0.3 ms)
+    model.open_forever()
+    await asyncio.gather(*(i.future for i in blocker + online + waiting_jobs))
+    assert [len(b) for b in model.batches[2:]] == [100, 100]  # jobs alone run full again
