@@ -1,5 +1,6 @@
 """Continuous batching for generative models.
 
-Pure logic (``sequence``, ``block_manager``, ``scheduler``) imports no torch;
-``model_runner``, ``llama`` and ``sampling`` do.
+Pure logic imports no torch: ``sequence``, ``block_manager``, ``scheduler``, ``step``,
+``hf_config``. The model side does: ``llama`` stacks the blocks of ``layers/`` over the
+tensors of ``step_inputs``, ``weight_loader`` fills it, ``model_runner`` runs it.
 """

@@ -144,7 +144,7 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
 
 def _num_kv_blocks(config: GenerateModelConfig, device_type: str) -> int:
     """Blocks from ``kv_cache_tokens``, or from a memory fraction on CUDA."""
-    from conveyor.engine.llama import DecoderConfig, load_hf_config
+    from conveyor.engine.hf_config import DecoderConfig, load_hf_config
     from conveyor.engine.model_runner import (
         num_kv_blocks_for_memory_fraction,
         num_kv_blocks_for_tokens,
