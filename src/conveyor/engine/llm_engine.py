@@ -23,8 +23,10 @@ from typing import Protocol
 import torch
 
 from conveyor.engine.block_manager import BlockManager
-from conveyor.engine.request import FinishReason, GenerationOutput, GenerationRequest
-from conveyor.engine.sampling import Sampler, SamplingParams, TokenLogprobs
+from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
+from conveyor.engine.request import GenerationRequest
+from conveyor.engine.sampling import Sampler
+from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from conveyor.engine.step import SeqChunk
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from conveyor.engine.request import GenerationOutput
+from conveyor.engine.outputs import GenerationOutput
 from conveyor.errors import ConveyorError, DeadlineExceeded
 
 __all__ = ["GenerationStream", "deliver_threadsafe"]

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine, StepRunner
 from conveyor.engine.model_runner import ModelRunner
-from conveyor.engine.request import FinishReason, GenerationOutput
-from conveyor.engine.sampling import SamplingParams
+from conveyor.engine.outputs import FinishReason, GenerationOutput
+from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.priority import Priority
