@@ -13,6 +13,7 @@ TORCH_FREE_MODULES = (
     "conveyor.engine.block_manager",
     "conveyor.engine.generator",
     "conveyor.engine.hf_config",
+    "conveyor.engine.inbox",
     "conveyor.engine.outputs",
     "conveyor.engine.sampling_params",
     "conveyor.engine.scheduler",
