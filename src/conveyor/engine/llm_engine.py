@@ -16,9 +16,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -30,7 +29,7 @@ from conveyor.engine.request import GenerationRequest
 from conveyor.engine.sampling import Sampler
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from conveyor.engine.step import SeqChunk
+from conveyor.engine.step import StepExecutor
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import (
@@ -43,23 +42,12 @@ from conveyor.errors import (
 from conveyor.metrics import GeneratorMetrics
 from conveyor.priority import Priority
 
-__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "StepRunner"]
+__all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
 
 log = logging.getLogger(__name__)
 
 # Weight of the newest finished request in the running mean of request run time.
 _RUN_TIME_SMOOTHING = 0.1
-
-
-class StepRunner(Protocol):
-    """What the engine needs from a model runner (``ModelRunner`` is one)."""
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        """Token ids that end a sequence."""
-
-    def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
-        """Run one step; logits [chunks needing logits, vocab] in chunk order."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -117,7 +105,7 @@ class LLMEngine:
 
     def __init__(
         self,
-        runner: StepRunner,
+        runner: StepExecutor,
         tokenizer: Tokenizer,
         config: EngineConfig,
         *,
@@ -291,7 +279,7 @@ class LLMEngine:
             self._fail_everything(ModelFault("the scheduler could not place any sequence"))
             return
         try:
-            logits = self._runner.execute(output.to_seq_chunks())
+            logits = self._runner.execute(output.to_chunks())
         except ModelOutOfMemory as exc:
             self._on_out_of_memory(output, exc)
             return
@@ -312,15 +300,15 @@ class LLMEngine:
 
     def _note_admissions(self, output: SchedulerOutput) -> None:
         """Count prefix-cache hits of (re)admitted sequences and split prefills."""
-        for chunk in output.chunks:
-            seq = chunk.seq
+        for scheduled in output.scheduled:
+            seq = scheduled.seq
             request = self._entries[seq.seq_id].request
             if request.num_admissions <= seq.num_preemptions:
                 request.num_admissions += 1
                 self.stats.num_prefix_cache_hit_tokens += seq.num_cached_tokens
                 if seq.num_cached_tokens:
                     self._metrics.prefix_cache_hit_tokens.inc(seq.num_cached_tokens)
-            if not chunk.needs_logits:
+            if not scheduled.needs_logits:
                 self.stats.num_partial_prefills += 1
 
     def _on_out_of_memory(self, output: SchedulerOutput, exc: ModelOutOfMemory) -> None:
@@ -335,7 +323,7 @@ class LLMEngine:
 
     def _finish_step(self, output: SchedulerOutput, logits: torch.Tensor) -> None:
         """Sample, advance the scheduler, check stops, hand outputs to the streams."""
-        sampling = [self._entries[c.seq.seq_id] for c in output.chunks if c.needs_logits]
+        sampling = [self._entries[c.seq.seq_id] for c in output.scheduled if c.needs_logits]
         result = self._sampler.sample(
             logits,
             [entry.request.params for entry in sampling],
@@ -389,12 +377,12 @@ class LLMEngine:
             self._mean_run_s += _RUN_TIME_SMOOTHING * (run_s - self._mean_run_s)
 
     def _fail_step(self, output: SchedulerOutput, error: ConveyorError) -> None:
-        """Fail every request with a chunk in this step; the others carry on."""
+        """Fail every request scheduled in this step; the others carry on."""
         deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = []
-        for chunk in output.chunks:
-            entry = self._entries.pop(chunk.seq.seq_id, None)
+        for scheduled in output.scheduled:
+            entry = self._entries.pop(scheduled.seq.seq_id, None)
             if entry is not None:
-                self._scheduler.abort(chunk.seq.seq_id)
+                self._scheduler.abort(scheduled.seq.seq_id)
                 deliveries.append((entry.stream, error))
                 self.stats.num_failed += 1
         deliver_threadsafe(deliveries)

@@ -18,7 +18,7 @@ import torch
 from conveyor.engine.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
 from conveyor.engine.llama import LlamaDecoder
 from conveyor.engine.step import SeqChunk
-from conveyor.engine.step_inputs import DecodeBatch, PrefillSeq, StepInput
+from conveyor.engine.step_inputs import DecodeBatch, PrefillSpan, StepInput
 from conveyor.engine.weight_loader import count_checkpoint_params, load_weights
 from conveyor.errors import ModelOutOfMemory
 
@@ -302,7 +302,7 @@ class ModelRunner:
             for _, chunk in plan.prefill_chunks
         ]
         prefills = tuple(
-            PrefillSeq(
+            PrefillSpan(
                 token_start=token_start,
                 token_end=token_start + len(chunk.token_ids),
                 start_pos=chunk.start_pos,

@@ -1,7 +1,7 @@
 """What one forward pass reads: the step's tokens, where they go in the cache, and masks.
 
 A step packs every sequence's new tokens into one ``[T]`` row of token ids. Prefilling
-sequences are attended one by one (``PrefillSeq``); single-token decodes are attended
+sequences are attended one by one (``PrefillSpan``); single-token decodes are attended
 together over padded contexts (``DecodeBatch``). The slot of position ``p`` of a sequence
 is ``block_table[p // block_size] * block_size + p % block_size``.
 """
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AttentionMasks", "DecodeBatch", "PrefillSeq", "StepInput", "build_masks"]
+__all__ = ["AttentionMasks", "DecodeBatch", "PrefillSpan", "StepInput", "build_masks"]
 
 
 @dataclass(frozen=True, slots=True)
-class PrefillSeq:
+class PrefillSpan:
     """One sequence attended on its own: its tokens are ``[token_start, token_end)`` of the step.
 
     ``context_slots`` holds the cache slots of positions ``0 .. end_pos - 1``; it is None
@@ -60,7 +60,7 @@ class StepInput:
     input_ids: torch.Tensor
     positions: torch.Tensor
     slot_mapping: torch.Tensor
-    prefills: tuple[PrefillSeq, ...]
+    prefills: tuple[PrefillSpan, ...]
     decode: DecodeBatch | None
     logits_indices: torch.Tensor
 

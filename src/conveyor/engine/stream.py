@@ -52,11 +52,6 @@ class GenerationStream:
         """Whether the stream was closed (by the caller, an error, or its deadline)."""
         return self._is_closed
 
-    @property
-    def num_outputs(self) -> int:
-        """Outputs delivered so far (0 means no token has been sampled yet)."""
-        return self._num_outputs
-
     def set_on_abort(self, on_abort: Callable[[], None]) -> None:
         """What :meth:`close` calls when requests are still unfinished."""
         self._on_abort = on_abort

@@ -4,31 +4,31 @@ from __future__ import annotations
 
 import torch
 
-from conveyor.engine.step_inputs import DecodeBatch, PrefillSeq, StepInput, build_masks
+from conveyor.engine.step_inputs import DecodeBatch, PrefillSpan, StepInput, build_masks
 
 CPU = torch.device("cpu")
 
 
-def _step(prefills: tuple[PrefillSeq, ...], decode: DecodeBatch | None = None) -> StepInput:
+def _step(prefills: tuple[PrefillSpan, ...], decode: DecodeBatch | None = None) -> StepInput:
     empty = torch.empty(0, dtype=torch.int64)
     return StepInput(empty, empty, empty, prefills, decode, empty)
 
 
 def test_a_whole_prompt_without_a_binding_window_uses_the_plain_causal_mask() -> None:
-    step = _step((PrefillSeq(0, 4, 0, None),))
+    step = _step((PrefillSpan(0, 4, 0, None),))
     assert build_masks(step, None, CPU).prefill == [None]
     assert build_masks(step, 8, CPU).prefill == [None]
 
 
 def test_a_later_chunk_sees_its_whole_context_causally() -> None:
-    step = _step((PrefillSeq(0, 2, 3, torch.arange(5)),))
+    step = _step((PrefillSpan(0, 2, 3, torch.arange(5)),))
     (mask,) = build_masks(step, None, CPU).prefill
     assert mask is not None
     assert mask.tolist() == [[True] * 4 + [False], [True] * 5]
 
 
 def test_a_binding_window_hides_keys_too_far_back() -> None:
-    step = _step((PrefillSeq(0, 3, 0, None),))
+    step = _step((PrefillSpan(0, 3, 0, None),))
     (mask,) = build_masks(step, 2, CPU).prefill
     assert mask is not None
     assert mask.tolist() == [[True, False, False], [True, True, False], [False, True, True]]

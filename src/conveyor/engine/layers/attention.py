@@ -15,7 +15,7 @@ from conveyor.engine.hf_config import DecoderConfig
 from conveyor.engine.layers.linear import Linear
 from conveyor.engine.layers.norm import RMSNorm
 from conveyor.engine.layers.rotary import apply_rope
-from conveyor.engine.step_inputs import AttentionMasks, DecodeBatch, PrefillSeq, StepInput
+from conveyor.engine.step_inputs import AttentionMasks, DecodeBatch, PrefillSpan, StepInput
 
 __all__ = ["Attention", "grouped_attention"]
 
@@ -114,7 +114,7 @@ class Attention(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        seq: PrefillSeq,
+        seq: PrefillSpan,
         mask: torch.Tensor | None,
         k_slots: torch.Tensor,
         v_slots: torch.Tensor,
