@@ -44,7 +44,7 @@ from bench.common import (
 )
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
 from conveyor.engine.model_runner import ModelRunner, resolve_dtype
-from conveyor.engine.sampling import SamplingParams
+from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.testing import build_tiny_llama

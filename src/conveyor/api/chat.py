@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from conveyor.api.sse import serve_generation
+from conveyor.endpoints.chat import chat_body, chat_chunks, parse_chat_request, prepare_chat
 
 router = APIRouter()
 
@@ -13,8 +14,4 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request) -> Response:
     """OpenAI chat completions through the model's chat template; ``stream: true`` for SSE."""
-    # Imported here: generation pulls in torch, which a server without generative
-    # models should never load (import time, and objects for the collector to track).
-    from conveyor.endpoints.chat import chat_body, chat_chunks, parse_chat_request, prepare_chat
-
     return await serve_generation(request, parse_chat_request, prepare_chat, chat_body, chat_chunks)

@@ -6,6 +6,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from conveyor.api.sse import serve_generation
+from conveyor.endpoints.completions import (
+    completion_body,
+    completion_chunks,
+    parse_completion_request,
+    prepare_completion,
+)
 
 router = APIRouter()
 
@@ -13,14 +19,6 @@ router = APIRouter()
 @router.post("/v1/completions")
 async def create_completion(request: Request) -> Response:
     """OpenAI text completions; one choice per prompt, ``stream: true`` for SSE."""
-    # Imported here: generation pulls in torch (see api/chat.py).
-    from conveyor.endpoints.completions import (
-        completion_body,
-        completion_chunks,
-        parse_completion_request,
-        prepare_completion,
-    )
-
     return await serve_generation(
         request, parse_completion_request, prepare_completion, completion_body, completion_chunks
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from fastapi import Request
@@ -21,21 +21,19 @@ from starlette.responses import Response, StreamingResponse
 
 from conveyor.api.disconnect import DisconnectWatcher
 from conveyor.api.embeddings import OUTCOME_BY_STATUS, timeout_from_headers
+from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun
 from conveyor.errors import ClientGone, ConveyorError
 from conveyor.metrics import GeneratorMetrics
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
 from conveyor.service import Service
 
-if TYPE_CHECKING:  # the generation modules import torch: keep them off the start-up path
-    from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun
-
 __all__ = ["DONE_EVENT", "encode_event", "respond"]
 
 DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-MakeBody = Callable[["GenerationRun", Sequence["ChoiceResult"]], dict[str, Any]]
+MakeBody = Callable[[GenerationRun, Sequence[ChoiceResult]], dict[str, Any]]
 
 
 def encode_event(payload: Mapping[str, Any]) -> bytes:

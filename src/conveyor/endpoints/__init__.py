@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from conveyor.endpoints.chat import run_chat
+from conveyor.endpoints.completions import run_completion
 from conveyor.endpoints.embeddings import run_embeddings
 from conveyor.errors import InvalidRequest
 from conveyor.priority import Priority
@@ -30,14 +32,8 @@ async def execute(
     """Run one request body against ``endpoint`` and return the OpenAI response body."""
     if endpoint == EMBEDDINGS:
         return await run_embeddings(service, body, priority=priority, timeout_ms=timeout_ms)
-    # Imported here: generation pulls in torch, which importers of this package
-    # (the gateway, via the error handlers) must not pay for.
     if endpoint == COMPLETIONS:
-        from conveyor.endpoints.completions import run_completion
-
         return await run_completion(service, body, priority=priority, timeout_ms=timeout_ms)
     if endpoint == CHAT_COMPLETIONS:
-        from conveyor.endpoints.chat import run_chat
-
         return await run_chat(service, body, priority=priority, timeout_ms=timeout_ms)
     raise InvalidRequest(f"unsupported endpoint {endpoint!r}", param="url")

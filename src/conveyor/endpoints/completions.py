@@ -19,7 +19,7 @@ from conveyor.endpoints.generation import (
 )
 from conveyor.endpoints.generation_schemas import CompletionRequest
 from conveyor.engine.generator import HostedGenerator
-from conveyor.engine.sampling import TokenLogprobs
+from conveyor.engine.outputs import TokenLogprobs
 from conveyor.errors import InvalidRequest
 from conveyor.priority import Priority
 from conveyor.service import Service

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ValidationError
 
 from conveyor.endpoints.generation_schemas import PROMPT_HINT, GenerationRequestBody
 from conveyor.engine.generator import HostedGenerator
-from conveyor.engine.request import GenerationOutput
-from conveyor.engine.sampling import SamplingParams, TokenLogprobs
+from conveyor.engine.outputs import GenerationOutput, TokenLogprobs
+from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.errors import InvalidRequest
 from conveyor.offload import run_sized

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from conveyor.engine.sampling import MAX_LOGPROBS
+from conveyor.engine.sampling_params import MAX_LOGPROBS
 
 __all__ = [
     "MAX_STOP_STRINGS",

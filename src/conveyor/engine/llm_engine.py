@@ -16,17 +16,20 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
 from conveyor.engine.block_manager import BlockManager
-from conveyor.engine.request import FinishReason, GenerationOutput, GenerationRequest
-from conveyor.engine.sampling import Sampler, SamplingParams, TokenLogprobs
+from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
+from conveyor.engine.null_metrics import null_generator_metrics
+from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
+from conveyor.engine.request import GenerationRequest
+from conveyor.engine.sampling import Sampler
+from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from conveyor.engine.step import SeqChunk
+from conveyor.engine.step import StepExecutor
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import (
@@ -39,23 +42,12 @@ from conveyor.errors import (
 from conveyor.metrics import GeneratorMetrics
 from conveyor.priority import Priority
 
-__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "StepRunner"]
+__all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
 
 log = logging.getLogger(__name__)
 
 # Weight of the newest finished request in the running mean of request run time.
 _RUN_TIME_SMOOTHING = 0.1
-
-
-class StepRunner(Protocol):
-    """What the engine needs from a model runner (``ModelRunner`` is one)."""
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        """Token ids that end a sequence."""
-
-    def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
-        """Run one step; logits [chunks needing logits, vocab] in chunk order."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -97,38 +89,11 @@ class EngineStats:
 
 
 @dataclass(slots=True)
-class _Add:
-    """Command: queue a request whose outputs go to ``stream``."""
-
-    request: GenerationRequest
-    stream: GenerationStream
-
-
-@dataclass(slots=True)
-class _Abort:
-    """Command: drop a request and free its blocks."""
-
-    request_id: str
-
-
-@dataclass(slots=True)
 class _Entry:
     """A live request and where its outputs go."""
 
     request: GenerationRequest
     stream: GenerationStream
-
-
-@dataclass(slots=True)
-class _Shared:
-    """State both threads touch; only under ``LLMEngine._wakeup``."""
-
-    commands: list[_Add | _Abort] = field(default_factory=list)
-    num_pending_adds: int = 0
-    num_waiting: int = 0
-    num_running: int = 0
-    is_idle: bool = True
-    is_stopping: bool = False
 
 
 class LLMEngine:
@@ -140,7 +105,7 @@ class LLMEngine:
 
     def __init__(
         self,
-        runner: StepRunner,
+        runner: StepExecutor,
         tokenizer: Tokenizer,
         config: EngineConfig,
         *,
@@ -152,7 +117,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self._runner = runner
         self._tokenizer = tokenizer
-        self._metrics = metrics
+        self._metrics = metrics if metrics is not None else null_generator_metrics()
         self._scheduler = Scheduler(
             config.scheduler_config(), BlockManager(config.num_kv_blocks, config.block_size)
         )
@@ -164,8 +129,7 @@ class LLMEngine:
         self._entries: dict[str, _Entry] = {}
         self._next_arrival = 0
         self._mean_run_s = 0.0
-        self._shared = _Shared()
-        self._wakeup = threading.Condition(threading.Lock())
+        self._inbox = Inbox()
         self._thread: threading.Thread | None = None
         self._publish()  # the gauges show the empty pool before the first request
 
@@ -174,14 +138,12 @@ class LLMEngine:
     @property
     def num_waiting(self) -> int:
         """Requests queued or waiting for KV blocks (as of the last step)."""
-        with self._wakeup:
-            return self._shared.num_pending_adds + self._shared.num_waiting
+        return self._inbox.num_waiting
 
     @property
     def num_running(self) -> int:
         """Sequences holding KV blocks (as of the last step)."""
-        with self._wakeup:
-            return self._shared.num_running
+        return self._inbox.num_running
 
     @property
     def num_used_blocks(self) -> int:
@@ -222,20 +184,13 @@ class LLMEngine:
 
     def add_request(self, request: GenerationRequest, stream: GenerationStream) -> None:
         """Queue ``request``; its outputs go to ``stream``. 503 once the engine stops."""
-        with self._wakeup:
-            if self._shared.is_stopping:
-                raise ServiceUnavailable(f"model {self.name!r} is shutting down")
-            self._shared.commands.append(_Add(request, stream))
-            self._shared.num_pending_adds += 1
-            self._wakeup.notify_all()
+        if not self._inbox.post(AddCommand(request, stream)):
+            raise ServiceUnavailable(f"model {self.name!r} is shutting down")
 
     def abort(self, request_id: str) -> None:
         """Drop a request between steps and free its blocks; unknown ids are ignored."""
-        with self._wakeup:
-            if self._shared.is_stopping:
-                return  # stopping fails and frees every request anyway
-            self._shared.commands.append(_Abort(request_id))
-            self._wakeup.notify_all()
+        # Refused once stopping: stopping fails and frees every request anyway.
+        self._inbox.post(AbortCommand(request_id))
 
     def estimated_drain_s(self) -> float:
         """Rough seconds until the requests waiting now have all been admitted."""
@@ -248,10 +203,7 @@ class LLMEngine:
         For tests and shutdown: once it returns True every abort has been applied and
         every finished request has released its blocks.
         """
-        with self._wakeup:
-            return self._wakeup.wait_for(
-                lambda: self._shared.is_idle and not self._shared.commands, timeout_s
-            )
+        return self._inbox.wait_until_idle(timeout_s)
 
     def start(self) -> None:
         """Start the stepping thread."""
@@ -262,9 +214,7 @@ class LLMEngine:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop stepping; every unfinished request gets 503."""
-        with self._wakeup:
-            self._shared.is_stopping = True
-            self._wakeup.notify_all()
+        self._inbox.stop()
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
@@ -277,45 +227,25 @@ class LLMEngine:
     def _run(self) -> None:
         """The stepping loop."""
         try:
-            while (commands := self._next_commands()) is not None:
+            while (
+                commands := self._inbox.take(has_work=self._scheduler.has_unfinished)
+            ) is not None:
                 self._apply(commands)
                 if self._scheduler.has_unfinished:
                     self._step()
                 self._publish()
         except Exception:
             log.exception("engine %s crashed", self.name)
-            with self._wakeup:
-                self._shared.is_stopping = True  # refuse new requests from now on
+            self._inbox.stop()  # refuse new requests from now on
             try:
                 self._fail_everything(ModelFault("the generation engine crashed"))
             finally:
-                with self._wakeup:
-                    self._shared.is_idle = True
-                    self._wakeup.notify_all()
+                self._inbox.mark_idle()
 
-    def _next_commands(self) -> list[_Add | _Abort] | None:
-        """Sleep until there is work; take the queued commands. None when stopping."""
-        shared = self._shared
-        with self._wakeup:
-            while not shared.is_stopping and not shared.commands:
-                if self._scheduler.has_unfinished:
-                    break
-                shared.is_idle = True
-                self._wakeup.notify_all()
-                self._wakeup.wait()
-            if shared.is_stopping:
-                return None
-            shared.is_idle = False
-            commands, shared.commands = shared.commands, []
-            # Moved from "pending" to the scheduler's queue, so num_waiting stays whole.
-            shared.num_waiting += shared.num_pending_adds
-            shared.num_pending_adds = 0
-            return commands
-
-    def _apply(self, commands: Iterable[_Add | _Abort]) -> None:
+    def _apply(self, commands: Iterable[Command]) -> None:
         """Add and abort requests, in the order callers issued them."""
         for command in commands:
-            if isinstance(command, _Add):
+            if isinstance(command, AddCommand):
                 self._admit(command.request, command.stream)
             else:
                 self._abort_now(command.request_id)
@@ -331,8 +261,7 @@ class LLMEngine:
             return
         self._entries[request.request_id] = _Entry(request, stream)
         self.stats.num_prompt_tokens += len(request.prompt_token_ids)
-        if self._metrics is not None:
-            self._metrics.prompt_tokens.inc(len(request.prompt_token_ids))
+        self._metrics.prompt_tokens.inc(len(request.prompt_token_ids))
 
     def _abort_now(self, request_id: str) -> None:
         """Free an aborted request's blocks (it may have finished meanwhile)."""
@@ -350,7 +279,7 @@ class LLMEngine:
             self._fail_everything(ModelFault("the scheduler could not place any sequence"))
             return
         try:
-            logits = self._runner.execute(output.to_seq_chunks())
+            logits = self._runner.execute(output.to_chunks())
         except ModelOutOfMemory as exc:
             self._on_out_of_memory(output, exc)
             return
@@ -367,20 +296,19 @@ class LLMEngine:
         if not output.preempted:
             return
         self.stats.num_preemptions += len(output.preempted)
-        if self._metrics is not None:
-            self._metrics.preemptions.inc(len(output.preempted))
+        self._metrics.preemptions.inc(len(output.preempted))
 
     def _note_admissions(self, output: SchedulerOutput) -> None:
         """Count prefix-cache hits of (re)admitted sequences and split prefills."""
-        for chunk in output.chunks:
-            seq = chunk.seq
+        for scheduled in output.scheduled:
+            seq = scheduled.seq
             request = self._entries[seq.seq_id].request
             if request.num_admissions <= seq.num_preemptions:
                 request.num_admissions += 1
                 self.stats.num_prefix_cache_hit_tokens += seq.num_cached_tokens
-                if self._metrics is not None and seq.num_cached_tokens:
+                if seq.num_cached_tokens:
                     self._metrics.prefix_cache_hit_tokens.inc(seq.num_cached_tokens)
-            if not chunk.needs_logits:
+            if not scheduled.needs_logits:
                 self.stats.num_partial_prefills += 1
 
     def _on_out_of_memory(self, output: SchedulerOutput, exc: ModelOutOfMemory) -> None:
@@ -390,13 +318,12 @@ class LLMEngine:
             return
         budget = self._scheduler.shrink_token_budget()
         self.stats.num_oom_retries += 1
-        if self._metrics is not None:
-            self._metrics.oom_backoffs.inc()
+        self._metrics.oom_backoffs.inc()
         log.warning("engine %s out of memory; token budget now %d", self.name, budget)
 
     def _finish_step(self, output: SchedulerOutput, logits: torch.Tensor) -> None:
         """Sample, advance the scheduler, check stops, hand outputs to the streams."""
-        sampling = [self._entries[c.seq.seq_id] for c in output.chunks if c.needs_logits]
+        sampling = [self._entries[c.seq.seq_id] for c in output.scheduled if c.needs_logits]
         result = self._sampler.sample(
             logits,
             [entry.request.params for entry in sampling],
@@ -430,12 +357,11 @@ class LLMEngine:
         previous_s = request.last_token_s
         output = request.add_token(token_id, logprobs, now_s)
         self.stats.num_generated_tokens += 1
-        if self._metrics is not None:
-            self._metrics.generated_tokens.inc()
-            if previous_s is None:
-                self._metrics.time_to_first_token_s.observe(now_s - request.arrival_s)
-            else:
-                self._metrics.time_per_output_token_s.observe(now_s - previous_s)
+        self._metrics.generated_tokens.inc()
+        if previous_s is None:
+            self._metrics.time_to_first_token_s.observe(now_s - request.arrival_s)
+        else:
+            self._metrics.time_per_output_token_s.observe(now_s - previous_s)
         if output.is_finished:
             self._retire(entry)
         return output
@@ -451,23 +377,22 @@ class LLMEngine:
             self._mean_run_s += _RUN_TIME_SMOOTHING * (run_s - self._mean_run_s)
 
     def _fail_step(self, output: SchedulerOutput, error: ConveyorError) -> None:
-        """Fail every request with a chunk in this step; the others carry on."""
+        """Fail every request scheduled in this step; the others carry on."""
         deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = []
-        for chunk in output.chunks:
-            entry = self._entries.pop(chunk.seq.seq_id, None)
+        for scheduled in output.scheduled:
+            entry = self._entries.pop(scheduled.seq.seq_id, None)
             if entry is not None:
-                self._scheduler.abort(chunk.seq.seq_id)
+                self._scheduler.abort(scheduled.seq.seq_id)
                 deliveries.append((entry.stream, error))
                 self.stats.num_failed += 1
         deliver_threadsafe(deliveries)
 
     def _fail_everything(self, error: ConveyorError) -> None:
         """Fail queued and live requests alike (shutdown, or an engine fault)."""
-        with self._wakeup:
-            commands, self._shared.commands = self._shared.commands, []
-            self._shared.num_pending_adds = 0
         deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = [
-            (command.stream, error) for command in commands if isinstance(command, _Add)
+            (command.stream, error)
+            for command in self._inbox.drain()
+            if isinstance(command, AddCommand)
         ]
         for request_id, entry in list(self._entries.items()):
             self._scheduler.abort(request_id)
@@ -484,12 +409,9 @@ class LLMEngine:
         stats = self.stats
         stats.max_num_used_blocks = max(stats.max_num_used_blocks, manager.num_used_blocks)
         stats.max_num_running = max(stats.max_num_running, scheduler.num_running)
-        with self._wakeup:
-            self._shared.num_waiting = scheduler.num_waiting
-            self._shared.num_running = scheduler.num_running
+        self._inbox.publish(num_waiting=scheduler.num_waiting, num_running=scheduler.num_running)
         metrics = self._metrics
-        if metrics is not None:
-            metrics.running.set(scheduler.num_running)
-            metrics.waiting.set(scheduler.num_waiting)
-            metrics.kv_blocks_used.set(manager.num_used_blocks)
-            metrics.kv_blocks_free.set(manager.num_free_blocks)
+        metrics.running.set(scheduler.num_running)
+        metrics.waiting.set(scheduler.num_waiting)
+        metrics.kv_blocks_used.set(manager.num_used_blocks)
+        metrics.kv_blocks_free.set(manager.num_free_blocks)

@@ -8,24 +8,18 @@ for them. Out-of-memory errors come back as :class:`StepOutOfMemory` /
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from conveyor.engine.llama import (
-    DecodeBatch,
-    DecoderConfig,
-    LlamaDecoder,
-    PrefillSeq,
-    StepInput,
-    load_hf_config,
-)
+from conveyor.engine.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
+from conveyor.engine.llama import LlamaDecoder
 from conveyor.engine.step import SeqChunk
+from conveyor.engine.step_inputs import DecodeBatch, PrefillSpan, StepInput
+from conveyor.engine.weight_loader import count_checkpoint_params, load_weights
 from conveyor.errors import ModelOutOfMemory
 
 __all__ = [
@@ -115,7 +109,7 @@ def num_kv_blocks_for_memory_fraction(
     config = DecoderConfig.from_hf(load_hf_config(checkpoint_dir))
     free_bytes, total_bytes = torch.cuda.mem_get_info(resolved)
     in_use_bytes = total_bytes - free_bytes
-    weight_bytes = _checkpoint_num_params(Path(checkpoint_dir)) * _element_size(target_dtype)
+    weight_bytes = count_checkpoint_params(Path(checkpoint_dir)) * _element_size(target_dtype)
     budget = total_bytes * memory_fraction - in_use_bytes - weight_bytes - activation_reserve_bytes
     block_bytes = kv_cache_bytes_per_token(config, target_dtype) * block_size
     num_blocks = int(budget // block_bytes)
@@ -135,33 +129,6 @@ def _is_out_of_memory(error: RuntimeError) -> bool:
 def _element_size(dtype: torch.dtype) -> int:
     """Bytes per element of ``dtype``."""
     return torch.empty((), dtype=dtype).element_size()
-
-
-def _checkpoint_num_params(checkpoint_dir: Path) -> int:
-    """Count the checkpoint's parameters from safetensors headers, without loading them."""
-    from safetensors import safe_open
-
-    total = 0
-    for file in sorted(checkpoint_dir.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
-                total += math.prod(handle.get_slice(name).get_shape())
-    return total
-
-
-def _read_eos_token_ids(checkpoint_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
-    """EOS ids from generation_config.json and config.json together (chat models add some)."""
-    ids: set[int] = set()
-    sources: list[Any] = [config.get("eos_token_id")]
-    generation_path = checkpoint_dir / "generation_config.json"
-    if generation_path.is_file():
-        sources.append(json.loads(generation_path.read_text(encoding="utf-8")).get("eos_token_id"))
-    for value in sources:
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(item) for item in value)
-    return tuple(sorted(ids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +175,7 @@ class ModelRunner:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.batch_decode = batch_decode
-        self.eos_token_ids = _read_eos_token_ids(self.checkpoint_dir, raw_config)
+        self.eos_token_ids = read_eos_token_ids(self.checkpoint_dir, raw_config)
         self.model = self._load_model()
         self.kv_caches = self._allocate_kv_cache()
 
@@ -257,7 +224,7 @@ class ModelRunner:
         """Build the decoder on the device and fill it from the checkpoint."""
         try:
             model = LlamaDecoder(self.config, device=self.device, dtype=self.dtype)
-            model.load_weights(self.checkpoint_dir)
+            load_weights(model, self.config, self.checkpoint_dir)
         except RuntimeError as error:
             if not _is_out_of_memory(error):
                 raise
@@ -335,7 +302,7 @@ class ModelRunner:
             for _, chunk in plan.prefill_chunks
         ]
         prefills = tuple(
-            PrefillSeq(
+            PrefillSpan(
                 token_start=token_start,
                 token_end=token_start + len(chunk.token_ids),
                 start_pos=chunk.start_pos,

@@ -1,69 +1,24 @@
 """One generation request inside the engine: stop conditions, text, and what each step adds.
 
 Lives on the engine thread. The event loop only ever sees the immutable
-:class:`GenerationOutput` values a request hands out, one per sampled token.
+``GenerationOutput`` values (see ``outputs``) a request hands out, one per sampled token.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
 
-from conveyor.engine.sampling import SamplingParams, TokenLogprobs, new_generator
+from conveyor.engine.outputs import FinishReason, GenerationOutput, RequestTimings, TokenLogprobs
+from conveyor.engine.sampling import new_generator
+from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.sequence import Sequence
 from conveyor.engine.tokenizer import Detokenizer, Tokenizer
 from conveyor.priority import Priority
 
-__all__ = ["FinishReason", "GenerationOutput", "GenerationRequest", "RequestTimings"]
-
-
-class FinishReason(enum.Enum):
-    """Why a request stopped, in OpenAI's words."""
-
-    STOP = "stop"  # EOS, a stop token id or a stop string
-    LENGTH = "length"  # max_tokens or the model's context length
-
-
-@dataclass(frozen=True, slots=True)
-class RequestTimings:
-    """Monotonic timestamps (``time.monotonic()``) of one request's life, in seconds."""
-
-    arrival_s: float
-    first_token_s: float | None = None
-    finished_s: float | None = None
-
-    @property
-    def time_to_first_token_s(self) -> float | None:
-        """Seconds from arrival to the first sampled token."""
-        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationOutput:
-    """What one step added to one request: new token(s), the text they completed, and state.
-
-    ``index`` tells apart the requests sharing one stream (several prompts of one
-    completions call). ``text`` is safe to stream (stop strings are never part of it).
-    The counts are totals so far; ``finish_reason`` is set on the request's last output.
-    """
-
-    index: int
-    token_ids: tuple[int, ...]
-    text: str
-    logprobs: tuple[TokenLogprobs, ...]
-    finish_reason: FinishReason | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_cached_tokens: int
-    timings: RequestTimings
-
-    @property
-    def is_finished(self) -> bool:
-        """Whether this is the request's last output."""
-        return self.finish_reason is not None
+__all__ = ["GenerationRequest"]
 
 
 @dataclass(slots=True, eq=False)

@@ -1,4 +1,4 @@
-"""Per-request sampling parameters and the batched sampler.
+"""The batched sampler: one token per row of logits, each row with its own parameters.
 
 Greedy rows take the exact argmax of the raw logits. Other rows are scaled by temperature,
 cut by top-k then top-p, and sampled with the exponential race (``argmax(p / E)``, ``E ~
@@ -15,86 +15,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = [
-    "MAX_LOGPROBS",
-    "SampleResult",
-    "Sampler",
-    "SamplingParams",
-    "TokenLogprobs",
-    "new_generator",
-]
+from conveyor.engine.outputs import TokenLogprobs
+from conveyor.engine.sampling_params import SamplingParams
 
-MAX_LOGPROBS = 20
-_MAX_SEED = 2**63 - 1
+__all__ = ["SampleResult", "Sampler", "new_generator"]
+
 # Floor for the exponential noise, so a zero draw cannot divide by zero.
 _MIN_NOISE = 1e-20
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How to pick each next token of one request, and when to stop.
-
-    ``temperature`` 0 means greedy; ``top_k`` 0 or -1 and ``top_p`` 1.0 mean no cut;
-    ``logprobs`` is how many top alternatives to return per token (None: no logprobs).
-    ``stop`` strings and ``stop_token_ids`` end the request; ``ignore_eos`` keeps it going
-    past EOS. Lists are accepted and stored as tuples.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    max_tokens: int = 16
-    stop: Sequence[str] = ()
-    stop_token_ids: Sequence[int] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None
-
-    def __post_init__(self) -> None:
-        _check_number("temperature", self.temperature, low=0.0, high=None)
-        _check_number("top_p", self.top_p, low=0.0, high=1.0)
-        if self.top_p <= 0.0:
-            raise ValueError(f"top_p must be > 0, got {self.top_p}")
-        _check_int("top_k", self.top_k, low=-1, high=None)
-        if self.seed is not None:
-            _check_int("seed", self.seed, low=0, high=_MAX_SEED)
-        _check_int("max_tokens", self.max_tokens, low=1, high=None)
-        if isinstance(self.stop, str):
-            raise ValueError("stop must be a list of strings, not a single string")
-        if any(not isinstance(text, str) or not text for text in self.stop):
-            raise ValueError("stop must contain only non-empty strings")
-        for token_id in self.stop_token_ids:
-            _check_int("stop_token_ids", token_id, low=0, high=None)
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError("ignore_eos must be a boolean")
-        if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
-        # Frozen, so normalise through object.__setattr__: tuples keep the params hashable.
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-
-    @property
-    def is_greedy(self) -> bool:
-        """Whether the token is the argmax (temperature 0, or a top-k of one)."""
-        return self.temperature == 0.0 or self.top_k == 1
-
-
-def _check_number(name: str, value: object, *, low: float, high: float | None) -> None:
-    """ValueError naming ``name`` unless ``value`` is a finite number in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        raise ValueError(f"{name} must be {bounds}, got {value}")
-
-
-def _check_int(name: str, value: object, *, low: int, high: int | None) -> None:
-    """ValueError naming ``name`` unless ``value`` is an int in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        raise ValueError(f"{name} must be {bounds}, got {value}")
 
 
 def new_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
@@ -102,19 +29,6 @@ def new_generator(seed: int, device: str | torch.device = "cpu") -> torch.Genera
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     return generator
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
-    """The chosen token's log-probability and the ``top`` most likely tokens with theirs.
-
-    Log-probabilities are of the model's raw distribution (before temperature, top-k and
-    top-p), as OpenAI reports them.
-    """
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True, slots=True)

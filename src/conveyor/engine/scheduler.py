@@ -59,11 +59,13 @@ class SchedulerConfig:
 
 
 @dataclass(slots=True, frozen=True)
-class ScheduledChunk:
-    """``num_new_tokens`` tokens of ``seq`` to compute this step.
+class ScheduledSeq:
+    """A sequence picked for this step: compute ``num_new_tokens`` of its tokens.
 
-    ``start_pos`` and ``needs_logits`` are captured from the sequence when the
-    chunk is made, so a chunk that outlived its step is detected.
+    The scheduler's decision, holding the live ``seq``; :meth:`to_chunk` freezes it into
+    the ``SeqChunk`` the model runner computes. ``start_pos`` and ``needs_logits`` are
+    captured from the sequence when the decision is made, so one that outlived its step
+    is detected.
     """
 
     seq: Sequence
@@ -82,10 +84,10 @@ class ScheduledChunk:
             )
         # Frozen dataclass: derived fields are set through object.__setattr__.
         object.__setattr__(self, "start_pos", start)
-        # Reaching the newest token means the model must sample after this chunk.
+        # Reaching the newest token means the model must sample after this step.
         object.__setattr__(self, "needs_logits", start + self.num_new_tokens == self.seq.num_tokens)
 
-    def to_seq_chunk(self) -> SeqChunk:
+    def to_chunk(self) -> SeqChunk:
         """The runner's view: tokens, first position, block table, whether to sample."""
         if self.seq.num_computed_tokens != self.start_pos:
             raise ValueError(
@@ -103,49 +105,51 @@ class ScheduledChunk:
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """One step's plan: the chunks to compute and who was preempted for it."""
+    """One step's plan: the sequences to compute and who was preempted for it."""
 
-    chunks: list[ScheduledChunk] = field(default_factory=list)
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     num_batched_tokens: int = 0
 
     @property
     def is_empty(self) -> bool:
         """Whether there is nothing to compute this step."""
-        return not self.chunks
+        return not self.scheduled
 
-    def to_seq_chunks(self) -> list[SeqChunk]:
-        """Every chunk in the runner's form, in step order."""
-        return [chunk.to_seq_chunk() for chunk in self.chunks]
+    def to_chunks(self) -> list[SeqChunk]:
+        """Every scheduled sequence as the runner's chunk, in step order."""
+        return [scheduled.to_chunk() for scheduled in self.scheduled]
 
 
 class _StepPlan:
     """Mutable accumulator for one ``schedule`` call."""
 
-    __slots__ = ("budget_left", "chunks", "num_batched_tokens", "preempted")
+    __slots__ = ("budget_left", "num_batched_tokens", "preempted", "scheduled")
 
     def __init__(self, token_budget: int) -> None:
-        self.chunks: dict[str, ScheduledChunk] = {}
+        self.scheduled: dict[str, ScheduledSeq] = {}
         self.preempted: list[Sequence] = []
         self.budget_left = token_budget
         self.num_batched_tokens = 0
 
-    def add(self, chunk: ScheduledChunk) -> None:
-        """Schedule a chunk and charge it to the budget."""
-        self.chunks[chunk.seq.seq_id] = chunk
-        self.budget_left -= chunk.num_new_tokens
-        self.num_batched_tokens += chunk.num_new_tokens
+    def add(self, scheduled: ScheduledSeq) -> None:
+        """Schedule a sequence and charge its tokens to the budget."""
+        self.scheduled[scheduled.seq.seq_id] = scheduled
+        self.budget_left -= scheduled.num_new_tokens
+        self.num_batched_tokens += scheduled.num_new_tokens
 
     def drop(self, seq: Sequence) -> None:
         """Unschedule ``seq`` (it was preempted later in the step) and refund it."""
-        chunk = self.chunks.pop(seq.seq_id, None)
-        if chunk is not None:
-            self.budget_left += chunk.num_new_tokens
-            self.num_batched_tokens -= chunk.num_new_tokens
+        scheduled = self.scheduled.pop(seq.seq_id, None)
+        if scheduled is not None:
+            self.budget_left += scheduled.num_new_tokens
+            self.num_batched_tokens -= scheduled.num_new_tokens
 
     def to_output(self) -> SchedulerOutput:
         """Freeze the plan into the public output."""
-        return SchedulerOutput(list(self.chunks.values()), self.preempted, self.num_batched_tokens)
+        return SchedulerOutput(
+            list(self.scheduled.values()), self.preempted, self.num_batched_tokens
+        )
 
 
 class Scheduler:
@@ -303,7 +307,7 @@ class Scheduler:
         # A prefill squeezed for blocks takes a shorter chunk instead of preempting.
         num_new = min(seq.num_uncomputed_tokens, plan.budget_left, room)
         self._block_manager.append(seq, num_new)
-        plan.add(ScheduledChunk(seq, num_new))
+        plan.add(ScheduledSeq(seq, num_new))
 
     def _preempt(self, victim: Sequence, plan: _StepPlan) -> None:
         """Free a running sequence's blocks and requeue it at its arrival position."""
@@ -332,29 +336,29 @@ class Scheduler:
             manager.append(seq, num_new)
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self._running, seq, key=_order_key)
-            plan.add(ScheduledChunk(seq, num_new))
+            plan.add(ScheduledSeq(seq, num_new))
 
     def postprocess(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
         """Apply a step the model completed: advance caches, append sampled tokens.
 
         ``output`` must be the latest ``schedule()`` result, postprocessed once.
-        ``sampled`` maps the seq_id of every chunk with ``needs_logits`` to its
-        new token.  Chunks of sequences aborted or finished since ``schedule``
-        are ignored, with their tokens.  Returns the sequences that reached
+        ``sampled`` maps the seq_id of every scheduled sequence with ``needs_logits`` to its
+        new token.  Sequences aborted or finished since ``schedule`` are
+        ignored, with their tokens.  Returns the sequences that reached
         ``max_model_len``: the caller must ``finish`` them before the next step.
         Everything is validated before anything changes.
         """
         if output is not self._pending:
             raise ValueError("output is not the latest schedule() result, or was postprocessed")
-        live = [chunk for chunk in output.chunks if self._is_running(chunk.seq)]
+        live = [item for item in output.scheduled if self._is_running(item.seq)]
         self._check_sampled(output, live, sampled)
         self._pending = None
         capped: list[Sequence] = []
-        for chunk in live:
-            seq = chunk.seq
-            seq.num_computed_tokens += chunk.num_new_tokens
+        for item in live:
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
             self._block_manager.cache_computed_blocks(seq)
-            if chunk.needs_logits:
+            if item.needs_logits:
                 seq.append_token(sampled[seq.seq_id])
                 if seq.num_tokens >= self._config.max_model_len:
                     capped.append(seq)
@@ -367,11 +371,11 @@ class Scheduler:
 
     @staticmethod
     def _check_sampled(
-        output: SchedulerOutput, live: list[ScheduledChunk], sampled: dict[str, int]
+        output: SchedulerOutput, live: list[ScheduledSeq], sampled: dict[str, int]
     ) -> None:
-        """Every live sampling chunk has a valid token; no token lacks a chunk."""
-        expected = {chunk.seq.seq_id for chunk in live if chunk.needs_logits}
-        gone = {chunk.seq.seq_id for chunk in output.chunks} - {c.seq.seq_id for c in live}
+        """Every live sampling sequence has a valid token; no token lacks one."""
+        expected = {item.seq.seq_id for item in live if item.needs_logits}
+        gone = {item.seq.seq_id for item in output.scheduled} - {i.seq.seq_id for i in live}
         missing = expected - sampled.keys()
         if missing:
             raise ValueError(f"no sampled token for {sorted(missing)}")

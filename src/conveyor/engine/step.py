@@ -1,11 +1,20 @@
-"""The contract between the scheduler's decisions and the model runner.
+"""The contract between the engine and the model runner: chunks in, logits out.
 
-Kept free of torch so both sides can import it.
+The scheduler decides (``ScheduledSeq``); each decision is frozen into a ``SeqChunk``;
+a ``StepExecutor`` (``ModelRunner``, or a test's fake) computes a step of them. Kept
+free of torch at run time so both sides can import it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # named in annotations only
+    import torch
+
+__all__ = ["SeqChunk", "StepExecutor"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,3 +37,14 @@ class SeqChunk:
     def end_pos(self) -> int:
         """Position one past the last token computed in this chunk."""
         return self.start_pos + len(self.token_ids)
+
+
+class StepExecutor(Protocol):
+    """What the engine needs from a model runner (``ModelRunner`` is one)."""
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Token ids that end a sequence."""
+
+    def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+        """Run one step; logits [chunks needing logits, vocab] in chunk order."""

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from conveyor.engine.request import GenerationOutput
+from conveyor.engine.outputs import GenerationOutput
 from conveyor.errors import ConveyorError, DeadlineExceeded
 
 __all__ = ["GenerationStream", "deliver_threadsafe"]
@@ -51,11 +51,6 @@ class GenerationStream:
     def is_closed(self) -> bool:
         """Whether the stream was closed (by the caller, an error, or its deadline)."""
         return self._is_closed
-
-    @property
-    def num_outputs(self) -> int:
-        """Outputs delivered so far (0 means no token has been sampled yet)."""
-        return self._num_outputs
 
     def set_on_abort(self, on_abort: Callable[[], None]) -> None:
         """What :meth:`close` calls when requests are still unfinished."""

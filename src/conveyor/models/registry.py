@@ -25,6 +25,6 @@ def build_embedding_model(config: SyntheticModelConfig | EmbeddingModelConfig) -
 
 def build_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> HostedGenerator:
     """Load a generative model and start its engine (slow: call from a thread)."""
-    from conveyor.engine.generator import load_generator
+    from conveyor.engine.generator_factory import load_generator
 
     return load_generator(config, metrics)

@@ -17,7 +17,7 @@ import pytest
 
 from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.scheduler import (
-    ScheduledChunk,
+    ScheduledSeq,
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
@@ -56,13 +56,13 @@ class FakeRunner:
 
     def run(self, output: SchedulerOutput, fail: bool = False) -> dict[str, int]:
         """Write every chunk's tokens, then sample where needed (or fail halfway)."""
-        chunks = output.to_seq_chunks()
+        chunks = output.to_chunks()
         for chunk in chunks:
             self._write(chunk.token_ids, chunk.start_pos, chunk.block_table)
             if fail:  # a partial write, as a real out-of-memory failure may leave
                 raise RunnerOutOfMemory
         sampled: dict[str, int] = {}
-        for scheduled, chunk in zip(output.chunks, chunks, strict=True):
+        for scheduled, chunk in zip(output.scheduled, chunks, strict=True):
             if chunk.needs_logits:
                 prefix = self._read(chunk.end_pos, chunk.block_table)
                 assert prefix == scheduled.seq.token_ids[: chunk.end_pos]
@@ -137,7 +137,7 @@ class Harness:
 
     def finish_stopped(self, output: SchedulerOutput, capped: list[Sequence]) -> None:
         """The caller's stop rule: max_tokens reached, or max_model_len reached."""
-        for chunk in output.chunks:
+        for chunk in output.scheduled:
             seq = chunk.seq
             stop = seq.num_output_tokens >= self.max_tokens[seq.seq_id] or seq in capped
             if chunk.needs_logits and stop and seq.status is SequenceStatus.RUNNING:
@@ -171,11 +171,11 @@ def check_invariants(harness: Harness, output: SchedulerOutput) -> None:
     """Per-step limits and exact block accounting."""
     scheduler, manager = harness.scheduler, harness.manager
     config = scheduler.config
-    assert len(output.chunks) <= config.max_num_seqs
-    assert output.num_batched_tokens == sum(c.num_new_tokens for c in output.chunks)
+    assert len(output.scheduled) <= config.max_num_seqs
+    assert output.num_batched_tokens == sum(c.num_new_tokens for c in output.scheduled)
     assert output.num_batched_tokens <= scheduler.token_budget <= config.max_num_batched_tokens
-    assert len({c.seq.seq_id for c in output.chunks}) == len(output.chunks)
-    assert all(c.seq.status is SequenceStatus.RUNNING for c in output.chunks)
+    assert len({c.seq.seq_id for c in output.scheduled}) == len(output.scheduled)
+    assert all(c.seq.status is SequenceStatus.RUNNING for c in output.scheduled)
     running = [s for s in harness.live.values() if s.status is SequenceStatus.RUNNING]
     waiting = [s for s in harness.live.values() if s.status is SequenceStatus.WAITING]
     assert (scheduler.num_running, scheduler.num_waiting) == (len(running), len(waiting))
@@ -204,7 +204,7 @@ def assert_pool_whole(manager: BlockManager) -> None:
 
 def chunk_sizes(output: SchedulerOutput) -> dict[str, int]:
     """seq_id -> tokens scheduled, in step order."""
-    return {c.seq.seq_id: c.num_new_tokens for c in output.chunks}
+    return {c.seq.seq_id: c.num_new_tokens for c in output.scheduled}
 
 
 # -- configuration and admission checks ------------------------------------------
@@ -261,7 +261,7 @@ def test_empty_scheduler_gives_an_empty_step() -> None:
     output = harness.scheduler.schedule()
     assert output.is_empty
     assert output.num_batched_tokens == 0
-    assert output.to_seq_chunks() == []
+    assert output.to_chunks() == []
     assert not harness.scheduler.has_unfinished
     assert harness.scheduler.postprocess(output, {}) == []
 
@@ -270,7 +270,7 @@ def test_prefill_then_decode() -> None:
     harness = make_harness()
     seq = harness.add("a", [3, 1, 4, 1, 5], max_tokens=3)
     output = harness.scheduler.schedule()
-    (chunk,) = output.to_seq_chunks()
+    (chunk,) = output.to_chunks()
     assert chunk.token_ids == (3, 1, 4, 1, 5)
     assert (chunk.start_pos, chunk.needs_logits) == (0, True)
     assert chunk.block_table == tuple(seq.block_table)
@@ -281,7 +281,7 @@ def test_prefill_then_decode() -> None:
     assert seq.num_computed_tokens == 5
     assert not seq.is_prefill
     decode = harness.scheduler.schedule()
-    (chunk,) = decode.to_seq_chunks()
+    (chunk,) = decode.to_chunks()
     assert (chunk.token_ids, chunk.start_pos) == ((seq.token_ids[5],), 5)
     harness.scheduler.postprocess(decode, harness.runner.run(decode))
     assert harness.drain() == 1
@@ -297,7 +297,7 @@ def test_chunked_prefill_splits_a_long_prompt() -> None:
     sizes, starts, logits, blocks = [], [], [], []
     for _ in range(3):
         output = harness.step()
-        (chunk,) = output.chunks
+        (chunk,) = output.scheduled
         sizes.append(chunk.num_new_tokens)
         starts.append(chunk.start_pos)
         logits.append(chunk.needs_logits)
@@ -319,7 +319,7 @@ def test_mixed_step_has_decodes_and_a_prefill_chunk() -> None:
     second = harness.add("b", list(range(30)), max_tokens=1)
     output = harness.step()
     assert chunk_sizes(output) == {"a": 1, "b": 7}
-    assert [c.seq for c in output.chunks] == [first, second]
+    assert [c.seq for c in output.scheduled] == [first, second]
     assert second.is_prefill
 
 
@@ -333,7 +333,7 @@ def test_decodes_are_served_before_running_prefills() -> None:
     for _ in range(5):
         output = harness.step()
         assert chunk_sizes(output) == {"young": 1, "old": 3}
-        assert output.chunks[0].seq is young
+        assert output.scheduled[0].seq is young
     assert old.is_prefill and not young.is_prefill
 
 
@@ -392,7 +392,7 @@ def test_prompt_on_a_block_boundary_recomputes_its_last_block() -> None:
     harness.step()
     second = harness.add("b", prompt, max_tokens=3)
     output = harness.step()
-    (chunk,) = [c for c in output.chunks if c.seq is second]
+    (chunk,) = [c for c in output.scheduled if c.seq is second]
     assert (chunk.start_pos, chunk.num_new_tokens, chunk.needs_logits) == (8, 4, True)
     assert second.block_table[:2] == first.block_table[:2]
     assert second.block_table[2] != first.block_table[2]
@@ -408,7 +408,7 @@ def test_cached_prefix_survives_the_sequence_that_computed_it() -> None:
     assert_pool_whole(harness.manager)
     later = harness.add("b", prompt, max_tokens=2)
     output = harness.step()
-    assert (output.chunks[0].start_pos, output.chunks[0].num_new_tokens) == (8, 1)
+    assert (output.scheduled[0].start_pos, output.scheduled[0].num_new_tokens) == (8, 1)
     assert later.num_cached_tokens == 8
     harness.drain()
     assert later.token_ids == reference_tokens(prompt, 2)
@@ -436,7 +436,7 @@ def test_preemption_picks_the_least_important_newest_and_requeues_it_in_place() 
     later = harness.add("later", [1, 1, 1], max_tokens=1, priority=Priority.BATCH)
     admitted: list[str] = []
     while harness.scheduler.has_unfinished:
-        for chunk in harness.step().chunks:
+        for chunk in harness.step().scheduled:
             if chunk.seq in (batch_new, later) and chunk.seq.seq_id not in admitted:
                 admitted.append(chunk.seq.seq_id)
     assert admitted == ["batch-new", "later"]
@@ -615,7 +615,7 @@ def test_out_of_memory_retry_with_a_smaller_budget() -> None:
         scheduler.postprocess(failed, {})
     scheduler.postprocess(retry, harness.runner.run(retry))
     with pytest.raises(ValueError, match="stale"):
-        failed.chunks[0].to_seq_chunk()
+        failed.scheduled[0].to_chunk()
     assert seq.num_computed_tokens == 8
     assert scheduler.restore_token_budget() == 16
     assert scheduler.restore_token_budget() == 16
@@ -656,16 +656,16 @@ def test_length_cap_is_reported_and_must_be_finished() -> None:
 def test_scheduled_chunk_validates_and_detects_staleness() -> None:
     seq = Sequence("a", [1, 2, 3])
     with pytest.raises(ValueError, match=">= 1"):
-        ScheduledChunk(seq, 0)
+        ScheduledSeq(seq, 0)
     with pytest.raises(ValueError, match="cannot schedule 4"):
-        ScheduledChunk(seq, 4)
-    chunk = ScheduledChunk(seq, 2)
+        ScheduledSeq(seq, 4)
+    chunk = ScheduledSeq(seq, 2)
     assert (chunk.start_pos, chunk.needs_logits) == (0, False)
-    assert chunk.to_seq_chunk().token_ids == (1, 2)
+    assert chunk.to_chunk().token_ids == (1, 2)
     seq.num_computed_tokens = 2
     with pytest.raises(ValueError, match="stale"):
-        chunk.to_seq_chunk()
-    assert ScheduledChunk(seq, 1).needs_logits
+        chunk.to_chunk()
+    assert ScheduledSeq(seq, 1).needs_logits
 
 
 # -- starvation and randomised simulation -----------------------------------------

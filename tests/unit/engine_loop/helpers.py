@@ -12,10 +12,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from conveyor.engine.llm_engine import EngineConfig, LLMEngine, StepRunner
+from conveyor.engine.llm_engine import EngineConfig, LLMEngine
 from conveyor.engine.model_runner import ModelRunner
-from conveyor.engine.request import FinishReason, GenerationOutput
-from conveyor.engine.sampling import SamplingParams
+from conveyor.engine.outputs import FinishReason, GenerationOutput
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.step import StepExecutor
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.priority import Priority
@@ -47,7 +48,7 @@ def make_runner(path: Path, config: EngineConfig) -> ModelRunner:
 
 @contextmanager
 def running_engine(
-    path: Path, config: EngineConfig, *, runner: StepRunner | None = None
+    path: Path, config: EngineConfig, *, runner: StepExecutor | None = None
 ) -> Iterator[LLMEngine]:
     """A started engine on the checkpoint at ``path``; stopped on exit."""
     engine = LLMEngine(runner or make_runner(path, config), Tokenizer(path), config)

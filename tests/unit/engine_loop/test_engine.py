@@ -14,8 +14,8 @@ from conveyor.config import GenerateModelConfig
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.llm_engine import LLMEngine
 from conveyor.engine.model_runner import ModelRunner, StepOutOfMemory
-from conveyor.engine.request import FinishReason
-from conveyor.engine.sampling import SamplingParams
+from conveyor.engine.outputs import FinishReason
+from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.step import SeqChunk
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import (

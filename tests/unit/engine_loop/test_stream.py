@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from conveyor.engine.request import FinishReason, GenerationOutput, RequestTimings
+from conveyor.engine.outputs import FinishReason, GenerationOutput, RequestTimings
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe
 from conveyor.errors import DeadlineExceeded, ModelFault
 

@@ -325,15 +325,3 @@ def test_qwen2_per_layer_sliding_window_matches_hf(
     )
     assert model.runner().config.sliding_windows == (None, 5)
     _greedy_batch_matches_hf(model, [14, 3, 25], num_chunks=2)
-
-
-def test_sharded_checkpoint_loads_the_same_weights(tmp_path: Path) -> None:
-    whole = build_tiny_llama(tmp_path / "whole")
-    sharded = build_tiny_llama(tmp_path / "sharded", max_shard_size="100KB")
-    assert (sharded / "model.safetensors.index.json").is_file()
-    assert len(list(sharded.glob("*.safetensors"))) > 1
-    runners = [
-        ModelRunner(p, num_kv_blocks=8, block_size=4, device="cpu") for p in (whole, sharded)
-    ]
-    chunk = SeqChunk((5, 6, 7, 8, 9), 0, (0, 1), True)
-    torch.testing.assert_close(runners[0].execute([chunk]), runners[1].execute([chunk]))

@@ -1,14 +1,12 @@
-"""Parsing Hugging Face config dicts into the decoder's config, and the attention helper."""
+"""Parsing Hugging Face config dicts into the decoder's config."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
-import torch
 
-from conveyor.engine.llama import DecoderConfig, RopeSpec, grouped_attention
+from conveyor.engine.hf_config import DecoderConfig, RopeSpec
 
 
 def _raw(**overrides: Any) -> dict[str, Any]:
@@ -94,41 +92,3 @@ def test_sliding_windows() -> None:
         _raw(model_type="qwen2", use_sliding_window=True, sliding_window=64, max_window_layers=1)
     )
     assert qwen_on.sliding_windows == (None, 64)
-
-
-def test_llama3_scaling_keeps_high_and_divides_low_frequencies() -> None:
-    plain = RopeSpec(rope_type="default", theta=10000.0).inverse_frequencies(64)
-    scaled = RopeSpec(
-        rope_type="llama3",
-        theta=10000.0,
-        factor=8.0,
-        original_max_position_embeddings=256,
-    ).inverse_frequencies(64)
-    wavelengths = 2 * math.pi / plain
-    is_short = wavelengths < 256 / 4.0
-    is_long = wavelengths > 256 / 1.0
-    torch.testing.assert_close(scaled[is_short], plain[is_short])
-    torch.testing.assert_close(scaled[is_long], plain[is_long] / 8.0)
-
-
-def _reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Plain softmax attention with KV heads repeated by hand."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1) @ v
-
-
-@pytest.mark.parametrize("can_repeat_kv", [True, False])
-def test_grouped_attention_with_a_mask(can_repeat_kv: bool) -> None:
-    # The repeated-KV path is what CUDA takes; both must equal the reference.
-    generator = torch.Generator().manual_seed(0)
-    q = torch.randn(3, 4, 5, 8, generator=generator)
-    k = torch.randn(3, 2, 9, 8, generator=generator)
-    v = torch.randn(3, 2, 9, 8, generator=generator)
-    query_pos = torch.arange(4, 9)[:, None]
-    mask = (torch.arange(9)[None, :] <= query_pos)[None, None].expand(3, 1, 5, 9)
-    out = grouped_attention(q, k, v, mask, can_repeat_kv=can_repeat_kv)
-    torch.testing.assert_close(out, _reference_attention(q, k, v, mask))

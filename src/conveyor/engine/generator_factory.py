@@ -1,0 +1,83 @@
+"""Building a ``HostedGenerator`` from its config entry: KV-cache size, checkpoint, engine.
+
+Slow (it loads weights and starts the engine thread): call it off the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from conveyor.config import GenerateModelConfig
+from conveyor.engine.generator import HostedGenerator
+from conveyor.engine.hf_config import DecoderConfig, load_hf_config
+from conveyor.engine.llm_engine import EngineConfig, LLMEngine
+from conveyor.engine.model_runner import (
+    ModelRunner,
+    num_kv_blocks_for_memory_fraction,
+    num_kv_blocks_for_tokens,
+    resolve_device,
+)
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.metrics import GeneratorMetrics
+
+__all__ = ["DEFAULT_CPU_KV_CACHE_TOKENS", "load_generator"]
+
+# KV cache size when the config names none and the device is not CUDA.
+DEFAULT_CPU_KV_CACHE_TOKENS = 16384
+DEFAULT_CUDA_MEMORY_FRACTION = 0.9
+
+
+def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> HostedGenerator:
+    """Load the checkpoint, size the KV cache, start the engine thread (slow: off the loop)."""
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    num_kv_blocks = _num_kv_blocks(config, device.type)
+    runner = ModelRunner(
+        config.path,
+        num_kv_blocks=num_kv_blocks,
+        block_size=config.block_size,
+        device=device,
+        dtype=config.dtype,
+    )
+    max_model_len = config.max_model_len or runner.max_model_len
+    if max_model_len > runner.max_model_len:
+        raise ValueError(
+            f"model {config.name!r}: max_model_len {max_model_len} exceeds the checkpoint's "
+            f"{runner.max_model_len}"
+        )
+    engine_config = EngineConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        num_kv_blocks=num_kv_blocks,
+        block_size=config.block_size,
+    )
+    tokenizer = Tokenizer(config.path)
+    engine = LLMEngine(runner, tokenizer, engine_config, metrics=metrics, name=config.name)
+    engine.start()
+    return HostedGenerator(
+        config, engine, tokenizer, metrics, runner.vocab_size, created_at=int(time.time())
+    )
+
+
+def _num_kv_blocks(config: GenerateModelConfig, device_type: str) -> int:
+    """Blocks from ``kv_cache_tokens``, or from a memory fraction on CUDA."""
+    fraction = config.kv_cache_memory_fraction
+    if config.kv_cache_tokens is None and fraction is None and device_type == "cuda":
+        fraction = DEFAULT_CUDA_MEMORY_FRACTION
+    if fraction is not None:
+        return num_kv_blocks_for_memory_fraction(
+            config.path,
+            block_size=config.block_size,
+            memory_fraction=fraction,
+            device=config.device,
+            dtype=config.dtype,
+        )
+    tokens = config.kv_cache_tokens
+    if tokens is None:
+        model_len = DecoderConfig.from_hf(load_hf_config(config.path)).max_position_embeddings
+        tokens = max(DEFAULT_CPU_KV_CACHE_TOKENS, config.max_model_len or model_len)
+    return num_kv_blocks_for_tokens(tokens, config.block_size)

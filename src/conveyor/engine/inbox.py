@@ -1,0 +1,127 @@
+"""Where callers leave work for the engine thread, and the counts they read back.
+
+Callers on any thread post requests and aborts; the engine thread takes them all
+between steps, so nothing changes under a running step. Everything here is guarded by
+one condition variable, which also wakes the engine thread when work arrives and wakes
+:meth:`Inbox.wait_until_idle` when the engine runs out of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from conveyor.engine.stream import GenerationStream
+
+if TYPE_CHECKING:  # only named in annotations: the inbox itself needs no torch
+    from conveyor.engine.request import GenerationRequest
+
+__all__ = ["AbortCommand", "AddCommand", "Command", "Inbox"]
+
+
+@dataclass(slots=True)
+class AddCommand:
+    """Queue a request whose outputs go to ``stream``."""
+
+    request: GenerationRequest
+    stream: GenerationStream
+
+
+@dataclass(slots=True)
+class AbortCommand:
+    """Drop a request and free its blocks."""
+
+    request_id: str
+
+
+Command = AddCommand | AbortCommand
+
+
+class Inbox:
+    """Commands from callers, and the queue sizes the engine thread publishes back."""
+
+    def __init__(self) -> None:
+        self._wakeup = threading.Condition(threading.Lock())
+        self._commands: list[Command] = []
+        self._num_pending_adds = 0
+        self._num_waiting = 0
+        self._num_running = 0
+        self._is_idle = True
+        self._is_stopping = False
+
+    # -- any thread ---------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests posted or waiting in the scheduler (as of the last publish)."""
+        with self._wakeup:
+            return self._num_pending_adds + self._num_waiting
+
+    @property
+    def num_running(self) -> int:
+        """Sequences holding KV blocks (as of the last publish)."""
+        with self._wakeup:
+            return self._num_running
+
+    def post(self, command: Command) -> bool:
+        """Queue a command and wake the engine thread; False, queuing nothing, once stopping."""
+        with self._wakeup:
+            if self._is_stopping:
+                return False
+            self._commands.append(command)
+            if isinstance(command, AddCommand):
+                self._num_pending_adds += 1
+            self._wakeup.notify_all()
+            return True
+
+    def stop(self) -> None:
+        """Refuse commands from now on and wake the engine thread so it can exit."""
+        with self._wakeup:
+            self._is_stopping = True
+            self._wakeup.notify_all()
+
+    def wait_until_idle(self, timeout_s: float | None) -> bool:
+        """Block until the engine thread is idle with nothing posted; False on timeout."""
+        with self._wakeup:
+            return self._wakeup.wait_for(lambda: self._is_idle and not self._commands, timeout_s)
+
+    # -- engine thread ------------------------------------------------------------
+
+    def take(self, *, has_work: bool) -> list[Command] | None:
+        """Sleep until there is work; take the posted commands. None when stopping.
+
+        ``has_work`` says the scheduler still has sequences: then do not sleep at all.
+        """
+        with self._wakeup:
+            while not self._is_stopping and not self._commands and not has_work:
+                self._is_idle = True
+                self._wakeup.notify_all()
+                self._wakeup.wait()
+            if self._is_stopping:
+                return None
+            self._is_idle = False
+            commands, self._commands = self._commands, []
+            # Moved from "pending" to the scheduler's queue, so num_waiting stays whole.
+            self._num_waiting += self._num_pending_adds
+            self._num_pending_adds = 0
+            return commands
+
+    def drain(self) -> list[Command]:
+        """Take every posted command without running it (to fail them)."""
+        with self._wakeup:
+            commands, self._commands = self._commands, []
+            self._num_pending_adds = 0
+            return commands
+
+    def publish(self, *, num_waiting: int, num_running: int) -> None:
+        """Record the scheduler's queue sizes for callers to read."""
+        with self._wakeup:
+            self._num_waiting = num_waiting
+            self._num_running = num_running
+
+    def mark_idle(self) -> None:
+        """The engine thread is gone: wake everyone waiting for it to go idle."""
+        with self._wakeup:
+            self._is_idle = True
+            self._wakeup.notify_all()

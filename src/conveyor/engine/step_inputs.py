@@ -1,0 +1,105 @@
+"""What one forward pass reads: the step's tokens, where they go in the cache, and masks.
+
+A step packs every sequence's new tokens into one ``[T]`` row of token ids. Prefilling
+sequences are attended one by one (``PrefillSpan``); single-token decodes are attended
+together over padded contexts (``DecodeBatch``). The slot of position ``p`` of a sequence
+is ``block_table[p // block_size] * block_size + p % block_size``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["AttentionMasks", "DecodeBatch", "PrefillSpan", "StepInput", "build_masks"]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSpan:
+    """One sequence attended on its own: its tokens are ``[token_start, token_end)`` of the step.
+
+    ``context_slots`` holds the cache slots of positions ``0 .. end_pos - 1``; it is None
+    when ``start_pos == 0``, since then the keys are exactly this step's new tokens.
+    """
+
+    token_start: int
+    token_end: int
+    start_pos: int
+    context_slots: torch.Tensor | None
+
+    @property
+    def query_len(self) -> int:
+        """Number of new tokens (queries)."""
+        return self.token_end - self.token_start
+
+    @property
+    def end_pos(self) -> int:
+        """Context length the queries attend over."""
+        return self.start_pos + self.query_len
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    """Sequences with one new token each, attended together with padded contexts.
+
+    ``token_indices`` [B] picks their tokens out of the step; ``context_slots`` [B, L] holds
+    each one's cache slots padded to the longest context; ``query_positions`` [B] is each
+    new token's position (its context length minus one).
+    """
+
+    token_indices: torch.Tensor
+    context_slots: torch.Tensor
+    query_positions: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class StepInput:
+    """Everything one forward pass needs, already on the model's device."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    prefills: tuple[PrefillSpan, ...]
+    decode: DecodeBatch | None
+    logits_indices: torch.Tensor
+
+
+@dataclass(slots=True)
+class AttentionMasks:
+    """Boolean attention masks (True = may attend) for one sliding-window setting."""
+
+    prefill: list[torch.Tensor | None]
+    decode: torch.Tensor | None
+
+
+def build_masks(step: StepInput, window: int | None, device: torch.device) -> AttentionMasks:
+    """Masks for every group of the step; None where a plain causal mask does."""
+    prefill: list[torch.Tensor | None] = []
+    for seq in step.prefills:
+        is_window_binding = window is not None and window < seq.end_pos
+        if seq.start_pos == 0 and not is_window_binding:
+            prefill.append(None)
+            continue
+        # Query i sits at position start_pos + i and may see keys 0 .. start_pos + i:
+        # the mask is causal aligned to the bottom right, not SDPA's top-left is_causal.
+        query_pos = torch.arange(seq.start_pos, seq.end_pos, device=device)[:, None]
+        key_pos = torch.arange(seq.end_pos, device=device)[None, :]
+        prefill.append(_causal_window_mask(query_pos, key_pos, window))
+    decode = None
+    if step.decode is not None:
+        query_pos = step.decode.query_positions[:, None]
+        key_pos = torch.arange(step.decode.context_slots.shape[1], device=device)[None, :]
+        # [B, L] -> [B, 1 (heads), 1 (query), L]; padding keys lie past the query position.
+        decode = _causal_window_mask(query_pos, key_pos, window)[:, None, None, :]
+    return AttentionMasks(prefill=prefill, decode=decode)
+
+
+def _causal_window_mask(
+    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None
+) -> torch.Tensor:
+    """``key <= query`` and, with a window, ``key > query - window`` (as Hugging Face)."""
+    mask = key_pos <= query_pos
+    if window is not None:
+        mask = mask & (key_pos > query_pos - window)
+    return mask

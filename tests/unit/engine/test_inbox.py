@@ -1,0 +1,51 @@
+"""The engine's inbox: posting, taking, the counts callers read, and idleness."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from conveyor.engine.inbox import AbortCommand, AddCommand, Inbox
+
+
+def _add(name: str) -> AddCommand:
+    # The inbox never looks inside a command's request or stream.
+    return AddCommand(request=cast(Any, name), stream=cast(Any, None))
+
+
+def test_adds_count_as_waiting_from_post_until_the_scheduler_reports() -> None:
+    inbox = Inbox()
+    assert inbox.post(_add("a")) and inbox.post(_add("b"))
+    assert inbox.post(AbortCommand("a"))
+    assert inbox.num_waiting == 2
+    commands = inbox.take(has_work=False)
+    assert commands is not None and len(commands) == 3
+    assert inbox.num_waiting == 2  # handed to the scheduler, still waiting
+    inbox.publish(num_waiting=0, num_running=2)
+    assert (inbox.num_waiting, inbox.num_running) == (0, 2)
+
+
+def test_take_returns_at_once_when_the_scheduler_has_work() -> None:
+    assert Inbox().take(has_work=True) == []
+
+
+def test_nothing_is_posted_or_taken_once_stopping() -> None:
+    inbox = Inbox()
+    inbox.post(_add("a"))
+    inbox.stop()
+    assert not inbox.post(_add("b"))
+    assert not inbox.post(AbortCommand("a"))
+    assert inbox.take(has_work=False) is None
+    (drained,) = inbox.drain()
+    assert isinstance(drained, AddCommand) and drained.request == "a"
+    assert inbox.num_waiting == 0
+
+
+def test_idle_only_with_nothing_posted_and_the_engine_asleep() -> None:
+    inbox = Inbox()
+    assert inbox.wait_until_idle(0)
+    inbox.post(_add("a"))
+    assert not inbox.wait_until_idle(0)
+    inbox.take(has_work=False)
+    assert not inbox.wait_until_idle(0)  # taken, but the engine is busy with it
+    inbox.mark_idle()
+    assert inbox.wait_until_idle(0)

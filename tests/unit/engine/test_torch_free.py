@@ -1,0 +1,35 @@
+"""The engine's plain-logic and caller-facing modules import without loading torch.
+
+The HTTP layer and batch validation import these; torch costs seconds and memory in
+a process (the gateway) that hosts no model.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+TORCH_FREE_MODULES = (
+    "conveyor.engine.block_manager",
+    "conveyor.engine.generator",
+    "conveyor.engine.hf_config",
+    "conveyor.engine.inbox",
+    "conveyor.engine.outputs",
+    "conveyor.engine.sampling_params",
+    "conveyor.engine.scheduler",
+    "conveyor.engine.sequence",
+    "conveyor.engine.step",
+    "conveyor.engine.stream",
+)
+
+
+def test_modules_import_without_torch() -> None:
+    code = (
+        f"import importlib, sys\nfor name in {TORCH_FREE_MODULES!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
