@@ -162,10 +162,12 @@ class ShardAttempt:
             try:
                 is_held = await asyncio.to_thread(self._renew_and_report)
                 batch = await asyncio.to_thread(ctx.store.get_batch_any, self._lease.batch_id)
-            except StoreError:
+            except StoreError as exc:
                 # A store hiccup is not the shard's fault: keep running, try again next beat;
                 # if the lease lapses meanwhile, the fenced commit refuses our results.
-                log.warning("heartbeat of shard %d failed", self._lease.index, exc_info=True)
+                ctx.counters.store_error("job_store", "heartbeat")
+                log.warning("heartbeat of shard %d of %s failed, will retry: %s",
+                            self._lease.index, self._lease.batch_id, exc)  # fmt: skip
                 continue
             if not is_held:
                 self._request_stop(StopReason.LOST_LEASE)

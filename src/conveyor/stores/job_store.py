@@ -39,7 +39,7 @@ from conveyor.stores.records import (
 from conveyor.stores.sql_queries import Dialect, SqlSession
 
 if TYPE_CHECKING:
-    from conveyor.stores.postgres_store import PostgresTimeouts
+    from conveyor.stores.timeouts import PostgresTimeouts
 
 # OpenAI's page-size limits: files list up to 10 000, batches list up to 100.
 MAX_FILES_PAGE = 10_000

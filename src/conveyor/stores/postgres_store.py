@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
@@ -26,16 +25,11 @@ from psycopg.pq import TransactionStatus
 from conveyor.stores.job_store import SqlJobStore, StoreError, StoreUnavailableError
 from conveyor.stores.migrations import apply_migrations
 from conveyor.stores.sql_queries import LOCK_FOR_MIGRATION, Dialect
+from conveyor.stores.timeouts import PostgresTimeouts
 
 _R = TypeVar("_R")
 
 DEFAULT_MAX_CONNECTIONS = 4
-DEFAULT_ACQUIRE_TIMEOUT_S = 5.0
-DEFAULT_CONNECT_TIMEOUT_S = 3  # libpq's minimum is 2 s
-DEFAULT_STATEMENT_TIMEOUT_MS = 5_000
-# The client gives up on a round trip this long after the server's own statement_timeout would
-# have answered: a healthy server cancels first, so only a lost or frozen one trips the client.
-CLIENT_GRACE_S = 1.0
 # Idle pooled connections to a vanished host are found dead within about 5 + 3 * 1 s.
 KEEPALIVE_IDLE_S = 5
 KEEPALIVE_INTERVAL_S = 1
@@ -45,55 +39,26 @@ WAIT_INTERVAL_S = 0.1
 MIGRATION_LOCK_KEY = 0x636F6E76  # "conv"
 
 
-@dataclass(frozen=True, slots=True)
-class PostgresTimeouts:
-    """How long the job store waits on PostgreSQL before calling it unavailable.
+def connect_params(url: str, timeouts: PostgresTimeouts) -> dict[str, Any]:
+    """libpq parameters: those of `url`, plus the timeouts where the URL sets none.
 
-    - `connect_timeout_s`: opening a connection (libpq `connect_timeout`, at least 2 s);
-    - `statement_timeout_ms`: the server cancels a statement running longer (migrations are
-      exempt); the client also abandons a round trip with no answer `CLIENT_GRACE_S` later,
-      which is what catches a frozen server or network;
-    - `acquire_timeout_s`: waiting for a free pooled connection.
-
-    TCP keepalives and `tcp_user_timeout` are set too, so a dead peer is noticed by the kernel.
-    Parameters given in the store URL win over these.
+    TCP keepalives and `tcp_user_timeout` are set too, so the kernel notices a dead peer.
     """
-
-    connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S
-    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
-    acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S
-
-    def __post_init__(self) -> None:
-        """Reject timeouts that would mean "wait forever" or never succeed."""
-        if self.connect_timeout_s < 2:
-            raise ValueError(f"connect_timeout_s must be >= 2, got {self.connect_timeout_s}")
-        if self.statement_timeout_ms < 1:
-            raise ValueError(f"statement_timeout_ms must be >= 1, got {self.statement_timeout_ms}")
-        if self.acquire_timeout_s <= 0:
-            raise ValueError(f"acquire_timeout_s must be > 0, got {self.acquire_timeout_s}")
-
-    @property
-    def round_trip_timeout_s(self) -> float:
-        """How long the client waits for any one answer before dropping the connection."""
-        return self.statement_timeout_ms / 1000 + CLIENT_GRACE_S
-
-    def connect_params(self, url: str) -> dict[str, Any]:
-        """libpq parameters: those of `url`, plus these timeouts where the URL sets none."""
-        params: dict[str, Any] = conninfo_to_dict(url)
-        defaults = {
-            "connect_timeout": self.connect_timeout_s,
-            "keepalives": 1,
-            "keepalives_idle": KEEPALIVE_IDLE_S,
-            "keepalives_interval": KEEPALIVE_INTERVAL_S,
-            "keepalives_count": KEEPALIVE_COUNT,
-            "tcp_user_timeout": int(self.round_trip_timeout_s * 1000),
-        }
-        for name, value in defaults.items():
-            params.setdefault(name, value)
-        # Earlier `-c` settings lose to later ones, so an explicit one in the URL wins.
-        statement = f"-c statement_timeout={self.statement_timeout_ms}"
-        params["options"] = f"{statement} {params.get('options', '')}".strip()
-        return params
+    params: dict[str, Any] = conninfo_to_dict(url)
+    defaults = {
+        "connect_timeout": timeouts.connect_timeout_s,
+        "keepalives": 1,
+        "keepalives_idle": KEEPALIVE_IDLE_S,
+        "keepalives_interval": KEEPALIVE_INTERVAL_S,
+        "keepalives_count": KEEPALIVE_COUNT,
+        "tcp_user_timeout": int(timeouts.round_trip_timeout_s * 1000),
+    }
+    for name, value in defaults.items():
+        params.setdefault(name, value)
+    # Earlier `-c` settings lose to later ones, so an explicit one in the URL wins.
+    statement = f"-c statement_timeout={timeouts.statement_timeout_ms}"
+    params["options"] = f"{statement} {params.get('options', '')}".strip()
+    return params
 
 
 def is_unavailable(exc: psycopg.Error) -> bool:
@@ -144,7 +109,7 @@ class _ConnectionPool:
         """Remember how to connect; connections are opened lazily on first use."""
         if max_size < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_size}")
-        self._params = timeouts.connect_params(conninfo)
+        self._params = connect_params(conninfo, timeouts)
         self._timeouts = timeouts
         self._acquire_timeout_s = timeouts.acquire_timeout_s
         self._slots = threading.BoundedSemaphore(max_size)
