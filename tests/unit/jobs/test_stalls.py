@@ -36,16 +36,18 @@ NUM_LINES = 20
 
 
 class FullObjectStore(MemoryObjectStore):
-    """Refuses every write while `is_full`, as a full disk does."""
+    """While `is_full`, refuses every write that holds a byte, as a full disk does (an empty
+    object, such as a piece's `started` marker, needs no data block and still fits)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.is_full = False
 
     def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
-        if self.is_full:
+        data = b"".join(chunks)
+        if self.is_full and data:
             raise ObjectStoreUnavailableError(f"i/o error on {key!r}: [Errno 28] No space left")
-        return super().put_stream(key, chunks)
+        return super().put_stream(key, [data])
 
 
 class DownJobStore:
@@ -116,7 +118,8 @@ async def test_a_full_object_store_stalls_the_batch_visibly_until_it_has_room() 
     objects.is_full = True
     loops = Loops(ctx)
     try:
-        await until(lambda: loops.num_errors("object_store", "run_shard") >= 3, "failed commits")
+        # Enough failed attempts that the shards are bisected (isolate_after_attempts=2).
+        await until(lambda: loops.num_errors("object_store", "run_shard") >= 8, "failed commits")
         batch = ctx.store.get_batch_any(batch_id)
         assert batch is not None and batch.status is BatchStatus.IN_PROGRESS
         assert [e.code for e in batch.errors or ()] == ["object_store_unavailable"]
