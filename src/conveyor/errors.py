@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# What a client is told to wait before retrying after a store failure; a store that comes back
+# is used again at once, so this is only the client's pacing.
+STORE_RETRY_AFTER_S = 5
+
 
 class ConveyorError(Exception):
     """Root of every error Conveyor raises on purpose.
@@ -144,6 +148,38 @@ class ServiceUnavailable(ConveyorError):
     status_code = 503
     error_type = "server_error"
     default_code = "unavailable"
+
+
+class StoreUnavailable(ServiceUnavailable):
+    """A store cannot be reached, timed out or is out of space: 503 with Retry-After.
+
+    Raised from the store layer (chained to the driver's error) so the API answers a clear,
+    retryable 503 instead of a 500 or a hang. Subclasses name the store in `code`.
+    """
+
+    default_code = "store_unavailable"
+    store_name = "store"
+
+    def __init__(self, message: str, *, retry_after_s: int = STORE_RETRY_AFTER_S):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class JobStoreUnavailable(StoreUnavailable):
+    """The job store (SQLite or PostgreSQL) is unreachable, timed out or full: 503."""
+
+    default_code = "job_store_unavailable"
+    store_name = "job_store"
+
+
+class ObjectStoreUnavailable(StoreUnavailable):
+    """The object store (local directory or S3) failed to read or write: 503."""
+
+    default_code = "object_store_unavailable"
+    store_name = "object_store"
 
 
 class NotImplementedYet(ConveyorError):

@@ -136,6 +136,11 @@ class Metrics:
             "conveyor_batch_lines_total", "Batch job lines run to a result, by outcome",
             ["outcome"], registry=reg,
         )  # fmt: skip
+        self.store_errors = Counter(
+            "conveyor_store_errors_total",
+            "Job store and object store operations of batch jobs that failed, retried later",
+            ["store", "operation"], registry=reg,
+        )  # fmt: skip
         self._add_generator_families(reg)
 
     def _add_generator_families(self, reg: CollectorRegistry) -> None:

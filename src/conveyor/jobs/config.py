@@ -36,6 +36,16 @@ class JobsConfig(BaseModel):
     object_store_url: str | None = Field(
         default=None, description="A directory, file:///DIR or s3://bucket/prefix."
     )
+    job_store_connect_timeout_s: int = Field(
+        default=3, ge=2, description="PostgreSQL: longest wait to open a connection."
+    )
+    job_store_statement_timeout_ms: int = Field(
+        default=3_000, ge=1,
+        description="PostgreSQL: longest statement; a server silent 1 s longer is dropped.",
+    )  # fmt: skip
+    job_store_acquire_timeout_s: float = Field(
+        default=5.0, gt=0, description="PostgreSQL: longest wait for a pooled connection."
+    )
     is_worker: bool = Field(default=True, description="Whether this process runs shards.")
     worker_id: str | None = Field(default=None, min_length=1)
     num_shard_runners: int = Field(default=2, ge=1, le=64)

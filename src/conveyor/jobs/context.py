@@ -24,6 +24,7 @@ class JobCounters:
         self._metrics = metrics
         self.num_cache_hits = 0
         self.num_lines = {"completed": 0, "failed": 0}
+        self.num_store_errors: dict[tuple[str, str], int] = {}
 
     def cache_hit(self, count: int = 1) -> None:
         """Lines answered from the result cache."""
@@ -36,6 +37,13 @@ class JobCounters:
         self.num_lines[outcome] += count
         if self._metrics is not None:
             self._metrics.batch_lines.labels(outcome).inc(count)
+
+    def store_error(self, store: str, operation: str) -> None:
+        """A background operation failed in `store` (it is retried later)."""
+        key = (store, operation)
+        self.num_store_errors[key] = self.num_store_errors.get(key, 0) + 1
+        if self._metrics is not None:
+            self._metrics.store_errors.labels(store, operation).inc()
 
 
 @dataclass(slots=True)

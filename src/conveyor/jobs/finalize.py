@@ -26,6 +26,7 @@ from conveyor.jobs.context import JobsContext
 from conveyor.jobs.keys import error_file_id, file_key, line_id, output_file_id
 from conveyor.jobs.lines import StopCode, custom_id_of, stopped_record
 from conveyor.jobs.planner import shard_requests
+from conveyor.jobs.stalls import without_stall_notes
 from conveyor.stores.job_store import JobStore
 from conveyor.stores.object_store import ObjectStoreError
 from conveyor.stores.records import (
@@ -108,10 +109,12 @@ class Finalizer:
         err_id = self._write_file(
             batch, error_file_id(batch.id), self._errors(batch, shards, code), "errors"
         )
+        fields: dict[str, object] = {"output_file_id": out_id, "error_file_id": err_id}
+        if current.errors:
+            fields["errors"] = without_stall_notes(current.errors)  # the stall is over
         is_won = self._ctx.store.transition(
-            batch.id, [batch.status], target, self._ctx.clock(),
-            output_file_id=out_id, error_file_id=err_id,
-        )  # fmt: skip
+            batch.id, [batch.status], target, self._ctx.clock(), **fields
+        )
         if is_won:
             self._clean_up(batch, shards)
         return is_won

@@ -112,6 +112,10 @@ class PieceCheckpoints:
         """Leave evidence that `piece` is about to run."""
         self._objects.put_stream(self._key(piece, "started"), [b""])
 
+    def unmark_started(self, piece: Piece) -> None:
+        """Withdraw the evidence of a piece that did not crash (its storage failed instead)."""
+        self._objects.delete(self._key(piece, "started"))
+
     def save(self, piece: Piece, sink: ShardSink) -> None:
         """Persist a fully run piece; `done` is written last, so it implies the rest."""
         self._objects.put_stream(self._key(piece, "out"), sink.outputs.chunks())

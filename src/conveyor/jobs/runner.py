@@ -8,6 +8,9 @@ claimable again once its lease expires.
 A runner with nothing to claim may instead take a speculative second run of a straggler (a
 shard running far longer than its batch's median, see `SpeculationPolicy`); whichever run
 commits first wins and the other finds its commit refused.
+
+A store that fails (unreachable, full) never stops the loop: the failure is reported (see
+`stalls`), the runner backs off, and it claims again until the store serves once more.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 
 from conveyor.jobs.context import JobsContext, shielded, wait_for_any
 from conveyor.jobs.shard import AttemptOutcome, ShardAttempt
+from conveyor.jobs.stalls import StallReporter, backoff_s
 from conveyor.stores.job_store import SpeculationPolicy, StoreError
 from conveyor.stores.object_store import ObjectStoreError
 from conveyor.stores.records import BatchStatus, ShardLease
@@ -28,33 +32,51 @@ class ShardRunner:
     """Claims and runs shards until `shutdown` is set."""
 
     def __init__(
-        self, ctx: JobsContext, wake: asyncio.Event, committed: asyncio.Event | None = None
+        self,
+        ctx: JobsContext,
+        wake: asyncio.Event,
+        committed: asyncio.Event | None = None,
+        stalls: StallReporter | None = None,
     ) -> None:
         """`wake` is set when work may be claimable; we set `committed` after each commit."""
         self._ctx = ctx
         self._wake = wake
         self._committed = committed
+        self._stalls = stalls or StallReporter(ctx)
         self.num_committed = 0
         self.num_failed_attempts = 0
         self.num_speculative = 0
+        self.num_failures_in_a_row = 0
 
     async def run_forever(self, shutdown: asyncio.Event) -> None:
-        """The loop: claim, run, and wait a little whenever there is nothing to do."""
+        """The loop: claim, run, and wait a little whenever there is nothing to do.
+
+        After a failure (a store error, a shard attempt that failed) it waits longer each
+        time in a row, up to `BACKOFF_MAX_S`, so a dead store is not hammered.
+        """
         poll_s = self._ctx.config.poll_every_s
         while not shutdown.is_set():
             lease = await self._claim()
             if lease is None:
-                await wait_for_any([shutdown, self._wake], poll_s)
+                await wait_for_any([shutdown, self._wake], self._wait_s(poll_s))
                 self._wake.clear()
                 continue
             try:
                 is_ok = await self.run_shard(lease, shutdown)
-            except (StoreError, ObjectStoreError, OSError):
-                log.exception("shard %d of %s: store failure", lease.index, lease.batch_id)
+            except (StoreError, ObjectStoreError, OSError) as exc:
+                if not self._stalls.failed("run_shard", exc, lease.batch_id):
+                    log.exception("shard %d of %s: store failure", lease.index, lease.batch_id)
                 is_ok = False
+            self.num_failures_in_a_row = 0 if is_ok else self.num_failures_in_a_row + 1
             if not is_ok:
                 # Back off so a shard that fails at once does not spin the loop.
-                await wait_for_any([shutdown], poll_s)
+                await wait_for_any([shutdown], self._wait_s(poll_s))
+
+    def _wait_s(self, poll_s: float) -> float:
+        """The idle wait: `poll_s`, or the backoff after failures in a row."""
+        return (
+            backoff_s(self.num_failures_in_a_row, poll_s) if self.num_failures_in_a_row else poll_s
+        )
 
     async def _claim(self) -> ShardLease | None:
         """Lease the next claimable shard, else a straggler's speculative run, else None.
@@ -78,9 +100,12 @@ class ShardRunner:
             lease = await asyncio.to_thread(
                 ctx.store.claim_speculative, ctx.worker_id, ctx.clock(), cfg.lease_s, policy
             )
-        except StoreError:
-            log.exception("cannot claim a shard")
+        except StoreError as exc:
+            if not self._stalls.failed("claim_shard", exc):
+                log.exception("cannot claim a shard")
+            self.num_failures_in_a_row += 1
             return None
+        self.num_failures_in_a_row = 0
         if lease is not None:
             self.num_speculative += 1
             log.info("speculating on straggler shard %d of %s", lease.index, lease.batch_id)
@@ -107,26 +132,38 @@ class ShardRunner:
         except asyncio.CancelledError:
             await self._release(lease)
             raise
-        except Exception:
+        except Exception as exc:
             # Anything that is not a line's own error lands here: the shard goes back, and a
             # shard that keeps failing is bisected on later attempts (see `isolation`).
             self.num_failed_attempts += 1
-            log.exception(
-                "shard %d of %s failed on attempt %d", lease.index, lease.batch_id, lease.attempt
-            )
+            await self._report_failure(lease, exc)
             await self._release(lease)
             return False
         if outcome is AttemptOutcome.INTERRUPTED:
             await self._release(lease)
         elif outcome is AttemptOutcome.COMMITTED:
             self.num_committed += 1
+            if self._stalls.is_noted(lease.batch_id):
+                await asyncio.to_thread(self._stalls.recovered, lease.batch_id)
             if self._committed is not None:
                 self._committed.set()  # the batch may be complete: supervise it now
         return True
+
+    async def _report_failure(self, lease: ShardLease, exc: Exception) -> None:
+        """Log a failed attempt: one line for a store failure (noted on the batch), else a
+        traceback."""
+        if not self._stalls.failed("run_shard", exc, lease.batch_id):
+            log.error(
+                "shard %d of %s failed on attempt %d", lease.index, lease.batch_id, lease.attempt,
+                exc_info=exc,
+            )  # fmt: skip
+        elif self._stalls.should_note(exc):
+            await asyncio.to_thread(self._stalls.note, lease.batch_id, "run_shard", exc)
 
     async def _release(self, lease: ShardLease) -> None:
         """Give the shard back now (not at lease expiry); a store error only delays that."""
         try:
             await shielded(lambda: asyncio.to_thread(self._ctx.store.release_shard, lease))
-        except StoreError:
-            log.exception("cannot release shard %d of %s", lease.index, lease.batch_id)
+        except StoreError as exc:
+            if not self._stalls.failed("release_shard", exc, lease.batch_id):
+                log.exception("cannot release shard %d of %s", lease.index, lease.batch_id)

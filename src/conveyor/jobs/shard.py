@@ -28,7 +28,9 @@ from conveyor.jobs.line_runner import LineOutcome, LineResult, LineRunner
 from conveyor.jobs.lines import StopCode, custom_id_of, decode_request, stopped_record
 from conveyor.jobs.planner import shard_requests
 from conveyor.jobs.sink import ShardSink
+from conveyor.jobs.stalls import is_outage
 from conveyor.stores.job_store import StoreError
+from conveyor.stores.object_store import ObjectStoreError
 from conveyor.stores.records import BatchRecord, BatchStatus, ShardLease
 
 log = logging.getLogger(__name__)
@@ -162,10 +164,12 @@ class ShardAttempt:
             try:
                 is_held = await asyncio.to_thread(self._renew_and_report)
                 batch = await asyncio.to_thread(ctx.store.get_batch_any, self._lease.batch_id)
-            except StoreError:
+            except StoreError as exc:
                 # A store hiccup is not the shard's fault: keep running, try again next beat;
                 # if the lease lapses meanwhile, the fenced commit refuses our results.
-                log.warning("heartbeat of shard %d failed", self._lease.index, exc_info=True)
+                ctx.counters.store_error("job_store", "heartbeat")
+                log.warning("heartbeat of shard %d of %s failed, will retry: %s",
+                            self._lease.index, self._lease.batch_id, exc)  # fmt: skip
                 continue
             if not is_held:
                 self._request_stop(StopReason.LOST_LEASE)
@@ -219,6 +223,13 @@ class ShardAttempt:
                 if self._stop is None:
                     await asyncio.to_thread(self._checkpoints.save, piece, piece_sink)
                 await asyncio.to_thread(_absorb, self._sink, piece_sink)
+            except Exception as exc:
+                if is_outage(exc):
+                    # The storage failed, not a line: left in place, `started` would make
+                    # the next attempt bisect the piece and blame innocent lines.
+                    with contextlib.suppress(ObjectStoreError):
+                        await asyncio.to_thread(self._checkpoints.unmark_started, piece)
+                raise
             finally:
                 piece_sink.close()
 

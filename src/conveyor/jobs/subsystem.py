@@ -20,9 +20,11 @@ from conveyor.jobs.context import JobCounters, JobsContext
 from conveyor.jobs.line_runner import RunRequest
 from conveyor.jobs.runner import ShardRunner
 from conveyor.jobs.service import JobsService
+from conveyor.jobs.stalls import StallReporter
 from conveyor.jobs.supervisor import Supervisor
 from conveyor.stores.job_store import open_job_store
 from conveyor.stores.object_store import open_object_store
+from conveyor.stores.timeouts import PostgresTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,14 @@ class JobsSubsystem:
     async def start(self) -> None:
         """Open the stores and start the supervisor and shard runners."""
         cfg = self.config
-        store = await asyncio.to_thread(open_job_store, cfg.job_store_url_for(self._data_dir))
+        timeouts = PostgresTimeouts(
+            connect_timeout_s=cfg.job_store_connect_timeout_s,
+            statement_timeout_ms=cfg.job_store_statement_timeout_ms,
+            acquire_timeout_s=cfg.job_store_acquire_timeout_s,
+        )
+        store = await asyncio.to_thread(
+            open_job_store, cfg.job_store_url_for(self._data_dir), postgres_timeouts=timeouts
+        )
         objects = await asyncio.to_thread(
             open_object_store, cfg.object_store_url_for(self._data_dir)
         )
@@ -117,11 +126,12 @@ class JobsSubsystem:
         self._ctx = ctx
         self._api = JobsService(ctx, self._kick.set)
         self._shutdown.clear()
-        supervisor = Supervisor(ctx, self._wake)
+        stalls = StallReporter(ctx)
+        supervisor = Supervisor(ctx, self._wake, stalls)
         self._spawn("conveyor-jobs-supervisor", supervisor.run_forever(self._shutdown, self._kick))
         if cfg.is_worker:
             for index in range(cfg.num_shard_runners):
-                runner = ShardRunner(ctx, self._wake, self._kick)
+                runner = ShardRunner(ctx, self._wake, self._kick, stalls)
                 self._spawn(f"conveyor-jobs-runner-{index}", runner.run_forever(self._shutdown))
         log.info("batch jobs started (worker %s)", ctx.worker_id)
 

@@ -9,18 +9,22 @@ Every tick (and whenever the API kicks it) it scans the job store:
 
 Every move is a compare-and-set in the store, so several processes may supervise the same
 store; a batch left half-way by a crash is picked up again on the next tick after a restart.
+A store failure only delays a batch: it is reported (see `stalls`) and retried next tick,
+with a longer wait while the store keeps failing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 
 from conveyor.jobs.context import JobsContext, wait_for_any
 from conveyor.jobs.finalize import Finalizer
 from conveyor.jobs.keys import file_key
 from conveyor.jobs.planner import BatchPlan, plan_batch
-from conveyor.stores.job_store import StoreError
+from conveyor.jobs.stalls import StallReporter, backoff_s
+from conveyor.stores.job_store import StoreError, StoreUnavailableError
 from conveyor.stores.object_store import ObjectNotFoundError, ObjectStoreError
 from conveyor.stores.records import BatchError, BatchRecord, BatchStatus, ShardStatus
 
@@ -30,35 +34,58 @@ log = logging.getLogger(__name__)
 class Supervisor:
     """Plans, expires and finalizes the batches of one job store."""
 
-    def __init__(self, ctx: JobsContext, wake_runners: asyncio.Event) -> None:
+    def __init__(
+        self, ctx: JobsContext, wake_runners: asyncio.Event, stalls: StallReporter | None = None
+    ) -> None:
         """`wake_runners` is set after a batch is planned, so runners claim at once."""
         self._ctx = ctx
         self._finalizer = Finalizer(ctx)
         self._wake_runners = wake_runners
+        self._stalls = stalls or StallReporter(ctx)
+        self.num_failed_ticks_in_a_row = 0
 
     async def run_forever(self, shutdown: asyncio.Event, kick: asyncio.Event) -> None:
-        """Tick every `poll_every_s`, or sooner when `kick` is set."""
+        """Tick every `poll_every_s`, or sooner when `kick` is set; back off while failing."""
+        poll_s = self._ctx.config.poll_every_s
         while not shutdown.is_set():
             kick.clear()
             try:
                 await self.tick()
-            except Exception:  # keep supervising: the next tick retries from stored state
-                log.exception("batch supervision failed; retrying")
-            await wait_for_any([shutdown, kick], self._ctx.config.poll_every_s)
+                self.num_failed_ticks_in_a_row = 0
+            except Exception as exc:  # keep supervising: the next tick retries from stored state
+                self.num_failed_ticks_in_a_row += 1
+                if not self._stalls.failed("supervise", exc):
+                    log.exception("batch supervision failed; retrying")
+            wait_s = backoff_s(self.num_failed_ticks_in_a_row, poll_s)
+            await wait_for_any([shutdown, kick], wait_s)
 
     async def tick(self) -> None:
         """One pass over every batch that is not finished."""
         store = self._ctx.store
         for batch in await asyncio.to_thread(store.batches_in_status, [BatchStatus.VALIDATING]):
-            await self.plan(batch)
+            await self._guarded("plan", batch, self.plan(batch))
         for batch in await asyncio.to_thread(store.batches_in_status, [BatchStatus.IN_PROGRESS]):
-            await self._maybe_finish(batch)
+            await self._guarded("check_progress", batch, self._maybe_finish(batch))
         finalizable = [BatchStatus.FINALIZING, BatchStatus.CANCELLING]
         for batch in await asyncio.to_thread(store.batches_in_status, finalizable):
-            try:
-                await asyncio.to_thread(self._finalizer.try_finalize, batch)
-            except (StoreError, ObjectStoreError, OSError, ValueError):
-                log.exception("cannot finalize %s yet", batch.id)
+            await self._guarded("finalize", batch, self._finalize(batch))
+
+    async def _guarded(self, operation: str, batch: BatchRecord, step: Awaitable[None]) -> None:
+        """Run one batch's step; a store failure is reported and left for the next tick."""
+        try:
+            await step
+        except StoreUnavailableError:
+            raise  # nothing else can move either: end the tick and back off
+        except (StoreError, ObjectStoreError, OSError, ValueError) as exc:
+            if not self._stalls.failed(operation, exc, batch.id):
+                log.error("cannot %s batch %s yet", operation, batch.id, exc_info=exc)
+            elif self._stalls.should_note(exc):
+                await asyncio.to_thread(self._stalls.note, batch.id, operation, exc)
+
+    async def _finalize(self, batch: BatchRecord) -> None:
+        """Finalize a batch if it is ready."""
+        if await asyncio.to_thread(self._finalizer.try_finalize, batch):
+            self._stalls.forget(batch.id)
 
     async def plan(self, batch: BatchRecord) -> None:
         """Validate a batch's input; fail it, or store its shards and start it."""

@@ -17,8 +17,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from conveyor.errors import JobStoreUnavailable
 from conveyor.stores import sql_queries as q
 from conveyor.stores.records import (
     STATUS_TIMESTAMP_FIELD,
@@ -37,6 +38,9 @@ from conveyor.stores.records import (
 )
 from conveyor.stores.sql_queries import Dialect, SqlSession
 
+if TYPE_CHECKING:
+    from conveyor.stores.timeouts import PostgresTimeouts
+
 # OpenAI's page-size limits: files list up to 10 000, batches list up to 100.
 MAX_FILES_PAGE = 10_000
 MAX_BATCHES_PAGE = 100
@@ -44,6 +48,10 @@ MAX_BATCHES_PAGE = 100
 
 class StoreError(Exception):
     """A job store operation failed in the database (connection, constraint, closed store)."""
+
+
+class StoreUnavailableError(StoreError, JobStoreUnavailable):
+    """The database cannot serve now (unreachable, timed out, busy, full): the API's 503."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -595,11 +603,11 @@ class SqlJobStore(ABC):
         return self._change(q.REMOVE_WORKER, {"worker_id": worker_id}) > 0
 
 
-def open_job_store(url: str) -> JobStore:
+def open_job_store(url: str, *, postgres_timeouts: PostgresTimeouts | None = None) -> JobStore:
     """Open (and migrate) the job store at `url`.
 
     `sqlite:///abs/path.db` or `sqlite://relative/path.db` (parent directories are created),
-    or `postgresql://user@host:port/dbname` (libpq URL).
+    or `postgresql://user@host:port/dbname` (libpq URL; `postgres_timeouts` bound its waits).
     """
     if url.startswith("sqlite:"):
         # Imported here so each backend's driver loads only when used.
@@ -609,7 +617,7 @@ def open_job_store(url: str) -> JobStore:
     if url.startswith(("postgresql://", "postgres://")):
         from conveyor.stores.postgres_store import PostgresJobStore
 
-        return PostgresJobStore(url)
+        return PostgresJobStore(url, timeouts=postgres_timeouts)
     raise ValueError(f"unsupported job store URL (want sqlite:// or postgresql://): {url!r}")
 
 

@@ -12,21 +12,19 @@ store keeps its temporary files under such names), no backslashes or NUL bytes.
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 from urllib.parse import parse_qs, unquote, urlparse
 
-DEFAULT_CHUNK_BYTES = 1024 * 1024
-# S3 rejects multipart parts smaller than 5 MiB (except the last one).
-MIN_S3_PART_BYTES = 5 * 1024 * 1024
-DEFAULT_S3_PART_BYTES = 8 * 1024 * 1024
+from conveyor.errors import ObjectStoreUnavailable
 
-_T = TypeVar("_T")
+if TYPE_CHECKING:
+    from conveyor.stores.s3_store import S3ObjectStore
+
+DEFAULT_CHUNK_BYTES = 1024 * 1024
 
 
 class ObjectStoreError(Exception):
@@ -35,6 +33,10 @@ class ObjectStoreError(Exception):
 
 class ObjectNotFoundError(ObjectStoreError, LookupError):
     """The key names no object."""
+
+
+class ObjectStoreUnavailableError(ObjectStoreError, ObjectStoreUnavailable):
+    """The storage cannot serve now (disk full, I/O error, S3 unreachable): the API's 503."""
 
 
 class ObjectStore(Protocol):
@@ -104,13 +106,13 @@ def lines_of(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield tail
 
 
-def _check_range(start: int, end: int) -> None:
+def check_range(start: int, end: int) -> None:
     """Reject negative or inverted ranges."""
     if not 0 <= start <= end:
         raise ValueError(f"byte range must satisfy 0 <= start <= end, got [{start}, {end})")
 
 
-def _check_chunk_bytes(chunk_bytes: int) -> None:
+def check_chunk_bytes(chunk_bytes: int) -> None:
     """Reject non-positive chunk sizes."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
@@ -164,8 +166,8 @@ class LocalDirObjectStore:
 
         A missing key raises ObjectNotFoundError here, not on the first read.
         """
-        _check_range(start, end)
-        _check_chunk_bytes(chunk_bytes)
+        check_range(start, end)
+        check_chunk_bytes(chunk_bytes)
         path = self._path(key)
         with _os_errors(key):
             handle = path.open("rb")
@@ -195,207 +197,8 @@ class LocalDirObjectStore:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise ObjectStoreError(f"cannot delete {key!r}: {exc}") from exc
+            raise ObjectStoreUnavailableError(f"cannot delete {key!r}: {exc}") from exc
         return True
-
-
-class S3ObjectStore:
-    """Objects in an S3 (or S3-compatible) bucket under an optional key prefix.
-
-    Small objects are one PutObject; larger streams become a multipart upload of `part_bytes`
-    parts, aborted on failure. S3 only shows an object once it is complete, so readers never
-    see a half-written key. boto3 is imported on first use (`pip install conveyor[s3]`).
-    """
-
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str = "",
-        *,
-        client: Any = None,
-        part_bytes: int = DEFAULT_S3_PART_BYTES,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-    ) -> None:
-        """Use `client` if given, else build a boto3 S3 client (env credentials)."""
-        if not bucket:
-            raise ValueError("bucket must be a non-empty string")
-        if part_bytes < MIN_S3_PART_BYTES:
-            raise ValueError(f"part_bytes must be >= {MIN_S3_PART_BYTES}, got {part_bytes}")
-        botocore_errors = _import_optional("botocore.exceptions")
-        self._errors: tuple[type[Exception], ...] = (
-            botocore_errors.ClientError,
-            botocore_errors.BotoCoreError,
-        )
-        if client is None:
-            client = _import_optional("boto3").client(
-                "s3", endpoint_url=endpoint_url, region_name=region
-            )
-        self._client = client
-        self._bucket = bucket
-        self._prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self._part_bytes = part_bytes
-
-    def _key(self, key: str) -> str:
-        """Full S3 key of a (validated) store key."""
-        return self._prefix + validate_key(key)
-
-    def _call(self, key: str, action: Callable[[], _T]) -> _T:
-        """Run an S3 call, translating its errors (404s become ObjectNotFoundError)."""
-        try:
-            return action()
-        except self._errors as exc:
-            if _s3_error_code(exc) in ("404", "NoSuchKey", "NotFound"):
-                raise ObjectNotFoundError(key) from exc
-            raise ObjectStoreError(f"s3 error on {key!r}: {exc}") from exc
-
-    def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
-        """Write an object from chunks, atomically; return the number of bytes written.
-
-        Holds at most one part (plus one incoming chunk) in memory.
-        """
-        target = self._key(key)
-        upload = _MultipartUpload(self._client, self._bucket, target)
-        buffer = bytearray()
-        num_bytes = 0
-        try:
-            for chunk in chunks:
-                buffer += chunk
-                num_bytes += len(chunk)
-                while len(buffer) >= self._part_bytes:
-                    part = bytes(buffer[: self._part_bytes])
-                    del buffer[: self._part_bytes]
-                    self._call(key, functools.partial(upload.add_part, part))
-            if upload.is_started:
-                self._call(key, lambda: upload.finish(bytes(buffer)))
-            else:
-                body = bytes(buffer)
-                self._call(
-                    key, lambda: self._client.put_object(Bucket=self._bucket, Key=target, Body=body)
-                )
-        except BaseException:
-            upload.abort()
-            raise
-        return num_bytes
-
-    def open_range(
-        self, key: str, start: int, end: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    ) -> Iterator[bytes]:
-        """Stream bytes `[start, end)` of an object (`end` is clamped to its size).
-
-        A missing key raises ObjectNotFoundError here, not on the first read.
-        """
-        _check_range(start, end)
-        _check_chunk_bytes(chunk_bytes)
-        if start == end or start >= self.size(key):
-            # S3 answers an empty or out-of-bounds Range with 416; an empty read is the answer.
-            return iter(())
-        response = self._call(
-            key,
-            lambda: self._client.get_object(
-                Bucket=self._bucket, Key=self._key(key), Range=f"bytes={start}-{end - 1}"
-            ),
-        )
-        return self._stream_body(key, response["Body"], chunk_bytes)
-
-    def _stream_body(self, key: str, body: Any, chunk_bytes: int) -> Iterator[bytes]:
-        """Yield a response body's chunks, closing it at the end."""
-        try:
-            while True:
-                chunk = self._call(key, lambda: body.read(chunk_bytes))
-                if not chunk:
-                    return
-                yield bytes(chunk)
-        finally:
-            body.close()
-
-    def read_lines(self, key: str, start: int, end: int) -> Iterator[bytes]:
-        """Stream the lines of bytes `[start, end)`, without their line terminators."""
-        return lines_of(self.open_range(key, start, end))
-
-    def iter_chunks(self, key: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
-        """Stream a whole object."""
-        _check_chunk_bytes(chunk_bytes)
-        response = self._call(
-            key, lambda: self._client.get_object(Bucket=self._bucket, Key=self._key(key))
-        )
-        return self._stream_body(key, response["Body"], chunk_bytes)
-
-    def size(self, key: str) -> int:
-        """Return an object's size in bytes."""
-        head = self._call(
-            key, lambda: self._client.head_object(Bucket=self._bucket, Key=self._key(key))
-        )
-        return int(head["ContentLength"])
-
-    def exists(self, key: str) -> bool:
-        """Return whether an object exists under `key`."""
-        try:
-            self.size(key)
-        except ObjectNotFoundError:
-            return False
-        return True
-
-    def delete(self, key: str) -> bool:
-        """Delete an object; return whether it existed."""
-        if not self.exists(key):
-            return False
-        self._call(key, lambda: self._client.delete_object(Bucket=self._bucket, Key=self._key(key)))
-        return True
-
-
-class _MultipartUpload:
-    """A multipart upload, started lazily on the first full part."""
-
-    def __init__(self, client: Any, bucket: str, key: str) -> None:
-        """Prepare (but do not start) an upload of `key`."""
-        self._client = client
-        self._bucket = bucket
-        self._key = key
-        self._upload_id: str | None = None
-        self._parts: list[dict[str, Any]] = []
-
-    @property
-    def is_started(self) -> bool:
-        """Whether S3 already holds an open upload for this key."""
-        return self._upload_id is not None
-
-    def add_part(self, data: bytes) -> None:
-        """Upload the next part, starting the upload if needed."""
-        if self._upload_id is None:
-            created = self._client.create_multipart_upload(Bucket=self._bucket, Key=self._key)
-            self._upload_id = str(created["UploadId"])
-        number = len(self._parts) + 1
-        response = self._client.upload_part(
-            Bucket=self._bucket,
-            Key=self._key,
-            UploadId=self._upload_id,
-            PartNumber=number,
-            Body=data,
-        )
-        self._parts.append({"ETag": response["ETag"], "PartNumber": number})
-
-    def finish(self, tail: bytes) -> None:
-        """Upload the remaining bytes as the last part and publish the object."""
-        if tail:
-            self.add_part(tail)
-        self._client.complete_multipart_upload(
-            Bucket=self._bucket,
-            Key=self._key,
-            UploadId=self._upload_id,
-            MultipartUpload={"Parts": self._parts},
-        )
-        self._upload_id = None
-
-    def abort(self) -> None:
-        """Discard uploaded parts; best effort, since we are already handling a failure."""
-        if self._upload_id is None:
-            return
-        with contextlib.suppress(Exception):
-            self._client.abort_multipart_upload(
-                Bucket=self._bucket, Key=self._key, UploadId=self._upload_id
-            )
-        self._upload_id = None
 
 
 def open_object_store(url: str) -> LocalDirObjectStore | S3ObjectStore:
@@ -407,6 +210,8 @@ def open_object_store(url: str) -> LocalDirObjectStore | S3ObjectStore:
     """
     parsed = urlparse(url)
     if parsed.scheme == "s3":
+        from conveyor.stores.s3_store import S3ObjectStore
+
         options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
         unknown = set(options) - {"endpoint_url", "region"}
         if unknown:
@@ -429,13 +234,17 @@ def open_object_store(url: str) -> LocalDirObjectStore | S3ObjectStore:
 
 @contextlib.contextmanager
 def _os_errors(key: str) -> Iterator[None]:
-    """Translate OSError into the object store's errors."""
+    """Translate OSError into the object store's errors.
+
+    Any other OSError (no space, quota, I/O error, read-only or unmounted disk) is the
+    storage failing, not the caller: unavailable, so the API answers 503 and jobs retry.
+    """
     try:
         yield
     except FileNotFoundError as exc:
         raise ObjectNotFoundError(key) from exc
     except OSError as exc:
-        raise ObjectStoreError(f"i/o error on {key!r}: {exc}") from exc
+        raise ObjectStoreUnavailableError(f"i/o error on {key!r}: {exc}") from exc
 
 
 def _write_all(fd: int, chunks: Iterable[bytes]) -> int:
@@ -477,21 +286,3 @@ def _read_range(
                 return
             remaining -= len(chunk)
             yield chunk
-
-
-def _import_optional(module: str) -> Any:
-    """Import an optional dependency (boto3/botocore), explaining how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(
-            f"{module} is required for S3 storage: pip install 'conveyor[s3]'"
-        ) from exc
-
-
-def _s3_error_code(exc: Exception) -> str:
-    """The error code of a botocore ClientError ('' for other errors)."""
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return ""
-    return str(response.get("Error", {}).get("Code", ""))

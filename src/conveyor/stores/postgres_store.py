@@ -3,29 +3,100 @@
 Connections run in autocommit mode; a write session wraps its statements in one explicit
 transaction. Shard claims lock their candidate row with `FOR UPDATE SKIP LOCKED`, so any number
 of workers (threads, processes, hosts) can claim concurrently without handing out a shard twice.
+
+No call waits forever (see `PostgresTimeouts`): connecting, waiting for a pooled connection,
+and every round trip are bounded, so an unreachable or frozen server surfaces within seconds
+as `StoreUnavailableError` (the API's 503) instead of a hang.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
+from psycopg.abc import PQGen
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
-from conveyor.stores.job_store import SqlJobStore, StoreError
+from conveyor.stores.job_store import SqlJobStore, StoreError, StoreUnavailableError
 from conveyor.stores.migrations import apply_migrations
 from conveyor.stores.sql_queries import LOCK_FOR_MIGRATION, Dialect
+from conveyor.stores.timeouts import PostgresTimeouts
 
-Connection = psycopg.Connection[tuple[Any, ...]]
+_R = TypeVar("_R")
 
 DEFAULT_MAX_CONNECTIONS = 4
-DEFAULT_ACQUIRE_TIMEOUT_S = 30.0
-DEFAULT_CONNECT_TIMEOUT_S = 10
+# Idle pooled connections to a vanished host are found dead within about 5 + 3 * 1 s.
+KEEPALIVE_IDLE_S = 5
+KEEPALIVE_INTERVAL_S = 1
+KEEPALIVE_COUNT = 3
+WAIT_INTERVAL_S = 0.1
 # Arbitrary constant naming the advisory lock that serialises schema migrations.
 MIGRATION_LOCK_KEY = 0x636F6E76  # "conv"
+
+
+def connect_params(url: str, timeouts: PostgresTimeouts) -> dict[str, Any]:
+    """libpq parameters: those of `url`, plus the timeouts where the URL sets none.
+
+    TCP keepalives and `tcp_user_timeout` are set too, so the kernel notices a dead peer.
+    """
+    params: dict[str, Any] = conninfo_to_dict(url)
+    defaults = {
+        "connect_timeout": timeouts.connect_timeout_s,
+        "keepalives": 1,
+        "keepalives_idle": KEEPALIVE_IDLE_S,
+        "keepalives_interval": KEEPALIVE_INTERVAL_S,
+        "keepalives_count": KEEPALIVE_COUNT,
+        "tcp_user_timeout": int(timeouts.round_trip_timeout_s * 1000),
+    }
+    for name, value in defaults.items():
+        params.setdefault(name, value)
+    # Earlier `-c` settings lose to later ones, so an explicit one in the URL wins.
+    statement = f"-c statement_timeout={timeouts.statement_timeout_ms}"
+    params["options"] = f"{statement} {params.get('options', '')}".strip()
+    return params
+
+
+def is_unavailable(exc: psycopg.Error) -> bool:
+    """Whether a driver error means the server cannot serve now (wait and retry), not a bug.
+
+    Connection failures and timeouts, cancelled statements (statement_timeout), a server
+    shutting down or out of disk, memory or connections, lock timeouts: all
+    `OperationalError`s except a statement too large for the server, which no wait fixes.
+    """
+    return isinstance(exc, psycopg.OperationalError) and not isinstance(
+        exc, psycopg.errors.ProgramLimitExceeded
+    )
+
+
+class TimedConnection(psycopg.Connection[tuple[Any, ...]]):
+    """A connection whose every round trip is bounded by `round_trip_timeout_s`.
+
+    Past the bound the connection is closed (its state is unknown) and the call raises an
+    `OperationalError`, so a frozen server cannot hold a thread forever. None: no bound.
+    """
+
+    round_trip_timeout_s: float | None = None
+
+    def wait(
+        self, gen: PQGen[_R], interval: float = WAIT_INTERVAL_S, timeout: float | None = None
+    ) -> _R:
+        """Consume `gen` like psycopg does, but never for longer than the bound."""
+        bound_s = timeout if timeout is not None else self.round_trip_timeout_s
+        started = time.monotonic()
+        try:
+            return super().wait(gen, interval, bound_s)
+        except psycopg.OperationalError:
+            if bound_s is not None and time.monotonic() - started >= bound_s:
+                self.pgconn.finish()  # do not send ROLLBACK into a connection that hangs
+            raise
+
+
+Connection = TimedConnection
 
 
 class _ConnectionPool:
@@ -34,15 +105,13 @@ class _ConnectionPool:
     A connection that is broken or left inside a transaction is closed instead of reused.
     """
 
-    def __init__(
-        self, conninfo: str, max_size: int, acquire_timeout_s: float, connect_timeout_s: int
-    ) -> None:
+    def __init__(self, conninfo: str, max_size: int, timeouts: PostgresTimeouts) -> None:
         """Remember how to connect; connections are opened lazily on first use."""
         if max_size < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_size}")
-        self._conninfo = conninfo
-        self._acquire_timeout_s = acquire_timeout_s
-        self._connect_timeout_s = connect_timeout_s
+        self._params = connect_params(conninfo, timeouts)
+        self._timeouts = timeouts
+        self._acquire_timeout_s = timeouts.acquire_timeout_s
         self._slots = threading.BoundedSemaphore(max_size)
         self._lock = threading.Lock()
         self._idle: list[Connection] = []
@@ -52,7 +121,9 @@ class _ConnectionPool:
     def connection(self) -> Iterator[Connection]:
         """Lend a connection for the duration of the block."""
         if not self._slots.acquire(timeout=self._acquire_timeout_s):
-            raise StoreError(f"no database connection free within {self._acquire_timeout_s} s")
+            raise StoreUnavailableError(
+                f"postgres: no connection free within {self._acquire_timeout_s} s"
+            )
         try:
             conn = self._take_idle() or self._connect()
             try:
@@ -70,10 +141,10 @@ class _ConnectionPool:
             return self._idle.pop() if self._idle else None
 
     def _connect(self) -> Connection:
-        """Open a new autocommit connection."""
-        return psycopg.connect(
-            self._conninfo, autocommit=True, connect_timeout=self._connect_timeout_s
-        )
+        """Open a new autocommit connection with bounded round trips."""
+        conn = TimedConnection.connect(autocommit=True, **self._params)
+        conn.round_trip_timeout_s = self._timeouts.round_trip_timeout_s
+        return conn
 
     def _give_back(self, conn: Connection) -> None:
         """Return a healthy idle connection to the pool; close anything else."""
@@ -130,34 +201,46 @@ class PostgresJobStore(SqlJobStore):
         url: str,
         *,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
-        connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S,
+        timeouts: PostgresTimeouts | None = None,
     ) -> None:
         """Connect lazily through a small pool and apply migrations now."""
         super().__init__(Dialect.POSTGRES)
-        self._pool = _ConnectionPool(url, max_connections, acquire_timeout_s, connect_timeout_s)
+        self._pool = _ConnectionPool(url, max_connections, timeouts or PostgresTimeouts())
         try:
-            with self._session(is_write=True) as session:
-                # Concurrent openers queue here instead of racing on CREATE TABLE.
-                session.query(
-                    LOCK_FOR_MIGRATION.text(Dialect.POSTGRES), {"lock_key": MIGRATION_LOCK_KEY}
-                )
-                apply_migrations(session, Dialect.POSTGRES)
+            self._migrate()
         except BaseException:
             self.close()
             raise
 
+    def _migrate(self) -> None:
+        """Apply pending migrations, without the statement timeouts (an index build is slow)."""
+        with self._session(is_write=True, is_bounded=False) as session:
+            session.execute("SET LOCAL statement_timeout = 0", {})
+            # Concurrent openers queue here instead of racing on CREATE TABLE.
+            session.query(
+                LOCK_FOR_MIGRATION.text(Dialect.POSTGRES), {"lock_key": MIGRATION_LOCK_KEY}
+            )
+            apply_migrations(session, Dialect.POSTGRES)
+
     @contextmanager
-    def _session(self, *, is_write: bool) -> Iterator[_PostgresSession]:
+    def _session(self, *, is_write: bool, is_bounded: bool = True) -> Iterator[_PostgresSession]:
         """Yield a session; a write session is one transaction, rolled back on error."""
         try:
             with self._pool.connection() as conn:
-                if is_write:
-                    with conn.transaction():
+                bound_s = conn.round_trip_timeout_s
+                if not is_bounded:
+                    conn.round_trip_timeout_s = None
+                try:
+                    if is_write:
+                        with conn.transaction():
+                            yield _PostgresSession(conn)
+                    else:
                         yield _PostgresSession(conn)
-                else:
-                    yield _PostgresSession(conn)
+                finally:
+                    conn.round_trip_timeout_s = bound_s
         except psycopg.Error as exc:
+            if is_unavailable(exc):
+                raise StoreUnavailableError(f"postgres unavailable: {exc}") from exc
             raise StoreError(f"postgres: {exc}") from exc
 
     def close(self) -> None:

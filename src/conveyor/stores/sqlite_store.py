@@ -16,13 +16,42 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from conveyor.stores.job_store import SqlJobStore, StoreError
+from conveyor.stores.job_store import SqlJobStore, StoreError, StoreUnavailableError
 from conveyor.stores.migrations import apply_migrations
 from conveyor.stores.sql_queries import Dialect
 
 SQLITE_URL_PREFIX = "sqlite://"
 MEMORY_PATH = ":memory:"
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
+# Primary result codes meaning "the file cannot serve now", not "the statement is wrong":
+# busy or locked past the busy timeout, out of memory, read-only, I/O error, disk full,
+# cannot open, lock protocol error.
+UNAVAILABLE_CODES = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+    }
+)
+
+
+def is_unavailable(exc: sqlite3.Error) -> bool:
+    """Whether a driver error means the database file cannot serve now (wait and retry)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    # Extended codes (e.g. SQLITE_IOERR_WRITE) carry the primary code in their low byte.
+    return isinstance(code, int) and (code & 0xFF) in UNAVAILABLE_CODES
+
+
+def translate(exc: sqlite3.Error, context: str) -> StoreError:
+    """The store error for a driver error: unavailable (503) or a plain failure."""
+    if is_unavailable(exc):
+        return StoreUnavailableError(f"sqlite unavailable: {context}{exc}")
+    return StoreError(f"sqlite: {context}{exc}")
 
 
 class _SqliteSession:
@@ -83,7 +112,7 @@ class SqliteJobStore(SqlJobStore):
                 if is_write:
                     conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                raise StoreError(f"sqlite: {exc}") from exc
+                raise translate(exc, "") from exc
 
     def _require_open(self) -> sqlite3.Connection:
         """Return the connection or fail if the store was closed."""
@@ -132,5 +161,5 @@ def _connect(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
             conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA foreign_keys = ON")
     except sqlite3.Error as exc:
-        raise StoreError(f"sqlite: cannot open {path}: {exc}") from exc
+        raise translate(exc, f"cannot open {path}: ") from exc
     return conn

@@ -9,14 +9,13 @@ from typing import Any
 import pytest
 
 from conveyor.stores.object_store import (
-    MIN_S3_PART_BYTES,
     LocalDirObjectStore,
     ObjectNotFoundError,
     ObjectStore,
-    S3ObjectStore,
     lines_of,
     open_object_store,
 )
+from conveyor.stores.s3_store import MIN_S3_PART_BYTES, S3ObjectStore
 
 DATA = b'{"a": 1}\n\n{"b": 22}\n{"c": 333}'
 BUCKET = "conveyor-test-bucket"
