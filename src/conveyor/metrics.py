@@ -28,6 +28,21 @@ OUTCOMES = (
     "model_error",
     "unavailable",
 )
+# The ``requests_total`` outcome of an error, by its HTTP status (any other: model_error).
+OUTCOME_BY_STATUS = {
+    400: "input_error",
+    429: "rejected_queue_full",
+    499: "client_gone",
+    503: "unavailable",
+    504: "deadline",
+}
+
+
+def outcome_of(status_code: int) -> str:
+    """The ``requests_total`` outcome label of an error answered with ``status_code``."""
+    return OUTCOME_BY_STATUS.get(status_code, "model_error")
+
+
 CLOSE_REASONS = ("full", "tokens", "wait")
 
 

@@ -18,9 +18,9 @@ from conveyor.config import (
     ServerConfig,
     SyntheticModelConfig,
 )
-from conveyor.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
+from conveyor.errors import ConveyorError, InvalidRequest, ModelNotFound, ServiceUnavailable
 from conveyor.fleet.model_cache import CacheFull, ModelCache
-from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics
+from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector
 from conveyor.models.registry import build_embedding_model, build_generator
 from conveyor.offload import run_sized
@@ -28,6 +28,8 @@ from conveyor.priority import Priority
 
 if TYPE_CHECKING:
     from conveyor.engine.generator import HostedGenerator
+    from conveyor.engine.sampling_params import SamplingParams
+    from conveyor.engine.stream import GenerationStream
 
 log = logging.getLogger(__name__)
 
@@ -255,14 +257,68 @@ class Service:
             raise ServiceUnavailable(f"model {name!r} is still loading")
         raise ModelNotFound(f"the model {name!r} does not exist", param="model")
 
-    async def submit_embeddings(
+    async def embed(
         self,
-        hosted: HostedModel,
+        model: str,
         inputs: Sequence[EmbeddingInput],
         *,
         priority: Priority = Priority.ONLINE,
         timeout_ms: float | None = None,
         truncate: bool = False,
+        dimensions: int | None = None,
+    ) -> EmbedResult:
+        """Embed ``inputs`` with ``model``; each input is batched like a separate request.
+
+        The one way in for HTTP requests, batch lines and the library alike, so the
+        request outcome and latency metrics count them all.
+        """
+        started_s = time.perf_counter()
+        metrics = self.model_metrics(model)
+        try:
+            async with self.using(model) as hosted:
+                check_inputs(hosted, inputs, dimensions)
+                items, num_tokens = await self._submit(
+                    hosted, inputs, priority, timeout_ms, truncate
+                )
+                vectors = await gather_items(hosted.batcher, items)
+        except asyncio.CancelledError:
+            metrics.requests["client_gone"].inc()
+            raise
+        except ConveyorError as exc:
+            metrics.requests[outcome_of(exc.status_code)].inc()
+            raise
+        metrics.requests["ok"].inc()
+        metrics.latency_s.observe(time.perf_counter() - started_s)
+        return EmbedResult(vectors, num_tokens)
+
+    def generate(
+        self,
+        model: str,
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        *,
+        priority: Priority = Priority.ONLINE,
+        timeout_ms: float | None = None,
+    ) -> GenerationStream:
+        """Queue one sequence per prompt on a generative model; their outputs share a stream.
+
+        Raises 404/400 for the wrong model and 429 when its waiting queue is full; counts
+        such a refusal in the model's outcome metrics (the run counts the rest).
+        """
+        generator = self.generator(model)
+        try:
+            return generator.submit(prompts, params, priority=priority, timeout_ms=timeout_ms)
+        except ConveyorError as exc:
+            generator.metrics.requests[outcome_of(exc.status_code)].inc()
+            raise
+
+    async def _submit(
+        self,
+        hosted: HostedModel,
+        inputs: Sequence[EmbeddingInput],
+        priority: Priority,
+        timeout_ms: float | None,
+        truncate: bool,
     ) -> tuple[list[WorkItem], int]:
         """Encode and admit every input (all or none); returns the items and token count.
 
@@ -283,22 +339,22 @@ class Service:
             raise
         return items, sum(enc.num_tokens for enc in encoded)
 
-    async def embed(
-        self,
-        model: str,
-        inputs: Sequence[EmbeddingInput],
-        *,
-        priority: Priority = Priority.ONLINE,
-        timeout_ms: float | None = None,
-        truncate: bool = False,
-    ) -> EmbedResult:
-        """Embed ``inputs`` with ``model``; each input is batched like a separate request."""
-        async with self.using(model) as hosted:
-            items, num_tokens = await self.submit_embeddings(
-                hosted, inputs, priority=priority, timeout_ms=timeout_ms, truncate=truncate
-            )
-            vectors = await gather_items(hosted.batcher, items)
-        return EmbedResult(vectors, num_tokens)
+
+def check_inputs(
+    hosted: HostedModel, inputs: Sequence[EmbeddingInput], dimensions: int | None
+) -> None:
+    """Limits that depend on the model: the dimensions asked for, inputs per request."""
+    if dimensions is not None and dimensions != hosted.model.dim:
+        raise InvalidRequest(
+            f"model {hosted.config.name!r} returns {hosted.model.dim} dimensions; "
+            f"it cannot return {dimensions}",
+            param="dimensions",
+        )
+    # Config validation keeps max_inputs_per_request <= max_queue, so a request under the
+    # limit can always be queued on an idle model: over it is a 400, never a retryable 429.
+    limit = hosted.config.input_limit
+    if len(inputs) > limit:
+        raise InvalidRequest(f"too many inputs: {len(inputs)} (at most {limit})", param="input")
 
 
 def input_bytes(inputs: Sequence[EmbeddingInput]) -> int:

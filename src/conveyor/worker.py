@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from conveyor.api.app import create_app
 from conveyor.api.errors import error_response
 from conveyor.config import ServerConfig
+from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.jobs.subsystem import JobsSubsystem
@@ -196,7 +197,7 @@ def fleet_model_check(
 def worker_jobs(service: Service, store: JobStore, stale_after_s: float) -> JobsSubsystem:
     """The worker's jobs subsystem: runs shards on ``service``, checks models fleet-wide."""
     check = fleet_model_check(service.config, store, stale_after_s)
-    return JobsSubsystem.for_service(service, is_model_served=check)
+    return jobs_for_service(service, is_model_served=check)
 
 
 async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:

@@ -16,6 +16,7 @@ from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
+from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.service import Service
 
@@ -25,7 +26,7 @@ def create_app(
 ) -> FastAPI:
     """The HTTP app; the service's models load during ASGI lifespan start-up."""
     service = service or Service(config)
-    jobs = jobs or JobsSubsystem.for_service(service)
+    jobs = jobs or jobs_for_service(service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

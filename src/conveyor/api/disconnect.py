@@ -8,6 +8,17 @@ from collections.abc import Callable
 from starlette.types import Receive
 
 
+def cancel_current_task() -> Callable[[], None]:
+    """A callback that cancels the task running now (the handler awaiting a result)."""
+    task = asyncio.current_task()
+
+    def cancel() -> None:
+        if task is not None:
+            task.cancel()
+
+    return cancel
+
+
 class DisconnectWatcher:
     """Runs ``on_disconnect`` if the client goes away before ``close`` is called.
 

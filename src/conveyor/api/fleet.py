@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -12,8 +11,8 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from conveyor.api.disconnect import DisconnectWatcher
-from conveyor.api.embeddings import timeout_from_headers
+from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.api.timeouts import timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
 from conveyor.fleet.proxy import OutboundRequest, forwardable_headers
 
@@ -86,14 +85,6 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def _canceller(task: asyncio.Task[Any] | None) -> Callable[[], None]:
-    def cancel() -> None:
-        if task is not None:
-            task.cancel()
-
-    return cancel
-
-
 @router.post("/v1/{path:path}")
 async def proxy(request: Request, path: str) -> Response:
     """Route an online request to a worker hosting its model; retry on failure."""
@@ -131,7 +122,7 @@ async def _forward(
         deadline=asyncio.get_running_loop().time() + timeout_ms / 1000,
     )
     gateway.num_in_flight += 1
-    watcher = DisconnectWatcher(request.receive, _canceller(asyncio.current_task()))
+    watcher = DisconnectWatcher(request.receive, cancel_current_task())
     try:
         return await gateway.proxy.forward(outbound)
     except asyncio.CancelledError:

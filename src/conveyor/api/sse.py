@@ -10,7 +10,6 @@ KV-cache blocks are freed at once.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,11 +18,15 @@ from fastapi import Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
-from conveyor.api.disconnect import DisconnectWatcher
-from conveyor.api.embeddings import OUTCOME_BY_STATUS, timeout_from_headers
-from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun
+from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.api.timeouts import timeout_from_headers
+from conveyor.endpoints.generation import (
+    ChoiceResult,
+    GenerationRun,
+    PreparedRun,
+    prepare_counted,
+)
 from conveyor.errors import ClientGone, ConveyorError
-from conveyor.metrics import GeneratorMetrics
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
 from conveyor.service import Service
@@ -41,11 +44,6 @@ def encode_event(payload: Mapping[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def outcome_of(error: ConveyorError) -> str:
-    """The ``requests_total`` outcome label for an error."""
-    return OUTCOME_BY_STATUS.get(error.status_code, "model_error")
-
-
 async def serve_generation(
     request: Request,
     parse: Callable[[bytes], Any],
@@ -55,26 +53,17 @@ async def serve_generation(
 ) -> Response:
     """The whole HTTP flow of a generation endpoint: parse, admit, answer as JSON or SSE.
 
-    Parsing and tokenizing a large body run off the event loop (``run_sized``).
+    Parsing and tokenizing a large body run off the event loop (``run_sized``). Outcome
+    metrics are the run's own business (shared with batch lines), not counted here.
     """
     service: Service = request.app.state.service
-    started_s = time.perf_counter()
     raw = await request.body()
     timeout_ms = timeout_from_headers(request)
     body, prepared = await run_sized(len(raw), _parse_and_prepare, service, raw, parse, prepare)
-    generator = service.generator(body.model)
-    try:
-        if isinstance(prepared, ConveyorError):
-            raise prepared
-        run = prepared.launch(priority=Priority.ONLINE, timeout_ms=timeout_ms)
-    except ConveyorError as exc:
-        generator.metrics.requests[outcome_of(exc)].inc()
-        raise
+    run = prepared.launch(service, priority=Priority.ONLINE, timeout_ms=timeout_ms)
     return await respond(
         request,
         run,
-        generator.metrics,
-        started_s=started_s,
         is_stream=body.stream,
         make_body=make_body,
         chunks=make_chunks(run, include_usage=body.include_usage),
@@ -86,28 +75,23 @@ def _parse_and_prepare(
     raw: bytes,
     parse: Callable[[bytes], Any],
     prepare: Callable[[Service, Any], PreparedRun],
-) -> tuple[Any, PreparedRun | ConveyorError]:
-    """Parse, then prepare; a preparation error is returned for the caller to count."""
+) -> tuple[Any, PreparedRun]:
+    """Parse, check the model, then prepare (one trip off the loop for a large body)."""
     body = parse(raw)
-    service.generator(body.model)  # 404 / 400 for the wrong model, uncounted as before
-    try:
-        return body, prepare(service, body)
-    except ConveyorError as exc:
-        return body, exc
+    service.generator(body.model)  # 404 / 400 for the wrong model, before any tokenizing
+    return body, prepare_counted(service, prepare, body)
 
 
 async def respond(
     request: Request,
     run: GenerationRun,
-    metrics: GeneratorMetrics,
     *,
-    started_s: float,
     is_stream: bool,
     make_body: MakeBody,
     chunks: AsyncIterator[dict[str, Any]],
 ) -> Response:
     """Wait for the first output (stream) or the whole result (JSON), watching the caller."""
-    watcher = DisconnectWatcher(request.receive, _canceller(asyncio.current_task()))
+    watcher = DisconnectWatcher(request.receive, cancel_current_task())
     try:
         if is_stream:
             await run.first()
@@ -117,21 +101,17 @@ async def respond(
         run.close()
         if not watcher.is_gone:
             raise
-        metrics.requests["client_gone"].inc()
         raise ClientGone("the client disconnected before the result was ready") from None
-    except ConveyorError as exc:
+    except ConveyorError:
         run.close()
-        metrics.requests[outcome_of(exc)].inc()
         raise
     finally:
         watcher.close()
     if not is_stream:
         run.close()
-        metrics.requests["ok"].inc()
-        metrics.latency_s.observe(time.perf_counter() - started_s)
         return Response(orjson.dumps(body), media_type="application/json")
     return StreamingResponse(
-        _events(run, chunks, metrics, started_s),
+        _events(run, chunks),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
         # Runs after the stream, also when the caller hung up mid-way: free the blocks.
@@ -139,21 +119,8 @@ async def respond(
     )
 
 
-def _canceller(task: asyncio.Task[Any] | None) -> Callable[[], None]:
-    """A callback that cancels ``task`` (the handler waiting for the result)."""
-
-    def cancel() -> None:
-        if task is not None:
-            task.cancel()
-
-    return cancel
-
-
 async def _events(
-    run: GenerationRun,
-    chunks: AsyncIterator[dict[str, Any]],
-    metrics: GeneratorMetrics,
-    started_s: float,
+    run: GenerationRun, chunks: AsyncIterator[dict[str, Any]]
 ) -> AsyncIterator[bytes]:
     """Each chunk as an event, then ``[DONE]``; an error mid-stream becomes an event."""
     try:
@@ -161,16 +128,11 @@ async def _events(
             yield encode_event(chunk)
     except ConveyorError as exc:
         run.close()
-        metrics.requests[outcome_of(exc)].inc()
         yield encode_event(exc.to_body())
         yield DONE_EVENT
         return
     except BaseException:
-        # Cancelled: the caller went away mid-stream.
-        run.close()
-        metrics.requests["client_gone"].inc()
+        run.close()  # cancelled: the caller went away mid-stream
         raise
     run.close()
-    metrics.requests["ok"].inc()
-    metrics.latency_s.observe(time.perf_counter() - started_s)
     yield DONE_EVENT

@@ -9,10 +9,9 @@ from pydantic import ValidationError
 
 from conveyor.endpoints.schemas import EmbeddingRequest
 from conveyor.endpoints.validation import invalid_from_validation
-from conveyor.errors import InvalidRequest
 from conveyor.models.base import Vector
 from conveyor.priority import Priority
-from conveyor.service import HostedModel, Service, gather_items
+from conveyor.service import Service
 
 
 def parse_embedding_request(body: bytes | dict[str, Any]) -> EmbeddingRequest:
@@ -25,23 +24,6 @@ def parse_embedding_request(body: bytes | dict[str, Any]) -> EmbeddingRequest:
         raise invalid_from_validation(exc) from None
 
 
-def check_request(hosted: HostedModel, request: EmbeddingRequest) -> list[str | list[int]]:
-    """Limits that depend on the model; returns the normalised inputs."""
-    if request.dimensions is not None and request.dimensions != hosted.model.dim:
-        raise InvalidRequest(
-            f"model {request.model!r} returns {hosted.model.dim} dimensions; "
-            f"it cannot return {request.dimensions}",
-            param="dimensions",
-        )
-    inputs = request.inputs()
-    # Config validation keeps max_inputs_per_request <= max_queue, so a request under the
-    # limit can always be queued on an idle model: over it is a 400, never a retryable 429.
-    limit = hosted.config.input_limit
-    if len(inputs) > limit:
-        raise InvalidRequest(f"too many inputs: {len(inputs)} (at most {limit})", param="input")
-    return inputs
-
-
 async def run_embeddings(
     service: Service,
     body: bytes | dict[str, Any] | EmbeddingRequest,
@@ -51,13 +33,15 @@ async def run_embeddings(
 ) -> dict[str, Any]:
     """Embed every input of one request; cancelling this drops inputs not yet run."""
     request = body if isinstance(body, EmbeddingRequest) else parse_embedding_request(body)
-    async with service.using(request.model) as hosted:
-        inputs = check_request(hosted, request)
-        items, num_tokens = await service.submit_embeddings(
-            hosted, inputs, priority=priority, timeout_ms=timeout_ms, truncate=request.truncate
-        )
-        vectors = await gather_items(hosted.batcher, items)
-    return embedding_body(request.model, vectors, num_tokens, request.encoding_format)
+    result = await service.embed(
+        request.model,
+        request.inputs(),
+        priority=priority,
+        timeout_ms=timeout_ms,
+        truncate=request.truncate,
+        dimensions=request.dimensions,
+    )
+    return embedding_body(request.model, result.vectors, result.num_tokens, request.encoding_format)
 
 
 def embedding_body(

@@ -19,17 +19,19 @@ from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import GenerationOutput, TokenLogprobs
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.stream import GenerationStream
-from conveyor.errors import InvalidRequest
+from conveyor.errors import ConveyorError, InvalidRequest
+from conveyor.metrics import outcome_of
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
+from conveyor.service import Service
 
 __all__ = [
     "ChoiceResult",
     "GenerationRun",
     "PreparedRun",
-    "check_queue_room",
     "check_token_ids",
     "parse_body",
+    "prepare_counted",
     "resolve_max_tokens",
     "sampling_params",
     "token_text",
@@ -199,6 +201,8 @@ class GenerationRun:
     generator: HostedGenerator
     stream: GenerationStream
     num_prompt_tokens: list[int]
+    started_s: float = field(default_factory=time.perf_counter)
+    _outcome: str | None = field(default=None, init=False)
     _peeked: GenerationOutput | None = field(default=None, init=False)
     _num_output_tokens: dict[int, int] = field(default_factory=dict, init=False)
 
@@ -215,15 +219,24 @@ class GenerationRun:
     async def first(self) -> None:
         """Wait for the first output, so errors before any token surface as plain errors."""
         if self._peeked is None:
-            self._peeked = await self.stream.get()
+            try:
+                self._peeked = await self.stream.get()
+            except ConveyorError as exc:
+                self._settle(outcome_of(exc.status_code))
+                raise
 
     async def outputs(self) -> AsyncIterator[GenerationOutput]:
         """Every output in order (the peeked one first)."""
         if self._peeked is not None:
             peeked, self._peeked = self._peeked, None
             yield self._count(peeked)
-        async for output in self.stream:
-            yield self._count(output)
+        try:
+            async for output in self.stream:
+                yield self._count(output)
+        except ConveyorError as exc:
+            self._settle(outcome_of(exc.status_code))
+            raise
+        self._settle("ok")
 
     def _count(self, output: GenerationOutput) -> GenerationOutput:
         """Track the output token totals for ``usage``."""
@@ -246,8 +259,19 @@ class GenerationRun:
         return results
 
     def close(self) -> None:
-        """Stop listening and abort what has not finished."""
+        """Stop listening and abort what has not finished (counted as the caller gone)."""
         self.stream.close()
+        self._settle("client_gone")
+
+    def _settle(self, outcome: str) -> None:
+        """Count the run's outcome once, in the model's metrics (HTTP and batch alike)."""
+        if self._outcome is not None:
+            return
+        self._outcome = outcome
+        metrics = self.generator.metrics
+        metrics.requests[outcome].inc()
+        if outcome == "ok":
+            metrics.latency_s.observe(time.perf_counter() - self.started_s)
 
 
 @dataclass(slots=True, frozen=True)
@@ -264,11 +288,12 @@ class PreparedRun:
     prompts: list[list[int]]
     params: SamplingParams
 
-    def launch(self, *, priority: Priority, timeout_ms: float | None) -> GenerationRun:
+    def launch(
+        self, service: Service, *, priority: Priority, timeout_ms: float | None
+    ) -> GenerationRun:
         """Submit every prompt to the engine and return the run (429 / 400 raised here)."""
-        check_queue_room(self.generator, len(self.prompts))
-        stream = self.generator.submit(
-            self.prompts, self.params, priority=priority, timeout_ms=timeout_ms
+        stream = service.generate(
+            self.model, self.prompts, self.params, priority=priority, timeout_ms=timeout_ms
         )
         return GenerationRun(
             id=f"{self.id_prefix}-{uuid.uuid4().hex}",
@@ -280,14 +305,20 @@ class PreparedRun:
         )
 
 
-def check_queue_room(generator: HostedGenerator, num_prompts: int) -> None:
-    """More prompts than the queue can ever hold is a 400, not an endless retryable 429."""
-    max_queue = generator.config.max_queue
-    if num_prompts > max_queue:
-        raise InvalidRequest(
-            f"too many prompts: {num_prompts} (this model queues at most {max_queue})",
-            param="prompt",
-        )
+def prepare_counted(
+    service: Service, prepare: Callable[[Service, Any], PreparedRun], request: Any
+) -> PreparedRun:
+    """``prepare(service, request)``; a refusal is counted in the model's outcome metrics.
+
+    Any thread may call this (the counters are thread-safe).
+    """
+    try:
+        return prepare(service, request)
+    except ConveyorError as exc:
+        generator = service.generators.get(request.model)
+        if generator is not None:
+            generator.metrics.requests[outcome_of(exc.status_code)].inc()
+        raise
 
 
 def token_text(generator: HostedGenerator, token_id: int) -> str:
@@ -296,9 +327,9 @@ def token_text(generator: HostedGenerator, token_id: int) -> str:
 
 
 async def run_unstreamed(
-    service: Any,
+    service: Service,
     request: GenerationRequestBody,
-    prepare: Callable[[Any, Any], PreparedRun],
+    prepare: Callable[[Service, Any], PreparedRun],
     make_body: Callable[[GenerationRun, Sequence[ChoiceResult]], dict[str, Any]],
     *,
     priority: Priority,
@@ -310,8 +341,8 @@ async def run_unstreamed(
     """
     if request.stream:
         raise InvalidRequest("stream: true is not supported here", param="stream")
-    prepared = await run_sized(request.input_bytes(), prepare, service, request)
-    run = prepared.launch(priority=priority, timeout_ms=timeout_ms)
+    prepared = await run_sized(request.input_bytes(), prepare_counted, service, prepare, request)
+    run = prepared.launch(service, priority=priority, timeout_ms=timeout_ms)
     try:
         results = await run.collect()
     finally:

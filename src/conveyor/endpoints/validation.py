@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from conveyor.errors import InvalidRequest
+
+
+class ValidationReport(Protocol):
+    """What pydantic's ``ValidationError`` (and FastAPI's wrapper of it) offer: ``errors()``."""
+
+    def errors(self) -> Sequence[Any]:
+        """One dict per problem, with ``loc``, ``msg`` and ``type``."""
+        ...
+
 
 # Fields that accept several shapes: pydantic's per-shape report is noise to a caller.
 UNION_HINTS = {
@@ -14,7 +23,7 @@ UNION_HINTS = {
 }
 
 
-def invalid_from_validation(exc: ValidationError | RequestValidationError) -> InvalidRequest:
+def invalid_from_validation(exc: ValidationReport) -> InvalidRequest:
     """A 400 naming the first bad field, from pydantic's report."""
     errors = exc.errors()
     if not errors:

@@ -88,7 +88,15 @@ class HostedGenerator:
         return stream
 
     def _check_queue(self, num_new: int) -> None:
-        """429 with Retry-After when admitting ``num_new`` more would overflow the queue."""
+        """429 with Retry-After when admitting ``num_new`` more would overflow the queue.
+
+        More than the queue can ever hold is a 400 instead: retrying would never help.
+        """
+        if num_new > self.config.max_queue:
+            raise InvalidRequest(
+                f"too many prompts: {num_new} (this model queues at most {self.config.max_queue})",
+                param="prompt",
+            )
         num_waiting = self.engine.num_waiting
         if num_waiting + num_new > self.config.max_queue:
             raise QueueFull(

@@ -19,10 +19,9 @@ from typing import Any
 
 import orjson
 
+from conveyor.openai_paths import EMBEDDINGS, GENERATION_ENDPOINTS
 from conveyor.stores.job_store import JobStore
 
-EMBEDDINGS = "/v1/embeddings"
-GENERATION_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 KEY_PREFIX = "v2:"  # v2: the tenant is part of the key (v1 keys are never read again)
 
 

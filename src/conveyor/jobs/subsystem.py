@@ -62,34 +62,6 @@ class JobsSubsystem:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
-    @classmethod
-    def for_service(
-        cls, service: Any, *, is_model_served: Callable[[str], bool] | None = None
-    ) -> JobsSubsystem:
-        """Jobs that run their lines on `service`'s models at batch priority.
-
-        A batch's model counts as served when `service` hosts it, unless `is_model_served`
-        says otherwise (a fleet worker also accepts models other workers host).
-        """
-        from conveyor.endpoints import execute
-        from conveyor.priority import Priority
-
-        config = service.config
-        timeout_ms = config.jobs.line_timeout_ms
-
-        async def run_request(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-            return await execute(
-                service, endpoint, body, priority=Priority.BATCH, timeout_ms=timeout_ms
-            )
-
-        def is_hosted(name: str) -> bool:
-            return config.model(name) is not None
-
-        return cls(
-            config.jobs, config.data_dir, run_request, is_model_served or is_hosted,
-            metrics=service.metrics, can_run_model=is_hosted,
-        )  # fmt: skip
-
     @property
     def api(self) -> JobsService:
         """The file and batch operations (503 until started)."""

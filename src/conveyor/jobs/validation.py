@@ -17,9 +17,9 @@ from typing import Any
 import orjson
 
 from conveyor.errors import InvalidRequest
+from conveyor.openai_paths import BATCH_ENDPOINTS
 from conveyor.stores.records import BatchError
 
-SUPPORTED_ENDPOINTS = ("/v1/embeddings", "/v1/completions", "/v1/chat/completions")
 MAX_CUSTOM_ID_CHARS = 512
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
@@ -65,9 +65,9 @@ def parse_completion_window(window: object, *, min_s: float, max_s: float) -> fl
 
 def check_endpoint(endpoint: object) -> str:
     """The endpoint if batches support it, else 400."""
-    if endpoint not in SUPPORTED_ENDPOINTS:
+    if endpoint not in BATCH_ENDPOINTS:
         raise InvalidRequest(
-            f"endpoint must be one of {', '.join(SUPPORTED_ENDPOINTS)}, got {endpoint!r}",
+            f"endpoint must be one of {', '.join(BATCH_ENDPOINTS)}, got {endpoint!r}",
             param="endpoint",
         )
     return str(endpoint)

@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.api.app import create_app
 from conveyor.config import ServerConfig
-from conveyor.jobs.subsystem import JobsSubsystem
+from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.service import Service
 from conveyor.stores import object_store
 from tests.disk_full import FullDisk
@@ -29,7 +29,7 @@ async def test_an_upload_to_a_full_disk_is_a_503_and_leaves_nothing(
 ) -> None:
     config = ServerConfig.model_validate({"models": [SYNTHETIC], "data_dir": str(tmp_path)})
     service = Service(config)
-    jobs = JobsSubsystem.for_service(service)
+    jobs = jobs_for_service(service)
     app = create_app(config, service=service, jobs=jobs)
     await jobs.start()
     try:

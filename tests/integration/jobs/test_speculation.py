@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from conveyor.config import ServerConfig
+from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.service import Service
 from conveyor.stores.records import BatchStatus, ShardStatus
@@ -47,7 +48,7 @@ async def started(config: ServerConfig) -> tuple[Service, JobsSubsystem]:
     """A service and its jobs subsystem, both started."""
     service = Service(config)
     await service.start()
-    jobs = JobsSubsystem.for_service(service)
+    jobs = jobs_for_service(service)
     await jobs.start()
     return service, jobs
 

@@ -14,9 +14,10 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from conveyor.config import ServerConfig
-from conveyor.endpoints import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, execute
+from conveyor.endpoints.dispatch import execute
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import InvalidRequest, ModelNotFound
+from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS
 from conveyor.priority import Priority
 from conveyor.service import Service
 from tests.unit.engine_loop.helpers import HFReference, random_prompts, wait_idle

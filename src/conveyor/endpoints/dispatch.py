@@ -1,0 +1,62 @@
+"""Run one request body against an endpoint path: how batch lines reach the models.
+
+``execute`` returns the OpenAI response body and raises ``ConveyorError`` subclasses for
+anything that is not a 200.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from conveyor.endpoints.chat import run_chat
+from conveyor.endpoints.completions import run_completion
+from conveyor.endpoints.embeddings import run_embeddings
+from conveyor.errors import InvalidRequest
+from conveyor.jobs.subsystem import JobsSubsystem
+from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS
+from conveyor.priority import Priority
+from conveyor.service import Service
+
+
+async def execute(
+    service: Service,
+    endpoint: str,
+    body: bytes | dict[str, Any],
+    *,
+    priority: Priority = Priority.BATCH,
+    timeout_ms: float | None = None,
+) -> dict[str, Any]:
+    """Run one request body against ``endpoint`` and return the OpenAI response body."""
+    if endpoint == EMBEDDINGS:
+        return await run_embeddings(service, body, priority=priority, timeout_ms=timeout_ms)
+    if endpoint == COMPLETIONS:
+        return await run_completion(service, body, priority=priority, timeout_ms=timeout_ms)
+    if endpoint == CHAT_COMPLETIONS:
+        return await run_chat(service, body, priority=priority, timeout_ms=timeout_ms)
+    raise InvalidRequest(f"unsupported endpoint {endpoint!r}", param="url")
+
+
+def jobs_for_service(
+    service: Service, *, is_model_served: Callable[[str], bool] | None = None
+) -> JobsSubsystem:
+    """Batch jobs that run their lines on ``service``'s models at batch priority.
+
+    A batch's model counts as served when ``service`` hosts it, unless ``is_model_served``
+    says otherwise (a fleet worker also accepts models other workers host).
+    """
+    config = service.config
+    timeout_ms = config.jobs.line_timeout_ms
+
+    async def run_request(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await execute(
+            service, endpoint, body, priority=Priority.BATCH, timeout_ms=timeout_ms
+        )
+
+    def is_hosted(name: str) -> bool:
+        return config.model(name) is not None
+
+    return JobsSubsystem(
+        config.jobs, config.data_dir, run_request, is_model_served or is_hosted,
+        metrics=service.metrics, can_run_model=is_hosted,
+    )  # fmt: skip
