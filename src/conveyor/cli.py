@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from starlette.types import ASGIApp
 
 from conveyor.cli_batch import batch_app
 from conveyor.config import ServerConfig, load_config
@@ -25,6 +26,22 @@ def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
         raise typer.Exit(code=2) from None
 
 
+def _run_uvicorn(asgi_app: ASGIApp, settings: ServerConfig) -> None:
+    """Serve ``asgi_app`` on the configured address until SIGINT or SIGTERM."""
+    import uvicorn
+
+    from conveyor.api.server import uvicorn_config
+
+    config = uvicorn_config(
+        asgi_app, settings, host=settings.host, port=settings.port, loop="uvloop",
+        timeout_graceful_shutdown=10,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:  # as uvicorn.run: a failed start-up (port in use) exits non-zero
+        raise typer.Exit(code=3)
+
+
 @app.callback()
 def main() -> None:
     """Conveyor: batched inference behind an OpenAI-compatible API."""
@@ -37,8 +54,6 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port to listen on (0 = any free).")] = None,
 ) -> None:
     """Run the whole service in one process (default model: all-MiniLM-L6-v2)."""
-    import uvicorn
-
     from conveyor.api.app import create_app
 
     settings = _load_or_exit(config, host=host, port=port)
@@ -47,16 +62,7 @@ def serve(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=10,
-    )
+    _run_uvicorn(create_app(settings), settings)
 
 
 # The shared-state options every fleet process takes.
@@ -119,8 +125,6 @@ def gateway(
     target_utilisation: Annotated[float, typer.Option(help="For desired replicas.")] = 0.7,
 ) -> None:
     """Route online requests to the fleet's workers; holds no model."""
-    import uvicorn
-
     from conveyor.gateway import GatewaySettings, create_gateway_app
 
     settings = _load_or_exit(config, host=host, port=port)
@@ -134,16 +138,7 @@ def gateway(
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
     _configure_logging(settings.log_level)
-    uvicorn.run(
-        create_gateway_app(gateway_settings, settings),
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=10,
-    )
+    _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
 
 
 @app.command("check-config")

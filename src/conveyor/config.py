@@ -47,6 +47,11 @@ class SyntheticModelConfig(BatchingConfig):
     dim: int = Field(default=8, ge=1, le=65536)
     max_input_tokens: int = Field(default=512, ge=1)
     fail_marker: str | None = None
+    crash_marker: str | None = Field(
+        default=None,
+        description="Inputs containing it make encoding raise a plain RuntimeError: a "
+        "server bug on purpose (500), for testing how crashes are answered.",
+    )
     oom_above: int | None = Field(default=None, ge=1)
     slow_marker: str | None = None
     slow_ms: float = Field(default=0.0, ge=0)
