@@ -146,6 +146,28 @@ class ServerConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     models: list[ModelConfig] = Field(default_factory=list)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+    max_connections: int = Field(
+        default=2048,
+        ge=1,
+        description="Open connections (and requests in progress) per process; beyond it "
+        "a new request gets 503 and its connection is closed.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="A connection must deliver its whole request head within this time "
+        "(408, then closed).",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Longest wait for the next chunk of a request body (408, then closed).",
+    )
+    metrics_auth: bool = Field(
+        default=False, description="/metrics needs an API key like every /v1 route."
+    )
     model_memory_budget_mb: int | None = Field(
         default=None,
         ge=1,

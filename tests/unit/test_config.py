@@ -68,6 +68,9 @@ models:
         ("- just\n- a list\n", "mapping at the top level"),
         ("models: [\n", "not valid YAML"),
         ("api_keys: [short]\n", "api_keys.0.key"),
+        ("header_timeout_s: 0\n", "header_timeout_s"),
+        ("body_timeout_s: -1\n", "body_timeout_s"),
+        ("max_connections: 0\n", "max_connections"),
     ],
 )
 def test_mistakes_are_reported_with_their_place(tmp_path: Path, text: str, fragment: str) -> None:
@@ -99,3 +102,19 @@ def test_api_keys_with_tenants(tmp_path: Path) -> None:
         ("sk-tenant-a-123", "a"),
         ("sk-plain-12345", "default"),
     ]
+
+
+def test_connection_limits_have_defaults_and_take_overrides(tmp_path: Path) -> None:
+    config = load_config(env={})
+    assert (config.header_timeout_s, config.body_timeout_s, config.max_connections) == (
+        10.0,
+        30.0,
+        2048,
+    )
+    path = write(tmp_path, "header_timeout_s: 2.5\nmax_connections: 100\n")
+    config = load_config(path, env={}, overrides={"body_timeout_s": 5, "max_connections": None})
+    assert (config.header_timeout_s, config.body_timeout_s, config.max_connections) == (
+        2.5,
+        5.0,
+        100,
+    )

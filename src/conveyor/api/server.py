@@ -8,13 +8,15 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from conveyor.api.crash_guard import CrashGuard
+from conveyor.api.slow_clients import ReadTimeouts, slow_client_protocol
 from conveyor.config import ServerConfig
 
 
 def uvicorn_config(
     app: ASGIApp, config: ServerConfig, *, host: str, port: int, **options: Any
 ) -> uvicorn.Config:
-    """uvicorn settings for ``app``: the crash guard outermost, httptools, no access log.
+    """uvicorn settings for ``app``: the crash guard outermost, httptools with read
+    timeouts, the connection cap, no access log.
 
     ``options`` are passed on to ``uvicorn.Config`` (a keep-alive or shutdown timeout).
     """
@@ -22,7 +24,12 @@ def uvicorn_config(
         CrashGuard(app),
         host=host,
         port=port,
-        http="httptools",
+        http=slow_client_protocol(
+            ReadTimeouts(
+                header_timeout_s=config.header_timeout_s, body_timeout_s=config.body_timeout_s
+            )
+        ),
+        limit_concurrency=config.max_connections,
         log_level=config.log_level,
         access_log=False,
         **options,
