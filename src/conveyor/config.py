@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from conveyor.errors import ConfigError
 from conveyor.jobs.config import JobsConfig
@@ -130,10 +139,32 @@ ModelConfig = Annotated[
 
 
 class ApiKey(_Strict):
-    """An accepted API key and the tenant it belongs to."""
+    """An accepted API key and the tenant it belongs to.
 
-    key: str = Field(min_length=8)
+    Give the key itself (``key``) or only its SHA-256 in hex (``key_sha256``, e.g.
+    ``printf %s "$KEY" | sha256sum``), so that the file holds no usable key.
+    """
+
+    key: str | None = Field(default=None, min_length=8)
+    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
     tenant: str = "default"
+
+    _digest: bytes = PrivateAttr(default=b"")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ApiKey:
+        if self.key is not None and self.key_sha256 is None:
+            self._digest = hashlib.sha256(self.key.encode()).digest()
+        elif self.key_sha256 is not None and self.key is None:
+            self._digest = bytes.fromhex(self.key_sha256)
+        else:
+            raise ValueError("give exactly one of key and key_sha256")
+        return self
+
+    @property
+    def digest(self) -> bytes:
+        """The key's SHA-256: what requests are checked against."""
+        return self._digest
 
 
 class ServerConfig(_Strict):
@@ -190,9 +221,11 @@ class ServerConfig(_Strict):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"model names must be unique; repeated: {', '.join(duplicates)}")
-        keys = [api_key.key for api_key in self.api_keys]
-        if len(set(keys)) != len(keys):
+        digests = [api_key.digest for api_key in self.api_keys]
+        if len(set(digests)) != len(digests):
             raise ValueError("api_keys must be unique")
+        if self.metrics_auth and not self.api_keys:
+            raise ValueError("metrics_auth needs api_keys")
         self._check_memory_budget()
         return self
 

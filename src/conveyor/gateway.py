@@ -308,5 +308,7 @@ def create_gateway_app(
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(fleet_routes.router)
-    app.add_middleware(ApiKeyMiddleware, keys={k.key: k.tenant for k in config.api_keys})
+    app.add_middleware(
+        ApiKeyMiddleware, api_keys=config.api_keys, is_metrics_open=not config.metrics_auth
+    )
     return app

@@ -50,5 +50,7 @@ def create_app(
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)
-    app.add_middleware(ApiKeyMiddleware, keys={k.key: k.tenant for k in config.api_keys})
+    app.add_middleware(
+        ApiKeyMiddleware, api_keys=config.api_keys, is_metrics_open=not config.metrics_auth
+    )
     return app
