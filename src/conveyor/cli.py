@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from starlette.types import ASGIApp
 
 from conveyor.cli_batch import batch_app
 from conveyor.config import ServerConfig, load_config
@@ -25,6 +26,34 @@ def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
         raise typer.Exit(code=2) from None
 
 
+# Connection limits every serving command takes (None: the config file's value).
+MaxConnections = Annotated[
+    int | None, typer.Option(help="Open connections per process; beyond it: 503.")
+]
+HeaderTimeoutS = Annotated[
+    float | None, typer.Option(help="Seconds a client may take to send a request head.")
+]
+BodyTimeoutS = Annotated[
+    float | None, typer.Option(help="Seconds a request body may stall between chunks.")
+]
+
+
+def _run_uvicorn(asgi_app: ASGIApp, settings: ServerConfig) -> None:
+    """Serve ``asgi_app`` on the configured address until SIGINT or SIGTERM."""
+    import uvicorn
+
+    from conveyor.api.server import uvicorn_config
+
+    config = uvicorn_config(
+        asgi_app, settings, host=settings.host, port=settings.port, loop="uvloop",
+        timeout_graceful_shutdown=10,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:  # as uvicorn.run: a failed start-up (port in use) exits non-zero
+        raise typer.Exit(code=3)
+
+
 @app.callback()
 def main() -> None:
     """Conveyor: batched inference behind an OpenAI-compatible API."""
@@ -35,28 +64,23 @@ def serve(
     config: Annotated[Path | None, typer.Option(help="YAML config file.")] = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on (0 = any free).")] = None,
+    max_connections: MaxConnections = None,
+    header_timeout_s: HeaderTimeoutS = None,
+    body_timeout_s: BodyTimeoutS = None,
 ) -> None:
     """Run the whole service in one process (default model: all-MiniLM-L6-v2)."""
-    import uvicorn
-
     from conveyor.api.app import create_app
 
-    settings = _load_or_exit(config, host=host, port=port)
+    settings = _load_or_exit(
+        config, host=host, port=port, max_connections=max_connections,
+        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+    )  # fmt: skip
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=10,
-    )
+    _run_uvicorn(create_app(settings), settings)
 
 
 # The shared-state options every fleet process takes.
@@ -88,11 +112,17 @@ def worker(
     worker_id: Annotated[str | None, typer.Option(help="Registry id (default: random).")] = None,
     heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 1.0,
     drain_timeout_s: Annotated[float, typer.Option(help="Longest SIGTERM drain.")] = 30.0,
+    max_connections: MaxConnections = None,
+    header_timeout_s: HeaderTimeoutS = None,
+    body_timeout_s: BodyTimeoutS = None,
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
     from conveyor.worker import WorkerSettings, parse_listen, run_worker
 
-    settings = _load_or_exit(config)
+    settings = _load_or_exit(
+        config, max_connections=max_connections, header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+    )  # fmt: skip
     try:
         host, port = parse_listen(listen)
         worker_settings = WorkerSettings(
@@ -117,13 +147,17 @@ def gateway(
     refresh_s: Annotated[float, typer.Option(help="Seconds between registry reads.")] = 0.25,
     max_attempts: Annotated[int, typer.Option(help="Workers tried per request.")] = 3,
     target_utilisation: Annotated[float, typer.Option(help="For desired replicas.")] = 0.7,
+    max_connections: MaxConnections = None,
+    header_timeout_s: HeaderTimeoutS = None,
+    body_timeout_s: BodyTimeoutS = None,
 ) -> None:
     """Route online requests to the fleet's workers; holds no model."""
-    import uvicorn
-
     from conveyor.gateway import GatewaySettings, create_gateway_app
 
-    settings = _load_or_exit(config, host=host, port=port)
+    settings = _load_or_exit(
+        config, host=host, port=port, max_connections=max_connections,
+        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+    )  # fmt: skip
     try:
         gateway_settings = GatewaySettings(
             store_url=store, objects_url=objects, stale_after_s=stale_after_s,
@@ -134,16 +168,7 @@ def gateway(
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
     _configure_logging(settings.log_level)
-    uvicorn.run(
-        create_gateway_app(gateway_settings, settings),
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=10,
-    )
+    _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
 
 
 @app.command("check-config")

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from conveyor.errors import ConfigError
 from conveyor.jobs.config import JobsConfig
@@ -74,6 +83,11 @@ class SyntheticModelConfig(BatchingConfig):
     dim: int = Field(default=8, ge=1, le=65536)
     max_input_tokens: int = Field(default=512, ge=1)
     fail_marker: str | None = None
+    crash_marker: str | None = Field(
+        default=None,
+        description="Inputs containing it make encoding raise a plain RuntimeError: a "
+        "server bug on purpose (500), for testing how crashes are answered.",
+    )
     oom_above: int | None = Field(default=None, ge=1)
     slow_marker: str | None = None
     slow_ms: float = Field(default=0.0, ge=0)
@@ -152,10 +166,32 @@ ModelConfig = Annotated[
 
 
 class ApiKey(_Strict):
-    """An accepted API key and the tenant it belongs to."""
+    """An accepted API key and the tenant it belongs to.
 
-    key: str = Field(min_length=8)
+    Give the key itself (``key``) or only its SHA-256 in hex (``key_sha256``, e.g.
+    ``printf %s "$KEY" | sha256sum``), so that the file holds no usable key.
+    """
+
+    key: str | None = Field(default=None, min_length=8)
+    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
     tenant: str = "default"
+
+    _digest: bytes = PrivateAttr(default=b"")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ApiKey:
+        if self.key is not None and self.key_sha256 is None:
+            self._digest = hashlib.sha256(self.key.encode()).digest()
+        elif self.key_sha256 is not None and self.key is None:
+            self._digest = bytes.fromhex(self.key_sha256)
+        else:
+            raise ValueError("give exactly one of key and key_sha256")
+        return self
+
+    @property
+    def digest(self) -> bytes:
+        """The key's SHA-256: what requests are checked against."""
+        return self._digest
 
 
 class ServerConfig(_Strict):
@@ -173,6 +209,28 @@ class ServerConfig(_Strict):
         ge=1024,
         description="Largest request body (413 above it); file uploads have their own limit. "
         "16 MiB holds a few million tokens of prompt, past any context window served today.",
+    )
+    max_connections: int = Field(
+        default=2048,
+        ge=1,
+        description="Open connections (and requests in progress) per process; beyond it "
+        "a new request gets 503 and its connection is closed.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="A connection must deliver its whole request head within this time "
+        "(408, then closed).",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Longest wait for the next chunk of a request body (408, then closed).",
+    )
+    metrics_auth: bool = Field(
+        default=False, description="/metrics needs an API key like every /v1 route."
     )
     model_memory_budget_mb: int | None = Field(
         default=None,
@@ -196,9 +254,11 @@ class ServerConfig(_Strict):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"model names must be unique; repeated: {', '.join(duplicates)}")
-        keys = [api_key.key for api_key in self.api_keys]
-        if len(set(keys)) != len(keys):
+        digests = [api_key.digest for api_key in self.api_keys]
+        if len(set(digests)) != len(digests):
             raise ValueError("api_keys must be unique")
+        if self.metrics_auth and not self.api_keys:
+            raise ValueError("metrics_auth needs api_keys")
         self._check_memory_budget()
         return self
 

@@ -89,6 +89,14 @@ class ModelNotFound(NotFound):
     default_code = "model_not_found"
 
 
+class RequestTimeout(ConveyorError):
+    """The client took too long to send its request head or body: 408."""
+
+    status_code = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
 class QueueFull(ConveyorError):
     """Admission refused because the queue is at its bound: 429 with Retry-After."""
 

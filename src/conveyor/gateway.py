@@ -312,5 +312,7 @@ def create_gateway_app(
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
     )
-    app.add_middleware(ApiKeyMiddleware, keys={k.key: k.tenant for k in config.api_keys})
+    app.add_middleware(
+        ApiKeyMiddleware, api_keys=config.api_keys, is_metrics_open=not config.metrics_auth
+    )
     return app

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor.api.app import create_app
 from conveyor.api.errors import error_response
+from conveyor.api.server import uvicorn_config
 from conveyor.config import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.errors import ServiceUnavailable
@@ -212,9 +213,8 @@ async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
     jobs = worker_jobs(service, store, STALE_HEARTBEATS * settings.heartbeat_s)
     gate = DrainGate(create_app(config, service=service, jobs=jobs))
     server = _DrainingServer(
-        uvicorn.Config(
-            gate, host=settings.host, port=settings.port, http="httptools",
-            log_level=config.log_level, access_log=False, timeout_keep_alive=30,
+        uvicorn_config(
+            gate, config, host=settings.host, port=settings.port, timeout_keep_alive=30,
             timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
         )
     )  # fmt: skip

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
 from conveyor.config import DEFAULT_MODEL_NAME, SyntheticModelConfig, load_config
 from conveyor.errors import ConfigError
+
+SHA_OF_SK_12345678 = hashlib.sha256(b"sk-12345678").hexdigest()
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -74,6 +77,21 @@ models:
             "max_inputs_per_request (2048) must be <= max_queue (1024)",
         ),
         ("max_request_bytes: 10\n", "max_request_bytes"),
+        ("header_timeout_s: 0\n", "header_timeout_s"),
+        ("body_timeout_s: -1\n", "body_timeout_s"),
+        ("max_connections: 0\n", "max_connections"),
+        ("api_keys:\n  - {tenant: a}\n", "exactly one of key and key_sha256"),
+        (
+            f"api_keys:\n  - {{key: sk-12345678, key_sha256: {'ab' * 32}}}\n",
+            "exactly one of key and key_sha256",
+        ),
+        ("api_keys:\n  - key_sha256: not-hex\n", "api_keys.0.key_sha256"),
+        (f"api_keys:\n  - key_sha256: {'ab' * 31}\n", "api_keys.0.key_sha256"),
+        (
+            f"api_keys:\n  - sk-12345678\n  - key_sha256: {SHA_OF_SK_12345678}\n",
+            "api_keys must be unique",
+        ),
+        ("metrics_auth: true\n", "metrics_auth needs api_keys"),
     ],
 )
 def test_mistakes_are_reported_with_their_place(tmp_path: Path, text: str, fragment: str) -> None:
@@ -113,3 +131,31 @@ def test_inputs_per_request_default_to_what_the_queue_holds() -> None:
     assert small.input_limit == 100
     explicit = SyntheticModelConfig(name="a", kind="synthetic", max_inputs_per_request=8)
     assert explicit.input_limit == 8
+
+
+def test_connection_limits_have_defaults_and_take_overrides(tmp_path: Path) -> None:
+    config = load_config(env={})
+    assert (config.header_timeout_s, config.body_timeout_s, config.max_connections) == (
+        10.0,
+        30.0,
+        2048,
+    )
+    path = write(tmp_path, "header_timeout_s: 2.5\nmax_connections: 100\n")
+    config = load_config(path, env={}, overrides={"body_timeout_s": 5, "max_connections": None})
+    assert (config.header_timeout_s, config.body_timeout_s, config.max_connections) == (
+        2.5,
+        5.0,
+        100,
+    )
+
+
+def test_api_keys_by_hash(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        f"api_keys:\n  - key_sha256: {SHA_OF_SK_12345678.upper()}\n    tenant: a\n"
+        "metrics_auth: true\n",
+    )
+    config = load_config(path, env={})
+    (api_key,) = config.api_keys
+    assert (api_key.key, api_key.tenant, config.metrics_auth) == (None, "a", True)
+    assert api_key.digest == hashlib.sha256(b"sk-12345678").digest()

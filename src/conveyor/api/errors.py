@@ -9,10 +9,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from conveyor.endpoints.validation import invalid_from_validation
-from conveyor.errors import ConveyorError
+from conveyor.errors import ClientGone, ConveyorError
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,10 @@ def install_error_handlers(app: FastAPI) -> None:
         error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return error_response(error)
 
+    async def on_client_gone(request: Request, exc: Exception) -> Response:
+        # The client left (or was dropped as too slow) while sending its body: no bug.
+        return error_response(ClientGone("the client disconnected while sending its request"))
+
     async def on_crash(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(ConveyorError("internal server error"))
@@ -56,4 +61,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(ValidationError, on_validation_error)
     app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(ClientDisconnect, on_client_gone)
     app.add_exception_handler(Exception, on_crash)

@@ -34,6 +34,9 @@ class SyntheticModel:
         """Whitespace words are this model's tokens; token-id lists count as they are."""
         encoded = []
         for index, item in enumerate(inputs):
+            if self.config.crash_marker is not None and self.config.crash_marker in _text(item):
+                # Not a ConveyorError: stands for a bug, so it must surface as a 500.
+                raise RuntimeError(f"input contains the crash marker {self.config.crash_marker!r}")
             tokens: Sequence[object] = item.split() if isinstance(item, str) else item
             num_tokens = max(1, len(tokens))
             payload: Any = item if isinstance(item, str) else tuple(item)

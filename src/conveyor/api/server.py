@@ -1,0 +1,36 @@
+"""The uvicorn set-up every Conveyor process shares (``serve``, ``worker``, ``gateway``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from conveyor.api.crash_guard import CrashGuard
+from conveyor.api.slow_clients import ReadTimeouts, slow_client_protocol
+from conveyor.config import ServerConfig
+
+
+def uvicorn_config(
+    app: ASGIApp, config: ServerConfig, *, host: str, port: int, **options: Any
+) -> uvicorn.Config:
+    """uvicorn settings for ``app``: the crash guard outermost, httptools with read
+    timeouts, the connection cap, no access log.
+
+    ``options`` are passed on to ``uvicorn.Config`` (a keep-alive or shutdown timeout).
+    """
+    return uvicorn.Config(
+        CrashGuard(app),
+        host=host,
+        port=port,
+        http=slow_client_protocol(
+            ReadTimeouts(
+                header_timeout_s=config.header_timeout_s, body_timeout_s=config.body_timeout_s
+            )
+        ),
+        limit_concurrency=config.max_connections,
+        log_level=config.log_level,
+        access_log=False,
+        **options,
+    )

@@ -1,0 +1,182 @@
+"""The slow-client protocol's timers, driven by hand: no real clock, no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
+from uvicorn.server import ServerState
+
+from conveyor.api.slow_clients import (
+    ReadTimeouts,
+    SlowClientProtocol,
+    slow_client_protocol,
+    timeout_response,
+)
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUTS = ReadTimeouts(header_timeout_s=10.0, body_timeout_s=30.0)
+HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n"
+
+
+class Timer:
+    """A timer the test fires itself."""
+
+    def __init__(self, delay_s: float, callback: Callable[[], None]) -> None:
+        self.delay_s = delay_s
+        self.callback = callback
+        self.is_cancelled = False
+
+    def cancel(self) -> None:
+        self.is_cancelled = True
+
+
+class HandFiredLoop:
+    """The running loop for tasks; ``call_later`` only records the timer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.timers: list[Timer] = []
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> Timer:
+        self.timers.append(Timer(delay_s, callback))
+        return self.timers[-1]
+
+    def create_task(self, coro: Coroutine[Any, Any, None], **kwargs: Any) -> asyncio.Task[None]:
+        return self.loop.create_task(coro, **kwargs)
+
+    def armed(self) -> list[Timer]:
+        return [t for t in self.timers if not t.is_cancelled]
+
+    def fire(self) -> None:
+        (timer,) = self.armed()
+        timer.cancel()
+        timer.callback()
+
+
+class Transport(asyncio.Transport):
+    """Collects what the server writes; knows whether it was closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.is_closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.is_closed = True
+
+    def is_closing(self) -> bool:
+        return self.is_closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 8000)}.get(name)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def echo_length(scope: Scope, receive: Receive, send: Send) -> None:
+    """Read the whole body, answer 200."""
+    more_body = True
+    while more_body:
+        message = await receive()
+        more_body = message.get("more_body", False)
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]}
+    )
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def apps_done(protocol: SlowClientProtocol) -> None:
+    """Wait until every request the protocol started has been answered."""
+    await asyncio.gather(*protocol.tasks)
+
+
+def connect() -> tuple[SlowClientProtocol, HandFiredLoop, Transport]:
+    loop = HandFiredLoop(asyncio.get_running_loop())
+    config = uvicorn.Config(echo_length, http="httptools", log_level="warning")
+    protocol_class = slow_client_protocol(TIMEOUTS)
+    protocol = protocol_class(config, ServerState(), {}, _loop=loop)  # type: ignore[arg-type]
+    transport = Transport()
+    protocol.connection_made(transport)
+    return protocol, loop, transport
+
+
+async def test_a_connection_that_sends_nothing_is_closed_quietly() -> None:
+    _, loop, transport = connect()
+    assert [t.delay_s for t in loop.armed()] == [TIMEOUTS.header_timeout_s]
+    loop.fire()
+    assert transport.is_closed and transport.written == b""
+
+
+async def test_a_trickled_head_gets_408_at_the_header_timeout() -> None:
+    protocol, loop, transport = connect()
+    protocol.data_received(HEAD[:5])
+    assert [t.delay_s for t in loop.armed()] == [TIMEOUTS.header_timeout_s]  # not restarted
+    loop.fire()
+    assert transport.written.startswith(b"HTTP/1.1 408 ")
+    assert b"request_timeout" in transport.written and transport.is_closed
+
+
+async def test_the_body_clock_restarts_with_each_chunk_and_stops_when_complete() -> None:
+    protocol, loop, transport = connect()
+    protocol.data_received(HEAD + b"\r\nab")
+    (body_timer,) = loop.armed()
+    assert body_timer.delay_s == TIMEOUTS.body_timeout_s
+    protocol.data_received(b"c")
+    assert body_timer.is_cancelled and len(loop.armed()) == 1
+    protocol.data_received(b"d")
+    assert loop.armed() == []
+    await apps_done(protocol)
+    assert transport.written.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_a_stalled_body_gets_408_and_the_app_sees_a_disconnect() -> None:
+    protocol, loop, transport = connect()
+    protocol.data_received(HEAD + b"\r\nab")
+    loop.fire()
+    await apps_done(protocol)
+    assert transport.written.startswith(b"HTTP/1.1 408 ")
+    assert b"HTTP/1.1 200" not in transport.written  # the app's answer never follows the 408
+    assert transport.is_closed
+
+
+async def test_a_body_we_stopped_reading_is_not_the_clients_fault() -> None:
+    protocol, loop, transport = connect()
+    protocol.data_received(HEAD + b"\r\nab")
+    protocol.flow.pause_reading()
+    loop.fire()
+    assert not transport.is_closed
+    assert [t.delay_s for t in loop.armed()] == [TIMEOUTS.body_timeout_s]
+
+
+async def test_a_later_request_gets_its_own_header_clock() -> None:
+    protocol, loop, transport = connect()
+    protocol.data_received(HEAD + b"\r\nabcd")
+    await apps_done(protocol)
+    assert transport.written.startswith(b"HTTP/1.1 200 ")
+    protocol.data_received(b"GET")  # uvicorn's keep-alive timer is now off: ours is on
+    ours = [t for t in loop.armed() if t.delay_s == TIMEOUTS.header_timeout_s]
+    assert len(ours) == 1
+
+
+def test_timeout_response_is_complete_http() -> None:
+    raw = timeout_response("too slow")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"content-length: %d" % len(body) in head and b"connection: close" in head
+
+
+def test_timeouts_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="must be > 0"):
+        ReadTimeouts(header_timeout_s=0, body_timeout_s=1)
