@@ -152,7 +152,8 @@ def gateway(
     body_timeout_s: BodyTimeoutS = None,
 ) -> None:
     """Route online requests to the fleet's workers; holds no model."""
-    from conveyor.gateway import GatewaySettings, create_gateway_app
+    from conveyor.api.gateway_app import create_gateway_app
+    from conveyor.gateway import GatewaySettings
 
     settings = _load_or_exit(
         config, host=host, port=port, max_connections=max_connections,

@@ -16,21 +16,11 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
 
-from conveyor.api import batches as batch_routes
-from conveyor.api import files as file_routes
-from conveyor.api import fleet as fleet_routes
-from conveyor.api.auth import ApiKeyMiddleware
-from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
-from conveyor.api.errors import install_error_handlers
-from conveyor.api.fastapi_options import fastapi_options
 from conveyor.config import ServerConfig
 from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.proxy import Proxy, ProxySettings
@@ -39,8 +29,8 @@ from conveyor.fleet.router import Ejections, Router, WorkerView
 from conveyor.fleet.scaling import ModelDemand, RateMeter, desired_replicas
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.metrics import GatewayMetrics
-from conveyor.stores.job_store import JobStore, StoreError, open_job_store
-from conveyor.stores.object_store import ObjectStore, open_object_store
+from conveyor.stores.job_store import JobStore, StoreError
+from conveyor.stores.object_store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -224,39 +214,6 @@ class Gateway:
         for state, count in counts.items():
             self.metrics.workers.labels(state).set(count)
 
-    def fleet_document(self) -> dict[str, Any]:
-        """``GET /v1/fleet``: every worker with its models, load and heartbeat age."""
-        now = time.time()
-        workers = []
-        for record, view in zip(self.registry.records, self.registry.views, strict=True):
-            workers.append(
-                {
-                    "id": record.worker_id,
-                    "address": record.address,
-                    "models": list(record.models),
-                    "loaded_models": sorted(view.loaded_models),
-                    "capacity": record.capacity,
-                    "load": record.load,
-                    "gateway_in_flight": self.router.in_flight(record.worker_id),
-                    "heartbeat_age_s": round(now - record.last_heartbeat_at, 3),
-                    "is_stale": view.is_stale,
-                    "is_draining": view.is_draining,
-                    "is_ejected": self.router.ejections.is_ejected(view, now),
-                    "is_routable": self.router.is_routable(view, now),
-                }
-            )
-        models = {
-            d.model: {
-                "num_replicas": d.num_replicas,
-                "queue_depth": d.queue_depth,
-                "arrival_per_s": round(d.arrival_per_s, 3),
-                "service_per_s_per_replica": round(d.service_per_s_per_replica, 3),
-                "desired_replicas": desired_replicas(d, self.settings.target_utilisation),
-            }
-            for d in self.demands()
-        }
-        return {"object": "fleet", "workers": workers, "models": models}
-
 
 async def _no_shards_here(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
     """A gateway's jobs subsystem never runs shards (``is_worker`` is off); refuse loudly."""
@@ -278,41 +235,3 @@ def gateway_jobs(gateway: Gateway, config: ServerConfig) -> JobsSubsystem:
         _no_shards_here,
         lambda model: model in gateway.healthy_models(),
     )
-
-
-def create_gateway_app(
-    settings: GatewaySettings,
-    config: ServerConfig,
-    *,
-    store: JobStore | None = None,
-) -> FastAPI:
-    """The gateway's HTTP app; API keys come from ``config`` (its models are ignored)."""
-    objects = open_object_store(settings.objects_url) if settings.objects_url else None
-    gateway = Gateway(settings, store or open_job_store(settings.store_url), objects=objects)
-    jobs = gateway_jobs(gateway, config)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await gateway.start()
-        await jobs.start()
-        try:
-            yield
-        finally:
-            await jobs.stop()
-            await gateway.stop()
-
-    app = FastAPI(title="Conveyor gateway", version="0.1.0", lifespan=lifespan, **fastapi_options())
-    app.state.gateway = gateway
-    app.state.jobs = jobs
-    install_error_handlers(app)
-    # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
-    app.include_router(file_routes.router)
-    app.include_router(batch_routes.router)
-    app.include_router(fleet_routes.router)
-    app.add_middleware(
-        BodyLimitMiddleware, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
-    )
-    app.add_middleware(
-        ApiKeyMiddleware, api_keys=config.api_keys, is_metrics_open=not config.metrics_auth
-    )
-    return app

@@ -19,8 +19,8 @@ from conveyor.config import (
     SyntheticModelConfig,
 )
 from conveyor.errors import ConveyorError, InvalidRequest, ModelNotFound, ServiceUnavailable
-from conveyor.fleet.model_cache import CacheFull, ModelCache
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
+from conveyor.model_cache import CacheFull, ModelCache
 from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector
 from conveyor.models.registry import build_embedding_model, build_generator
 from conveyor.offload import run_sized

@@ -9,11 +9,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from conveyor.api import batches, chat, completions, embeddings, files, meta
-from conveyor.api.auth import ApiKeyMiddleware
-from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
+from conveyor.api import batches, files, inference, meta
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
+from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
@@ -48,19 +47,13 @@ def create_app(
     install_error_handlers(app)
     # The hot path skips FastAPI's per-request machinery (dependency solving,
     # body and response models): the handler parses and answers itself.
-    app.add_route("/v1/embeddings", embeddings.create_embeddings, methods=["POST"])
-    app.include_router(completions.router)
-    app.include_router(chat.router)
+    app.add_route("/v1/embeddings", inference.create_embeddings, methods=["POST"])
+    app.include_router(inference.router)
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     install_openapi(app, _body_models)
-    app.add_middleware(
-        BodyLimitMiddleware, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
-    )
-    app.add_middleware(
-        ApiKeyMiddleware, api_keys=config.api_keys, is_metrics_open=not config.metrics_auth
-    )
+    install_middleware(app, config)
     return app
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
@@ -12,6 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from conveyor.api.responses import json_response
 from conveyor.endpoints.validation import invalid_from_validation
 from conveyor.errors import ClientGone, ConveyorError
 
@@ -20,12 +20,7 @@ log = logging.getLogger(__name__)
 
 def error_response(error: ConveyorError) -> Response:
     """The JSON response for ``error``, with its status and headers."""
-    return Response(
-        orjson.dumps(error.to_body()),
-        status_code=error.status_code,
-        media_type="application/json",
-        headers=error.headers(),
-    )
+    return json_response(error.to_body(), error.status_code, error.headers())
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import orjson
 from fastapi import APIRouter, Request
 from starlette.concurrency import iterate_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
+from conveyor.api.responses import json_response
 from conveyor.errors import InvalidRequest
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.jobs.upload import MultipartStream
@@ -24,11 +24,6 @@ def jobs_of(request: Request) -> JobsSubsystem:
 def tenant_of(request: Request) -> str:
     """The caller's tenant, as set by the API key middleware ("default" without keys)."""
     return str(request.scope.get("state", {}).get("tenant", "default"))
-
-
-def json_response(body: object, status_code: int = 200) -> Response:
-    """A JSON response."""
-    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
 
 
 def int_param(request: Request, name: str) -> int | None:

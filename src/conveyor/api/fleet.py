@@ -12,18 +12,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.api.responses import json_response
 from conveyor.api.timeouts import timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
 from conveyor.fleet.proxy import OutboundRequest, forwardable_headers
+from conveyor.fleet.scaling import desired_replicas
 
 if TYPE_CHECKING:
     from conveyor.gateway import Gateway
 
 router = APIRouter()
-
-
-def _json(body: object, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
 
 
 def _gateway(request: Request) -> Gateway:
@@ -55,27 +53,27 @@ async def list_models(request: Request) -> Response:
         {"id": name, "object": "model", "created": 0, "owned_by": "conveyor"}
         for name in _gateway(request).healthy_models()
     ]
-    return _json({"object": "list", "data": data})
+    return json_response({"object": "list", "data": data})
 
 
 @router.get("/v1/fleet")
 async def fleet(request: Request) -> Response:
     """Workers, their models, load and heartbeat age; per-model scaling figures."""
-    return _json(_gateway(request).fleet_document())
+    return json_response(fleet_document(_gateway(request)))
 
 
 @router.get("/health")
 async def health() -> Response:
     """Alive: the process answers."""
-    return _json({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 @router.get("/ready")
 async def ready(request: Request) -> Response:
     """Ready once the worker registry has been read from the store."""
     if _gateway(request).registry.has_refreshed:
-        return _json({"status": "ready", "models": _gateway(request).healthy_models()})
-    return _json({"status": "loading"}, status_code=503)
+        return json_response({"status": "ready", "models": _gateway(request).healthy_models()})
+    return json_response({"status": "loading"}, status_code=503)
 
 
 @router.get("/metrics")
@@ -132,3 +130,37 @@ async def _forward(
     finally:
         watcher.close()
         gateway.num_in_flight -= 1
+
+
+def fleet_document(gateway: Gateway) -> dict[str, Any]:
+    """``GET /v1/fleet``: every worker with its models, load and heartbeat age."""
+    now = time.time()
+    workers = []
+    for record, view in zip(gateway.registry.records, gateway.registry.views, strict=True):
+        workers.append(
+            {
+                "id": record.worker_id,
+                "address": record.address,
+                "models": list(record.models),
+                "loaded_models": sorted(view.loaded_models),
+                "capacity": record.capacity,
+                "load": record.load,
+                "gateway_in_flight": gateway.router.in_flight(record.worker_id),
+                "heartbeat_age_s": round(now - record.last_heartbeat_at, 3),
+                "is_stale": view.is_stale,
+                "is_draining": view.is_draining,
+                "is_ejected": gateway.router.ejections.is_ejected(view, now),
+                "is_routable": gateway.router.is_routable(view, now),
+            }
+        )
+    models = {
+        d.model: {
+            "num_replicas": d.num_replicas,
+            "queue_depth": d.queue_depth,
+            "arrival_per_s": round(d.arrival_per_s, 3),
+            "service_per_s_per_replica": round(d.service_per_s_per_replica, 3),
+            "desired_replicas": desired_replicas(d, gateway.settings.target_utilisation),
+        }
+        for d in gateway.demands()
+    }
+    return {"object": "fleet", "workers": workers, "models": models}

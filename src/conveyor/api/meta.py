@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import orjson
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from conveyor.api.responses import json_response
 from conveyor.service import Service
 
 router = APIRouter()
-
-
-def _json(body: object, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
 
 
 @router.get("/v1/models")
@@ -28,13 +24,13 @@ async def list_models(request: Request) -> Response:
         {"id": name, "object": "model", "created": created, "owned_by": "conveyor"}
         for name, created in entries
     ]
-    return _json({"object": "list", "data": data})
+    return json_response({"object": "list", "data": data})
 
 
 @router.get("/health")
 async def health() -> Response:
     """Alive: the process answers."""
-    return _json({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 @router.get("/ready")
@@ -44,8 +40,8 @@ async def ready(request: Request) -> Response:
     if service.is_ready:
         names = [h.config.name for h in service.models()]
         names += [m.name for m in service.unloaded_models()] + list(service.generators)
-        return _json({"status": "ready", "models": names})
-    return _json({"status": "loading"}, status_code=503)
+        return json_response({"status": "ready", "models": names})
+    return json_response({"status": "loading"}, status_code=503)
 
 
 @router.get("/metrics")

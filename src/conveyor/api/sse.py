@@ -19,6 +19,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.api.responses import json_response
 from conveyor.api.timeouts import timeout_from_headers
 from conveyor.endpoints.generation import (
     ChoiceResult,
@@ -109,7 +110,7 @@ async def respond(
         watcher.close()
     if not is_stream:
         run.close()
-        return Response(orjson.dumps(body), media_type="application/json")
+        return json_response(body)
     return StreamingResponse(
         _events(run, chunks),
         media_type="text/event-stream",

@@ -13,8 +13,9 @@ from starlette.types import Receive, Scope, Send
 
 from conveyor.api.app import create_app
 from conveyor.api.auth import ApiKeyMiddleware, bearer_token
+from conveyor.api.gateway_app import create_gateway_app
 from conveyor.config import ApiKey, ServerConfig
-from conveyor.gateway import GatewaySettings, create_gateway_app
+from conveyor.gateway import GatewaySettings
 from conveyor.stores.job_store import open_job_store
 
 pytestmark = pytest.mark.anyio

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from conveyor.api.fleet import parse_model
+from conveyor.api.fleet import fleet_document, parse_model
 from conveyor.config import ServerConfig
 from conveyor.errors import InvalidRequest
 from conveyor.gateway import Gateway, GatewaySettings
@@ -135,7 +135,7 @@ async def test_gateway_demands_and_fleet_document(store: JobStore) -> None:
     assert demand.queue_depth == 10 and demand.num_replicas == 2
     assert demand.service_per_s_per_replica == 200.0
     assert demand.arrival_per_s == pytest.approx(50 / gateway.settings.arrival_window_s)
-    doc = gateway.fleet_document()
+    doc = fleet_document(gateway)
     assert [w["id"] for w in doc["workers"]] == ["a", "b"]
     assert all(w["is_routable"] for w in doc["workers"])
     assert doc["models"]["m"]["desired_replicas"] == 1  # 5/s / 200/s / 0.5, rounded up

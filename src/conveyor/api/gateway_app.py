@@ -1,0 +1,52 @@
+"""The gateway's HTTP app: Files, Batches, fleet status and the proxy on one ``Gateway``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from conveyor.api import batches as batch_routes
+from conveyor.api import files as file_routes
+from conveyor.api import fleet as fleet_routes
+from conveyor.api.errors import install_error_handlers
+from conveyor.api.fastapi_options import fastapi_options
+from conveyor.api.middleware import install_middleware
+from conveyor.config import ServerConfig
+from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
+from conveyor.stores.job_store import JobStore, open_job_store
+from conveyor.stores.object_store import open_object_store
+
+
+def create_gateway_app(
+    settings: GatewaySettings,
+    config: ServerConfig,
+    *,
+    store: JobStore | None = None,
+) -> FastAPI:
+    """The gateway's HTTP app; API keys come from ``config`` (its models are ignored)."""
+    objects = open_object_store(settings.objects_url) if settings.objects_url else None
+    gateway = Gateway(settings, store or open_job_store(settings.store_url), objects=objects)
+    jobs = gateway_jobs(gateway, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        await jobs.start()
+        try:
+            yield
+        finally:
+            await jobs.stop()
+            await gateway.stop()
+
+    app = FastAPI(title="Conveyor gateway", version="0.1.0", lifespan=lifespan, **fastapi_options())
+    app.state.gateway = gateway
+    app.state.jobs = jobs
+    install_error_handlers(app)
+    # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
+    app.include_router(file_routes.router)
+    app.include_router(batch_routes.router)
+    app.include_router(fleet_routes.router)
+    install_middleware(app, config)
+    return app

@@ -1,0 +1,63 @@
+"""The three OpenAI inference routes over HTTP: embeddings, completions, chat completions.
+
+Thin: each parses, hands the body to ``endpoints`` (shared with batch jobs) and answers.
+Embeddings is a plain Starlette route (no FastAPI per-request machinery on the hot path);
+the generation routes answer as JSON or server-sent events (``api.sse``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.api.responses import json_response
+from conveyor.api.sse import serve_generation
+from conveyor.api.timeouts import timeout_from_headers
+from conveyor.endpoints.chat import chat_body, chat_chunks, parse_chat_request, prepare_chat
+from conveyor.endpoints.completions import (
+    completion_body,
+    completion_chunks,
+    parse_completion_request,
+    prepare_completion,
+)
+from conveyor.endpoints.embeddings import parse_embedding_request, run_embeddings
+from conveyor.errors import ClientGone
+from conveyor.offload import run_sized
+from conveyor.service import Service
+
+router = APIRouter()
+
+
+async def create_embeddings(request: Request) -> Response:
+    """``POST /v1/embeddings``: several inputs are batched like separate requests."""
+    service: Service = request.app.state.service
+    raw = await request.body()
+    body = await run_sized(len(raw), parse_embedding_request, raw)
+    timeout_ms = timeout_from_headers(request)
+    watcher = DisconnectWatcher(request.receive, cancel_current_task())
+    try:
+        result = await run_embeddings(service, body, timeout_ms=timeout_ms)
+    except asyncio.CancelledError:
+        if not watcher.is_gone:
+            raise
+        raise ClientGone("the client disconnected before the result was ready") from None
+    finally:
+        watcher.close()
+    return json_response(result)
+
+
+@router.post("/v1/completions")
+async def create_completion(request: Request) -> Response:
+    """OpenAI text completions; one choice per prompt, ``stream: true`` for SSE."""
+    return await serve_generation(
+        request, parse_completion_request, prepare_completion, completion_body, completion_chunks
+    )
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request) -> Response:
+    """OpenAI chat completions through the model's chat template; ``stream: true`` for SSE."""
+    return await serve_generation(request, parse_chat_request, prepare_chat, chat_body, chat_chunks)
