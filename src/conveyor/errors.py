@@ -190,13 +190,5 @@ class ObjectStoreUnavailable(StoreUnavailable):
     store_name = "object_store"
 
 
-class NotImplementedYet(ConveyorError):
-    """A capability that is planned but not built yet: 501, said plainly."""
-
-    status_code = 501
-    error_type = "invalid_request_error"
-    default_code = "not_implemented"
-
-
 class ConfigError(ConveyorError):
     """The configuration is invalid; raised once at start-up."""
