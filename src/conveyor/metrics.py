@@ -143,6 +143,11 @@ class Metrics:
             "conveyor_inputs_processed_total", "Inputs the model has run", ["model"],
             registry=reg,
         )  # fmt: skip
+        self._add_job_families(reg)
+        self._add_generator_families(reg)
+
+    def _add_job_families(self, reg: CollectorRegistry) -> None:
+        """Families of batch jobs (lines, the result cache, storage failures)."""
         self.batch_cache_hits = Counter(
             "conveyor_batch_cache_hits_total", "Batch job lines answered from the result cache",
             registry=reg,
@@ -156,7 +161,6 @@ class Metrics:
             "Job store and object store operations of batch jobs that failed, retried later",
             ["store", "operation"], registry=reg,
         )  # fmt: skip
-        self._add_generator_families(reg)
 
     def _add_generator_families(self, reg: CollectorRegistry) -> None:
         """Families of generative models (continuous batching), labelled by model."""
