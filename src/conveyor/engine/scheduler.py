@@ -7,17 +7,20 @@ Policy, kept deliberately simple:
   order (the head blocks the queue when it does not fit), so a preempted
   sequence, which keeps its arrival, is readmitted before newer arrivals of the
   same or lower priority.
-* Each step.  Running sequences go first: single-token steps (decodes) in
-  order, then running chunked prefills in order, each taking what is left of
-  the token budget.  Then waiting sequences are admitted while the sequence
-  cap, the token budget and free blocks allow; a prompt longer than the
-  remaining budget is prefilled in chunks over several steps.
+* Each step.  Decodes (single-token steps) of every running sequence go
+  first, in order: they are cheap and hold callers mid-answer.  Then, class by
+  class (online, then batch): that class's running chunked prefills, then its
+  waiting sequences are admitted while the sequence cap, the token budget and
+  free blocks allow.  So an online prompt takes the step's token budget before
+  any batch-job prefill does.  A prompt longer than the remaining budget is
+  prefilled in chunks over several steps.
 * Preemption.  When a running sequence needs a block and none is free, the
   running sequence with the largest ``(priority, arrival)`` is preempted (its
   blocks are freed and its tokens, generated ones included, are recomputed
-  after readmission).  A step that preempted admits no one: the pool is short.
-  Preemption only ever serves running sequences; a waiting online request
-  waits for blocks rather than evicting running batch work.
+  after readmission).  A step whose running sequences were short of blocks
+  admits no one.  A waiting online request that lacks a seat or blocks which
+  running batch-job sequences hold preempts those, newest first, as long as
+  that makes it fit; it never evicts another online request.
 * Two-phase steps.  ``schedule`` reserves blocks but does not advance any
   sequence; ``postprocess`` does, after the model ran.  If the run fails (out
   of memory), the caller shrinks the token budget and schedules again.
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.sequence import Sequence, SequenceStatus, check_token_id
 from conveyor.engine.step import SeqChunk
+from conveyor.priority import Priority
 
 
 def _order_key(seq: Sequence) -> tuple[int, int]:
@@ -124,11 +128,13 @@ class SchedulerOutput:
 class _StepPlan:
     """Mutable accumulator for one ``schedule`` call."""
 
-    __slots__ = ("budget_left", "num_batched_tokens", "preempted", "scheduled")
+    __slots__ = ("budget_left", "is_short", "num_batched_tokens", "preempted", "scheduled")
 
     def __init__(self, token_budget: int) -> None:
         self.scheduled: dict[str, ScheduledSeq] = {}
         self.preempted: list[Sequence] = []
+        # Running sequences were short of blocks: nobody is admitted this step.
+        self.is_short = False
         self.budget_left = token_budget
         self.num_batched_tokens = 0
 
@@ -285,13 +291,16 @@ class Scheduler:
             raise RuntimeError(f"finish() the sequences at max_model_len first: {capped}")
         plan = _StepPlan(self._token_budget)
         # Decodes first: one token each, and they hold the most latency-bound users.
-        for single_token in (True, False):
+        for seq in list(self._running):
+            if seq.status is SequenceStatus.RUNNING and seq.num_uncomputed_tokens == 1:
+                self._schedule_running(seq, plan)
+        for priority in Priority:
             for seq in list(self._running):
-                is_single = seq.num_uncomputed_tokens == 1
-                if seq.status is SequenceStatus.RUNNING and is_single is single_token:
+                is_prefill = seq.num_uncomputed_tokens > 1
+                if seq.status is SequenceStatus.RUNNING and is_prefill and seq.priority is priority:
                     self._schedule_running(seq, plan)
-        if not plan.preempted:
-            self._admit_waiting(plan)
+            if not plan.is_short:
+                self._admit_waiting(plan, priority)
         self._pending = plan.to_output()
         return self._pending
 
@@ -301,6 +310,7 @@ class Scheduler:
             return
         while (room := self._block_manager.num_appendable_tokens(seq)) < 1:
             victim = self._running[-1]
+            plan.is_short = True
             self._preempt(victim, plan)
             if victim is seq:
                 return
@@ -319,17 +329,18 @@ class Scheduler:
         bisect.insort(self._waiting, victim, key=_order_key)
         plan.preempted.append(victim)
 
-    def _admit_waiting(self, plan: _StepPlan) -> None:
-        """Admit waiting sequences in order while seats, budget and blocks allow."""
+    def _admit_waiting(self, plan: _StepPlan, priority: Priority) -> None:
+        """Admit waiting sequences of ``priority`` in order while seats, budget, blocks allow.
+
+        The queue head blocks everything behind it, whatever their class.
+        """
         manager = self._block_manager
-        while (
-            self._waiting
-            and len(self._running) < self._config.max_num_seqs
-            and plan.budget_left > 0
-        ):
+        while self._waiting and plan.budget_left > 0:
             seq = self._waiting[0]
+            if seq.priority is not priority:
+                return
             num_new = min(seq.num_tokens - manager.num_cache_hit_tokens(seq), plan.budget_left)
-            if not manager.can_allocate(seq, num_new):
+            if not self._fits(seq, num_new) and not self._make_room(seq, num_new, plan):
                 return
             self._waiting.pop(0)
             manager.allocate(seq)
@@ -337,6 +348,29 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self._running, seq, key=_order_key)
             plan.add(ScheduledSeq(seq, num_new))
+
+    def _fits(self, seq: Sequence, num_new: int) -> bool:
+        """Whether ``seq`` can be admitted now with ``num_new`` tokens: a seat and blocks."""
+        has_seat = len(self._running) < self._config.max_num_seqs
+        return has_seat and self._block_manager.can_allocate(seq, num_new)
+
+    def _make_room(self, seq: Sequence, num_new: int, plan: _StepPlan) -> bool:
+        """Preempt running batch-job sequences, newest first, until online ``seq`` fits.
+
+        Nothing is preempted unless freeing every batch-job sequence would be enough.
+        """
+        if seq.priority is not Priority.ONLINE:
+            return False
+        victims = [other for other in self._running if other.priority is not Priority.ONLINE]
+        reclaimable = sum(len(victim.block_table) for victim in victims)
+        manager = self._block_manager
+        if not victims or manager.num_free_blocks + reclaimable < manager.num_blocks_needed(
+            num_new
+        ):
+            return False
+        while victims and not self._fits(seq, num_new):
+            self._preempt(victims.pop(), plan)
+        return self._fits(seq, num_new)
 
     def postprocess(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
         """Apply a step the model completed: advance caches, append sampled tokens.

@@ -358,6 +358,83 @@ def test_online_is_admitted_before_batch() -> None:
     assert [seq.seq_id for seq in harness.done] == ["online", "batch"]
 
 
+def test_an_online_request_takes_a_seat_from_the_newest_batch_job_sequence() -> None:
+    harness = make_harness(max_num_seqs=2)
+    old = harness.add("batch-old", [1, 2], max_tokens=6, priority=Priority.BATCH)
+    new = harness.add("batch-new", [3, 4], max_tokens=6, priority=Priority.BATCH)
+    harness.step()
+    online = harness.add("online", [5, 6], max_tokens=2, priority=Priority.ONLINE)
+    output = harness.step()
+    assert output.preempted == [new]
+    assert chunk_sizes(output) == {"batch-old": 1, "online": 2}
+    assert new.status is SequenceStatus.WAITING
+    harness.drain()  # the preempted job still finishes, with the same tokens
+    for seq in (old, new, online):
+        assert seq.token_ids == reference_tokens(seq.prompt_token_ids, seq.num_output_tokens)
+    assert_pool_whole(harness.manager)
+
+
+def test_an_online_request_takes_blocks_that_batch_job_sequences_hold() -> None:
+    # 2 blocks of 4 tokens, one held by each batch-job sequence; their decodes still fit.
+    harness = make_harness(
+        num_blocks=2, block_size=4, max_num_seqs=4, max_num_batched_tokens=8, max_model_len=8
+    )
+    jobs = [harness.add(f"job{i}", [i + 1, 2, 3], max_tokens=2, priority=Priority.BATCH)
+            for i in range(2)]  # fmt: skip
+    harness.step()
+    assert harness.manager.num_free_blocks == 0
+    online = harness.add("online", [9, 9, 9], max_tokens=1, priority=Priority.ONLINE)
+    output = harness.step()  # the online prompt runs (and, one token long, finishes)
+    assert output.preempted == [jobs[1]]
+    assert chunk_sizes(output) == {"job0": 1, "online": 3}
+    harness.drain()
+    for seq in (*jobs, online):
+        assert seq.token_ids == reference_tokens(seq.prompt_token_ids, seq.num_output_tokens)
+    assert_pool_whole(harness.manager)
+
+
+def test_an_online_request_never_evicts_another_online_request() -> None:
+    harness = make_harness(max_num_seqs=1)
+    first = harness.add("first", [1, 2], max_tokens=3, priority=Priority.ONLINE)
+    harness.step()
+    harness.add("second", [3, 4], max_tokens=1, priority=Priority.ONLINE)
+    output = harness.step()
+    assert output.preempted == []
+    assert chunk_sizes(output) == {"first": 1}
+    assert first.num_preemptions == 0
+
+
+def test_a_batch_job_sequence_never_evicts_anyone_to_get_in() -> None:
+    harness = make_harness(max_num_seqs=1)
+    harness.add("job-old", [1, 2], max_tokens=3, priority=Priority.BATCH)
+    harness.step()
+    harness.add("job-new", [3, 4], max_tokens=1, priority=Priority.BATCH)
+    assert harness.step().preempted == []
+
+
+def test_nothing_is_preempted_when_it_would_not_make_room() -> None:
+    # The online prompt needs 4 blocks; an online sequence holds 2 of the 4.
+    harness = make_harness(
+        num_blocks=4, block_size=2, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=8
+    )
+    harness.add("online-old", [1, 2, 3], max_tokens=4, priority=Priority.ONLINE)
+    harness.add("job", [4, 5, 6], max_tokens=4, priority=Priority.BATCH)
+    harness.step()
+    harness.add("online-big", [7] * 7, max_tokens=1, priority=Priority.ONLINE)
+    output = harness.step()
+    assert output.preempted == []
+    assert "job" in chunk_sizes(output)
+
+
+def test_an_online_prompt_takes_the_token_budget_before_a_batch_prefill() -> None:
+    harness = make_harness(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64)
+    job = harness.add("job", list(range(1, 41)), max_tokens=1, priority=Priority.BATCH)
+    assert chunk_sizes(harness.step()) == {"job": 8}  # a long batch prefill, chunked
+    harness.add("online", [9, 8, 7, 6, 5, 4], max_tokens=1, priority=Priority.ONLINE)
+    assert chunk_sizes(harness.step()) == {"online": 6, "job": 2}
+    assert job.is_prefill
+
+
 def test_waiting_order_is_priority_then_arrival() -> None:
     harness = make_harness(max_num_seqs=1)
     for seq_id, priority in [("b0", 1), ("o1", 0), ("b2", 1), ("o3", 0)]:
