@@ -226,6 +226,25 @@ async def test_queue_full_is_429_with_retry_after_from_service_rate(make_batcher
     await asyncio.gather(*(i.future for i in queued))
 
 
+async def test_retry_after_rounds_a_partial_second_up(make_batcher) -> None:
+    """Retry-After is whole seconds and never earlier than the queue can drain."""
+    model = GatedModel()
+    batcher, _ = make_batcher(model, max_batch_size=2, max_queue=4)
+    for _ in range(5):
+        batcher.timing.observe(2, 1.25)
+    blocker = submit(batcher, "blocker")
+    submit(batcher, "blocker-2")
+    await model.wait_started()
+    queued = [submit(batcher, i) for i in range(4)]
+    with pytest.raises(QueueFull) as info:
+        submit(batcher, "one too many")
+    # 4 queued, batches of 2 at 1.25 s each: 2.5 s to drain, so come back in 3.
+    assert info.value.headers() == {"Retry-After": "3"}
+    model.open_forever()
+    await blocker.future
+    await asyncio.gather(*(i.future for i in queued))
+
+
 async def test_abandoned_input_never_runs(make_batcher) -> None:
     model = GatedModel()
     batcher, _ = make_batcher(model, max_batch_size=1)

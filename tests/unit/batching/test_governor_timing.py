@@ -55,3 +55,90 @@ def test_timing_cold_is_not_warm() -> None:
     model = BatchTimeModel(min_observations=3)
     model.observe(1, 0.01)
     assert not model.is_warm
+
+
+def test_governor_oom_above_the_cap_never_raises_it() -> None:
+    """An OOM reported for a batch larger than the cap (an older, bigger batch) keeps the cap."""
+    gov = BatchSizeGovernor(64, probe_interval_s=10.0)
+    assert gov.on_oom(64, now=0.0) == 32
+    assert gov.on_oom(128, now=1.0) == 32
+    assert gov.cap(now=2.0) == 32
+
+
+def test_governor_probe_stops_at_a_maximum_that_is_not_a_power_of_two() -> None:
+    """Probing doubles the cap but never past ``max_batch_size``."""
+    gov = BatchSizeGovernor(48, probe_interval_s=10.0)
+    assert gov.on_oom(40, now=0.0) == 20
+    assert gov.cap(now=10.0) == 40
+    assert gov.cap(now=20.0) == 48  # not 80
+    assert gov.cap(now=30.0) == 48
+    assert not gov.is_backed_off
+
+
+def _constant_model(seconds_per_batch: float, cap: int) -> BatchTimeModel:
+    """A warm model that has only ever seen full batches of ``cap`` taking the same time."""
+    model = BatchTimeModel()
+    for _ in range(5):
+        model.observe(cap, seconds_per_batch)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("num_ahead", "num_batches"),
+    [(0, 1), (1, 1), (99, 1), (100, 2), (199, 2), (200, 3)],
+)
+def test_predicted_wait_counts_the_batch_the_new_input_rides_in(
+    num_ahead: int, num_batches: int
+) -> None:
+    """An input waits for every batch ahead of it and then for its own batch."""
+    model = _constant_model(0.5, cap=100)
+    assert model.predicted_wait_s(num_ahead, cap=100) == pytest.approx(num_batches * 0.5)
+
+
+@pytest.mark.parametrize(
+    ("num_queued", "num_batches"),
+    [(0, 0), (1, 1), (100, 1), (101, 2), (150, 2), (200, 2), (201, 3)],
+)
+def test_drain_time_counts_a_partial_last_batch(num_queued: int, num_batches: int) -> None:
+    """Draining the queue takes one batch per ``cap`` inputs, a partial batch included."""
+    model = _constant_model(0.5, cap=100)
+    assert model.drain_time_s(num_queued, cap=100) == pytest.approx(num_batches * 0.5)
+
+
+def test_noisy_data_never_predicts_bigger_batches_as_faster() -> None:
+    """A fit whose slope comes out negative (noise) is clamped: time never falls with size."""
+    model = BatchTimeModel(alpha=0.5)
+    for size, seconds in [(10, 0.30), (100, 0.10), (10, 0.30), (100, 0.10)]:
+        model.observe(size, seconds)
+    small, large = model.seconds_for(10), model.seconds_for(1000)
+    assert large > 0
+    assert large >= small
+    assert model.service_rate(1000) > 0
+
+
+def test_first_observation_is_the_whole_estimate_then_later_ones_blend_in() -> None:
+    """The first batch counts in full; each later one moves the estimate by ``alpha``."""
+    model = BatchTimeModel(alpha=0.5)
+    model.observe(10, 0.1)
+    assert model.seconds_for(10) == pytest.approx(0.1)
+    assert model.seconds_for(20) == pytest.approx(0.1)  # one size seen: no per-item cost yet
+    model.observe(10, 0.2)
+    assert model.seconds_for(10) == pytest.approx(0.15)
+
+
+def test_timing_is_warm_exactly_at_min_observations() -> None:
+    """Predictions are trusted from the ``min_observations``-th batch on, not one later."""
+    model = BatchTimeModel(min_observations=3)
+    for _ in range(2):
+        model.observe(4, 0.01)
+    assert not model.is_warm
+    model.observe(4, 0.01)
+    assert model.is_warm
+
+
+def test_timing_validates_alpha() -> None:
+    """alpha outside (0, 1] is refused; 1 (no memory) is allowed."""
+    for alpha in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError):
+            BatchTimeModel(alpha=alpha)
+    BatchTimeModel(alpha=1.0)

@@ -102,3 +102,14 @@ def test_cap_splits_batch_before_running() -> None:
     model = Recorder()
     run_isolated(model, list(range(7)), cap=3, on_oom=never_oom)
     assert [len(c) for c in model.calls] == [3, 3, 1]
+
+
+def test_too_many_outputs_fail_every_input_loudly() -> None:
+    """A model that answers with more outputs than inputs breaks the contract as well."""
+
+    def chatty(payloads: list[Any]) -> list[int]:
+        return [*payloads, 99]
+
+    results = run_isolated(chatty, [1, 2, 3], cap=3, on_oom=never_oom)
+    assert all(isinstance(r, ModelContractError) for r in results)
+    assert "4 outputs for a batch of 3" in results[0].message
