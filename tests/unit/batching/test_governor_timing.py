@@ -75,34 +75,66 @@ def test_governor_probe_stops_at_a_maximum_that_is_not_a_power_of_two() -> None:
     assert not gov.is_backed_off
 
 
-def _constant_model(seconds_per_batch: float, cap: int) -> BatchTimeModel:
-    """A warm model that has only ever seen full batches of ``cap`` taking the same time."""
-    model = BatchTimeModel()
-    for _ in range(5):
-        model.observe(cap, seconds_per_batch)
+def _linear_model() -> BatchTimeModel:
+    """A warm model fitted to batches taking 20 ms plus 1 ms per input."""
+    model = BatchTimeModel(alpha=0.2)
+    for size in (1, 10, 50, 100, 5, 80) * 5:
+        model.observe(size, 0.020 + 0.001 * size)
     return model
 
 
 @pytest.mark.parametrize(
-    ("num_ahead", "num_batches"),
-    [(0, 1), (1, 1), (99, 1), (100, 2), (199, 2), (200, 3)],
+    ("num_ahead", "cap", "num_batches"),
+    [
+        *[(0, 100, 1), (1, 100, 1), (99, 100, 1), (100, 100, 2), (199, 100, 2), (200, 100, 3)],
+        *[(0, 1, 1), (2, 1, 3)],
+    ],
 )
 def test_predicted_wait_counts_the_batch_the_new_input_rides_in(
-    num_ahead: int, num_batches: int
+    num_ahead: int, cap: int, num_batches: int
 ) -> None:
-    """An input waits for every batch ahead of it and then for its own batch."""
-    model = _constant_model(0.5, cap=100)
-    assert model.predicted_wait_s(num_ahead, cap=100) == pytest.approx(num_batches * 0.5)
+    """An input waits for every full batch ahead of it and then for its own batch."""
+    model = _linear_model()
+    expected_s = num_batches * (0.020 + 0.001 * cap)
+    assert model.predicted_wait_s(num_ahead, cap=cap) == pytest.approx(expected_s, rel=0.01)
 
 
 @pytest.mark.parametrize(
-    ("num_queued", "num_batches"),
-    [(0, 0), (1, 1), (100, 1), (101, 2), (150, 2), (200, 2), (201, 3)],
+    ("num_queued", "cap", "num_batches"),
+    [
+        (0, 100, 0),
+        (1, 100, 1),
+        (100, 100, 1),
+        (101, 100, 2),
+        (150, 100, 2),
+        (201, 100, 3),
+        (3, 1, 3),
+    ],
 )
-def test_drain_time_counts_a_partial_last_batch(num_queued: int, num_batches: int) -> None:
+def test_drain_time_counts_a_partial_last_batch(
+    num_queued: int, cap: int, num_batches: int
+) -> None:
     """Draining the queue takes one batch per ``cap`` inputs, a partial batch included."""
-    model = _constant_model(0.5, cap=100)
-    assert model.drain_time_s(num_queued, cap=100) == pytest.approx(num_batches * 0.5)
+    model = _linear_model()
+    expected_s = num_batches * (0.020 + 0.001 * cap)
+    assert model.drain_time_s(num_queued, cap=cap) == pytest.approx(expected_s, rel=0.01)
+
+
+def test_an_unobserved_model_knows_nothing() -> None:
+    """Before the first batch every prediction is zero and the service rate unknown (0)."""
+    model = BatchTimeModel()
+    assert model.seconds_for(100) == 0.0
+    assert model.service_rate(100) == 0.0
+    assert model.predicted_wait_s(10, cap=4) == 0.0
+
+
+def test_per_item_cost_is_learned_from_small_batches_too() -> None:
+    """Batches of one and two inputs are enough to see what each input costs."""
+    model = BatchTimeModel(alpha=0.5)
+    for size in (1, 2) * 10:
+        model.observe(size, 0.010 + 0.010 * size)
+    assert model.seconds_for(1) == pytest.approx(0.020, rel=0.01)
+    assert model.seconds_for(2) == pytest.approx(0.030, rel=0.01)
 
 
 def test_noisy_data_never_predicts_bigger_batches_as_faster() -> None:
