@@ -144,7 +144,8 @@ def test_a_cold_worker_must_beat_warm_load_by_the_penalty() -> None:
 
 def test_without_warm_workers_cold_ones_compete_on_load() -> None:
     workers = [view("c1", depth=4, loaded=()), view("c2", depth=1, loaded=())]
-    assert router().choose(workers, M, now=100) == workers[1]
+    for seed in range(10):
+        assert router(seed).choose(workers, M, now=100) == workers[1]
 
 
 def test_every_combination_of_flags_is_filtered() -> None:
@@ -211,3 +212,13 @@ def test_two_choices_tie_keeps_the_first_drawn() -> None:
     for seed in range(10):
         first, _ = random.Random(seed).sample(workers, 2)
         assert router(seed).choose(workers, M, now=100) == first
+
+
+def test_a_worker_that_reports_no_depth_for_the_model_counts_as_idle() -> None:
+    worker = WorkerView("a", "http://a:1", frozenset({M}), frozenset({M}), queue_depth={})
+    assert router().load(worker, M) == 0
+
+
+def test_defaults_and_a_zero_penalty_are_valid() -> None:
+    assert Router(random.Random(0), Ejections(1.0)).policy == RoutingPolicy()
+    assert RoutingPolicy(cold_penalty=0).cold_penalty == 0
