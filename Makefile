@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint bench-online clean
+.PHONY: serve test lint mutate bench-online clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,11 +19,32 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(BIN)/.installed lint  ## install, lint, type-check, run every test
-	$(BIN)/pytest
+test: $(BIN)/.installed lint  ## install, lint, type-check, run every test, print line coverage
+	$(BIN)/coverage erase
+	$(BIN)/coverage run -m pytest
+	$(BIN)/coverage combine --quiet
+	$(BIN)/coverage report
+
+# Mutation testing of the pure core against the unit tests (README: "Mutation testing").
+MUTATE_JOBS ?= 1
+mutate: $(BIN)/.installed  ## mutate the pure core, run the unit tests on each mutant, print the score
+	rm -rf mutants
+	$(BIN)/mutmut run --max-children $(MUTATE_JOBS) > mutants.log 2>&1 || (tail -n 20 mutants.log; exit 1)
+	$(BIN)/mutmut results
+	$(BIN)/mutmut export-cicd-stats
+	$(BIN)/python -c "$$MUTATION_SCORE"
+
+define MUTATION_SCORE
+import json
+s = json.load(open("mutants/mutmut-cicd-stats.json"))
+caught = s["killed"] + s["timeout"]
+tried = s["total"] - s["skipped"]
+print(f"mutation score: {caught}/{tried} caught ({100 * caught / tried:.1f}%), {s['survived']} survived")
+endef
+export MUTATION_SCORE
 
 bench-online: $(BIN)/.installed
 	$(BIN)/python -m bench.online
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants mutants.log .coverage .coverage.*

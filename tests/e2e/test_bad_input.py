@@ -92,5 +92,19 @@ def test_unknown_route_and_method(main_server: Server) -> None:
 
 
 def test_still_serving_after_abuse(main_server: Server) -> None:
-    response = httpx.post(f"{main_server.api}/embeddings", json={"model": "syn", "input": "alive"})
-    assert response.status_code == 200
+    """The same process answers a good request identically before and after every bad one."""
+    api = main_server.api
+    good = {"model": "syn", "input": "alive"}
+    before = httpx.post(f"{api}/embeddings", json=good)
+    assert before.status_code == 200
+    for body, status, _ in CASES:
+        assert httpx.post(f"{api}/embeddings", json=body).status_code == status
+    not_json = {"content-type": "application/json"}
+    assert httpx.post(f"{api}/embeddings", content=b"{not", headers=not_json).status_code == 400
+    assert httpx.get(f"{api}/embeddings").status_code == 405
+    poisoned = httpx.post(f"{api}/embeddings", json={"model": "syn", "input": ["ok", "POISON"]})
+    assert poisoned.status_code == 400
+    after = httpx.post(f"{api}/embeddings", json=good)
+    assert after.status_code == 200
+    assert after.json()["data"] == before.json()["data"]
+    assert main_server.process.poll() is None

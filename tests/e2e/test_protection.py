@@ -48,35 +48,59 @@ def test_queue_full_gets_429_with_computed_retry_after(server_factory) -> None:
     assert post(server, "after the storm", timeout=30).status_code == 200
 
 
+BLOCKER_MS = 2000  # the blocker holds the model this long: a window, not a guess at order
+POLL_S = 0.02
+WAIT_S = 30.0
+
+
+def blocked_model() -> dict[str, object]:
+    """A fast model whose inputs containing "blocker" hold it for BLOCKER_MS."""
+    return slow_model(max_queue=10, batch_latency_ms=20, slow_marker="blocker", slow_ms=BLOCKER_MS)
+
+
+def wait_for_metric(server: Server, value: float, name: str, **labels: str) -> None:
+    """Poll /metrics until the sample equals ``value``; fail after WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while server.metric(name, **labels) != value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name}{labels} never reached {value}")
+        time.sleep(POLL_S)
+
+
+def start_blocker(
+    server: Server, pool: concurrent.futures.ThreadPoolExecutor
+) -> concurrent.futures.Future[httpx.Response]:
+    """Send the blocker and return once it is running on the model."""
+    blocker = pool.submit(post, server, "blocker", timeout=WAIT_S)
+    wait_for_metric(server, 1, "conveyor_in_flight", model="slow")
+    return blocker
+
+
 def test_deadline_in_queue_is_504_and_input_never_runs(server_factory) -> None:
-    server: Server = server_factory(slow_model(max_queue=10))
+    server: Server = server_factory(blocked_model())
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        blocker = pool.submit(post, server, "blocker", timeout=30)
-        time.sleep(0.05)  # let the blocker reach the model first
+        blocker = start_blocker(server, pool)
         doomed = post(server, "doomed", headers={"x-conveyor-timeout-ms": "100"}, timeout=30)
         assert blocker.result().status_code == 200
     assert doomed.status_code == 504
     assert doomed.json()["error"]["code"] == "deadline_exceeded"
-    assert server.metric("conveyor_inputs_processed_total", model="slow") == 1
+    # FIFO with batches of one: had "doomed" stayed queued, it would run before "after".
+    assert post(server, "after", timeout=30).status_code == 200
+    assert server.metric("conveyor_inputs_processed_total", model="slow") == 2
     assert server.metric("conveyor_requests_total", model="slow", outcome="deadline") == 1
 
 
 def test_client_that_disconnects_is_dropped_before_running(server_factory) -> None:
-    server: Server = server_factory(slow_model(max_queue=10))
+    server: Server = server_factory(blocked_model())
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        blocker = pool.submit(post, server, "blocker", timeout=30)
-        time.sleep(0.05)
+        blocker = start_blocker(server, pool)
         with pytest.raises(httpx.ReadTimeout):
             post(server, "impatient", timeout=0.1)
+        wait_for_metric(server, 1, "conveyor_requests_total", model="slow", outcome="client_gone")
         assert blocker.result().status_code == 200
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if server.metric("conveyor_requests_total", model="slow", outcome="client_gone") == 1:
-            break
-        time.sleep(0.05)
-    assert server.metric("conveyor_requests_total", model="slow", outcome="client_gone") == 1
-    time.sleep(0.4)  # longer than one batch: had it run, it would be counted by now
-    assert server.metric("conveyor_inputs_processed_total", model="slow") == 1
+    # FIFO with batches of one: had "impatient" stayed queued, it would run before "after".
+    assert post(server, "after", timeout=30).status_code == 200
+    assert server.metric("conveyor_inputs_processed_total", model="slow") == 2
 
 
 def test_api_keys(server_factory) -> None:

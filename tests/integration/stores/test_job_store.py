@@ -422,6 +422,37 @@ def test_expired_lease_is_reclaimed_and_the_old_attempt_is_fenced(job_store: Job
     assert not job_store.commit_shard(new, later, "again", None, 8, 2)
 
 
+def test_a_worker_that_reclaims_its_own_expired_shard_fences_its_old_attempt(
+    job_store: JobStore,
+) -> None:
+    """Fencing is by attempt: the same worker's lapsed attempt 1 is dead once it holds attempt 2.
+
+    A worker can lose its lease (a long pause), claim the same shard again, and only then
+    resume the old run; that stale run must not renew, report, commit or release anything.
+    """
+    batch_id = running_batch(job_store, num_shards=1)
+    old = claim(job_store, now=100, worker_id="w")
+    new = claim(job_store, now=100 + LEASE_S, worker_id="w")
+    assert (new.index, new.attempt, new.worker_id) == (old.index, 2, "w")
+
+    later = 100 + LEASE_S + 1
+    assert not job_store.renew_lease(old, now=later, lease_s=LEASE_S)
+    assert not job_store.report_progress(old, num_completed=10, num_failed=0)
+    assert not job_store.commit_shard(old, later, "stale/out", None, 10, 0)
+    assert not job_store.release_shard(old)
+    [shard] = job_store.list_shards(batch_id)
+    assert (shard.status, shard.attempt, shard.lease_owner) == (ShardStatus.LEASED, 2, "w")
+    assert (shard.output_key, shard.num_completed, shard.lease_expires_at) == (
+        None,
+        0,
+        100 + 2 * LEASE_S,
+    )
+
+    assert job_store.commit_shard(new, later, "fresh/out", None, 10, 0)
+    [shard] = job_store.list_shards(batch_id)
+    assert (shard.status, shard.output_key) == (ShardStatus.DONE, "fresh/out")
+
+
 def test_commit_needs_an_unexpired_lease_and_renewal_extends_it(job_store: JobStore) -> None:
     """Commit needs a live lease; renewing before a takeover keeps it live."""
     batch_id = running_batch(job_store, num_shards=1)

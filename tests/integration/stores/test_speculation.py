@@ -6,6 +6,8 @@ commit, the first commit wins and the second is refused.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conveyor.stores.job_store import JobStore, SpeculationPolicy
@@ -112,3 +114,27 @@ def test_a_speculative_run_renews_past_its_first_lease(job_store: JobStore) -> N
     assert job_store.renew_lease(spec, later, LEASE_S)
     assert job_store.report_progress(spec, 5, 0)
     assert job_store.commit_shard(spec, later + LEASE_S - 1, "out-spec", None, 10, 0)
+
+
+def test_the_attempt_alone_does_not_make_a_holder(job_store: JobStore) -> None:
+    """The speculative run shares the original's attempt number, so fencing also names the holder.
+
+    A lease carrying the right attempt but another worker (here: the speculative worker's,
+    presented as an original lease) changes nothing on the original's lease.
+    """
+    batch_id, slow = straggler_setup(job_store)
+    renewed(job_store, slow, T0 + 6)
+    spec = job_store.claim_speculative("worker-2", T0 + 6, LEASE_S, POLICY)
+    assert spec is not None and spec.attempt == slow.attempt
+    posing = dataclasses.replace(spec, is_speculative=False)
+    assert not job_store.renew_lease(posing, T0 + 7, LEASE_S)
+    assert not job_store.report_progress(posing, 5, 0)
+    assert not job_store.commit_shard(posing, T0 + 7, "out-posing", None, 10, 0)
+    assert not job_store.release_shard(posing)
+    shard = job_store.list_shards(batch_id)[1]
+    assert (shard.status, shard.lease_owner, shard.output_key) == (
+        ShardStatus.LEASED,
+        "worker-1",
+        None,
+    )
+    assert job_store.commit_shard(slow, T0 + 8, "out-slow", None, 10, 0)

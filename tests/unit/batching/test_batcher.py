@@ -226,6 +226,51 @@ async def test_queue_full_is_429_with_retry_after_from_service_rate(make_batcher
     await asyncio.gather(*(i.future for i in queued))
 
 
+@pytest.mark.parametrize(("batch_s", "retry_after"), [(1.25, "3"), (0.2, "1")])
+async def test_retry_after_rounds_a_partial_second_up(
+    make_batcher, batch_s: float, retry_after: str
+) -> None:
+    """Retry-After is whole seconds, at least 1, never earlier than the queue can drain."""
+    model = GatedModel()
+    batcher, _ = make_batcher(model, max_batch_size=2, max_queue=4)
+    for _ in range(5):
+        batcher.timing.observe(2, batch_s)
+    blocker = submit(batcher, "blocker")
+    submit(batcher, "blocker-2")
+    await model.wait_started()
+    queued = [submit(batcher, i) for i in range(4)]
+    with pytest.raises(QueueFull) as info:
+        submit(batcher, "one too many")
+    # 4 queued, batches of 2: 2.5 s to drain (come back in 3), or 0.4 s (in 1).
+    assert info.value.headers() == {"Retry-After": retry_after}
+    model.open_forever()
+    await blocker.future
+    await asyncio.gather(*(i.future for i in queued))
+
+
+async def test_a_batch_runs_on_the_model_thread_and_is_measured(make_batcher) -> None:
+    """One batch: run on the batcher's own thread, its shape and times recorded, then idle."""
+    threads: list[str] = []
+
+    def run(payloads: list[Any]) -> list[Any]:
+        threads.append(threading.current_thread().name)
+        return list(payloads)
+
+    batcher, metrics = make_batcher(run, max_batch_size=4, max_wait_ms=0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    items = [submit(batcher, "a", tokens=3), submit(batcher, "b", tokens=5)]
+    assert await asyncio.gather(*(i.future for i in items)) == ["a", "b"]
+    elapsed_s = loop.time() - started
+    assert len(threads) == 1 and threads[0].startswith("model-m")
+    assert batcher.num_running == 0
+    assert counter(metrics, "conveyor_in_flight", model="m") == 0
+    assert counter(metrics, "conveyor_batch_size_tokens_sum", model="m") == 10  # 2 x longest
+    assert counter(metrics, "conveyor_batch_fill_ratio_sum", model="m") == 0.5
+    assert 0 <= counter(metrics, "conveyor_queue_wait_seconds_sum", model="m") <= 2 * elapsed_s
+    assert 0 < counter(metrics, "conveyor_model_seconds_sum", model="m") <= elapsed_s
+
+
 async def test_abandoned_input_never_runs(make_batcher) -> None:
     model = GatedModel()
     batcher, _ = make_batcher(model, max_batch_size=1)

@@ -79,3 +79,122 @@ def test_timing_a_real_slowdown_is_still_learnt() -> None:
 def test_timing_rejects_an_outlier_ratio_below_one() -> None:
     with pytest.raises(ValueError, match="max_outlier_ratio"):
         BatchTimeModel(max_outlier_ratio=0.5)
+
+
+def test_governor_oom_above_the_cap_never_raises_it() -> None:
+    """An OOM reported for a batch larger than the cap (an older, bigger batch) keeps the cap."""
+    gov = BatchSizeGovernor(64, probe_interval_s=10.0)
+    assert gov.on_oom(64, now=0.0) == 32
+    assert gov.on_oom(128, now=1.0) == 32
+    assert gov.cap(now=2.0) == 32
+
+
+def test_governor_probe_stops_at_a_maximum_that_is_not_a_power_of_two() -> None:
+    """Probing doubles the cap but never past ``max_batch_size``."""
+    gov = BatchSizeGovernor(48, probe_interval_s=10.0)
+    assert gov.on_oom(40, now=0.0) == 20
+    assert gov.cap(now=10.0) == 40
+    assert gov.cap(now=20.0) == 48  # not 80
+    assert gov.cap(now=30.0) == 48
+    assert not gov.is_backed_off
+
+
+def _linear_model() -> BatchTimeModel:
+    """A warm model fitted to batches taking 20 ms plus 1 ms per input."""
+    model = BatchTimeModel(alpha=0.2)
+    for size in (1, 10, 50, 100, 5, 80) * 5:
+        model.observe(size, 0.020 + 0.001 * size)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("num_ahead", "cap", "num_batches"),
+    [
+        *[(0, 100, 1), (1, 100, 1), (99, 100, 1), (100, 100, 2), (199, 100, 2), (200, 100, 3)],
+        *[(0, 1, 1), (2, 1, 3)],
+    ],
+)
+def test_predicted_wait_counts_the_batch_the_new_input_rides_in(
+    num_ahead: int, cap: int, num_batches: int
+) -> None:
+    """An input waits for every full batch ahead of it and then for its own batch."""
+    model = _linear_model()
+    expected_s = num_batches * (0.020 + 0.001 * cap)
+    assert model.predicted_wait_s(num_ahead, cap=cap) == pytest.approx(expected_s, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("num_queued", "cap", "num_batches"),
+    [
+        (0, 100, 0),
+        (1, 100, 1),
+        (100, 100, 1),
+        (101, 100, 2),
+        (150, 100, 2),
+        (201, 100, 3),
+        (3, 1, 3),
+    ],
+)
+def test_drain_time_counts_a_partial_last_batch(
+    num_queued: int, cap: int, num_batches: int
+) -> None:
+    """Draining the queue takes one batch per ``cap`` inputs, a partial batch included."""
+    model = _linear_model()
+    expected_s = num_batches * (0.020 + 0.001 * cap)
+    assert model.drain_time_s(num_queued, cap=cap) == pytest.approx(expected_s, rel=0.01)
+
+
+def test_an_unobserved_model_knows_nothing() -> None:
+    """Before the first batch every prediction is zero and the service rate unknown (0)."""
+    model = BatchTimeModel()
+    assert model.seconds_for(100) == 0.0
+    assert model.service_rate(100) == 0.0
+    assert model.predicted_wait_s(10, cap=4) == 0.0
+
+
+def test_per_item_cost_is_learned_from_small_batches_too() -> None:
+    """Batches of one and two inputs are enough to see what each input costs."""
+    model = BatchTimeModel(alpha=0.5)
+    for size in (1, 2) * 10:
+        model.observe(size, 0.010 + 0.010 * size)
+    assert model.seconds_for(1) == pytest.approx(0.020, rel=0.01)
+    assert model.seconds_for(2) == pytest.approx(0.030, rel=0.01)
+
+
+def test_noisy_data_never_predicts_bigger_batches_as_faster() -> None:
+    """A fit whose slope comes out negative (noise) is clamped: time never falls with size."""
+    model = BatchTimeModel(alpha=0.5)
+    for size, seconds in [(10, 0.30), (100, 0.10), (10, 0.30), (100, 0.10)]:
+        model.observe(size, seconds)
+    small, large = model.seconds_for(10), model.seconds_for(1000)
+    assert large > 0
+    assert large >= small
+    assert model.service_rate(1000) > 0
+
+
+def test_first_observation_is_the_whole_estimate_then_later_ones_blend_in() -> None:
+    """The first batch counts in full; each later one moves the estimate by ``alpha``."""
+    model = BatchTimeModel(alpha=0.5)
+    model.observe(10, 0.1)
+    assert model.seconds_for(10) == pytest.approx(0.1)
+    assert model.seconds_for(20) == pytest.approx(0.1)  # one size seen: no per-item cost yet
+    model.observe(10, 0.2)
+    assert model.seconds_for(10) == pytest.approx(0.15)
+
+
+def test_timing_is_warm_exactly_at_min_observations() -> None:
+    """Predictions are trusted from the ``min_observations``-th batch on, not one later."""
+    model = BatchTimeModel(min_observations=3)
+    for _ in range(2):
+        model.observe(4, 0.01)
+    assert not model.is_warm
+    model.observe(4, 0.01)
+    assert model.is_warm
+
+
+def test_timing_validates_alpha() -> None:
+    """alpha outside (0, 1] is refused; 1 (no memory) is allowed."""
+    for alpha in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError):
+            BatchTimeModel(alpha=alpha)
+    BatchTimeModel(alpha=1.0)

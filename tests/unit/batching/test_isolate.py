@@ -102,3 +102,52 @@ def test_cap_splits_batch_before_running() -> None:
     model = Recorder()
     run_isolated(model, list(range(7)), cap=3, on_oom=never_oom)
     assert [len(c) for c in model.calls] == [3, 3, 1]
+
+
+def test_too_many_outputs_fail_every_input_loudly() -> None:
+    """A model that answers with more outputs than inputs breaks the contract as well."""
+
+    def chatty(payloads: list[Any]) -> list[int]:
+        return [*payloads, 99]
+
+    results = run_isolated(chatty, [1, 2, 3], cap=3, on_oom=never_oom)
+    assert all(isinstance(r, ModelContractError) for r in results)
+    assert "4 outputs for a batch of 3" in results[0].message
+
+
+def test_cap_of_one_runs_each_input_alone() -> None:
+    model = Recorder()
+    assert run_isolated(model, [1, 2, 3], cap=1, on_oom=never_oom) == [2, 4, 6]
+    assert model.calls == [[1], [2], [3]]
+
+
+def test_oom_at_two_falls_back_to_single_inputs() -> None:
+    model = Recorder(oom_above=1)
+    assert run_isolated(model, [1, 2], cap=2, on_oom=lambda size: 1) == [2, 4]
+    assert model.calls == [[1, 2], [1], [2]]
+
+
+def test_oom_never_retries_above_half_the_failed_size() -> None:
+    """Even when the governor reports a larger cap, an OOM at n retries at n // 2 at most."""
+    model = Recorder(oom_above=2)
+    assert run_isolated(model, [1, 2, 3, 4], cap=4, on_oom=lambda size: 100) == [2, 4, 6, 8]
+    assert [len(c) for c in model.calls] == [4, 2, 2]
+
+
+def test_an_oom_inside_a_bisected_half_still_halves() -> None:
+    """A fault splits the batch; an OOM in a half is then handled like any other OOM."""
+    calls: list[list[int]] = []
+
+    def flaky(payloads: list[Any]) -> list[int]:
+        calls.append(list(payloads))
+        if len(calls) == 1:
+            raise RuntimeError("transient fault")
+        if len(payloads) > 1:
+            raise ModelOutOfMemory("too big")
+        return [p * 2 for p in payloads]
+
+    ooms: list[int] = []
+    results = run_isolated(flaky, [1, 2, 3, 4], cap=4, on_oom=lambda size: ooms.append(size) or 1)
+    assert results == [2, 4, 6, 8]
+    assert ooms == [2, 2]
+    assert [len(c) for c in calls] == [4, 2, 1, 1, 2, 1, 1]

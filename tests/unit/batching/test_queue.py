@@ -137,3 +137,45 @@ def test_rejects_nonsense_settings() -> None:
         BatchQueue(max_batch_size=0, max_batch_tokens=None, max_queue=1)
     with pytest.raises(ValueError):
         BatchQueue(max_batch_size=1, max_batch_tokens=0, max_queue=1)
+
+
+def test_one_short_of_full_is_not_full(loop: asyncio.AbstractEventLoop) -> None:
+    """Size closes a batch only when it really holds ``max_batch_size`` inputs."""
+    q = queue(size=4)
+    for i in range(3):
+        q.put(make(loop, at=float(i)))
+    assert q.full_reason(cap=4) is None
+    batch, _ = q.take(cap=4)
+    assert len(batch) == 3
+
+
+@pytest.mark.parametrize(
+    ("budget", "lengths", "reason"),
+    [
+        (10, [6], CloseReason.TOKENS),  # a second input of any length needs 12 > 10
+        (10, [3, 3], None),  # a third 3-token input fits: 9 <= 10
+        (9, [3, 3], None),  # exactly the budget still fits
+        (8, [3, 3], CloseReason.TOKENS),
+    ],
+)
+def test_closes_on_tokens_once_no_further_input_could_fit(
+    loop: asyncio.AbstractEventLoop, budget: int, lengths: list[int], reason: CloseReason | None
+) -> None:
+    """With nothing left to add, the batch closes as soon as even a short input would not fit."""
+    q = queue(size=8, tokens=budget)
+    for i, length in enumerate(lengths):
+        q.put(make(loop, tokens=length, at=float(i)))
+    assert q.full_reason(cap=8) is reason
+
+
+def test_a_dropped_item_is_done_and_resolves_once(loop: asyncio.AbstractEventLoop) -> None:
+    """Dropping ends an item's life; only the first resolve delivers a result."""
+    q = queue()
+    item = make(loop)
+    q.put(item)
+    assert q.drop(item)
+    assert item.state is ItemState.DONE and not item.is_queued
+    assert not q.drop(item)
+    assert item.resolve("first")
+    assert not item.resolve("second")
+    assert item.future.result() == "first"

@@ -144,7 +144,8 @@ def test_a_cold_worker_must_beat_warm_load_by_the_penalty() -> None:
 
 def test_without_warm_workers_cold_ones_compete_on_load() -> None:
     workers = [view("c1", depth=4, loaded=()), view("c2", depth=1, loaded=())]
-    assert router().choose(workers, M, now=100) == workers[1]
+    for seed in range(10):
+        assert router(seed).choose(workers, M, now=100) == workers[1]
 
 
 def test_every_combination_of_flags_is_filtered() -> None:
@@ -166,3 +167,58 @@ def test_bad_input_is_rejected() -> None:
         Ejections(cooldown_s=-1)
     with pytest.raises(ValueError):
         RoutingPolicy(cold_penalty=-1)
+
+
+def test_a_heartbeat_at_the_ejection_instant_does_not_readmit() -> None:
+    """Only a heartbeat sent after the ejection proves the worker came back."""
+    r = router(cooldown_s=1.0)
+    r.ejections.eject("a", now=100.0)
+    same_instant = view("a", heartbeat_at=100.0)
+    assert r.choose([same_instant], M, now=105.0) is None
+    assert r.ejections.is_ejected(same_instant, now=105.0)
+    later = view("a", heartbeat_at=100.001)
+    assert r.choose([later], M, now=105.0) == later
+
+
+def test_readmission_starts_exactly_when_the_cooldown_ends() -> None:
+    """The cooldown is a closed bound: at ``ejected_at + cooldown_s`` the worker is back."""
+    r = router(cooldown_s=2.0)
+    r.ejections.eject("a", now=10.0)
+    fresh = view("a", heartbeat_at=11.0)
+    assert r.ejections.is_ejected(fresh, now=11.999)
+    assert not r.ejections.is_ejected(fresh, now=12.0)
+
+
+def test_a_zero_cooldown_readmits_on_the_next_heartbeat() -> None:
+    """With no cooldown, the first heartbeat after the ejection is enough."""
+    r = router(cooldown_s=0.0)
+    r.ejections.eject("a", now=10.0)
+    assert r.ejections.is_ejected(view("a", heartbeat_at=10.0), now=10.0)
+    assert not r.ejections.is_ejected(view("a", heartbeat_at=10.5), now=10.5)
+
+
+def test_a_cold_worker_that_only_ties_with_the_warm_one_loses() -> None:
+    """Loading a model costs something real, so a tie after the penalty goes to the warm worker."""
+    warm = view("warm", depth=11)
+    tied = view("cold", depth=3, loaded=())  # 3 + 8 == 11
+    assert router(cold_penalty=8).choose([warm, tied], M, now=100) == warm
+    better = view("cold", depth=2, loaded=())  # 2 + 8 < 11
+    assert router(cold_penalty=8).choose([warm, better], M, now=100) == better
+
+
+def test_two_choices_tie_keeps_the_first_drawn() -> None:
+    """Between two equally loaded workers the first one drawn wins, so ties spread by the draw."""
+    workers = [view("a", depth=2), view("b", depth=2)]
+    for seed in range(10):
+        first, _ = random.Random(seed).sample(workers, 2)
+        assert router(seed).choose(workers, M, now=100) == first
+
+
+def test_a_worker_that_reports_no_depth_for_the_model_counts_as_idle() -> None:
+    worker = WorkerView("a", "http://a:1", frozenset({M}), frozenset({M}), queue_depth={})
+    assert router().load(worker, M) == 0
+
+
+def test_defaults_and_a_zero_penalty_are_valid() -> None:
+    assert Router(random.Random(0), Ejections(1.0)).policy == RoutingPolicy()
+    assert RoutingPolicy(cold_penalty=0).cold_penalty == 0

@@ -87,15 +87,47 @@ async def test_a_missing_input_object_fails_the_batch() -> None:
     assert [e.code for e in ctx.store.get_batch_any(batch.id).errors] == ["file_not_found"]
 
 
-async def test_planning_again_after_a_crash_reuses_the_stored_shards() -> None:
+async def test_planning_again_after_a_crash_reuses_the_stored_shards(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A planner that died after storing the shards: the next one starts the batch on them."""
+    ctx = make_ctx(lines_per_shard=2)
+    source = upload(ctx, input_file(5))
+    batch = create_batch(ctx, source.id)
+    store = ctx.store
+    start_batch_for_real = store.transition
+
+    def die(*args: object, **kwargs: object) -> bool:
+        raise RuntimeError("the planner died before starting the batch")
+
+    monkeypatch.setattr(store, "transition", die)
+    with pytest.raises(RuntimeError):
+        await Supervisor(ctx, asyncio.Event()).plan(batch)
+    stored = store.list_shards(batch.id)
+    assert len(stored) == 3
+    assert status_of(ctx, batch.id) is BatchStatus.VALIDATING
+
+    monkeypatch.setattr(store, "transition", start_batch_for_real)
+    inserts: list[object] = []
+    monkeypatch.setattr(store, "add_shards", lambda *args: inserts.append(args))
+    await Supervisor(ctx, asyncio.Event()).plan(batch)
+    assert inserts == []  # nothing planned twice
+    assert store.list_shards(batch.id) == stored
+    assert status_of(ctx, batch.id) is BatchStatus.IN_PROGRESS
+
+
+async def test_a_second_planner_finds_the_shards_and_loses_the_start() -> None:
+    """Planning a batch that another planner already started changes nothing."""
     ctx = make_ctx(lines_per_shard=2)
     source = upload(ctx, input_file(5))
     batch = create_batch(ctx, source.id)
     supervisor = Supervisor(ctx, asyncio.Event())
     await supervisor.plan(batch)
     ctx.store.transition(batch.id, [BatchStatus.IN_PROGRESS], BatchStatus.CANCELLING, ctx.clock())
-    await supervisor.plan(batch)  # a second planner finds the shards and loses the CAS
-    assert len(ctx.store.list_shards(batch.id)) == 3
+    stored = ctx.store.list_shards(batch.id)
+    await supervisor.plan(batch)
+    assert ctx.store.list_shards(batch.id) == stored
+    assert status_of(ctx, batch.id) is BatchStatus.CANCELLING
 
 
 async def test_an_unfinished_batch_is_expired_by_the_supervisor() -> None:
