@@ -50,11 +50,12 @@ class BatchingConfig(_Strict):
     memory_mb: int | None = Field(
         default=None, ge=1, description="Memory the loaded model takes (for the model budget)."
     )
-    max_online_topup_ms: float = Field(
+    mixed_batch_slack_ms: float = Field(
         default=5.0,
         ge=0,
-        description="A batch holding online inputs takes batch-job inputs only while they add "
-        "at most this much predicted batch time (see batching/mix.py).",
+        description="While a batch job shares the model with online traffic, batches are "
+        "capped so the two an online input may wait for take at most a one-input batch + "
+        "a full batch + this slack (see batching/mix.py).",
     )
 
     @model_validator(mode="after")

@@ -118,7 +118,7 @@ class Service:
             max_wait_ms=config.max_wait_ms,
             max_batch_tokens=config.max_batch_tokens,
             max_queue=config.max_queue,
-            max_online_topup_ms=config.max_online_topup_ms,
+            mixed_batch_slack_ms=config.mixed_batch_slack_ms,
         )
         metrics = self.metrics.for_model(config.name)
         batcher = Batcher(config.name, model.embed_batch, settings, metrics)

@@ -20,7 +20,7 @@ from typing import Any
 from conveyor.batching.governor import BatchSizeGovernor
 from conveyor.batching.isolate import run_isolated
 from conveyor.batching.item import ItemState, WorkItem
-from conveyor.batching.mix import online_batch_limit
+from conveyor.batching.mix import mixed_batch_limit
 from conveyor.batching.queue import BatchQueue, CloseReason
 from conveyor.batching.timing import BatchTimeModel
 from conveyor.errors import DeadlineExceeded, QueueFull, ServiceUnavailable
@@ -41,13 +41,15 @@ class BatcherSettings:
     max_batch_tokens: int | None
     max_queue: int
     oom_probe_interval_s: float = 30.0
-    max_online_topup_ms: float = 5.0
+    mixed_batch_slack_ms: float = 5.0
+    # Online traffic counts as present for this long after the last online arrival.
+    online_recent_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 0:
             raise ValueError("max_wait_ms must be >= 0")
-        if self.max_online_topup_ms < 0:
-            raise ValueError("max_online_topup_ms must be >= 0")
+        if self.mixed_batch_slack_ms < 0 or self.online_recent_s < 0:
+            raise ValueError("mixed_batch_slack_ms and online_recent_s must be >= 0")
 
 
 @dataclass(slots=True)
@@ -87,6 +89,7 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._is_stopping = False
+        self._last_online_at = -math.inf
         self.num_running = 0
 
     # -- lifecycle -------------------------------------------------------
@@ -142,6 +145,8 @@ class Batcher:
                 )
         item = WorkItem(payload, num_tokens, priority, now, deadline, loop.create_future())
         self.queue.put(item)
+        if priority is Priority.ONLINE:
+            self._last_online_at = now
         item.timer = loop.call_at(deadline, self._expire, item)
         self._gauge_queue()
         self._wakeup.set()
@@ -226,15 +231,21 @@ class Batcher:
         return batch
 
     def _batch_limit(self, cap: int) -> int:
-        """``cap``, or less while online and job inputs both wait (see ``batching.mix``)."""
-        if not self.queue.num_queued_in(Priority.BATCH):
+        """``cap``, or less while job inputs wait beside online traffic (``batching.mix``)."""
+        if not self.queue.num_queued_in(Priority.BATCH) or not self._has_online_traffic():
             return cap
-        return online_batch_limit(
-            self.queue.num_queued_in(Priority.ONLINE),
-            cap,
-            self.timing,
-            max_topup_s=self.settings.max_online_topup_ms / 1000,
+        limit = mixed_batch_limit(
+            cap, self.timing, slack_s=self.settings.mixed_batch_slack_ms / 1000
         )
+        # A burst of online inputs is not split to make room for job inputs.
+        return max(limit, min(cap, self.queue.num_queued_in(Priority.ONLINE)))
+
+    def _has_online_traffic(self) -> bool:
+        """Online inputs wait now, or one arrived within ``online_recent_s``."""
+        if self.queue.num_queued_in(Priority.ONLINE):
+            return True
+        recent_s = self.settings.online_recent_s
+        return self._require_loop().time() - self._last_online_at <= recent_s
 
     def _record_batch(
         self, batch: list[WorkItem], reason: CloseReason, now: float, cap: int

@@ -1,11 +1,12 @@
-"""How big a batch that holds online inputs may be while batch-job inputs wait too.
+"""How big a batch may be while online callers and a batch job share one model.
 
-Online inputs always go first. Topping their batch up with job inputs uses the model
-better, but makes the online callers wait for a bigger batch. So a batch holding online
-inputs takes job inputs only while the predicted batch time grows by at most
-``max_topup_s``; job inputs otherwise run in full batches of their own. An online caller
-then waits at most for one job batch already running plus a batch barely longer than
-its own. Pure arithmetic on the fitted batch-time model.
+Online inputs always go first in a batch; job inputs fill the rest. An online caller may
+arrive just after a batch was launched, so it waits for that batch and then for its own.
+While online traffic is present and job inputs wait, every batch is therefore capped at
+the size whose predicted time is half of (a one-input batch + a full batch + a slack):
+the two batches an online caller can wait for then take no longer than the batch it
+would run in on an idle model plus one full batch plus the slack. Without online traffic
+the job runs full batches. Pure arithmetic on the fitted batch-time model.
 """
 
 from __future__ import annotations
@@ -13,20 +14,23 @@ from __future__ import annotations
 from conveyor.batching.timing import BatchTimeModel
 
 
-def online_batch_limit(
-    num_online: int, cap: int, timing: BatchTimeModel, *, max_topup_s: float
-) -> int:
-    """The most inputs a batch holding ``num_online`` online inputs may take.
+def mixed_batch_limit(cap: int, timing: BatchTimeModel, *, slack_s: float) -> int:
+    """The largest batch, at most ``cap``, whose predicted time is within the budget.
 
-    Without online inputs, or with as many as a batch holds, that is ``cap``. Before the
-    batch-time model is warm nothing is known of the cost, so no job input is added.
+    Before the batch-time model is warm nothing is known of the cost: ``cap``. While only
+    one batch size has been seen, the slope is unknown and cost is taken as proportional
+    to size (the cautious guess); the smaller batches that follow teach the real slope.
     """
-    if num_online <= 0 or num_online >= cap:
+    if cap <= 1 or not timing.is_warm:
         return cap
-    if not timing.is_warm:
-        return num_online
-    per_input_s = (timing.seconds_for(cap) - timing.seconds_for(1)) / max(1, cap - 1)
+    full_s = timing.seconds_for(cap)
+    if timing.has_slope:
+        one_s, per_input_s = timing.seconds_for(1), timing.seconds_per_input()
+    else:
+        per_input_s = full_s / cap
+        one_s = per_input_s
     if per_input_s <= 0:
         return cap  # a bigger batch costs nothing more: fill it
-    extra = int(max_topup_s / per_input_s)
-    return min(cap, num_online + extra)
+    budget_s = (one_s + full_s + slack_s) / 2
+    size = 1 + int((budget_s - one_s) / per_input_s)
+    return max(1, min(cap, size))

@@ -15,6 +15,9 @@ import math
 
 # Added to the outlier cap so a model whose batches take ~0 s can still learn it slowed down.
 OUTLIER_SLACK_S = 0.01
+# Below this weighted variance of batch sizes (relative to the mean size squared, so float
+# rounding cannot pass for spread), every batch had the same size: no slope can be fitted.
+MIN_SIZE_VARIANCE_RATIO = 1e-6
 
 
 class BatchTimeModel:
@@ -53,12 +56,23 @@ class BatchTimeModel:
         self._nt += w * (batch_size * seconds - self._nt)
         self.num_observations += 1
 
+    @property
+    def has_slope(self) -> bool:
+        """True once batches of different sizes were seen, so the per-input cost is known."""
+        variance = self._nn - self._n * self._n
+        return self._n > 0 and variance > MIN_SIZE_VARIANCE_RATIO * max(1.0, self._n * self._n)
+
+    def seconds_per_input(self) -> float:
+        """The fitted cost of one more input in a batch (0 while ``has_slope`` is False)."""
+        if not self.has_slope:
+            return 0.0
+        return max(0.0, (self._nt - self._n * self._t) / (self._nn - self._n * self._n))
+
     def seconds_for(self, batch_size: int) -> float:
         """Predicted model time for a batch of ``batch_size``."""
-        variance = self._nn - self._n * self._n
-        if variance <= 1e-9 or self._n <= 0:
+        if not self.has_slope:
             return max(self._t, 0.0)
-        slope = max(0.0, (self._nt - self._n * self._t) / variance)
+        slope = self.seconds_per_input()
         intercept = max(0.0, self._t - slope * self._n)
         return intercept + slope * batch_size
 

@@ -366,21 +366,36 @@ async def test_an_idle_model_admits_whatever_its_batch_time_model_says(make_batc
     assert await admitted.future == "out:on an idle model"
 
 
-async def test_an_online_batch_takes_only_the_job_inputs_that_barely_slow_it(make_batcher) -> None:
+async def test_while_online_traffic_is_present_job_batches_stay_short(make_batcher) -> None:
     model = GatedModel()
-    batcher, _ = make_batcher(model, max_batch_size=100, max_queue=1000, max_online_topup_ms=5.0)
+    batcher, _ = make_batcher(model, max_batch_size=100, max_queue=1000, max_wait_ms=0)
     for _ in range(4):
         for size in (1, 50, 100):
             batcher.timing.observe(size, 0.02 + 0.0003 * size)  # 20 ms + 0.3 ms an input
-    blocker = [submit(batcher, f"job-{i}", Priority.BATCH) for i in range(100)]
-    await model.wait_started()  # a full job batch runs
+    batcher.timing.observe = lambda *args: None  # keep that fit: the gated model takes ~0 s
+    jobs = [submit(batcher, f"job-{i}", Priority.BATCH) for i in range(100)]
+    await model.wait_started()  # no online traffic yet: a full job batch
     online = [submit(batcher, f"online-{i}") for i in range(2)]
-    waiting_jobs = [submit(batcher, f"late-job-{i}", Priority.BATCH) for i in range(216)]
+    jobs += [submit(batcher, f"late-job-{i}", Priority.BATCH) for i in range(200)]
     model.release_all()
     await model.wait_started()
-    mixed = model.batches[1]
-    assert mixed[:2] == ["online-0", "online-1"]
-    assert len(mixed) == 18  # 2 online + 16 job inputs (5 ms / 0.3 ms)
+    assert model.batches[1][:2] == ["online-0", "online-1"]  # online first
+    assert len(model.batches[1]) == 67  # see test_mix: the budget for two waits
+    model.release_all()
+    await model.wait_started()
+    assert len(model.batches[2]) == 67  # online traffic was seen within a second
     model.open_forever()
-    await asyncio.gather(*(i.future for i in blocker + online + waiting_jobs))
-    assert [len(b) for b in model.batches[2:]] == [100, 100]  # jobs alone run full again
+    await asyncio.gather(*(i.future for i in jobs + online))
+    assert len(model.batches[0]) == 100
+
+
+async def test_without_online_traffic_job_batches_are_full(make_batcher) -> None:
+    model = GatedModel()
+    batcher, _ = make_batcher(model, max_batch_size=100, max_queue=1000, online_recent_s=0.0)
+    for _ in range(4):
+        for size in (1, 50, 100):
+            batcher.timing.observe(size, 0.02 + 0.0003 * size)
+    jobs = [submit(batcher, f"job-{i}", Priority.BATCH) for i in range(300)]
+    model.open_forever()
+    await asyncio.gather(*(i.future for i in jobs))
+    assert [len(b) for b in model.batches] == [100, 100, 100]

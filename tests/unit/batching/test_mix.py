@@ -1,8 +1,8 @@
-"""The size limit of a batch that holds online inputs while job inputs wait."""
+"""The batch size limit while online traffic and a batch job share a model."""
 
 from __future__ import annotations
 
-from conveyor.batching.mix import online_batch_limit
+from conveyor.batching.mix import mixed_batch_limit
 from conveyor.batching.timing import BatchTimeModel
 
 
@@ -16,32 +16,36 @@ def fitted(
     return model
 
 
-def test_without_online_inputs_the_batch_is_full() -> None:
-    assert online_batch_limit(0, 100, fitted(0.02, 0.0003), max_topup_s=0.005) == 100
+def test_two_waits_fit_one_small_batch_plus_one_full_batch_plus_the_slack() -> None:
+    # 20 ms + 0.3 ms an input: t(1) = 20.3, t(100) = 50; budget (20.3 + 50 + 10) / 2 = 40.15
+    # ms, which 67 inputs fit (40.1 ms) and 68 do not (40.4 ms).
+    timing = fitted(0.02, 0.0003)
+    limit = mixed_batch_limit(100, timing, slack_s=0.010)
+    assert limit == 67
+    assert 2 * timing.seconds_for(limit) <= timing.seconds_for(1) + timing.seconds_for(100) + 0.01
 
 
-def test_online_inputs_are_topped_up_only_within_the_allowed_extra_time() -> None:
-    # 0.3 ms an input: 5 ms more buys 16 job inputs beside the 2 online ones.
-    assert online_batch_limit(2, 100, fitted(0.02, 0.0003), max_topup_s=0.005) == 18
+def test_a_larger_slack_allows_larger_batches_up_to_the_cap() -> None:
+    timing = fitted(0.02, 0.0003)
+    assert mixed_batch_limit(100, timing, slack_s=0.0) == 50
+    assert mixed_batch_limit(100, timing, slack_s=1.0) == 100
 
 
-def test_a_zero_allowance_keeps_online_batches_pure() -> None:
-    assert online_batch_limit(3, 100, fitted(0.02, 0.0003), max_topup_s=0.0) == 3
+def test_with_one_batch_size_seen_the_cost_is_taken_as_proportional() -> None:
+    timing = fitted(0.02, 0.0003, sizes=(100,))
+    assert not timing.has_slope
+    # t(100) = 50 ms taken as 0.5 ms an input: budget (0.5 + 50 + 0) / 2 = 25.25 ms.
+    assert mixed_batch_limit(100, timing, slack_s=0.0) == 50
 
 
-def test_as_many_online_inputs_as_a_batch_holds_fill_it() -> None:
-    assert online_batch_limit(100, 100, fitted(0.02, 0.0003), max_topup_s=0.0) == 100
-    assert online_batch_limit(150, 100, fitted(0.02, 0.0003), max_topup_s=0.0) == 100
-
-
-def test_the_limit_never_exceeds_the_cap() -> None:
-    assert online_batch_limit(2, 10, fitted(0.02, 0.0003), max_topup_s=1.0) == 10
-
-
-def test_a_cold_model_adds_no_job_input() -> None:
-    assert online_batch_limit(2, 100, BatchTimeModel(), max_topup_s=0.005) == 2
+def test_a_cold_model_or_a_cap_of_one_is_left_alone() -> None:
+    assert mixed_batch_limit(100, BatchTimeModel(), slack_s=0.01) == 100
+    assert mixed_batch_limit(1, fitted(0.02, 0.0003), slack_s=0.0) == 1
 
 
 def test_free_extra_inputs_fill_the_batch() -> None:
-    constant = fitted(0.02, 0.0)
-    assert online_batch_limit(2, 100, constant, max_topup_s=0.0) == 100
+    assert mixed_batch_limit(100, fitted(0.02, 0.0), slack_s=0.0) == 100
+
+
+def test_a_huge_fixed_cost_still_allows_one_input() -> None:
+    assert mixed_batch_limit(100, fitted(10.0, 0.0003), slack_s=0.0) >= 1

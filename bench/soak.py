@@ -1,0 +1,481 @@
+"""Online latency while a batch job soaks the same model, and the job's share of the model.
+
+Three cases, each in one ``conveyor serve`` process:
+
+- **synthetic**: ``batch_latency_ms: 20``, ``per_item_ms: 0.3``, ``max_batch_size: 100`` (a
+  full batch takes 50 ms; the model's ceiling is 100 / 50 ms = 2,000 inputs/s);
+- **MiniLM**: the bundled all-MiniLM-L6-v2, ``max_batch_size: 64`` (its ceiling is measured
+  in-process at batch 64 in the same run, on the same sentences);
+- **chat**: a tiny random Llama, chat completions online and as a batch job.
+
+For the embedding cases, repeated and alternated: light online traffic alone (open loop,
+40 requests/s: four callers each sending one request per 100 ms) for its p99; the batch
+job alone, for its lines/s; then both at once, for the online p99 and the job's lines/s
+meanwhile. Goals (issue "online latency protected from bulk work"): online p99 during the
+job <= idle p99 + one full batch time + 10 ms; the job at >= 70% of the model's ceiling
+beside the online traffic and >= 90% alone. For chat: streamed time to first token p99
+idle against during a chat batch job (goal <= 2x), and the job keeps making progress.
+
+    .venv/bin/python -m bench.soak                    # full run, a few minutes
+    .venv/bin/python -m bench.soak --smoke --out DIR  # seconds, synthetic only
+
+Writes ``soak.json`` and ``soak.png`` into ``--out`` (default ``bench/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.batch import BatchApi, chat_body, start_server, write_jsonl
+from bench.common import (
+    LOCALHOST,
+    RESULTS_DIR,
+    ServerProcess,
+    http_get,
+    machine_info,
+    package_versions,
+    wait_until_quiet,
+    write_json,
+)
+from bench.loadgen import LoadMode, LoadResult, LoadSpec, run_load_process
+from bench.online import MINILM_MODEL, MiniLMRaw, make_sentences, write_bodies
+
+SYNTHETIC = "syn-soak"
+CHAT_MODEL = "tiny-llama"
+EMBEDDINGS = "/v1/embeddings"
+CHAT = "/v1/chat/completions"
+ONLINE_RATE_PER_S = 40.0  # four callers, one request each per 100 ms
+CHAT_RATE_PER_S = 4.0
+SLACK_MS = 10.0
+MIN_SHARE_MIXED = 0.7
+MIN_SHARE_ALONE = 0.9
+MAX_TTFT_RATIO = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Sizes of one run."""
+
+    out_dir: Path
+    seconds: float = 5.0
+    repeats: int = 3
+    cases: tuple[str, ...] = (SYNTHETIC, MINILM_MODEL, CHAT_MODEL)
+
+
+def parse_options() -> Options:
+    """Options from the command line."""
+    parser = argparse.ArgumentParser(description="Conveyor soak benchmark.")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--smoke", action="store_true", help="seconds: synthetic, one repeat")
+    parser.add_argument("--seconds", type=float, default=5.0, help="each counted window")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-minilm", action="store_true")
+    parser.add_argument("--skip-chat", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        return Options(args.out, seconds=1.0, repeats=1, cases=(SYNTHETIC,))
+    cases = [SYNTHETIC]
+    cases += [] if args.skip_minilm else [MINILM_MODEL]
+    cases += [] if args.skip_chat else [CHAT_MODEL]
+    return Options(args.out, seconds=args.seconds, repeats=args.repeats, cases=tuple(cases))
+
+
+# -- the served models -------------------------------------------------------------------------
+def synthetic_entry() -> dict[str, Any]:
+    """The issue's synthetic model: a full batch of 100 takes 20 + 100 x 0.3 = 50 ms."""
+    return {
+        "name": SYNTHETIC,
+        "kind": "synthetic",
+        "max_batch_size": 100,
+        "max_wait_ms": 5,
+        "batch_latency_ms": 20,
+        "per_item_ms": 0.3,
+        "dim": 8,
+        "max_queue": 1_000_000,
+        "max_input_tokens": 100_000,
+    }
+
+
+def minilm_entry() -> dict[str, Any]:
+    """MiniLM as the online benchmark serves it."""
+    return {
+        "name": MINILM_MODEL,
+        "kind": "embedding",
+        "max_batch_size": 64,
+        "max_wait_ms": 5,
+        "max_queue": 1_000_000,
+    }
+
+
+def chat_entry(work_dir: Path) -> dict[str, Any]:
+    """A tiny random Llama (the batch benchmark's size)."""
+    from conveyor.testing import build_tiny_llama
+
+    checkpoint = build_tiny_llama(work_dir / "tiny-llama", size="bench")
+    return {
+        "name": CHAT_MODEL,
+        "kind": "generate",
+        "path": str(checkpoint),
+        "device": "cpu",
+        "max_num_seqs": 32,
+        "kv_cache_tokens": 16384,
+    }
+
+
+# -- measurements ------------------------------------------------------------------------------
+def metric_total(port: int, name: str, **labels: str) -> float:
+    """The sum of a metric's samples matching ``labels`` (0 when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, body = http_get(port, "/metrics")
+    total = 0.0
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += float(sample.value)
+    return total
+
+
+def job_lines(port: int) -> float:
+    """Batch lines run to completion so far."""
+    return metric_total(port, "conveyor_batch_lines_total", outcome="completed")
+
+
+def online_load(server: ServerProcess, bodies: Path, seconds: float) -> LoadResult:
+    """The light online traffic: open loop at ONLINE_RATE_PER_S."""
+    spec = LoadSpec(
+        LoadMode.OPEN,
+        seconds + 0.5,
+        rate_per_s=ONLINE_RATE_PER_S,
+        expected_latency_ms=100,
+        max_connections=64,
+        ramp_s=0.5,
+        drain_s=2.0,
+    )
+    return run_load_process(spec, server.port, bodies)
+
+
+def job_rate(port: int, seconds: float) -> float:
+    """The batch job's completed lines/s over a window with nothing else offered."""
+    before, started = job_lines(port), time.monotonic()
+    time.sleep(seconds)
+    return (job_lines(port) - before) / (time.monotonic() - started)
+
+
+def mixed(server: ServerProcess, bodies: Path, seconds: float) -> tuple[LoadResult, float]:
+    """Online traffic beside the running job: its result and the job's lines/s meanwhile."""
+    before, started = job_lines(server.port), time.monotonic()
+    load = online_load(server, bodies, seconds)
+    rate = (job_lines(server.port) - before) / (time.monotonic() - started)
+    return load, rate
+
+
+class RunningJob:
+    """A batch job kept running for the length of a measurement, cancelled at the end."""
+
+    def __init__(self, api: BatchApi, input_path: Path, endpoint: str) -> None:
+        self._api = api
+        self.batch_id = api.create(api.upload(input_path), endpoint)
+        api.wait(self.batch_id, lambda b: b["request_counts"]["completed"] > 0)
+
+    def is_running(self) -> bool:
+        """Whether the job was still in progress (it must outlast the measurement)."""
+        return self._api.get(self.batch_id)["status"] == "in_progress"
+
+    def cancel(self) -> None:
+        """Cancel and wait until it has stopped."""
+        self._api.cancel(self.batch_id)
+        self._api.wait(self.batch_id, lambda b: False)
+
+
+def quiet() -> dict[str, Any]:
+    """Wait (bounded) for a quiet machine; record how it went."""
+    return wait_until_quiet(quiet_s=1.0, max_wait_s=6.0).to_dict()
+
+
+def embedding_rep(
+    server: ServerProcess, api: BatchApi, bodies: Path, job: Path, seconds: float
+) -> dict[str, Any]:
+    """Idle online p99, then the job alone, then both at once."""
+    idle_quiet = quiet()
+    idle = online_load(server, bodies, seconds)
+    running = RunningJob(api, job, EMBEDDINGS)
+    try:
+        alone = job_rate(server.port, seconds)
+        soaked, beside = mixed(server, bodies, seconds)
+        outlasted = running.is_running()
+    finally:
+        running.cancel()
+    return {
+        "quiet": idle_quiet,
+        "idle": idle.to_dict(),
+        "soak": soaked.to_dict(),
+        "job_alone_per_s": round(alone, 1),
+        "job_beside_online_per_s": round(beside, 1),
+        "job_outlasted_window": outlasted,
+    }
+
+
+def measure_embeddings(
+    name: str, entry: dict[str, Any], opts: Options, work_dir: Path
+) -> dict[str, Any]:
+    """Every repeat of one embedding case, and its ceiling and full-batch time."""
+    sentences = make_sentences(1024)
+    bodies = write_bodies(work_dir / f"{name}-bodies.json", name, sentences)
+    ceiling = ceiling_per_s(name, entry, sentences)
+    job = work_dir / f"{name}-job.jsonl"
+    num_lines = int(ceiling * (2 * opts.seconds + 6))
+    write_jsonl(job, embedding_lines(name, sentences, num_lines))
+    with start_server(name, entry, work_dir) as server:
+        server.wait_ready(timeout_s=300)
+        api = BatchApi(server.port)
+        try:
+            online_load(server, bodies, 1.0)  # warm-up, not counted
+            reps = [
+                embedding_rep(server, api, bodies, job, opts.seconds) for _ in range(opts.repeats)
+            ]
+        finally:
+            api.close()
+    full_batch_ms = 1000 * entry["max_batch_size"] / ceiling
+    return {
+        "ceiling_per_s": round(ceiling, 1),
+        "full_batch_ms": round(full_batch_ms, 2),
+        "num_job_lines": num_lines,
+        "reps": reps,
+        "summary": embedding_summary(reps, ceiling, full_batch_ms),
+    }
+
+
+def ceiling_per_s(name: str, entry: dict[str, Any], sentences: list[str]) -> float:
+    """The model's best batched throughput: arithmetic for the synthetic model, measured
+    in-process at ``max_batch_size`` for MiniLM."""
+    if entry["kind"] == "synthetic":
+        batch_ms = entry["batch_latency_ms"] + entry["max_batch_size"] * entry["per_item_ms"]
+        return float(1000 * entry["max_batch_size"] / batch_ms)
+    raw = MiniLMRaw(sentences)
+    return statistics.median(raw.inputs_per_s(entry["max_batch_size"], 3.0, None) for _ in range(3))
+
+
+def embedding_lines(model: str, sentences: list[str], num: int) -> Iterator[dict[str, Any]]:
+    """``num`` one-sentence embeddings lines."""
+    for i in range(num):
+        body = {"model": model, "input": sentences[i % len(sentences)]}
+        yield {"custom_id": f"line-{i}", "method": "POST", "url": EMBEDDINGS, "body": body}
+
+
+def embedding_summary(
+    reps: list[dict[str, Any]], ceiling: float, full_batch_ms: float
+) -> dict[str, Any]:
+    """Medians over repeats, and each goal's verdict."""
+
+    def med(values: list[float | None]) -> float | None:
+        found = [v for v in values if v is not None]
+        return round(statistics.median(found), 2) if found else None
+
+    idle_p99 = med([r["idle"]["p99_ms"] for r in reps])
+    soak_p99 = med([r["soak"]["p99_ms"] for r in reps])
+    alone = med([r["job_alone_per_s"] / ceiling for r in reps])
+    beside = med([r["job_beside_online_per_s"] / ceiling for r in reps])
+    limit = None if idle_p99 is None else round(idle_p99 + full_batch_ms + SLACK_MS, 2)
+    return {
+        "idle_p99_ms": idle_p99,
+        "soak_p99_ms": soak_p99,
+        "soak_p99_limit_ms": limit,
+        "job_alone_share": alone,
+        "job_beside_online_share": beside,
+        "goal_p99_met": None if soak_p99 is None or limit is None else soak_p99 <= limit,
+        "goal_alone_met": alone is not None and alone >= MIN_SHARE_ALONE,
+        "goal_beside_met": beside is not None and beside >= MIN_SHARE_MIXED,
+    }
+
+
+# -- chat: time to first token -------------------------------------------------------------------
+def ttft_ms(url: str, body: dict[str, Any], intended_s: float) -> float | None:
+    """Streamed chat: ms from the intended send time to the first content chunk."""
+    delay_s = intended_s - time.monotonic()
+    if delay_s > 0:
+        time.sleep(delay_s)
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as response:
+        if response.status_code != 200:
+            return None
+        for line in response.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                return (time.monotonic() - intended_s) * 1000
+    return None
+
+
+def ttft_run(port: int, sentences: list[str], seconds: float) -> dict[str, Any]:
+    """Open-loop streamed chat at CHAT_RATE_PER_S; TTFT from the intended send times."""
+    url = f"http://{LOCALHOST}:{port}{CHAT}"
+    num = max(2, int(seconds * CHAT_RATE_PER_S))
+    start_s = time.monotonic() + 0.2
+    bodies = [chat_body(CHAT_MODEL, sentences[i % len(sentences)]) for i in range(num)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
+        futures = [
+            pool.submit(ttft_ms, url, body, start_s + i / CHAT_RATE_PER_S)
+            for i, body in enumerate(bodies)
+        ]
+        samples = [f.result() for f in futures]
+    ok = sorted(s for s in samples if s is not None)
+    return {
+        "num_sent": num,
+        "num_ok": len(ok),
+        "p50_ms": percentile(ok, 0.5),
+        "p99_ms": percentile(ok, 0.99),
+    }
+
+
+def percentile(sorted_ms: list[float], q: float) -> float | None:
+    """The q-quantile of sorted samples (nearest rank), rounded."""
+    if not sorted_ms:
+        return None
+    index = min(len(sorted_ms) - 1, max(0, round(q * len(sorted_ms) + 0.5) - 1))
+    return round(sorted_ms[index], 2)
+
+
+def chat_rep(
+    port: int, api: BatchApi, job: Path, sentences: list[str], seconds: float
+) -> dict[str, Any]:
+    """Idle TTFT, then TTFT while a chat batch job runs, and the job's progress meanwhile."""
+    idle_quiet = quiet()
+    idle = ttft_run(port, sentences, seconds)
+    running = RunningJob(api, job, CHAT)
+    try:
+        before, started = job_lines(port), time.monotonic()
+        soaked = ttft_run(port, sentences, seconds)
+        progress = (job_lines(port) - before) / (time.monotonic() - started)
+        outlasted = running.is_running()
+    finally:
+        running.cancel()
+    return {
+        "quiet": idle_quiet,
+        "idle": idle,
+        "soak": soaked,
+        "job_lines_per_s": round(progress, 2),
+        "job_outlasted_window": outlasted,
+    }
+
+
+def measure_chat(opts: Options, work_dir: Path) -> dict[str, Any]:
+    """TTFT idle and during a chat batch job, over every repeat."""
+    sentences = make_sentences(256)
+    job = work_dir / "chat-job.jsonl"
+    lines = (
+        {
+            "custom_id": f"chat-{i}",
+            "method": "POST",
+            "url": CHAT,
+            "body": chat_body(CHAT_MODEL, sentences[i % len(sentences)]),
+        }
+        for i in range(4000)
+    )
+    write_jsonl(job, lines)
+    with start_server("chat", chat_entry(work_dir), work_dir) as server:
+        server.wait_ready(timeout_s=300)
+        api = BatchApi(server.port)
+        try:
+            ttft_run(server.port, sentences, 1.0)  # warm-up, not counted
+            reps = [
+                chat_rep(server.port, api, job, sentences, opts.seconds)
+                for _ in range(opts.repeats)
+            ]
+        finally:
+            api.close()
+    idle = statistics.median(r["idle"]["p99_ms"] for r in reps if r["idle"]["p99_ms"])
+    soak = statistics.median(r["soak"]["p99_ms"] for r in reps if r["soak"]["p99_ms"])
+    ratio = round(soak / idle, 3)
+    progress = statistics.median(r["job_lines_per_s"] for r in reps)
+    return {
+        "reps": reps,
+        "summary": {
+            "idle_ttft_p99_ms": idle,
+            "soak_ttft_p99_ms": soak,
+            "ttft_p99_ratio": ratio,
+            "job_lines_per_s": progress,
+            "goal_ttft_met": ratio <= MAX_TTFT_RATIO,
+            "goal_progress_met": progress > 0,
+        },
+    }
+
+
+# -- the run -------------------------------------------------------------------------------------
+def write_png(path: Path, result: dict[str, Any]) -> None:
+    """Online p99 idle, during the job and its limit; the job's share of the ceiling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = {n: c["summary"] for n, c in result["cases"].items() if "idle_p99_ms" in c["summary"]}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    xs = range(len(cases))
+    for offset, key, label in (
+        (-0.25, "idle_p99_ms", "idle"),
+        (0, "soak_p99_ms", "during job"),
+        (0.25, "soak_p99_limit_ms", "limit"),
+    ):
+        axes[0].bar(
+            [x + offset for x in xs], [c[key] or 0 for c in cases.values()], 0.25, label=label
+        )
+    axes[0].set_xticks(list(xs), list(cases))
+    axes[0].set_ylabel("online p99 (ms)")
+    axes[0].legend()
+    for offset, key, label in (
+        (-0.2, "job_alone_share", "job alone"),
+        (0.2, "job_beside_online_share", "beside online"),
+    ):
+        axes[1].bar(
+            [x + offset for x in xs], [c[key] or 0 for c in cases.values()], 0.4, label=label
+        )
+    axes[1].axhline(MIN_SHARE_ALONE, color="gray", linestyle="--")
+    axes[1].axhline(MIN_SHARE_MIXED, color="gray", linestyle=":")
+    axes[1].set_xticks(list(xs), list(cases))
+    axes[1].set_ylabel("job lines/s / model ceiling")
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    opts = parse_options()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work_dir = Path(tmp)
+        for name in opts.cases:
+            print(f"case {name}", flush=True)
+            if name == CHAT_MODEL:
+                results[name] = measure_chat(opts, work_dir)
+            else:
+                entry = synthetic_entry() if name == SYNTHETIC else minilm_entry()
+                results[name] = measure_embeddings(name, entry, opts, work_dir)
+            print(json.dumps(results[name]["summary"]), flush=True)
+    result = {
+        "options": {
+            "seconds": opts.seconds,
+            "repeats": opts.repeats,
+            "online_rate_per_s": ONLINE_RATE_PER_S,
+            "chat_rate_per_s": CHAT_RATE_PER_S,
+        },
+        "cases": results,
+        "machine": machine_info(),
+        "versions": package_versions(),
+    }
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(opts.out_dir / "soak.json", result)
+    write_png(opts.out_dir / "soak.png", result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""The soak benchmark's smoke mode runs the synthetic case end to end and reports every goal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.bench_smoke import run_smoke
+
+pytestmark = pytest.mark.slow
+
+
+def test_smoke_writes_json_and_png(tmp_path: Path) -> None:
+    out = run_smoke("bench.soak", tmp_path)
+    result = json.loads((out / "soak.json").read_text())
+    case = result["cases"]["syn-soak"]
+    assert case["ceiling_per_s"] == 2000.0
+    assert case["full_batch_ms"] == 50.0
+    summary = case["summary"]
+    for key in ("idle_p99_ms", "soak_p99_ms", "soak_p99_limit_ms", "job_alone_share",
+                "job_beside_online_share", "goal_p99_met", "goal_alone_met", "goal_beside_met"):  # fmt: skip
+        assert key in summary
+    rep = case["reps"][0]
+    assert rep["job_outlasted_window"] is True
+    assert rep["soak"]["num_errors"] == 0 and rep["idle"]["num_errors"] == 0
+    assert (out / "soak.png").stat().st_size > 0
