@@ -35,12 +35,12 @@ from conveyor.config import ServerConfig
 from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.proxy import Proxy, ProxySettings
 from conveyor.fleet.registry import FleetRegistry, model_loads
+from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.fleet.router import Ejections, Router, WorkerView
 from conveyor.fleet.scaling import ModelDemand, RateMeter, desired_replicas
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.metrics import GatewayMetrics
-from conveyor.stores.job_store import JobStore, StoreError, open_job_store
-from conveyor.stores.object_store import ObjectStore, open_object_store
+from conveyor.stores import ObjectStore, StoreError, open_job_store, open_object_store
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Gateway:
     def __init__(
         self,
         settings: GatewaySettings,
-        store: JobStore,
+        store: WorkerRegistryStore,
         *,
         objects: ObjectStore | None = None,
         rng: random.Random | None = None,
@@ -284,7 +284,7 @@ def create_gateway_app(
     settings: GatewaySettings,
     config: ServerConfig,
     *,
-    store: JobStore | None = None,
+    store: WorkerRegistryStore | None = None,
 ) -> FastAPI:
     """The gateway's HTTP app; API keys come from ``config`` (its models are ignored)."""
     objects = open_object_store(settings.objects_url) if settings.objects_url else None

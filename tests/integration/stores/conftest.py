@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.stores.job_store import JobStore, open_job_store
+from conveyor.stores import JobStore, open_job_store
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

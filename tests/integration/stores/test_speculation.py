@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.stores.job_store import JobStore, SpeculationPolicy
+from conveyor.jobs.leases import SpeculationPolicy
+from conveyor.stores import JobStore
 from conveyor.stores.records import ShardLease, ShardStatus
 from tests.integration.stores.test_job_store import LEASE_S, claim, running_batch
 

@@ -13,8 +13,10 @@ from conveyor.errors import ConveyorError
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.keys import file_key
-from conveyor.stores.job_store import JobStore, open_job_store
-from conveyor.stores.object_store import ObjectNotFoundError, lines_of, validate_key
+from conveyor.jobs.store import AsyncJobStore
+from conveyor.stores import JobStore, open_job_store
+from conveyor.stores.errors import ObjectNotFoundError
+from conveyor.stores.object_io import lines_of, validate_key
 from conveyor.stores.records import BatchRecord, BatchStatus, FileRecord, new_batch_id, new_file_id
 
 ENDPOINT = "/v1/embeddings"
@@ -141,7 +143,7 @@ def make_ctx(
         await asyncio.sleep(0)
 
     return JobsContext(
-        store=store or open_job_store("sqlite://:memory:"),
+        store=AsyncJobStore(store or open_job_store("sqlite://:memory:")),
         objects=objects or MemoryObjectStore(),
         config=JobsConfig(**settings),
         worker_id=worker_id,
@@ -161,7 +163,7 @@ def upload(ctx: JobsContext, data: bytes, tenant: str = "t") -> FileRecord:
     ctx.objects.put_stream(file_key(file_id), [data])
     record = FileRecord(id=file_id, tenant=tenant, filename="in.jsonl", purpose="batch",
                         bytes=len(data), created_at=next(_counter), object_key=file_key(file_id))  # fmt: skip
-    ctx.store.create_file(record)
+    ctx.store.blocking.create_file(record)
     return record
 
 
@@ -172,12 +174,12 @@ def create_batch(
     now = ctx.clock()
     record = BatchRecord(id=new_batch_id(), tenant=tenant, endpoint=ENDPOINT, input_file_id=file_id,
                          completion_window="1h", created_at=int(now), expires_at=int(now + window_s))  # fmt: skip
-    ctx.store.create_batch(record)
+    ctx.store.blocking.create_batch(record)
     return record
 
 
 def status_of(ctx: JobsContext, batch_id: str) -> BatchStatus:
-    batch = ctx.store.get_batch_any(batch_id)
+    batch = ctx.store.blocking.get_batch_any(batch_id)
     assert batch is not None
     return batch.status
 
