@@ -4,61 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from conveyor.errors import ConveyorError
+from conveyor.fakes import MemoryObjectStore
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.keys import file_key
 from conveyor.jobs.store import AsyncJobStore
 from conveyor.stores import JobStore, open_job_store
-from conveyor.stores.errors import ObjectNotFoundError
-from conveyor.stores.object_io import lines_of, validate_key
 from conveyor.stores.records import BatchRecord, BatchStatus, FileRecord, new_batch_id, new_file_id
 
 ENDPOINT = "/v1/embeddings"
 MODEL = "m"
-
-
-class MemoryObjectStore:
-    """`ObjectStore` over a dict; writes are atomic because the value is set at the end."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-
-    def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
-        data = b"".join(chunks)
-        self.objects[validate_key(key)] = data
-        return len(data)
-
-    def open_range(self, key: str, start: int, end: int, chunk_bytes: int = 7) -> Iterator[bytes]:
-        data = self._get(key)[start:end]
-        # Small chunks on purpose: line splitting must cope with lines across chunks.
-        return iter([data[i : i + chunk_bytes] for i in range(0, len(data), chunk_bytes)])
-
-    def read_lines(self, key: str, start: int, end: int) -> Iterator[bytes]:
-        return lines_of(self.open_range(key, start, end))
-
-    def iter_chunks(self, key: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
-        return self.open_range(key, 0, len(self._get(key)), chunk_bytes)
-
-    def size(self, key: str) -> int:
-        return len(self._get(key))
-
-    def exists(self, key: str) -> bool:
-        return key in self.objects
-
-    def delete(self, key: str) -> bool:
-        return self.objects.pop(key, None) is not None
-
-    def _get(self, key: str) -> bytes:
-        try:
-            return self.objects[key]
-        except KeyError:
-            raise ObjectNotFoundError(key) from None
 
 
 class Clock:
