@@ -84,7 +84,7 @@ def fresh_database() -> Iterator[str]:
     """A new PostgreSQL database for this run, dropped afterwards."""
     import psycopg
 
-    from conveyor.stores.job_store import open_job_store
+    from conveyor.stores import open_job_store
 
     name = f"conveyor_bench_{uuid.uuid4().hex}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:

@@ -25,12 +25,12 @@ from conveyor.config import ServerConfig
 from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.proxy import Proxy, ProxySettings
 from conveyor.fleet.registry import FleetRegistry, model_loads
+from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.fleet.router import Ejections, Router, WorkerView
 from conveyor.fleet.scaling import ModelDemand, RateMeter, desired_replicas
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.metrics import GatewayMetrics
-from conveyor.stores.job_store import JobStore, StoreError
-from conveyor.stores.object_store import ObjectStore
+from conveyor.stores import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Gateway:
     def __init__(
         self,
         settings: GatewaySettings,
-        store: JobStore,
+        store: WorkerRegistryStore,
         *,
         objects: ObjectStore | None = None,
         rng: random.Random | None = None,

@@ -31,10 +31,10 @@ from conveyor.config import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
+from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.service import Service
-from conveyor.stores.job_store import JobStore, StoreError, open_job_store
-from conveyor.stores.object_store import open_object_store
+from conveyor.stores import StoreError, open_job_store
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def worker_config(config: ServerConfig, settings: WorkerSettings, worker_id: str
 
 
 def fleet_model_check(
-    config: ServerConfig, store: JobStore, stale_after_s: float
+    config: ServerConfig, store: WorkerRegistryStore, stale_after_s: float
 ) -> Callable[[str], bool]:
     """Whether a batch's model is served: here, or by a live worker in the registry.
 
@@ -195,7 +195,9 @@ def fleet_model_check(
     return is_model_served
 
 
-def worker_jobs(service: Service, store: JobStore, stale_after_s: float) -> JobsSubsystem:
+def worker_jobs(
+    service: Service, store: WorkerRegistryStore, stale_after_s: float
+) -> JobsSubsystem:
     """The worker's jobs subsystem: runs shards on ``service``, checks models fleet-wide."""
     check = fleet_model_check(service.config, store, stale_after_s)
     return jobs_for_service(service, is_model_served=check)
@@ -204,9 +206,6 @@ def worker_jobs(service: Service, store: JobStore, stale_after_s: float) -> Jobs
 async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
     """Run a worker until it has drained after SIGTERM (or uvicorn stopped on SIGINT)."""
     store = open_job_store(settings.store_url)
-    if settings.objects_url:
-        # Opened now so a wrong URL fails at start-up; batch shards read through it.
-        open_object_store(settings.objects_url)
     worker_id = settings.worker_id or f"{socket.gethostname()}-{secrets.token_hex(4)}"
     config = worker_config(config, settings, worker_id)
     service = Service(config)

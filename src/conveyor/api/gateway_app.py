@@ -14,16 +14,16 @@ from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
 from conveyor.config import ServerConfig
+from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
-from conveyor.stores.job_store import JobStore, open_job_store
-from conveyor.stores.object_store import open_object_store
+from conveyor.stores import open_job_store, open_object_store
 
 
 def create_gateway_app(
     settings: GatewaySettings,
     config: ServerConfig,
     *,
-    store: JobStore | None = None,
+    store: WorkerRegistryStore | None = None,
 ) -> FastAPI:
     """The gateway's HTTP app; API keys come from ``config`` (its models are ignored)."""
     objects = open_object_store(settings.objects_url) if settings.objects_url else None

@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.stores.job_store import JobStore, StoreError
+from conveyor.fleet.registry_store import AsyncWorkerRegistry, WorkerRegistryStore
+from conveyor.stores.errors import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        store: JobStore,
+        store: WorkerRegistryStore,
         identity: WorkerIdentity,
         load: LoadFn,
         *,
@@ -51,7 +52,7 @@ class Heartbeat:
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
-        self._store = store
+        self._store = AsyncWorkerRegistry(store)
         self.identity = identity
         self._load = load
         self.interval_s = interval_s
@@ -62,8 +63,7 @@ class Heartbeat:
     async def beat(self) -> None:
         """Send one heartbeat now (registers the worker on the first one)."""
         ident = self.identity
-        await asyncio.to_thread(
-            self._store.upsert_worker,
+        await self._store.upsert_worker(
             ident.worker_id,
             ident.address,
             ident.models,
@@ -95,6 +95,6 @@ class Heartbeat:
     async def deregister(self) -> None:
         """Remove the worker's row so gateways stop routing to it at their next refresh."""
         try:
-            await asyncio.to_thread(self._store.remove_worker, self.identity.worker_id)
+            await self._store.remove_worker(self.identity.worker_id)
         except StoreError as exc:
             log.warning("deregistration failed (the row will go stale): %s", exc)

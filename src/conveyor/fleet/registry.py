@@ -9,8 +9,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.fleet.registry_store import AsyncWorkerRegistry, WorkerRegistryStore
 from conveyor.fleet.router import WorkerView
-from conveyor.stores.job_store import JobStore, StoreError
+from conveyor.stores.errors import StoreError
 from conveyor.stores.records import WorkerRecord
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class FleetRegistry:
 
     def __init__(
         self,
-        store: JobStore,
+        store: WorkerRegistryStore,
         *,
         stale_after_s: float,
         reap_after_s: float,
@@ -71,7 +72,7 @@ class FleetRegistry:
     ) -> None:
         if stale_after_s <= 0 or reap_after_s < stale_after_s:
             raise ValueError("need 0 < stale_after_s <= reap_after_s")
-        self._store = store
+        self._store = AsyncWorkerRegistry(store)
         self.stale_after_s = stale_after_s
         self.reap_after_s = reap_after_s
         self._clock = clock
@@ -87,12 +88,10 @@ class FleetRegistry:
 
     async def refresh(self) -> None:
         """Read the worker rows (off the event loop) and reap the long-dead ones."""
-        records = await asyncio.to_thread(
-            self._store.list_workers, self._clock(), self.stale_after_s
-        )
+        records = await self._store.list_workers(self._clock(), self.stale_after_s)
         dead = [r for r in records if r.heartbeat_age_s > self.reap_after_s]
         for record in dead:
-            await asyncio.to_thread(self._store.remove_worker, record.worker_id)
+            await self._store.remove_worker(record.worker_id)
             log.info(
                 "reaped worker %s (silent for %.1f s)", record.worker_id, record.heartbeat_age_s
             )

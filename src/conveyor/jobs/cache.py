@@ -5,7 +5,7 @@ request body (keys sorted), so re-running an evaluation set costs nothing for li
 computed. The tenant is part of the key: one tenant never receives an answer computed for
 another. Only deterministic requests are cached: embeddings always, generation only with
 temperature 0. Values are the JSON response bodies, stored in the job store
-(`cache_get` / `cache_put`). A cached generation answer is served with a fresh `id` and
+(`cache_get_many` / `cache_put_many`). A cached generation answer is served with a fresh `id` and
 `created`, as a new completion would be.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
+from conveyor.jobs.store import AsyncJobStore
 from conveyor.openai_paths import EMBEDDINGS, GENERATION_ENDPOINTS
-from conveyor.stores.job_store import JobStore
 
 KEY_PREFIX = "v2:"  # v2: the tenant is part of the key (v1 keys are never read again)
 
@@ -71,17 +71,19 @@ def fresh_answer(endpoint: str, cached: bytes) -> bytes:
 
 
 class ResultCache:
-    """Batched reads and writes of cached response bodies (blocking: call from a thread)."""
+    """Batched reads and writes of cached response bodies: one store round trip per batch."""
 
-    def __init__(self, store: JobStore) -> None:
+    def __init__(self, store: AsyncJobStore) -> None:
         """Use `store`'s result cache table."""
         self._store = store
 
-    def get_many(self, keys: Sequence[str | None]) -> list[bytes | None]:
+    async def get_many(self, keys: Sequence[str | None]) -> list[bytes | None]:
         """The cached body for each key (None for a miss or an uncacheable request)."""
-        return [None if key is None else self._store.cache_get(key) for key in keys]
+        wanted = sorted({key for key in keys if key is not None})
+        found = await self._store.cache_get_many(wanted) if wanted else {}
+        return [None if key is None else found.get(key) for key in keys]
 
-    def put_many(self, entries: Sequence[tuple[str, bytes]]) -> None:
+    async def put_many(self, entries: Sequence[tuple[str, bytes]]) -> None:
         """Store response bodies under their keys (existing entries are left alone)."""
-        for key, value in entries:
-            self._store.cache_put(key, value)
+        if entries:
+            await self._store.cache_put_many(dict(entries))

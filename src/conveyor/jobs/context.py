@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.line_runner import RetryPolicy, RunRequest, Sleep
-from conveyor.stores.job_store import JobStore
+from conveyor.jobs.store import AsyncJobStore
 from conveyor.stores.object_store import ObjectStore
 
 _T = TypeVar("_T")
@@ -50,7 +50,7 @@ class JobCounters:
 class JobsContext:
     """Shared state of one process's jobs subsystem."""
 
-    store: JobStore
+    store: AsyncJobStore
     objects: ObjectStore
     config: JobsConfig
     worker_id: str

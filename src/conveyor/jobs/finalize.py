@@ -24,13 +24,14 @@ from collections.abc import Iterator, Sequence
 
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.keys import error_file_id, file_key, line_id, output_file_id
+from conveyor.jobs.leases import ACTIVE_BATCH_STATUSES, is_live
 from conveyor.jobs.lines import StopCode, custom_id_of, stopped_record
 from conveyor.jobs.planner import shard_requests
 from conveyor.jobs.stalls import without_stall_notes
-from conveyor.stores.job_store import JobStore
-from conveyor.stores.object_store import ObjectStoreError
+from conveyor.jobs.store import transition
+from conveyor.stores.errors import ObjectStoreError
+from conveyor.stores.protocols import BatchStore
 from conveyor.stores.records import (
-    TERMINAL_BATCH_STATUSES,
     BatchRecord,
     BatchStatus,
     FileRecord,
@@ -65,24 +66,9 @@ def stop_code_for(status: BatchStatus) -> StopCode:
     return StopCode.CANCELLED if status is BatchStatus.CANCELLED else StopCode.EXPIRED
 
 
-def lease_of(shard: ShardRecord) -> ShardLease:
-    """A lease naming the shard's current attempt and holder (for a fenced release)."""
-    return ShardLease(
-        batch_id=shard.batch_id,
-        index=shard.index,
-        attempt=shard.attempt,
-        worker_id=shard.lease_owner or "",
-        lease_expires_at=shard.lease_expires_at or 0.0,
-        byte_start=shard.byte_start,
-        byte_end=shard.byte_end,
-        first_line=shard.first_line,
-        num_lines=shard.num_lines,
-    )
-
-
-def is_input_in_use(store: JobStore, file_id: str) -> bool:
-    """Whether a batch that has not finished yet reads the file `file_id`."""
-    active = store.batches_in_status(s for s in BatchStatus if s not in TERMINAL_BATCH_STATUSES)
+def is_input_in_use(store: BatchStore, file_id: str) -> bool:
+    """Blocking: whether a batch that has not finished yet reads the file `file_id`."""
+    active = store.batches_in_status(ACTIVE_BATCH_STATUSES)
     return any(b.input_file_id == file_id for b in active)
 
 
@@ -97,7 +83,8 @@ class Finalizer:
         """Finalize `batch` if no live lease remains; True when this call finished it."""
         if batch.status not in FINALIZABLE:
             raise ValueError(f"cannot finalize a batch in status {batch.status}")
-        current = self._ctx.store.get_batch_any(batch.id)
+        store = self._ctx.store.blocking
+        current = store.get_batch_any(batch.id)
         if current is None or current.status is not batch.status:
             return False  # someone else moved it on
         shards = self._settled_shards(batch.id)
@@ -112,22 +99,20 @@ class Finalizer:
         fields: dict[str, object] = {"output_file_id": out_id, "error_file_id": err_id}
         if current.errors:
             fields["errors"] = without_stall_notes(current.errors)  # the stall is over
-        is_won = self._ctx.store.transition(
-            batch.id, [batch.status], target, self._ctx.clock(), **fields
-        )
+        is_won = transition(store, batch.id, [batch.status], target, self._ctx.clock(), **fields)
         if is_won:
             self._clean_up(batch, shards)
         return is_won
 
     def _settled_shards(self, batch_id: str) -> list[ShardRecord] | None:
         """The shards once none is leased (expired leases are released); None to wait."""
-        store, now = self._ctx.store, self._ctx.clock()
+        store, now = self._ctx.store.blocking, self._ctx.clock()
         shards = store.list_shards(batch_id)
         leased = [s for s in shards if s.status is ShardStatus.LEASED]
-        if any((s.lease_expires_at or 0.0) > now for s in leased):
+        if any(is_live(s.lease_expires_at, now) for s in leased):
             return None
         for shard in leased:
-            if not store.release_shard(lease_of(shard)):
+            if not store.release_shard(ShardLease.of_shard(shard)):
                 return None  # it changed meanwhile; look again next time
         return store.list_shards(batch_id) if leased else shards
 
@@ -176,13 +161,14 @@ class Finalizer:
             return None
         key = file_key(file_id)
         num_bytes = self._ctx.objects.put_stream(key, chunks)
-        if self._ctx.store.get_file(batch.tenant, file_id) is None:
+        store = self._ctx.store.blocking
+        if store.get_file(batch.tenant, file_id) is None:
             record = FileRecord(
                 id=file_id, tenant=batch.tenant, filename=f"{batch.id}_{kind}.jsonl",
                 purpose=OUTPUT_PURPOSE, bytes=num_bytes, created_at=int(self._ctx.clock()),
                 object_key=key,
             )  # fmt: skip
-            self._ctx.store.create_file(record)
+            store.create_file(record)
         return file_id
 
     def _clean_up(self, batch: BatchRecord, shards: Sequence[ShardRecord]) -> None:
@@ -193,7 +179,7 @@ class Finalizer:
                 for key in (shard.output_key, shard.error_key):
                     if key:
                         objects.delete(key)
-            store = self._ctx.store
+            store = self._ctx.store.blocking
             if store.get_file(batch.tenant, batch.input_file_id) is None and not is_input_in_use(
                 store, batch.input_file_id
             ):

@@ -19,10 +19,10 @@ import asyncio
 import logging
 
 from conveyor.jobs.context import JobsContext, shielded, wait_for_any
+from conveyor.jobs.leases import SpeculationPolicy
 from conveyor.jobs.shard import AttemptOutcome, ShardAttempt
 from conveyor.jobs.stalls import StallReporter, backoff_s
-from conveyor.stores.job_store import SpeculationPolicy, StoreError
-from conveyor.stores.object_store import ObjectStoreError
+from conveyor.stores.errors import ObjectStoreError, StoreError
 from conveyor.stores.records import BatchStatus, ShardLease
 
 log = logging.getLogger(__name__)
@@ -86,19 +86,17 @@ class ShardRunner:
         ctx = self._ctx
         cfg = ctx.config
         try:
-            batch_ids = await asyncio.to_thread(self._runnable_batch_ids)
+            batch_ids = await self._runnable_batch_ids()
             if batch_ids is not None and not batch_ids:
                 return None
-            lease = await asyncio.to_thread(
-                ctx.store.claim_shard, ctx.worker_id, ctx.clock(), cfg.lease_s, batch_ids
-            )
+            lease = await ctx.store.claim_shard(ctx.worker_id, ctx.clock(), cfg.lease_s, batch_ids)
             if lease is not None or not cfg.speculation or batch_ids is not None:
                 # Speculation takes any batch's straggler, so only a process that runs
                 # every model speculates.
                 return lease
             policy = SpeculationPolicy(cfg.speculation_slow_factor, cfg.speculation_min_running_s)
-            lease = await asyncio.to_thread(
-                ctx.store.claim_speculative, ctx.worker_id, ctx.clock(), cfg.lease_s, policy
+            lease = await ctx.store.claim_speculative(
+                ctx.worker_id, ctx.clock(), cfg.lease_s, policy
             )
         except StoreError as exc:
             if not self._stalls.failed("claim_shard", exc):
@@ -111,19 +109,19 @@ class ShardRunner:
             log.info("speculating on straggler shard %d of %s", lease.index, lease.batch_id)
         return lease
 
-    def _runnable_batch_ids(self) -> list[str] | None:
+    async def _runnable_batch_ids(self) -> list[str] | None:
         """In-progress batches whose model this process runs; None when it runs any model."""
         can_run = self._ctx.can_run_model
         if can_run is None:
             return None
-        batches = self._ctx.store.batches_in_status([BatchStatus.IN_PROGRESS])
+        batches = await self._ctx.store.batches_in_status([BatchStatus.IN_PROGRESS])
         runnable = [b.id for b in batches if b.model is None or can_run(b.model)]
         return None if len(runnable) == len(batches) else runnable
 
     async def run_shard(self, lease: ShardLease, shutdown: asyncio.Event) -> bool:
         """Run one claimed shard; False when the attempt failed (the shard was released)."""
         ctx = self._ctx
-        batch = await asyncio.to_thread(ctx.store.get_batch_any, lease.batch_id)
+        batch = await ctx.store.get_batch_any(lease.batch_id)
         if batch is None:
             return True  # deleted under us; nothing to run or release
         attempt = ShardAttempt(ctx, lease, batch, shutdown)
@@ -163,7 +161,7 @@ class ShardRunner:
     async def _release(self, lease: ShardLease) -> None:
         """Give the shard back now (not at lease expiry); a store error only delays that."""
         try:
-            await shielded(lambda: asyncio.to_thread(self._ctx.store.release_shard, lease))
+            await shielded(lambda: self._ctx.store.release_shard(lease))
         except StoreError as exc:
             if not self._stalls.failed("release_shard", exc, lease.batch_id):
                 log.exception("cannot release shard %d of %s", lease.index, lease.batch_id)

@@ -1,7 +1,7 @@
 """File and batch operations behind the HTTP API, scoped to the caller's tenant.
 
 Another tenant's file or batch is answered exactly like a missing one (404), so ids leak
-nothing. Store calls block, so each runs in a worker thread.
+nothing. Store calls run in a worker thread (see `jobs.store`), object store deletes too.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ from typing import Any, Protocol
 from conveyor.errors import InvalidRequest, NotFound
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.errors import BatchNotCancellable
-from conveyor.jobs.finalize import is_input_in_use
 from conveyor.jobs.keys import file_key
+from conveyor.jobs.leases import ACTIVE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES
 from conveyor.jobs.upload import store_stream
 from conveyor.jobs.validation import check_endpoint, check_metadata, parse_completion_window
-from conveyor.stores.job_store import MAX_BATCHES_PAGE, MAX_FILES_PAGE
+from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE
 from conveyor.stores.records import (
-    TERMINAL_BATCH_STATUSES,
     BatchRecord,
     BatchStatus,
     FileRecord,
@@ -88,7 +87,7 @@ class JobsService:
                 purpose=BATCH_PURPOSE, bytes=num_bytes, created_at=int(ctx.clock()),
                 object_key=key,
             )  # fmt: skip
-            await asyncio.to_thread(ctx.store.create_file, record)
+            await ctx.store.create_file(record)
         except BaseException:
             await asyncio.to_thread(ctx.objects.delete, key)
             raise
@@ -101,12 +100,12 @@ class JobsService:
         size = check_limit(limit, MAX_FILES_PAGE, MAX_FILES_PAGE)
         # One extra row tells whether another page exists; the store caps a page at the max.
         ask = min(size + 1, MAX_FILES_PAGE)
-        rows = await asyncio.to_thread(self._ctx.store.list_files, tenant, purpose, after, ask)
+        rows = await self._ctx.store.list_files(tenant, purpose, after, ask)
         return rows[:size], len(rows) > size
 
     async def get_file(self, tenant: str, file_id: str) -> FileRecord:
         """The tenant's file, or 404."""
-        record = await asyncio.to_thread(self._ctx.store.get_file, tenant, file_id)
+        record = await self._ctx.store.get_file(tenant, file_id)
         if record is None:
             raise NotFound(f"no file with id {file_id!r}", param="file_id")
         return record
@@ -120,8 +119,9 @@ class JobsService:
         """Delete the file; its bytes stay while an unfinished batch still reads them."""
         ctx = self._ctx
         record = await self.get_file(tenant, file_id)
-        await asyncio.to_thread(ctx.store.delete_file, tenant, file_id)
-        if not await asyncio.to_thread(is_input_in_use, ctx.store, file_id):
+        await ctx.store.delete_file(tenant, file_id)
+        active = await ctx.store.batches_in_status(ACTIVE_BATCH_STATUSES)
+        if all(batch.input_file_id != file_id for batch in active):
             await asyncio.to_thread(ctx.objects.delete, record.object_key)
 
     # -- batches ---------------------------------------------------------------------------
@@ -152,13 +152,13 @@ class JobsService:
             completion_window=str(window), created_at=int(now), expires_at=int(now + window_s),
             metadata=metadata,
         )  # fmt: skip
-        await asyncio.to_thread(self._ctx.store.create_batch, record)
+        await self._ctx.store.create_batch(record)
         self._kick()
         return await self.get_batch(tenant, record.id)
 
     async def get_batch(self, tenant: str, batch_id: str) -> BatchRecord:
         """The tenant's batch with live request counts, or 404."""
-        record = await asyncio.to_thread(self._ctx.store.get_batch, tenant, batch_id)
+        record = await self._ctx.store.get_batch(tenant, batch_id)
         if record is None:
             raise NotFound(f"no batch with id {batch_id!r}", param="batch_id")
         return record
@@ -169,7 +169,7 @@ class JobsService:
         """One page of the tenant's batches, newest first, and whether more follow."""
         size = check_limit(limit, DEFAULT_BATCHES_PAGE, MAX_BATCHES_PAGE)
         ask = min(size + 1, MAX_BATCHES_PAGE)
-        rows = await asyncio.to_thread(self._ctx.store.list_batches, tenant, after, ask)
+        rows = await self._ctx.store.list_batches(tenant, after, ask)
         return rows[:size], len(rows) > size
 
     async def cancel_batch(self, tenant: str, batch_id: str) -> BatchRecord:
@@ -181,9 +181,8 @@ class JobsService:
             raise BatchNotCancellable(
                 f"batch {batch_id} is {record.status.value} and cannot be cancelled"
             )
-        store, now = self._ctx.store, self._ctx.clock()
-        await asyncio.to_thread(
-            store.transition, batch_id, CANCELLABLE, BatchStatus.CANCELLING, now
+        await self._ctx.store.transition(
+            batch_id, CANCELLABLE, BatchStatus.CANCELLING, self._ctx.clock()
         )
         self._kick()
         return await self.get_batch(tenant, batch_id)

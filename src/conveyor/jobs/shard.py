@@ -29,8 +29,7 @@ from conveyor.jobs.lines import StopCode, custom_id_of, decode_request, stopped_
 from conveyor.jobs.planner import shard_requests
 from conveyor.jobs.sink import ShardSink
 from conveyor.jobs.stalls import is_outage
-from conveyor.stores.job_store import StoreError
-from conveyor.stores.object_store import ObjectStoreError
+from conveyor.stores.errors import ObjectStoreError, StoreError
 from conveyor.stores.records import BatchRecord, BatchStatus, ShardLease
 
 log = logging.getLogger(__name__)
@@ -163,7 +162,7 @@ class ShardAttempt:
                 return
             try:
                 is_held = await asyncio.to_thread(self._renew_and_report)
-                batch = await asyncio.to_thread(ctx.store.get_batch_any, self._lease.batch_id)
+                batch = await ctx.store.get_batch_any(self._lease.batch_id)
             except StoreError as exc:
                 # A store hiccup is not the shard's fault: keep running, try again next beat;
                 # if the lease lapses meanwhile, the fenced commit refuses our results.
@@ -178,7 +177,7 @@ class ShardAttempt:
 
     def _renew_and_report(self) -> bool:
         """Extend the lease and publish progress; False once the lease is lost."""
-        store, sink = self._ctx.store, self._sink
+        store, sink = self._ctx.store.blocking, self._sink
         if not store.renew_lease(self._lease, self._ctx.clock(), self._ctx.config.lease_s):
             return False
         return store.report_progress(self._lease, sink.num_completed, sink.num_failed)
@@ -304,7 +303,7 @@ class ShardAttempt:
                 )
             except ValueError:
                 keys.append(None)
-        hits = await asyncio.to_thread(self._cache.get_many, keys)
+        hits = await self._cache.get_many(keys)
         return list(zip(keys, hits, strict=True))
 
     async def _flush_cache(self) -> None:
@@ -313,7 +312,7 @@ class ShardAttempt:
             self._cache_entries.clear()
             return
         entries, self._cache_entries = self._cache_entries, []
-        await asyncio.to_thread(self._cache.put_many, entries)
+        await self._cache.put_many(entries)
 
     # -- commit ----------------------------------------------------------------------------
 
@@ -336,8 +335,9 @@ class ShardAttempt:
         written = {key: spool for key, spool in keys.items() if spool.num_records}
         for key, spool in written.items():
             ctx.objects.put_stream(key, spool.chunks())
-        is_held = ctx.store.renew_lease(lease, ctx.clock(), ctx.config.lease_s)
-        if not is_held or not ctx.store.commit_shard(
+        store = ctx.store.blocking
+        is_held = store.renew_lease(lease, ctx.clock(), ctx.config.lease_s)
+        if not is_held or not store.commit_shard(
             lease,
             ctx.clock(),
             output_key if output_key in written else None,

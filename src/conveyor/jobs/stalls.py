@@ -18,8 +18,7 @@ from collections.abc import Sequence
 
 from conveyor.errors import StoreUnavailable
 from conveyor.jobs.context import JobsContext
-from conveyor.stores.job_store import StoreError
-from conveyor.stores.object_store import ObjectStoreError
+from conveyor.stores.errors import ObjectStoreError, StoreError
 from conveyor.stores.records import BatchError, BatchStatus
 
 log = logging.getLogger(__name__)
@@ -100,7 +99,7 @@ class StallReporter:
         """Blocking: put a stall entry in the batch's errors (once per store)."""
         store_name = failed_store(exc) or "store"
         entry = stall_note(store_name, operation, exc)
-        store = self._ctx.store
+        store = self._ctx.store.blocking
         try:
             batch = store.get_batch_any(batch_id)
             if batch is None or batch.status not in NOTED_STATUSES:
@@ -119,12 +118,13 @@ class StallReporter:
 
     def recovered(self, batch_id: str) -> None:
         """Blocking: drop the stall notes of a batch that moves again."""
+        store = self._ctx.store.blocking
         try:
-            batch = self._ctx.store.get_batch_any(batch_id)
+            batch = store.get_batch_any(batch_id)
             if batch is not None and batch.status in NOTED_STATUSES and batch.errors:
                 kept = without_stall_notes(batch.errors)
                 if kept != batch.errors:
-                    self._ctx.store.update_batch_fields(batch_id, errors=kept)
+                    store.update_batch_fields(batch_id, errors=kept)
         except StoreError as exc:
             log.warning("cannot clear the stall note of batch %s yet: %s", batch_id, exc)
             return

@@ -21,9 +21,9 @@ from conveyor.jobs.line_runner import RunRequest
 from conveyor.jobs.runner import ShardRunner
 from conveyor.jobs.service import JobsService
 from conveyor.jobs.stalls import StallReporter
+from conveyor.jobs.store import AsyncJobStore
 from conveyor.jobs.supervisor import Supervisor
-from conveyor.stores.job_store import open_job_store
-from conveyor.stores.object_store import open_object_store
+from conveyor.stores import open_job_store, open_object_store
 from conveyor.stores.timeouts import PostgresTimeouts
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,8 @@ class JobsSubsystem:
             open_object_store, cfg.object_store_url_for(self._data_dir)
         )
         ctx = JobsContext(
-            store=store, objects=objects, config=cfg, worker_id=cfg.resolved_worker_id(),
+            store=AsyncJobStore(store), objects=objects, config=cfg,
+            worker_id=cfg.resolved_worker_id(),
             run_request=self._run_request, is_model_served=self._is_model_served,
             can_run_model=self._can_run_model, counters=self._counters,
         )  # fmt: skip
@@ -124,5 +125,5 @@ class JobsSubsystem:
         self._tasks.clear()
         self._api = None
         if self._ctx is not None:
-            await asyncio.to_thread(self._ctx.store.close)
+            await self._ctx.store.close()
             self._ctx = None

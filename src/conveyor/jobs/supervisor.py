@@ -24,8 +24,12 @@ from conveyor.jobs.finalize import Finalizer
 from conveyor.jobs.keys import file_key
 from conveyor.jobs.planner import BatchPlan, plan_batch
 from conveyor.jobs.stalls import StallReporter, backoff_s
-from conveyor.stores.job_store import StoreError, StoreUnavailableError
-from conveyor.stores.object_store import ObjectNotFoundError, ObjectStoreError
+from conveyor.stores.errors import (
+    ObjectNotFoundError,
+    ObjectStoreError,
+    StoreError,
+    StoreUnavailableError,
+)
 from conveyor.stores.records import BatchError, BatchRecord, BatchStatus, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -62,12 +66,12 @@ class Supervisor:
     async def tick(self) -> None:
         """One pass over every batch that is not finished."""
         store = self._ctx.store
-        for batch in await asyncio.to_thread(store.batches_in_status, [BatchStatus.VALIDATING]):
+        for batch in await store.batches_in_status([BatchStatus.VALIDATING]):
             await self._guarded("plan", batch, self.plan(batch))
-        for batch in await asyncio.to_thread(store.batches_in_status, [BatchStatus.IN_PROGRESS]):
+        for batch in await store.batches_in_status([BatchStatus.IN_PROGRESS]):
             await self._guarded("check_progress", batch, self._maybe_finish(batch))
         finalizable = [BatchStatus.FINALIZING, BatchStatus.CANCELLING]
-        for batch in await asyncio.to_thread(store.batches_in_status, finalizable):
+        for batch in await store.batches_in_status(finalizable):
             await self._guarded("finalize", batch, self._finalize(batch))
 
     async def _guarded(self, operation: str, batch: BatchRecord, step: Awaitable[None]) -> None:
@@ -100,9 +104,9 @@ class Supervisor:
             await self._fail(batch, plan.report.errors)
             return
         await asyncio.to_thread(self._store_shards, batch, plan)
-        is_started = await asyncio.to_thread(
-            ctx.store.transition, batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS,
-            ctx.clock(), model=plan.report.model,
+        is_started = await ctx.store.transition(
+            batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, ctx.clock(),
+            model=plan.report.model,
         )  # fmt: skip
         if is_started:
             log.info("batch %s: %d requests in %d shards",
@@ -121,7 +125,7 @@ class Supervisor:
 
     def _store_shards(self, batch: BatchRecord, plan: BatchPlan) -> None:
         """Insert the shards unless an earlier (crashed) or concurrent planner already did."""
-        store = self._ctx.store
+        store = self._ctx.store.blocking
         if store.list_shards(batch.id):
             return
         try:
@@ -133,20 +137,18 @@ class Supervisor:
     async def _fail(self, batch: BatchRecord, errors: list[BatchError]) -> None:
         """Mark a batch that cannot run as failed, with its errors."""
         ctx = self._ctx
-        await asyncio.to_thread(
-            ctx.store.transition, batch.id, [BatchStatus.VALIDATING], BatchStatus.FAILED,
-            ctx.clock(), errors=errors,
-        )  # fmt: skip
+        await ctx.store.transition(
+            batch.id, [BatchStatus.VALIDATING], BatchStatus.FAILED, ctx.clock(), errors=errors
+        )
 
     async def _maybe_finish(self, batch: BatchRecord) -> None:
         """Move a running batch to finalizing once it expired or every shard is done."""
         ctx = self._ctx
         is_expired = batch.expires_at is not None and batch.expires_at <= ctx.clock()
         if not is_expired:
-            counts = await asyncio.to_thread(ctx.store.count_shards, batch.id)
+            counts = await ctx.store.count_shards(batch.id)
             if counts[ShardStatus.PENDING] or counts[ShardStatus.LEASED]:
                 return
-        await asyncio.to_thread(
-            ctx.store.transition, batch.id, [BatchStatus.IN_PROGRESS], BatchStatus.FINALIZING,
-            ctx.clock(),
-        )  # fmt: skip
+        await ctx.store.transition(
+            batch.id, [BatchStatus.IN_PROGRESS], BatchStatus.FINALIZING, ctx.clock()
+        )

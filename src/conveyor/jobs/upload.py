@@ -19,7 +19,8 @@ from python_multipart.multipart import MultipartParser, MultipartState, parse_op
 
 from conveyor.errors import InvalidRequest
 from conveyor.jobs.errors import FileTooLarge
-from conveyor.stores.object_store import ObjectStore, ObjectStoreError
+from conveyor.stores.errors import ObjectStoreError
+from conveyor.stores.object_store import ObjectStore
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks

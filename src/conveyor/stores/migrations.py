@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from conveyor.stores.job_store import StoreError
+from conveyor.stores.errors import StoreError
 from conveyor.stores.sql_queries import (
     CREATE_VERSION_TABLE,
     CURRENT_VERSION,

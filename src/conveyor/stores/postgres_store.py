@@ -22,9 +22,10 @@ from psycopg.abc import PQGen
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
-from conveyor.stores.job_store import SqlJobStore, StoreError, StoreUnavailableError
+from conveyor.stores.errors import StoreError, StoreUnavailableError
 from conveyor.stores.migrations import apply_migrations
 from conveyor.stores.sql_queries import LOCK_FOR_MIGRATION, Dialect
+from conveyor.stores.sql_store import SqlJobStore
 from conveyor.stores.timeouts import PostgresTimeouts
 
 _R = TypeVar("_R")

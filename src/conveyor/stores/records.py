@@ -1,12 +1,15 @@
 """Row types for the job store: files, batches, shards, leases and workers.
 
 Everything here is a plain frozen dataclass or a string enum so records can cross thread and
-process boundaries and be serialised without touching a database driver.
+process boundaries and be serialised without touching a database driver. Each record read
+from the database is built by its `from_row`, from a row in the order its docstring names.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -40,29 +43,6 @@ class BatchStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
-TERMINAL_BATCH_STATUSES: frozenset[BatchStatus] = frozenset(
-    {BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED}
-)
-
-# Legal lifecycle edges. The store's compare-and-set guards against races; this table guards
-# against programming errors such as resurrecting a completed batch.
-BATCH_TRANSITIONS: dict[BatchStatus, frozenset[BatchStatus]] = {
-    BatchStatus.VALIDATING: frozenset(
-        {BatchStatus.IN_PROGRESS, BatchStatus.FAILED, BatchStatus.CANCELLING}
-    ),
-    BatchStatus.IN_PROGRESS: frozenset(
-        {BatchStatus.FINALIZING, BatchStatus.CANCELLING, BatchStatus.EXPIRED, BatchStatus.FAILED}
-    ),
-    BatchStatus.FINALIZING: frozenset(
-        {BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED}
-    ),
-    BatchStatus.CANCELLING: frozenset({BatchStatus.CANCELLED}),
-    BatchStatus.FAILED: frozenset(),
-    BatchStatus.COMPLETED: frozenset(),
-    BatchStatus.EXPIRED: frozenset(),
-    BatchStatus.CANCELLED: frozenset(),
-}
-
 # The `*_at` column stamped when a batch enters each status. VALIDATING has none: a batch is
 # created in it and `created_at` records that moment.
 STATUS_TIMESTAMP_FIELD: dict[BatchStatus, str] = {
@@ -74,11 +54,6 @@ STATUS_TIMESTAMP_FIELD: dict[BatchStatus, str] = {
     BatchStatus.CANCELLING: "cancelling_at",
     BatchStatus.CANCELLED: "cancelled_at",
 }
-
-
-def can_transition(from_status: BatchStatus, to_status: BatchStatus) -> bool:
-    """Return whether the lifecycle allows moving a batch from `from_status` to `to_status`."""
-    return to_status in BATCH_TRANSITIONS[from_status]
 
 
 class ShardStatus(StrEnum):
@@ -110,6 +85,21 @@ class FileRecord:
         _require_text("object_key", self.object_key)
         if self.bytes < 0:
             raise ValueError(f"bytes must be >= 0, got {self.bytes}")
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> FileRecord:
+        """Build from a row holding the fields in declaration order."""
+        file_id, tenant, filename, purpose, num_bytes, created_at, object_key, status = row
+        return cls(
+            id=file_id,
+            tenant=tenant,
+            filename=filename,
+            purpose=purpose,
+            bytes=int(num_bytes),
+            created_at=int(created_at),
+            object_key=object_key,
+            status=status,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +133,31 @@ class RequestCounts:
     total: int = 0
     completed: int = 0
     failed: int = 0
+
+
+# A batch row's stored columns, in the order rows hold them (`request_counts` is derived).
+BATCH_COLUMNS = (
+    "id",
+    "tenant",
+    "endpoint",
+    "input_file_id",
+    "completion_window",
+    "status",
+    "metadata",
+    "model",
+    "created_at",
+    "in_progress_at",
+    "expires_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+    "output_file_id",
+    "error_file_id",
+    "errors",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +194,21 @@ class BatchRecord:
         if not isinstance(self.status, BatchStatus):
             raise ValueError(f"status must be a BatchStatus, got {self.status!r}")
         validate_metadata(self.metadata)
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> BatchRecord:
+        """Build from `BATCH_COLUMNS` (JSON text for metadata and errors) then the shard sums
+        of lines, completed and failed requests."""
+        num_stored = len(BATCH_COLUMNS)
+        values: dict[str, Any] = dict(zip(BATCH_COLUMNS, row[:num_stored], strict=True))
+        total, completed, failed = row[num_stored:]
+        values["status"] = BatchStatus(values["status"])
+        values["metadata"] = None if values["metadata"] is None else json.loads(values["metadata"])
+        raw_errors = values["errors"]
+        if raw_errors is not None:
+            values["errors"] = [BatchError.from_dict(e) for e in json.loads(raw_errors)]
+        counts = RequestCounts(total=int(total), completed=int(completed), failed=int(failed))
+        return cls(**values, request_counts=counts)
 
 
 def validate_metadata(metadata: dict[str, str] | None) -> None:
@@ -233,6 +263,30 @@ class ShardRecord:
     started_at: float | None
     committed_at: float | None
 
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ShardRecord:
+        """Build from a row holding the fields in declaration order."""
+        (batch_id, index, byte_start, byte_end, first_line, num_lines, status, attempt) = row[:8]
+        (owner, expires_at, output_key, error_key, completed, failed, started, committed) = row[8:]
+        return cls(
+            batch_id=batch_id,
+            index=int(index),
+            byte_start=int(byte_start),
+            byte_end=int(byte_end),
+            first_line=int(first_line),
+            num_lines=int(num_lines),
+            status=ShardStatus(status),
+            attempt=int(attempt),
+            lease_owner=owner,
+            lease_expires_at=_float_or_none(expires_at),
+            output_key=output_key,
+            error_key=error_key,
+            num_completed=int(completed),
+            num_failed=int(failed),
+            started_at=_float_or_none(started),
+            committed_at=_float_or_none(committed),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ShardLease:
@@ -257,6 +311,38 @@ class ShardLease:
     num_lines: int
     is_speculative: bool = False
 
+    @classmethod
+    def from_row(cls, row: Sequence[Any], *, is_speculative: bool = False) -> ShardLease:
+        """Build from a row holding the fields in declaration order, up to `num_lines`."""
+        batch_id, index, attempt, owner, expires_at, byte_start, byte_end, first_line, lines = row
+        return cls(
+            batch_id=batch_id,
+            index=int(index),
+            attempt=int(attempt),
+            worker_id=owner,
+            lease_expires_at=float(expires_at),
+            byte_start=int(byte_start),
+            byte_end=int(byte_end),
+            first_line=int(first_line),
+            num_lines=int(lines),
+            is_speculative=is_speculative,
+        )
+
+    @classmethod
+    def of_shard(cls, shard: ShardRecord) -> ShardLease:
+        """A lease naming the shard's current attempt and holder (for a fenced release)."""
+        return cls(
+            batch_id=shard.batch_id,
+            index=shard.index,
+            attempt=shard.attempt,
+            worker_id=shard.lease_owner or "",
+            lease_expires_at=shard.lease_expires_at or 0.0,
+            byte_start=shard.byte_start,
+            byte_end=shard.byte_end,
+            first_line=shard.first_line,
+            num_lines=shard.num_lines,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerRecord:
@@ -271,8 +357,30 @@ class WorkerRecord:
     heartbeat_age_s: float
     is_stale: bool
 
+    @classmethod
+    def from_row(cls, row: Sequence[Any], now: float, stale_after_s: float) -> WorkerRecord:
+        """Build from (worker_id, address, models JSON, capacity, load JSON, heartbeat_at),
+        aged as of `now`: stale when the heartbeat is more than `stale_after_s` old."""
+        worker_id, address, models, capacity, load, heartbeat_at = row
+        age_s = float(now) - float(heartbeat_at)
+        return cls(
+            worker_id=worker_id,
+            address=address,
+            models=tuple(json.loads(models)),
+            capacity=int(capacity),
+            load=json.loads(load),
+            last_heartbeat_at=float(heartbeat_at),
+            heartbeat_age_s=age_s,
+            is_stale=age_s > stale_after_s,
+        )
+
 
 def _require_text(name: str, value: str) -> None:
     """Raise ValueError when a required text field is empty."""
     if not value:
         raise ValueError(f"{name} must be a non-empty string")
+
+
+def _float_or_none(value: Any) -> float | None:
+    """A nullable float column."""
+    return None if value is None else float(value)

@@ -12,11 +12,13 @@ import importlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from conveyor.stores.object_store import (
-    DEFAULT_CHUNK_BYTES,
+from conveyor.stores.errors import (
     ObjectNotFoundError,
     ObjectStoreError,
     ObjectStoreUnavailableError,
+)
+from conveyor.stores.object_io import (
+    DEFAULT_CHUNK_BYTES,
     check_chunk_bytes,
     check_range,
     lines_of,

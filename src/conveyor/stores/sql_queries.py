@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from conveyor.stores.records import STATUS_TIMESTAMP_FIELD, BatchStatus, ShardStatus
+from conveyor.stores.records import BATCH_COLUMNS, STATUS_TIMESTAMP_FIELD, BatchStatus, ShardStatus
 
 
 class Dialect(StrEnum):
@@ -130,29 +130,7 @@ DELETE_FILE = shared("delete_file", "DELETE FROM files WHERE id = :id AND tenant
 # Batches
 # ---------------------------------------------------------------------------------------------
 
-# Stored columns, in the order `create_batch` binds them.
-BATCH_STORED_COLUMNS = (
-    "id",
-    "tenant",
-    "endpoint",
-    "input_file_id",
-    "completion_window",
-    "status",
-    "metadata",
-    "model",
-    "created_at",
-    "in_progress_at",
-    "expires_at",
-    "finalizing_at",
-    "completed_at",
-    "failed_at",
-    "expired_at",
-    "cancelling_at",
-    "cancelled_at",
-    "output_file_id",
-    "error_file_id",
-    "errors",
-)
+BATCH_STORED_COLUMNS = BATCH_COLUMNS
 
 # Columns a caller may change with `update_batch_fields` or alongside a transition. Status and
 # the `*_at` stamps are owned by `transition`; ids and tenant never change.
@@ -254,12 +232,22 @@ COUNT_SHARDS = shared(
     "SELECT status, COUNT(*) FROM shards WHERE batch_id = :batch_id GROUP BY status",
 )
 
+
+# The lease rule, in SQL (`conveyor.jobs.leases.is_live` states it for Python): a lease is
+# live while `lease_expires_at > now`; at `now` itself it has expired and may be taken over.
+def live_lease(column: str = "lease_expires_at") -> str:
+    """The predicate "the lease whose expiry is `column` is still live at `:now`"."""
+    return f"{column} > :now"
+
+
+LIVE_LEASE = live_lease()
+
 # A shard is claimable when pending, or leased with an expired lease, and its batch is running.
 _CLAIM_CANDIDATE = (
     "SELECT s.batch_id, s.shard_index FROM shards s JOIN batches b ON b.id = s.batch_id "
     f"WHERE b.status = '{BatchStatus.IN_PROGRESS}' "
     f"AND (s.status = '{ShardStatus.PENDING}' "
-    f"     OR (s.status = '{ShardStatus.LEASED}' AND s.lease_expires_at <= :now)) "
+    f"     OR (s.status = '{ShardStatus.LEASED}' AND NOT {live_lease('s.lease_expires_at')})) "
     "AND (:all_batches OR {batch_filter}) "
     "ORDER BY b.seq, s.shard_index LIMIT 1"
 )
@@ -314,7 +302,7 @@ COMMIT_SHARD = shared(
     "commit_shard",
     f"UPDATE shards SET status = '{ShardStatus.DONE}', output_key = :output_key, "
     "error_key = :error_key, num_completed = :num_completed, num_failed = :num_failed, "
-    f"committed_at = :now, lease_expires_at = NULL {_FENCE} AND lease_expires_at > :now",
+    f"committed_at = :now, lease_expires_at = NULL {_FENCE} AND {LIVE_LEASE}",
 )
 
 RELEASE_SHARD = shared(
@@ -332,7 +320,8 @@ SPECULATION_CANDIDATES = shared(
     "SELECT s.batch_id, s.shard_index, s.attempt, s.started_at FROM shards s "
     "JOIN batches b ON b.id = s.batch_id "
     f"WHERE b.status = '{BatchStatus.IN_PROGRESS}' AND s.status = '{ShardStatus.LEASED}' "
-    "AND s.lease_expires_at > :now AND s.spec_owner IS NULL AND s.lease_owner <> :worker_id "
+    f"AND {live_lease('s.lease_expires_at')} AND s.spec_owner IS NULL "
+    "AND s.lease_owner <> :worker_id "
     "AND s.started_at <= :started_before "
     "ORDER BY b.seq, s.started_at",
 )
@@ -373,7 +362,7 @@ COMMIT_SPECULATIVE = shared(
     f"UPDATE shards SET status = '{ShardStatus.DONE}', output_key = :output_key, "
     "error_key = :error_key, num_completed = :num_completed, num_failed = :num_failed, "
     "committed_at = :now, lease_expires_at = NULL, spec_owner = NULL, spec_expires_at = NULL "
-    f"{_SPEC_FENCE} AND spec_expires_at > :now",
+    f"{_SPEC_FENCE} AND {live_lease('spec_expires_at')}",
 )
 
 # Only the speculative slot is freed; the original keeps running.
@@ -386,7 +375,13 @@ RELEASE_SPECULATIVE = shared(
 # Result cache and worker registry
 # ---------------------------------------------------------------------------------------------
 
-CACHE_GET = shared("cache_get", "SELECT value FROM result_cache WHERE key = :key")
+_CACHE_SELECT = "SELECT key, value FROM result_cache"
+
+CACHE_GET_MANY = per_dialect(
+    "cache_get_many",
+    sqlite=f"{_CACHE_SELECT} WHERE {in_list('key', 'keys', Dialect.SQLITE)}",
+    postgres=f"{_CACHE_SELECT} WHERE {in_list('key', 'keys', Dialect.POSTGRES)}",
+)
 
 CACHE_PUT = shared(
     "cache_put",

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from conveyor.stores.job_store import SqlJobStore, StoreError, StoreUnavailableError
+from conveyor.stores.errors import StoreError, StoreUnavailableError
 from conveyor.stores.migrations import apply_migrations
 from conveyor.stores.sql_queries import Dialect
+from conveyor.stores.sql_store import SqlJobStore
 
 SQLITE_URL_PREFIX = "sqlite://"
 MEMORY_PATH = ":memory:"

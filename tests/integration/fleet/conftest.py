@@ -198,7 +198,7 @@ def store_url(postgres_admin_url: str) -> Iterator[str]:
 @pytest.fixture
 def fleet(store_url: str, tmp_path: Path) -> Iterator[Fleet]:
     """A fleet factory on a fresh store; every process is stopped after the test."""
-    from conveyor.stores.job_store import open_job_store
+    from conveyor.stores import open_job_store
 
     # Migrate once up front so concurrently starting processes do not race on it.
     open_job_store(store_url).close()

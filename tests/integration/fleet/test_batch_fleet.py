@@ -18,7 +18,7 @@ import openai
 import pytest
 import yaml
 
-from conveyor.stores.job_store import open_job_store
+from conveyor.stores import open_job_store
 from conveyor.stores.records import ShardStatus
 from tests.e2e.test_batch_api import assert_each_once, embedding_lines, jsonl, results
 from tests.integration.fleet.conftest import SYNTHETIC, Fleet, routable_ids, wait_until

@@ -14,7 +14,7 @@ from conveyor.api.app import create_app
 from conveyor.config import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.service import Service
-from conveyor.stores import object_store
+from conveyor.stores import local_store
 from tests.disk_full import FullDisk
 
 pytestmark = pytest.mark.anyio
@@ -35,7 +35,7 @@ async def test_an_upload_to_a_full_disk_is_a_503_and_leaves_nothing(
     try:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://conveyor") as http:
-            monkeypatch.setattr(object_store, "os", FullDisk(64 * 1024, errno_code))
+            monkeypatch.setattr(local_store, "os", FullDisk(64 * 1024, errno_code))
             upload = {"file": ("in.jsonl", LINE * 10_000)}  # ~750 KB onto 64 KiB of room
             response = await http.post("/v1/files", files=upload, data={"purpose": "batch"})
             monkeypatch.undo()

@@ -63,7 +63,7 @@ async def test_an_idle_worker_speculates_on_a_straggler_and_wins(tmp_path: Path)
     slow = await started(worker_config(tmp_path, "slow", slow_marker="text", slow_ms=250))
     fast: tuple[Service, JobsSubsystem] | None = None
     try:
-        store = slow[1].context.store
+        store = slow[1].context.store.blocking
         running = asyncio.create_task(run_batch(slow[1], NUM_LINES))
         async with asyncio.timeout(WAIT_S):
             while not any(s.lease_owner == "slow" for s in await _shards(store)):  # noqa: ASYNC110

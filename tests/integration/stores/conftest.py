@@ -1,7 +1,8 @@
-"""Fixtures for the store tests: one job store per backend, each in a fresh database.
+"""Fixtures for the store tests: one job store per implementation, each empty.
 
-PostgreSQL tests get a fresh database from the root conftest's `postgres_url` (see
-tests/postgres.py).
+`job_store` runs a test on the in-memory fake, SQLite and PostgreSQL alike; `job_store_url`
+only on the SQL backends. PostgreSQL tests get a fresh database from the root conftest's
+`postgres_url` (see tests/postgres.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.stores.job_store import JobStore, open_job_store
+from conveyor.fakes import MemoryJobStore
+from conveyor.stores import JobStore, open_job_store
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -24,10 +26,15 @@ def job_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
-@pytest.fixture
-def job_store(job_store_url: str) -> Iterator[JobStore]:
-    """An open, migrated job store, closed after the test."""
-    store = open_job_store(job_store_url)
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def job_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[JobStore]:
+    """An open, empty job store of each implementation, closed after the test."""
+    if request.param == "memory":
+        store: JobStore = MemoryJobStore()
+    elif request.param == "sqlite":
+        store = open_job_store(f"sqlite://{tmp_path}/nested/jobs.sqlite")
+    else:
+        store = open_job_store(request.getfixturevalue("postgres_url"))
     try:
         yield store
     finally:

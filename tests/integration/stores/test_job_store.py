@@ -1,4 +1,4 @@
-"""Job store behaviour, run against every backend (SQLite and PostgreSQL).
+"""Job store behaviour, run against every implementation (in memory, SQLite, PostgreSQL).
 
 All clocks are explicit `now` arguments, so lease expiry is tested without sleeping.
 """
@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from conveyor.stores.job_store import JobStore, SqlJobStore, StoreError, open_job_store
+from conveyor.jobs.store import transition as checked_transition
+from conveyor.stores import JobStore, StoreError, open_job_store
 from conveyor.stores.migrations import (
     LATEST_VERSION,
     MIGRATIONS,
@@ -29,6 +30,7 @@ from conveyor.stores.records import (
     new_batch_id,
     new_file_id,
 )
+from conveyor.stores.sql_store import SqlJobStore
 
 LINES_PER_SHARD = 10
 LEASE_S = 30.0
@@ -243,12 +245,18 @@ def test_cancel_from_any_active_status(job_store: JobStore) -> None:
 
 
 def test_transition_rejects_forbidden_edges_and_fields(job_store: JobStore) -> None:
-    """Lifecycle violations and unknown fields are programming errors."""
+    """Lifecycle violations and unknown fields are programming errors.
+
+    The lifecycle is the jobs package's rule: its checked `transition` refuses the edge before
+    the store is asked; the store itself refuses what it cannot store.
+    """
     batch = make_batch()
     job_store.create_batch(batch)
 
     with pytest.raises(ValueError, match="cannot move"):
-        job_store.transition(batch.id, [BatchStatus.COMPLETED], BatchStatus.IN_PROGRESS, now=1)
+        checked_transition(
+            job_store, batch.id, [BatchStatus.COMPLETED], BatchStatus.IN_PROGRESS, now=1
+        )
     with pytest.raises(ValueError):
         job_store.transition(batch.id, [], BatchStatus.FAILED, now=1)
     with pytest.raises(ValueError, match="cannot update"):
@@ -556,12 +564,16 @@ def test_result_cache_is_idempotent(job_store: JobStore) -> None:
     """Cache entries are binary-safe and a repeated put is harmless."""
     value = bytes(range(256))
 
-    assert job_store.cache_get("sha256:abc") is None
-    job_store.cache_put("sha256:abc", value)
-    job_store.cache_put("sha256:abc", value)
-    assert job_store.cache_get("sha256:abc") == value
+    assert job_store.cache_get_many(["sha256:abc"]) == {}
+    job_store.cache_put_many({"sha256:abc": value})
+    job_store.cache_put_many({"sha256:abc": b"other", "sha256:def": b""})
+    assert job_store.cache_get_many(["sha256:abc", "sha256:def", "sha256:x"]) == {
+        "sha256:abc": value,
+        "sha256:def": b"",
+    }
+    assert job_store.cache_get_many([]) == {}
     with pytest.raises(ValueError):
-        job_store.cache_put("", b"x")
+        job_store.cache_put_many({"": b"x"})
 
 
 def test_worker_registry_reports_heartbeat_age(job_store: JobStore) -> None:
@@ -584,6 +596,8 @@ def test_worker_registry_reports_heartbeat_age(job_store: JobStore) -> None:
 
 def test_driver_errors_become_store_error(job_store: JobStore) -> None:
     """A constraint violation surfaces as StoreError chained to the driver error."""
+    if not isinstance(job_store, SqlJobStore):
+        pytest.skip("only SQL stores have a driver")
     rec = make_file()
     job_store.create_file(rec)
 

@@ -8,13 +8,10 @@ from typing import Any
 
 import pytest
 
-from conveyor.stores.object_store import (
-    LocalDirObjectStore,
-    ObjectNotFoundError,
-    ObjectStore,
-    lines_of,
-    open_object_store,
-)
+from conveyor.stores.errors import ObjectNotFoundError
+from conveyor.stores.local_store import LocalDirObjectStore
+from conveyor.stores.object_io import lines_of
+from conveyor.stores.object_store import ObjectStore, open_object_store
 from conveyor.stores.s3_store import MIN_S3_PART_BYTES, S3ObjectStore
 
 DATA = b'{"a": 1}\n\n{"b": 22}\n{"c": 333}'

@@ -10,7 +10,8 @@ import dataclasses
 
 import pytest
 
-from conveyor.stores.job_store import JobStore, SpeculationPolicy
+from conveyor.jobs.leases import SpeculationPolicy
+from conveyor.stores import JobStore
 from conveyor.stores.records import ShardLease, ShardStatus
 from tests.integration.stores.test_job_store import LEASE_S, claim, running_batch
 

@@ -16,7 +16,7 @@ from conveyor.api.auth import ApiKeyMiddleware, bearer_token
 from conveyor.api.gateway_app import create_gateway_app
 from conveyor.config import ApiKey, ServerConfig
 from conveyor.gateway import GatewaySettings
-from conveyor.stores.job_store import open_job_store
+from conveyor.stores import open_job_store
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ import pytest
 
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.registry import FleetRegistry, model_loads, view_from_record
-from conveyor.stores.job_store import JobStore, open_job_store
+from conveyor.stores import JobStore, open_job_store
 from conveyor.stores.records import WorkerRecord
 
 pytestmark = pytest.mark.anyio

@@ -15,7 +15,7 @@ from conveyor.config import ServerConfig
 from conveyor.errors import InvalidRequest
 from conveyor.gateway import Gateway, GatewaySettings
 from conveyor.service import Service
-from conveyor.stores.job_store import JobStore, open_job_store
+from conveyor.stores import JobStore, open_job_store
 from conveyor.worker import (
     DrainGate,
     WorkerSettings,

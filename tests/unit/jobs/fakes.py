@@ -4,59 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from conveyor.errors import ConveyorError
+from conveyor.fakes import MemoryObjectStore
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.keys import file_key
-from conveyor.stores.job_store import JobStore, open_job_store
-from conveyor.stores.object_store import ObjectNotFoundError, lines_of, validate_key
+from conveyor.jobs.store import AsyncJobStore
+from conveyor.stores import JobStore, open_job_store
 from conveyor.stores.records import BatchRecord, BatchStatus, FileRecord, new_batch_id, new_file_id
 
 ENDPOINT = "/v1/embeddings"
 MODEL = "m"
-
-
-class MemoryObjectStore:
-    """`ObjectStore` over a dict; writes are atomic because the value is set at the end."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-
-    def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
-        data = b"".join(chunks)
-        self.objects[validate_key(key)] = data
-        return len(data)
-
-    def open_range(self, key: str, start: int, end: int, chunk_bytes: int = 7) -> Iterator[bytes]:
-        data = self._get(key)[start:end]
-        # Small chunks on purpose: line splitting must cope with lines across chunks.
-        return iter([data[i : i + chunk_bytes] for i in range(0, len(data), chunk_bytes)])
-
-    def read_lines(self, key: str, start: int, end: int) -> Iterator[bytes]:
-        return lines_of(self.open_range(key, start, end))
-
-    def iter_chunks(self, key: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
-        return self.open_range(key, 0, len(self._get(key)), chunk_bytes)
-
-    def size(self, key: str) -> int:
-        return len(self._get(key))
-
-    def exists(self, key: str) -> bool:
-        return key in self.objects
-
-    def delete(self, key: str) -> bool:
-        return self.objects.pop(key, None) is not None
-
-    def _get(self, key: str) -> bytes:
-        try:
-            return self.objects[key]
-        except KeyError:
-            raise ObjectNotFoundError(key) from None
 
 
 class Clock:
@@ -141,7 +104,7 @@ def make_ctx(
         await asyncio.sleep(0)
 
     return JobsContext(
-        store=store or open_job_store("sqlite://:memory:"),
+        store=AsyncJobStore(store or open_job_store("sqlite://:memory:")),
         objects=objects or MemoryObjectStore(),
         config=JobsConfig(**settings),
         worker_id=worker_id,
@@ -161,7 +124,7 @@ def upload(ctx: JobsContext, data: bytes, tenant: str = "t") -> FileRecord:
     ctx.objects.put_stream(file_key(file_id), [data])
     record = FileRecord(id=file_id, tenant=tenant, filename="in.jsonl", purpose="batch",
                         bytes=len(data), created_at=next(_counter), object_key=file_key(file_id))  # fmt: skip
-    ctx.store.create_file(record)
+    ctx.store.blocking.create_file(record)
     return record
 
 
@@ -172,12 +135,12 @@ def create_batch(
     now = ctx.clock()
     record = BatchRecord(id=new_batch_id(), tenant=tenant, endpoint=ENDPOINT, input_file_id=file_id,
                          completion_window="1h", created_at=int(now), expires_at=int(now + window_s))  # fmt: skip
-    ctx.store.create_batch(record)
+    ctx.store.blocking.create_batch(record)
     return record
 
 
 def status_of(ctx: JobsContext, batch_id: str) -> BatchStatus:
-    batch = ctx.store.get_batch_any(batch_id)
+    batch = ctx.store.blocking.get_batch_any(batch_id)
     assert batch is not None
     return batch.status
 

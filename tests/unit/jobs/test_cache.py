@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import orjson
+import pytest
 
 from conveyor.jobs.cache import ResultCache, cache_key, fresh_answer, is_deterministic
-from conveyor.stores.job_store import open_job_store
+from conveyor.jobs.store import AsyncJobStore
+from conveyor.stores import open_job_store
+from conveyor.stores.sql_store import SqlJobStore
 
 
 def test_keys_ignore_key_order_and_separate_models_and_endpoints() -> None:
@@ -30,13 +35,43 @@ def test_generation_is_cached_only_when_greedy() -> None:
     assert is_deterministic("/v1/embeddings", {"model": "m"})
 
 
-def test_result_cache_round_trip() -> None:
+class CountingStore:
+    """A job store that counts its result-cache round trips."""
+
+    def __init__(self, inner: SqlJobStore) -> None:
+        self.inner = inner
+        self.num_calls = 0
+
+    def cache_get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        self.num_calls += 1
+        return self.inner.cache_get_many(keys)
+
+    def cache_put_many(self, entries: Mapping[str, bytes]) -> None:
+        self.num_calls += 1
+        self.inner.cache_put_many(entries)
+
+
+@pytest.mark.anyio
+async def test_result_cache_round_trip() -> None:
     store = open_job_store("sqlite://:memory:")
-    cache = ResultCache(store)
-    cache.put_many([("k1", b"one")])
-    cache.put_many([("k1", b"ignored")])
-    assert cache.get_many(["k1", "k2", None]) == [b"one", None, None]
+    cache = ResultCache(AsyncJobStore(store))
+    await cache.put_many([("k1", b"one")])
+    await cache.put_many([("k1", b"ignored")])
+    assert await cache.get_many(["k1", "k2", None]) == [b"one", None, None]
     store.close()
+
+
+@pytest.mark.anyio
+async def test_result_cache_makes_one_round_trip_per_batch_of_keys() -> None:
+    counting = CountingStore(open_job_store("sqlite://:memory:"))
+    cache = ResultCache(AsyncJobStore(counting))  # type: ignore[arg-type]
+    await cache.put_many([(f"k{i}", b"v") for i in range(5)])
+    assert counting.num_calls == 1
+    assert await cache.get_many(["k0", None, "k4", "k9", "k0"]) == [b"v", None, b"v", None, b"v"]
+    assert counting.num_calls == 2
+    assert await cache.get_many([None, None]) == [None, None]  # nothing to look up: no trip
+    assert counting.num_calls == 2
+    counting.inner.close()
 
 
 def test_keys_separate_tenants() -> None:

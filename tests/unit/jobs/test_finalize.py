@@ -37,28 +37,32 @@ def test_final_status_rules() -> None:
 async def test_a_live_lease_delays_finalizing_and_a_dead_one_is_released() -> None:
     ctx = make_ctx(lines_per_shard=5, lease_s=10.0)
     batch_id = await start_batch(ctx, 10)
-    lease = ctx.store.claim_shard("dead-worker", ctx.clock(), 10.0)
+    lease = ctx.store.blocking.claim_shard("dead-worker", ctx.clock(), 10.0)
     assert lease is not None
-    ctx.store.transition(batch_id, [BatchStatus.IN_PROGRESS], BatchStatus.CANCELLING, ctx.clock())
+    ctx.store.blocking.transition(
+        batch_id, [BatchStatus.IN_PROGRESS], BatchStatus.CANCELLING, ctx.clock()
+    )
     finalizer = Finalizer(ctx)
-    assert not finalizer.try_finalize(ctx.store.get_batch_any(batch_id))
+    assert not finalizer.try_finalize(ctx.store.blocking.get_batch_any(batch_id))
     ctx.clock.now += 11  # type: ignore[attr-defined]
-    assert finalizer.try_finalize(ctx.store.get_batch_any(batch_id))
-    batch = ctx.store.get_batch_any(batch_id)
+    assert finalizer.try_finalize(ctx.store.blocking.get_batch_any(batch_id))
+    batch = ctx.store.blocking.get_batch_any(batch_id)
     assert batch.status is BatchStatus.CANCELLED and batch.output_file_id is None
     errors = records(ctx, batch.error_file_id)
     assert sorted(r["custom_id"] for r in errors) == sorted(f"r{i}" for i in range(10))
-    assert not ctx.store.commit_shard(lease, ctx.clock(), None, None, 0, 0)  # fenced out
+    assert not ctx.store.blocking.commit_shard(lease, ctx.clock(), None, None, 0, 0)  # fenced out
 
 
 async def test_finalizing_twice_writes_the_same_files() -> None:
     ctx = make_ctx(lines_per_shard=4)
     batch_id = await start_batch(ctx, 9)
     await run_all(ctx)
-    ctx.store.transition(batch_id, [BatchStatus.IN_PROGRESS], BatchStatus.FINALIZING, ctx.clock())
-    stale = ctx.store.get_batch_any(batch_id)
+    ctx.store.blocking.transition(
+        batch_id, [BatchStatus.IN_PROGRESS], BatchStatus.FINALIZING, ctx.clock()
+    )
+    stale = ctx.store.blocking.get_batch_any(batch_id)
     assert Finalizer(ctx).try_finalize(stale)
-    batch = ctx.store.get_batch_any(batch_id)
+    batch = ctx.store.blocking.get_batch_any(batch_id)
     first = ctx.objects.objects[file_key(batch.output_file_id)]  # type: ignore[attr-defined]
     assert not Finalizer(ctx).try_finalize(stale)  # lost the race: nothing changes
     assert ctx.objects.objects[file_key(batch.output_file_id)] == first  # type: ignore[attr-defined]
@@ -71,11 +75,11 @@ async def test_a_bad_input_fails_the_batch_listing_every_bad_line() -> None:
     source = upload(ctx, input_file(3) + b"{oops\n" + input_file(1))
     batch = create_batch(ctx, source.id)
     await Supervisor(ctx, asyncio.Event()).tick()
-    failed = ctx.store.get_batch_any(batch.id)
+    failed = ctx.store.blocking.get_batch_any(batch.id)
     assert failed.status is BatchStatus.FAILED and failed.failed_at is not None
     assert [(e.line, e.code) for e in failed.errors] == [(4, "invalid_json_line"),
                                                          (5, "duplicate_custom_id")]  # fmt: skip
-    assert ctx.store.list_shards(batch.id) == []
+    assert ctx.store.blocking.list_shards(batch.id) == []
 
 
 async def test_a_missing_input_object_fails_the_batch() -> None:
@@ -84,7 +88,7 @@ async def test_a_missing_input_object_fails_the_batch() -> None:
     ctx.objects.delete(file_key(source.id))
     batch = create_batch(ctx, source.id)
     await Supervisor(ctx, asyncio.Event()).tick()
-    assert [e.code for e in ctx.store.get_batch_any(batch.id).errors] == ["file_not_found"]
+    assert [e.code for e in ctx.store.blocking.get_batch_any(batch.id).errors] == ["file_not_found"]
 
 
 async def test_planning_again_after_a_crash_reuses_the_stored_shards(
@@ -123,10 +127,12 @@ async def test_a_second_planner_finds_the_shards_and_loses_the_start() -> None:
     batch = create_batch(ctx, source.id)
     supervisor = Supervisor(ctx, asyncio.Event())
     await supervisor.plan(batch)
-    ctx.store.transition(batch.id, [BatchStatus.IN_PROGRESS], BatchStatus.CANCELLING, ctx.clock())
-    stored = ctx.store.list_shards(batch.id)
-    await supervisor.plan(batch)
-    assert ctx.store.list_shards(batch.id) == stored
+    ctx.store.blocking.transition(
+        batch.id, [BatchStatus.IN_PROGRESS], BatchStatus.CANCELLING, ctx.clock()
+    )
+    stored = ctx.store.blocking.list_shards(batch.id)
+    await supervisor.plan(batch)  # a second planner finds the shards and loses the CAS
+    assert ctx.store.blocking.list_shards(batch.id) == stored
     assert status_of(ctx, batch.id) is BatchStatus.CANCELLING
 
 
@@ -135,7 +141,7 @@ async def test_an_unfinished_batch_is_expired_by_the_supervisor() -> None:
     batch_id = await start_batch(ctx, 4)
     ctx.clock.now += 3601  # type: ignore[attr-defined]
     await Supervisor(ctx, asyncio.Event()).tick()
-    batch = ctx.store.get_batch_any(batch_id)
+    batch = ctx.store.blocking.get_batch_any(batch_id)
     assert batch.status is BatchStatus.EXPIRED
     assert {r["error"]["code"] for r in records(ctx, batch.error_file_id)} == {"batch_expired"}
     assert batch.request_counts.total == 4 and batch.request_counts.completed == 0

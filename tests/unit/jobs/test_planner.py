@@ -9,7 +9,7 @@ import pytest
 
 from conveyor.jobs.planner import ShardPlanner, scan_lines, shard_requests
 from conveyor.jobs.validation import InputValidator
-from conveyor.stores.object_store import lines_of
+from conveyor.stores.object_io import lines_of
 from tests.unit.jobs.fakes import ENDPOINT, MODEL, request_line
 
 

@@ -84,7 +84,7 @@ async def test_bad_uploads_store_nothing() -> None:
         await upload(api, f"--{BOUNDARY}--\r\n".encode())
     with pytest.raises(InvalidRequest, match="multipart"):
         MultipartStream("application/json")
-    assert ctx.objects.objects == {} and ctx.store.list_files("t") == []
+    assert ctx.objects.objects == {} and ctx.store.blocking.list_files("t") == []
 
 
 async def test_other_tenants_see_nothing() -> None:

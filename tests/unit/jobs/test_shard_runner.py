@@ -39,7 +39,7 @@ async def start_batch(ctx: JobsContext, num_lines: int) -> str:
 async def run_all(ctx: JobsContext, shutdown: asyncio.Event | None = None) -> ShardRunner:
     """Claim and run shards until none is claimable."""
     runner = ShardRunner(ctx, asyncio.Event())
-    while lease := ctx.store.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s):
+    while lease := ctx.store.blocking.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s):
         await runner.run_shard(lease, shutdown or asyncio.Event())
     return runner
 
@@ -47,7 +47,7 @@ async def run_all(ctx: JobsContext, shutdown: asyncio.Event | None = None) -> Sh
 async def finish(ctx: JobsContext, batch_id: str) -> dict:
     """Let the supervisor finalize; return the batch's files' records."""
     await Supervisor(ctx, asyncio.Event()).tick()
-    batch = ctx.store.get_batch_any(batch_id)
+    batch = ctx.store.blocking.get_batch_any(batch_id)
     assert batch is not None
     return {"batch": batch, "outputs": records(ctx, batch.output_file_id),
             "errors": records(ctx, batch.error_file_id)}  # fmt: skip
@@ -87,12 +87,14 @@ async def test_cancel_keeps_finished_lines_and_reports_the_rest() -> None:
     endpoint: FakeEndpoint = ctx.run_request  # type: ignore[assignment]
     endpoint.blocked = {f"text-{i}" for i in range(5, 30)}
     batch_id = await start_batch(ctx, 30)
-    lease = ctx.store.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s)
+    lease = ctx.store.blocking.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s)
     assert lease is not None
-    attempt = ShardAttempt(ctx, lease, ctx.store.get_batch_any(batch_id), asyncio.Event())
+    attempt = ShardAttempt(ctx, lease, ctx.store.blocking.get_batch_any(batch_id), asyncio.Event())
     running = asyncio.create_task(attempt.run())
     await wait_blocked(endpoint, 4)  # text-5..8 wait; text-8 started only after text-4 ended
-    ctx.store.transition(batch_id, [BatchStatus.IN_PROGRESS], BatchStatus.CANCELLING, ctx.clock())
+    ctx.store.blocking.transition(
+        batch_id, [BatchStatus.IN_PROGRESS], BatchStatus.CANCELLING, ctx.clock()
+    )
     assert await running is AttemptOutcome.COMMITTED
     found = await finish(ctx, batch_id)
     batch = found["batch"]
@@ -109,9 +111,9 @@ async def test_expiry_stops_running_shards_and_expires_pending_ones() -> None:
     endpoint: FakeEndpoint = ctx.run_request  # type: ignore[assignment]
     endpoint.blocked = {f"text-{i}" for i in range(2, 30)}
     batch_id = await start_batch(ctx, 30)
-    lease = ctx.store.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s)
+    lease = ctx.store.blocking.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s)
     assert lease is not None
-    attempt = ShardAttempt(ctx, lease, ctx.store.get_batch_any(batch_id), asyncio.Event())
+    attempt = ShardAttempt(ctx, lease, ctx.store.blocking.get_batch_any(batch_id), asyncio.Event())
     running = asyncio.create_task(attempt.run())
     await wait_blocked(endpoint, 2)
     ctx.clock.now += 4000  # type: ignore[attr-defined]  # past the one-hour window
@@ -129,16 +131,16 @@ async def test_a_lost_lease_commits_nothing_and_the_new_holder_finishes() -> Non
     endpoint: FakeEndpoint = ctx.run_request  # type: ignore[assignment]
     endpoint.blocked = {"text-3"}
     batch_id = await start_batch(ctx, 10)
-    lease = ctx.store.claim_shard("w1", ctx.clock(), ctx.config.lease_s)
+    lease = ctx.store.blocking.claim_shard("w1", ctx.clock(), ctx.config.lease_s)
     assert lease is not None
-    attempt = ShardAttempt(ctx, lease, ctx.store.get_batch_any(batch_id), asyncio.Event())
+    attempt = ShardAttempt(ctx, lease, ctx.store.blocking.get_batch_any(batch_id), asyncio.Event())
     ctx.clock.now += 10  # type: ignore[attr-defined]  # w1 looks dead: its lease expired
-    taken = ctx.store.claim_shard("w2", ctx.clock(), ctx.config.lease_s)
+    taken = ctx.store.blocking.claim_shard("w2", ctx.clock(), ctx.config.lease_s)
     assert taken is not None and taken.attempt == 2
     assert await attempt.run() is AttemptOutcome.LOST
     endpoint.blocked.clear()
-    other = make_ctx(store=ctx.store, objects=ctx.objects, clock=ctx.clock, worker_id="w2")
-    assert await ShardAttempt(other, taken, ctx.store.get_batch_any(batch_id),
+    other = make_ctx(store=ctx.store.blocking, objects=ctx.objects, clock=ctx.clock, worker_id="w2")
+    assert await ShardAttempt(other, taken, ctx.store.blocking.get_batch_any(batch_id),
                               asyncio.Event()).run() is AttemptOutcome.COMMITTED  # fmt: skip
     found = await finish(ctx, batch_id)
     assert found["batch"].status is BatchStatus.COMPLETED
@@ -151,13 +153,13 @@ async def test_shutdown_releases_the_shard_for_the_next_process() -> None:
     endpoint.blocked = {"text-1"}
     batch_id = await start_batch(ctx, 10)
     shutdown = asyncio.Event()
-    lease = ctx.store.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s)
+    lease = ctx.store.blocking.claim_shard(ctx.worker_id, ctx.clock(), ctx.config.lease_s)
     assert lease is not None
     running = asyncio.create_task(ShardRunner(ctx, asyncio.Event()).run_shard(lease, shutdown))
     await wait_blocked(endpoint, 1)
     shutdown.set()
     assert await running
-    (shard,) = ctx.store.list_shards(batch_id)
+    (shard,) = ctx.store.blocking.list_shards(batch_id)
     assert shard.status is ShardStatus.PENDING and shard.attempt == 1
 
 
@@ -193,7 +195,7 @@ async def test_the_result_cache_answers_repeated_lines() -> None:
 async def test_a_runner_claims_only_batches_of_models_it_runs() -> None:
     ctx = make_ctx()
     batch_id = await start_batch(ctx, 4)
-    batch = ctx.store.get_batch_any(batch_id)
+    batch = ctx.store.blocking.get_batch_any(batch_id)
     assert batch is not None and batch.model is not None
     ctx.can_run_model = lambda name: name != batch.model
     runner = ShardRunner(ctx, asyncio.Event())

@@ -23,8 +23,8 @@ from conveyor.jobs.stalls import (
     without_stall_notes,
 )
 from conveyor.jobs.supervisor import Supervisor
-from conveyor.stores.job_store import JobStore, StoreError, StoreUnavailableError, open_job_store
-from conveyor.stores.object_store import ObjectStoreError, ObjectStoreUnavailableError
+from conveyor.stores import JobStore, StoreError, StoreUnavailableError, open_job_store
+from conveyor.stores.errors import ObjectStoreError, ObjectStoreUnavailableError
 from conveyor.stores.records import BatchError, BatchStatus
 from tests.unit.jobs.fakes import MemoryObjectStore, make_ctx, records, status_of
 from tests.unit.jobs.test_shard_runner import start_batch
@@ -103,7 +103,7 @@ class Loops:
 
 
 def assert_completed_once_each(ctx: JobsContext, batch_id: str) -> None:
-    batch = ctx.store.get_batch_any(batch_id)
+    batch = ctx.store.blocking.get_batch_any(batch_id)
     assert batch is not None and batch.status is BatchStatus.COMPLETED
     assert batch.errors is None  # the stall note went with the stall
     ids = [r["custom_id"] for r in records(ctx, batch.output_file_id)]
@@ -120,7 +120,7 @@ async def test_a_full_object_store_stalls_the_batch_visibly_until_it_has_room() 
     try:
         # Enough failed attempts that the shards are bisected (isolate_after_attempts=2).
         await until(lambda: loops.num_errors("object_store", "run_shard") >= 8, "failed commits")
-        batch = ctx.store.get_batch_any(batch_id)
+        batch = ctx.store.blocking.get_batch_any(batch_id)
         assert batch is not None and batch.status is BatchStatus.IN_PROGRESS
         assert [e.code for e in batch.errors or ()] == ["object_store_unavailable"]
         assert "No space left" in (batch.errors or [])[0].message

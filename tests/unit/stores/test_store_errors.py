@@ -13,13 +13,14 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
 from conveyor.errors import ConveyorError, JobStoreUnavailable, ObjectStoreUnavailable
-from conveyor.stores import object_store
-from conveyor.stores.job_store import StoreError, StoreUnavailableError
-from conveyor.stores.object_store import (
-    LocalDirObjectStore,
+from conveyor.stores import local_store
+from conveyor.stores.errors import (
     ObjectStoreError,
     ObjectStoreUnavailableError,
+    StoreError,
+    StoreUnavailableError,
 )
+from conveyor.stores.local_store import LocalDirObjectStore
 from conveyor.stores.postgres_store import connect_params
 from conveyor.stores.postgres_store import is_unavailable as pg_unavailable
 from conveyor.stores.records import FileRecord
@@ -175,7 +176,7 @@ def test_a_full_disk_is_unavailable_and_leaves_no_partial_file(
 ) -> None:
     store = LocalDirObjectStore(tmp_path)
     store.put_stream("t/old", [b"previous version\n"])
-    monkeypatch.setattr(object_store, "os", FullDisk(capacity_bytes=1000, errno_code=errno_code))
+    monkeypatch.setattr(local_store, "os", FullDisk(capacity_bytes=1000, errno_code=errno_code))
     with pytest.raises(ObjectStoreUnavailableError) as caught:
         store.put_stream("t/old", [b"x" * 600, b"y" * 600])
     assert isinstance(caught.value.__cause__, OSError)

@@ -1,0 +1,14 @@
+"""In-memory fakes of the store protocols, for tests and scripts.
+
+`MemoryJobStore` implements every job store aggregate (files, batches, shards with their
+leases, the result cache) and the fleet's worker registry; `MemoryObjectStore` implements
+`ObjectStore`. They keep the real stores' contracts (the same store tests run on them, on
+SQLite and on PostgreSQL) but nothing survives the process, so never serve with them.
+"""
+
+from __future__ import annotations
+
+from conveyor.fakes.job_store import MemoryJobStore
+from conveyor.fakes.objects import MemoryObjectStore
+
+__all__ = ["MemoryJobStore", "MemoryObjectStore"]

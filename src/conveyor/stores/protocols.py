@@ -1,0 +1,196 @@
+"""What the job store offers, one small protocol per aggregate.
+
+The API, the planner and the shard runners program against these: files, batches, shards
+with their leases, and the result cache. (The worker registry, which shares the database, is
+the fleet's: see `conveyor.fleet.registry_store`.) `SqlJobStore` implements all of them over
+SQLite or PostgreSQL; `conveyor.fakes` implements them in memory for tests.
+
+Calls block and are thread-safe; async code uses an async facade that runs each call in a
+worker thread. Every time argument is explicit (`now`, unix seconds) so callers own the clock.
+The store holds references (byte ranges, object keys), never prompts or outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from conveyor.stores.records import (
+    BatchRecord,
+    BatchStatus,
+    FileRecord,
+    ShardLease,
+    ShardRecord,
+    ShardSpec,
+    ShardStatus,
+)
+
+# OpenAI's page-size limits: files list up to 10 000, batches list up to 100.
+MAX_FILES_PAGE = 10_000
+MAX_BATCHES_PAGE = 100
+
+
+class FileStore(Protocol):
+    """Uploaded and result files' records (their bytes are in the object store)."""
+
+    def create_file(self, rec: FileRecord) -> None:
+        """Insert a file record (its bytes are already in the object store)."""
+        ...
+
+    def get_file(self, tenant: str, file_id: str) -> FileRecord | None:
+        """Return the tenant's file, or None (also for another tenant's file)."""
+        ...
+
+    def list_files(
+        self,
+        tenant: str,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = MAX_FILES_PAGE,
+    ) -> list[FileRecord]:
+        """Return the tenant's files newest first, starting after the file id `after`.
+
+        An unknown `after` id yields an empty page. Ask for `limit + 1` to learn `has_more`.
+        """
+        ...
+
+    def delete_file(self, tenant: str, file_id: str) -> bool:
+        """Delete the tenant's file record; return whether it existed."""
+        ...
+
+
+class BatchStore(Protocol):
+    """Batches and their lifecycle (`request_counts` derive from the shards)."""
+
+    def create_batch(self, rec: BatchRecord) -> None:
+        """Insert a batch (its `request_counts` are ignored: they derive from shards)."""
+        ...
+
+    def get_batch(self, tenant: str, batch_id: str) -> BatchRecord | None:
+        """Return the tenant's batch, or None (also for another tenant's batch)."""
+        ...
+
+    def get_batch_any(self, batch_id: str) -> BatchRecord | None:
+        """Return a batch regardless of tenant (for workers and the planner)."""
+        ...
+
+    def list_batches(
+        self, tenant: str, after: str | None = None, limit: int = 20
+    ) -> list[BatchRecord]:
+        """Return the tenant's batches newest first, starting after the batch id `after`."""
+        ...
+
+    def transition(
+        self,
+        batch_id: str,
+        from_statuses: Iterable[BatchStatus],
+        to_status: BatchStatus,
+        now: float,
+        **fields: object,
+    ) -> bool:
+        """Compare-and-set the status, stamp the matching `*_at` (`int(now)`), apply `fields`.
+
+        False (nothing changed) when the batch is missing or not in one of `from_statuses`.
+        Which edges the lifecycle allows is the caller's rule (`conveyor.jobs.leases`).
+        """
+        ...
+
+    def update_batch_fields(self, batch_id: str, **fields: object) -> bool:
+        """Update non-status fields of a batch; return whether it exists.
+
+        Allowed fields: metadata, model, expires_at, output_file_id, error_file_id, errors.
+        """
+        ...
+
+    def batches_in_status(self, statuses: Iterable[BatchStatus]) -> list[BatchRecord]:
+        """Return every batch (any tenant) in one of `statuses`, oldest first."""
+        ...
+
+
+class StragglerPolicy(Protocol):
+    """When a running shard deserves a speculative second run (see `jobs.leases`)."""
+
+    @property
+    def min_running_s(self) -> float:
+        """No shard running for less than this is a straggler."""
+        ...
+
+    def is_straggler(self, running_s: float, run_times_s: Sequence[float]) -> bool:
+        """Whether a shard running for `running_s` lags its batch's committed `run_times_s`."""
+        ...
+
+
+class ShardStore(Protocol):
+    """A batch's shards and the leases workers hold on them, fenced by attempt."""
+
+    def add_shards(self, batch_id: str, shards: Sequence[ShardSpec]) -> None:
+        """Insert all shards of a batch in one transaction."""
+        ...
+
+    def list_shards(self, batch_id: str) -> list[ShardRecord]:
+        """Return the batch's shards ordered by index."""
+        ...
+
+    def claim_shard(
+        self, worker_id: str, now: float, lease_s: float, batch_ids: Iterable[str] | None = None
+    ) -> ShardLease | None:
+        """Atomically lease one claimable shard of an in-progress batch, oldest batch first.
+
+        Claimable: pending, or leased with an expired lease. The claim increments `attempt`
+        and resets the shard's progress, fencing the previous holder out.
+        """
+        ...
+
+    def claim_speculative(
+        self, worker_id: str, now: float, lease_s: float, policy: StragglerPolicy
+    ) -> ShardLease | None:
+        """Lease a second, speculative run of a straggling shard held by another worker."""
+        ...
+
+    def renew_lease(self, lease: ShardLease, now: float, lease_s: float) -> bool:
+        """Extend the lease to `now + lease_s` if this attempt still holds the shard."""
+        ...
+
+    def report_progress(self, lease: ShardLease, num_completed: int, num_failed: int) -> bool:
+        """Record this attempt's progress (fenced by attempt); False for a stale attempt."""
+        ...
+
+    def commit_shard(
+        self,
+        lease: ShardLease,
+        now: float,
+        output_key: str | None,
+        error_key: str | None,
+        num_completed: int,
+        num_failed: int,
+    ) -> bool:
+        """Mark the shard done with its outputs, only while this attempt's lease is live."""
+        ...
+
+    def release_shard(self, lease: ShardLease) -> bool:
+        """Give a leased shard back (pending) without finishing it, e.g. when draining."""
+        ...
+
+    def count_shards(self, batch_id: str) -> dict[ShardStatus, int]:
+        """Return the number of the batch's shards in each status (all statuses present)."""
+        ...
+
+
+class ResultCacheStore(Protocol):
+    """Response bodies under content-addressed keys; one round trip per batch of keys."""
+
+    def cache_get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """Return the cached value of each key that has one."""
+        ...
+
+    def cache_put_many(self, entries: Mapping[str, bytes]) -> None:
+        """Store values under their keys; keys already present keep their value."""
+        ...
+
+
+class JobStore(FileStore, BatchStore, ShardStore, ResultCacheStore, Protocol):
+    """Every aggregate of one job store database, and the means to close it."""
+
+    def close(self) -> None:
+        """Release connections; later calls raise StoreError."""
+        ...
