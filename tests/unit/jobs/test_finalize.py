@@ -98,7 +98,7 @@ async def test_planning_again_after_a_crash_reuses_the_stored_shards(
     ctx = make_ctx(lines_per_shard=2)
     source = upload(ctx, input_file(5))
     batch = create_batch(ctx, source.id)
-    store = ctx.store
+    store = ctx.store.blocking
     start_batch_for_real = store.transition
 
     def die(*args: object, **kwargs: object) -> bool:
