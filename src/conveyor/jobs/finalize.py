@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.keys import error_file_id, file_key, line_id, output_file_id
 from conveyor.jobs.leases import ACTIVE_BATCH_STATUSES, is_live
-from conveyor.jobs.lines import StopCode, custom_id_of, stopped_record
+from conveyor.jobs.lines import StopCode, custom_id_of, decode_line, stopped_record
 from conveyor.jobs.planner import shard_requests
 from conveyor.jobs.stalls import without_stall_notes
 from conveyor.jobs.store import transition
@@ -151,7 +151,7 @@ class Finalizer:
             return
         lines = objects.read_lines(key, shard.byte_start, shard.byte_end)
         for line_no, raw in shard_requests(lines, shard.first_line):
-            yield stopped_record(line_id(batch.id, line_no), custom_id_of(raw), code)
+            yield stopped_record(line_id(batch.id, line_no), custom_id_of(decode_line(raw)), code)
 
     def _write_file(
         self, batch: BatchRecord, file_id: str, chunks: Iterator[bytes] | None, kind: str

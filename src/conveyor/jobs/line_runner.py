@@ -24,7 +24,7 @@ import orjson
 from conveyor.errors import ConveyorError, InvalidRequest
 from conveyor.jobs.cache import fresh_answer
 from conveyor.jobs.keys import line_id
-from conveyor.jobs.lines import decode_request, failure_record, response_record
+from conveyor.jobs.lines import Decoded, failure_record, response_record
 
 RunRequest = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 Sleep = Callable[[float], Awaitable[None]]
@@ -91,14 +91,17 @@ class LineRunner:
         self._jitter = jitter
 
     async def run(
-        self, line_no: int, raw: bytes, *, cached: bytes | None = None, key: str | None = None
+        self,
+        line_no: int,
+        request: Decoded,
+        *,
+        cached: bytes | None = None,
+        key: str | None = None,
     ) -> LineResult:
-        """Run the input line `line_no` (or answer it from `cached`) and build its record."""
+        """Run the decoded input line `line_no` (or answer it from `cached`); build its record."""
         rid = line_id(self.batch_id, line_no)
-        try:
-            request = decode_request(raw)
-        except ValueError as exc:
-            error = InvalidRequest(f"line {line_no + 1} is not a valid request: {exc}")
+        if isinstance(request, ValueError):
+            error = InvalidRequest(f"line {line_no + 1} is not a valid request: {request}")
             return LineResult(failure_record(rid, "", error), LineOutcome.FAILED)
         if cached is not None:
             answer = orjson.Fragment(fresh_answer(self.endpoint, cached))

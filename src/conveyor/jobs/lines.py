@@ -63,6 +63,18 @@ def decode_request(raw: bytes) -> RequestLine:
     return RequestLine(custom_id, body)
 
 
+Decoded = RequestLine | ValueError  # a line decoded once, or why it could not be
+
+
+def decode_line(raw: bytes) -> Decoded:
+    """``decode_request``, keeping the error as a value: each line is decoded once per attempt
+    and the result serves the cache lookup, the run and a stop record alike."""
+    try:
+        return decode_request(raw)
+    except ValueError as exc:
+        return exc
+
+
 def new_request_id() -> str:
     """A fresh per-execution request id (OpenAI's `req_...`)."""
     return REQUEST_ID_PREFIX + secrets.token_hex(12)
@@ -97,9 +109,6 @@ def stopped_record(line_id: str, custom_id: str | None, code: StopCode) -> bytes
     return orjson.dumps(record) + NEWLINE
 
 
-def custom_id_of(raw: bytes) -> str | None:
-    """The custom_id of an input line, or None if the line cannot be decoded."""
-    try:
-        return decode_request(raw).custom_id
-    except ValueError:
-        return None
+def custom_id_of(decoded: Decoded) -> str | None:
+    """The custom_id of a decoded input line, or None if it could not be decoded."""
+    return decoded.custom_id if isinstance(decoded, RequestLine) else None

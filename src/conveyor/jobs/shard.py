@@ -25,7 +25,7 @@ from conveyor.jobs.context import JobsContext, shielded, wait_for_event
 from conveyor.jobs.isolation import Piece, PieceCheckpoints, PieceState, plan_pieces
 from conveyor.jobs.keys import file_key, line_id, shard_error_key, shard_output_key
 from conveyor.jobs.line_runner import LineOutcome, LineResult, LineRunner
-from conveyor.jobs.lines import StopCode, custom_id_of, decode_request, stopped_record
+from conveyor.jobs.lines import Decoded, StopCode, custom_id_of, decode_line, stopped_record
 from conveyor.jobs.planner import shard_requests
 from conveyor.jobs.sink import ShardSink
 from conveyor.jobs.stalls import is_outage
@@ -208,12 +208,12 @@ class ShardAttempt:
         elif state is PieceState.CRASHED:
             line_no, raw = lines[0]
             record = stopped_record(
-                line_id(self._batch.id, line_no), custom_id_of(raw), StopCode.ISOLATED
+                line_id(self._batch.id, line_no), custom_id_of(decode_line(raw)), StopCode.ISOLATED
             )
             self._sink.add_failure(record)
             self._ctx.counters.line_done(LineOutcome.FAILED.value)
         elif self._stop is not None:
-            self._record_not_run(lines, self._sink)
+            self._record_not_run([(no, decode_line(raw)) for no, raw in lines], self._sink)
         else:
             await asyncio.to_thread(self._checkpoints.mark_started, piece)
             piece_sink = ShardSink()
@@ -238,7 +238,8 @@ class ShardAttempt:
         A fixed pool of workers pulls lines in order, so each line costs the event loop the
         same small bookkeeping whatever the window size.
         """
-        feed = _LineFeed(lines, await self._lookup_cache(lines))
+        decoded = [decode_line(raw) for _, raw in lines]
+        feed = _LineFeed(lines, decoded, await self._lookup_cache(decoded))
         num_workers = min(self._ctx.config.max_lines_in_flight, len(lines))
         workers = [asyncio.ensure_future(self._work(feed, sink)) for _ in range(num_workers)]
         all_done = asyncio.gather(*workers)
@@ -258,9 +259,9 @@ class ShardAttempt:
     async def _work(self, feed: _LineFeed, sink: ShardSink) -> None:
         """One worker: run the next line until none is left or the attempt stops."""
         while self._stop is None and (index := feed.take()) is not None:
-            line_no, raw = feed.lines[index]
+            line_no, _ = feed.lines[index]
             key, hit = feed.cached[index]
-            result = await self._lines.run(line_no, raw, cached=hit, key=key)
+            result = await self._lines.run(line_no, feed.decoded[index], cached=hit, key=key)
             feed.finish(index)
             await self._collect(result, sink)
 
@@ -279,30 +280,27 @@ class ShardAttempt:
             if len(self._cache_entries) >= CACHE_FLUSH_ENTRIES:
                 await self._flush_cache()
 
-    def _record_not_run(self, lines: Sequence[Line], sink: ShardSink) -> None:
+    def _record_not_run(self, lines: Sequence[tuple[int, Decoded]], sink: ShardSink) -> None:
         """Give each line that never ran its `batch_cancelled` / `batch_expired` record."""
         code = STOP_CODES.get(self._stop) if self._stop is not None else None
         if code is None:
             return  # lost lease or shutdown: nothing is committed, so nothing is recorded
-        for line_no, raw in lines:
+        for line_no, decoded in lines:
             sink.add_not_run(
-                stopped_record(line_id(self._batch.id, line_no), custom_id_of(raw), code)
+                stopped_record(line_id(self._batch.id, line_no), custom_id_of(decoded), code)
             )
 
     # -- result cache ----------------------------------------------------------------------
 
-    async def _lookup_cache(self, lines: list[Line]) -> list[tuple[str | None, bytes | None]]:
+    async def _lookup_cache(self, decoded: list[Decoded]) -> list[tuple[str | None, bytes | None]]:
         """Each line's cache key and cached body (all None when the cache is off)."""
         if self._cache is None:
-            return [(None, None)] * len(lines)
-        keys: list[str | None] = []
-        for _, raw in lines:
-            try:
-                keys.append(
-                    cache_key(self._batch.tenant, self._batch.endpoint, decode_request(raw).body)
-                )
-            except ValueError:
-                keys.append(None)
+            return [(None, None)] * len(decoded)
+        tenant, endpoint = self._batch.tenant, self._batch.endpoint
+        keys = [
+            None if isinstance(line, ValueError) else cache_key(tenant, endpoint, line.body)
+            for line in decoded
+        ]
         hits = await self._cache.get_many(keys)
         return list(zip(keys, hits, strict=True))
 
@@ -356,8 +354,14 @@ class ShardAttempt:
 class _LineFeed:
     """Hands out a list of lines in order and knows which never finished."""
 
-    def __init__(self, lines: list[Line], cached: list[tuple[str | None, bytes | None]]) -> None:
+    def __init__(
+        self,
+        lines: list[Line],
+        decoded: list[Decoded],
+        cached: list[tuple[str | None, bytes | None]],
+    ) -> None:
         self.lines = lines
+        self.decoded = decoded
         self.cached = cached
         self._next = 0
         self._running: set[int] = set()
@@ -375,10 +379,10 @@ class _LineFeed:
         """A line has its result."""
         self._running.discard(index)
 
-    def unfinished(self) -> list[Line]:
+    def unfinished(self) -> list[tuple[int, Decoded]]:
         """Lines started but not finished, then lines never handed out, in file order."""
-        started = [self.lines[i] for i in sorted(self._running)]
-        return started + self.lines[self._next :]
+        indexes = [*sorted(self._running), *range(self._next, len(self.lines))]
+        return [(self.lines[i][0], self.decoded[i]) for i in indexes]
 
 
 def _absorb(target: ShardSink, source: ShardSink) -> None:

@@ -8,6 +8,7 @@ import pytest
 from conveyor.errors import DeadlineExceeded, InvalidRequest, ModelFault, QueueFull
 from conveyor.jobs.keys import line_id
 from conveyor.jobs.line_runner import LineOutcome, LineRunner, RetryPolicy
+from conveyor.jobs.lines import decode_line
 from tests.unit.jobs.fakes import ENDPOINT, FakeEndpoint, request_line
 
 pytestmark = pytest.mark.anyio
@@ -22,7 +23,7 @@ def runner(endpoint: FakeEndpoint, delays: list[float], max_retries: int = 2) ->
 
 
 async def test_success_is_an_output_record_in_openai_format() -> None:
-    result = await runner(FakeEndpoint(), []).run(3, request_line("c3", "hello"))
+    result = await runner(FakeEndpoint(), []).run(3, decode_line(request_line("c3", "hello")))
     record = orjson.loads(result.record)
     assert result.outcome is LineOutcome.COMPLETED
     assert record["id"] == line_id("batch_x", 3) and record["custom_id"] == "c3"
@@ -35,7 +36,9 @@ async def test_success_is_an_output_record_in_openai_format() -> None:
 async def test_queue_full_is_retried_without_limit() -> None:
     endpoint, delays = FakeEndpoint(), []
     endpoint.errors["x"] = [QueueFull("full", retry_after_s=1) for _ in range(6)]
-    result = await runner(endpoint, delays, max_retries=1).run(0, request_line("c", "x"))
+    result = await runner(endpoint, delays, max_retries=1).run(
+        0, decode_line(request_line("c", "x"))
+    )
     assert result.outcome is LineOutcome.COMPLETED
     assert delays == [0.1, 0.2, 0.4, 0.4, 0.4, 0.4]  # capped exponential backoff
 
@@ -43,7 +46,9 @@ async def test_queue_full_is_retried_without_limit() -> None:
 async def test_transient_errors_are_retried_then_recorded() -> None:
     endpoint, delays = FakeEndpoint(), []
     endpoint.errors["x"] = [DeadlineExceeded("late"), ModelFault("boom"), ModelFault("boom")]
-    result = await runner(endpoint, delays, max_retries=2).run(0, request_line("c", "x"))
+    result = await runner(endpoint, delays, max_retries=2).run(
+        0, decode_line(request_line("c", "x"))
+    )
     record = orjson.loads(result.record)
     assert result.outcome is LineOutcome.FAILED and len(delays) == 2
     assert record["response"]["status_code"] == 500
@@ -54,7 +59,7 @@ async def test_transient_errors_are_retried_then_recorded() -> None:
 async def test_request_errors_are_not_retried() -> None:
     endpoint, delays = FakeEndpoint(), []
     endpoint.errors["x"] = [InvalidRequest("too long", param="input")]
-    result = await runner(endpoint, delays).run(0, request_line("c", "x"))
+    result = await runner(endpoint, delays).run(0, decode_line(request_line("c", "x")))
     record = orjson.loads(result.record)
     assert result.outcome is LineOutcome.FAILED and delays == [] and endpoint.calls == ["x"]
     assert record["response"]["status_code"] == 400
@@ -63,13 +68,15 @@ async def test_request_errors_are_not_retried() -> None:
 
 async def test_a_cached_body_is_answered_without_a_call() -> None:
     endpoint = FakeEndpoint()
-    result = await runner(endpoint, []).run(0, request_line("c", "x"), cached=b'{"cached":true}')
+    result = await runner(endpoint, []).run(
+        0, decode_line(request_line("c", "x")), cached=b'{"cached":true}'
+    )
     assert result.is_cache_hit and endpoint.calls == []
     assert orjson.loads(result.record)["response"]["body"] == {"cached": True}
 
 
 async def test_a_computed_body_is_offered_to_the_cache() -> None:
-    result = await runner(FakeEndpoint(), []).run(0, request_line("c", "x"), key="k")
+    result = await runner(FakeEndpoint(), []).run(0, decode_line(request_line("c", "x")), key="k")
     assert result.cache_entry is not None and result.cache_entry[0] == "k"
     assert orjson.loads(result.cache_entry[1])["data"][0]["embedding"] == [1]
 
@@ -78,7 +85,7 @@ async def test_unexpected_exceptions_propagate() -> None:
     endpoint = FakeEndpoint()
     endpoint.crash_on.add("x")
     with pytest.raises(RuntimeError, match="crash"):
-        await runner(endpoint, []).run(0, request_line("c", "x"))
+        await runner(endpoint, []).run(0, decode_line(request_line("c", "x")))
 
 
 def test_retry_policy_rejects_nonsense() -> None:

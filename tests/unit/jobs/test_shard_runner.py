@@ -203,3 +203,22 @@ async def test_a_runner_claims_only_batches_of_models_it_runs() -> None:
     ctx.can_run_model = lambda name: name == batch.model
     lease = await runner._claim()
     assert lease is not None and lease.batch_id == batch_id
+
+
+async def test_each_line_is_decoded_once_per_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cache lookup, the run and the records share one decode of each line."""
+    import conveyor.jobs.shard as shard_module
+
+    decoded: list[bytes] = []
+    real_decode = shard_module.decode_line
+
+    def counting(raw: bytes):  # type: ignore[no-untyped-def]
+        decoded.append(raw)
+        return real_decode(raw)
+
+    monkeypatch.setattr(shard_module, "decode_line", counting)
+    ctx = make_ctx(lines_per_shard=10, result_cache=True)
+    batch_id = await start_batch(ctx, 10)
+    await run_all(ctx)
+    assert custom_ids(await finish(ctx, batch_id)) == sorted(f"r{i}" for i in range(10))
+    assert len(decoded) == 10
