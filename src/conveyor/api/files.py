@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import iterate_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
+from conveyor.api.multipart import MultipartStream
 from conveyor.api.responses import json_response
 from conveyor.errors import InvalidRequest
 from conveyor.jobs.subsystem import JobsSubsystem
-from conveyor.jobs.upload import MultipartStream
 from conveyor.jobs.views import deleted_file_object, file_object, list_page
 
 router = APIRouter()

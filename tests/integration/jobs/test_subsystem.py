@@ -41,7 +41,7 @@ async def run_batch(
     jobs: JobsSubsystem, num_lines: int
 ) -> tuple[BatchRecord, list[dict[str, Any]]]:
     """Upload, create and wait for a batch; return it and its output records."""
-    from conveyor.jobs.upload import MultipartStream
+    from conveyor.api.multipart import MultipartStream
 
     data = input_file(num_lines)
     form = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from conveyor.api.multipart import MultipartStream
 from conveyor.errors import InvalidRequest, NotFound
 from conveyor.jobs.errors import BatchNotCancellable, FileTooLarge
 from conveyor.jobs.keys import file_key
 from conveyor.jobs.service import JobsService
 from conveyor.jobs.supervisor import Supervisor
-from conveyor.jobs.upload import MultipartStream
 from conveyor.stores.records import BatchStatus
 from tests.unit.jobs.fakes import input_file, make_ctx
 from tests.unit.jobs.test_shard_runner import run_all

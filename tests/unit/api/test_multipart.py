@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from conveyor.api.multipart import MultipartStream
 from conveyor.errors import InvalidRequest
-from conveyor.jobs.upload import MultipartStream
 
 CONTENT_TYPE = "multipart/form-data; boundary=b"
 FILE_HEAD = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
