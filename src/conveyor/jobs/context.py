@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from conveyor.jobs.config import JobsConfig
-from conveyor.jobs.line_runner import RetryPolicy, RunRequest, Sleep
+from conveyor.jobs.line_caller import RetryPolicy, RunRequest, Sleep
 from conveyor.jobs.store import AsyncJobStore
 from conveyor.stores.object_store import ObjectStore
 

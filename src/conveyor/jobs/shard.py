@@ -24,7 +24,7 @@ from conveyor.jobs.cache import ResultCache, cache_key
 from conveyor.jobs.context import JobsContext, shielded, wait_for_event
 from conveyor.jobs.isolation import Piece, PieceCheckpoints, PieceState, plan_pieces
 from conveyor.jobs.keys import file_key, line_id, shard_error_key, shard_output_key
-from conveyor.jobs.line_runner import LineOutcome, LineResult, LineRunner
+from conveyor.jobs.line_caller import LineCaller, LineOutcome, LineResult
 from conveyor.jobs.lines import Decoded, StopCode, custom_id_of, decode_line, stopped_record
 from conveyor.jobs.planner import shard_requests
 from conveyor.jobs.sink import ShardSink
@@ -87,7 +87,7 @@ class ShardAttempt:
         self._stop: StopReason | None = None
         self._stopped = asyncio.Event()
         self._sink = ShardSink()
-        self._lines = LineRunner(
+        self._lines = LineCaller(
             ctx.run_request, batch.endpoint, batch.id, ctx.retry, sleep=ctx.sleep
         )
         self._checkpoints = PieceCheckpoints(ctx.objects, lease.batch_id, lease.index)

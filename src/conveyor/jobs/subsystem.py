@@ -17,9 +17,9 @@ from typing import Any
 from conveyor.errors import ServiceUnavailable
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.context import JobCounters, JobsContext
-from conveyor.jobs.line_runner import RunRequest
+from conveyor.jobs.line_caller import RunRequest
+from conveyor.jobs.operations import JobOperations
 from conveyor.jobs.runner import ShardRunner
-from conveyor.jobs.service import JobsService
 from conveyor.jobs.stalls import StallReporter
 from conveyor.jobs.store import AsyncJobStore
 from conveyor.jobs.supervisor import Supervisor
@@ -56,14 +56,14 @@ class JobsSubsystem:
         self._can_run_model = can_run_model
         self._counters = JobCounters(metrics)
         self._ctx: JobsContext | None = None
-        self._api: JobsService | None = None
+        self._api: JobOperations | None = None
         self._shutdown = asyncio.Event()
         self._kick = asyncio.Event()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
-    def api(self) -> JobsService:
+    def api(self) -> JobOperations:
         """The file and batch operations (503 until started)."""
         if self._api is None:
             raise ServiceUnavailable("batch jobs are not available yet")
@@ -97,7 +97,7 @@ class JobsSubsystem:
             can_run_model=self._can_run_model, counters=self._counters,
         )  # fmt: skip
         self._ctx = ctx
-        self._api = JobsService(ctx, self._kick.set)
+        self._api = JobOperations(ctx, self._kick.set)
         self._shutdown.clear()
         stalls = StallReporter(ctx)
         supervisor = Supervisor(ctx, self._wake, stalls)

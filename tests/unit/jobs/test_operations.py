@@ -11,7 +11,7 @@ from conveyor.api.multipart import MultipartStream
 from conveyor.errors import InvalidRequest, NotFound
 from conveyor.jobs.errors import BatchNotCancellable, FileTooLarge
 from conveyor.jobs.keys import file_key
-from conveyor.jobs.service import JobsService
+from conveyor.jobs.operations import JobOperations
 from conveyor.jobs.supervisor import Supervisor
 from conveyor.stores.records import BatchStatus
 from tests.unit.jobs.fakes import input_file, make_ctx
@@ -43,14 +43,14 @@ async def chunked(body: bytes, size: int) -> AsyncIterator[bytes]:
         yield body[offset : offset + size]
 
 
-async def upload(api: JobsService, body: bytes, *, tenant: str = "t", chunk: int = 5):
+async def upload(api: JobOperations, body: bytes, *, tenant: str = "t", chunk: int = 5):
     stream = MultipartStream(CONTENT_TYPE, api.check_upload_fields)
     return await api.upload_file(tenant, stream.file_chunks(chunked(body, chunk)), stream)
 
 
-def service(**config: object) -> tuple[JobsService, object]:
+def service(**config: object) -> tuple[JobOperations, object]:
     ctx = make_ctx(**config)
-    return JobsService(ctx, lambda: None), ctx
+    return JobOperations(ctx, lambda: None), ctx
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 4096])

@@ -69,7 +69,7 @@ class LineResult:
     is_cache_hit: bool = False
 
 
-class LineRunner:
+class LineCaller:
     """Runs the lines of one batch against its endpoint."""
 
     def __init__(

@@ -7,19 +7,19 @@ import pytest
 
 from conveyor.errors import DeadlineExceeded, InvalidRequest, ModelFault, QueueFull
 from conveyor.jobs.keys import line_id
-from conveyor.jobs.line_runner import LineOutcome, LineRunner, RetryPolicy
+from conveyor.jobs.line_caller import LineCaller, LineOutcome, RetryPolicy
 from conveyor.jobs.lines import decode_line
 from tests.unit.jobs.fakes import ENDPOINT, FakeEndpoint, request_line
 
 pytestmark = pytest.mark.anyio
 
 
-def runner(endpoint: FakeEndpoint, delays: list[float], max_retries: int = 2) -> LineRunner:
+def runner(endpoint: FakeEndpoint, delays: list[float], max_retries: int = 2) -> LineCaller:
     async def sleep(delay_s: float) -> None:
         delays.append(delay_s)
 
     policy = RetryPolicy(max_retries=max_retries, base_s=0.1, max_s=0.4)
-    return LineRunner(endpoint, ENDPOINT, "batch_x", policy, sleep=sleep, jitter=lambda: 1.0)
+    return LineCaller(endpoint, ENDPOINT, "batch_x", policy, sleep=sleep, jitter=lambda: 1.0)
 
 
 async def test_success_is_an_output_record_in_openai_format() -> None:

@@ -54,7 +54,7 @@ def check_limit(limit: int | None, default: int, maximum: int) -> int:
     return limit
 
 
-class JobsService:
+class JobOperations:
     """What `/v1/files` and `/v1/batches` do, independent of HTTP."""
 
     def __init__(self, ctx: JobsContext, kick: Callable[[], None]) -> None:
