@@ -21,6 +21,8 @@ class ToolCallStream:
         self._names = names
         self._buffer = ""
         self._is_in_call = False
+        # Blank text after a call, kept until it is clear whether more content follows.
+        self._blank = ""
         self.num_calls = 0
 
     def feed(self, text: str) -> list[Event]:
@@ -51,6 +53,7 @@ class ToolCallStream:
         self._buffer, self._is_in_call = "", False
         events: list[Event] = []
         self._add(events, rest)
+        self._blank = ""  # trailing blanks after the calls are dropped
         return events
 
     def _call_or_text(self, body: str) -> Event:
@@ -59,12 +62,16 @@ class ToolCallStream:
         return call if call is not None else f"{CALL_START}{body}{CALL_END}"
 
     def _add(self, events: list[Event], event: Event) -> None:
-        """Keep an event; empty text, and blank text between calls, are dropped."""
+        """Keep an event; blank text after a call waits for content (dropped before a call)."""
         if isinstance(event, ParsedCall):
             self.num_calls += 1
+            self._blank = ""
             events.append(event)
-        elif event and not (self.num_calls and not event.strip()):
-            events.append(event)
+        elif self.num_calls and not event.strip():
+            self._blank += event
+        elif event:
+            events.append(self._blank + event)
+            self._blank = ""
 
 
 def _partial_marker_len(text: str) -> int:

@@ -242,3 +242,22 @@ async def test_streamed_tool_calls_assemble_like_openai(service: Service) -> Non
     assert set(json.loads(arguments)) == {"city", "unit", "days"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not any(chunk.choices[0].delta.content for chunk in chunks)
+
+
+async def test_n_choices_differ_with_a_seed_and_echo_prepends_the_prompt(service: Service) -> None:
+    from openai.types import Completion
+
+    from conveyor.endpoints.completions import run_completion
+
+    body = {"model": "tiny", "prompt": ["The quick", "A block"], "n": 3, "seed": 11,
+            "temperature": 1.0, "max_tokens": 12, "echo": True}  # fmt: skip
+    completion = Completion.model_validate(await run_completion(service, body))
+    assert [choice.index for choice in completion.choices] == list(range(6))
+    first, second = completion.choices[:3], completion.choices[3:]
+    assert all(choice.text.startswith("The quick") for choice in first)
+    assert all(choice.text.startswith("A block") for choice in second)
+    assert len({choice.text for choice in first}) > 1  # seed + i per choice
+    chat = ChatCompletion.model_validate(
+        await run_chat(service, {**schema_body({"type": "object"}, 2), "n": 2})
+    )
+    assert len(chat.choices) == 2 and completion.usage is not None
