@@ -295,7 +295,7 @@ class Service:
         self,
         model: str,
         prompts: Sequence[list[int]],
-        params: SamplingParams,
+        params: SamplingParams | Sequence[SamplingParams],
         *,
         priority: Priority = Priority.ONLINE,
         timeout_ms: float | None = None,

@@ -4,6 +4,7 @@ afterwards, read from /metrics), and bad input on both endpoints."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -174,11 +175,12 @@ BAD_COMPLETIONS = [
     ({"prompt": "x " * 1100}, "maximum context length"),
     ({"prompt": "hi", "max_tokens": 5000}, "maximum context length is 1024 tokens"),
     ({"prompt": "hi", "temperature": 5}, "temperature"),
-    ({"prompt": "hi", "n": 2}, "only n=1 is supported"),
+    ({"prompt": "hi", "n": 200}, "less than or equal to 128"),
     ({"prompt": "hi", "top_p": 0}, "top_p"),
     ({"prompt": "hi", "logprobs": 50}, "logprobs"),
     ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop"),
-    ({"prompt": "hi", "repetition_penalty": 1.2}, "unrecognized request argument"),
+    ({"prompt": "hi", "best_of": 2}, "only best_of=1"),
+    ({"prompt": "hi", "frequency": 1.2}, "unrecognized request argument"),
     ({"prompt": [[]]}, "prompt[0] must not be empty"),
     ({"prompt": [1, 99999]}, "token ids must be in"),
     ({}, "missing required parameter: 'prompt'"),
@@ -188,8 +190,10 @@ BAD_CHATS = [
     ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}, "context length"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-     "tools are not supported"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "only n=1"),
+     "tools.0.function"),
+    ({"messages": [{"role": "user", "content": "x"}], "audio": {"voice": "x"}},
+     "unrecognized request argument: 'audio'"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 300}, "less than or equal to 128"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
 ]  # fmt: skip
 
@@ -214,9 +218,9 @@ def assert_400(server: Server, path: str, body: dict[str, Any], fragment: str) -
 
 
 def test_bad_input_through_the_openai_client(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="only n=1"):
+    with pytest.raises(openai.BadRequestError, match="modalities"):
         client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "x"}], n=2
+            model=MODEL, messages=[{"role": "user", "content": "x"}], modalities=["audio"]
         )
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="x")
@@ -235,3 +239,31 @@ def test_metrics_describe_the_engine(server: Server) -> None:
     ):  # fmt: skip
         assert family in text
     assert server.metric("conveyor_kv_blocks_free", model=MODEL) == 4096 // 16
+
+
+def test_structured_output_and_tools_through_the_openai_client(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}},
+              "required": ["ok"], "additionalProperties": False}  # fmt: skip
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "json please"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}},
+        max_completion_tokens=32,
+    )
+    assert isinstance(json.loads(reply.choices[0].message.content or "")["ok"], bool)
+    assert reply.choices[0].message.refusal is None and reply.system_fingerprint
+    tool = {"type": "function", "function": {"name": "ping", "parameters": schema}}
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "call ping"}],
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "ping"}},
+        max_completion_tokens=64,
+        stream=True,
+    )
+    deltas = [
+        c for chunk in stream for c in chunk.choices[0].delta.tool_calls or [] if chunk.choices
+    ]
+    assert deltas[0].function and deltas[0].function.name == "ping"
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert set(json.loads(arguments)) == {"ok"}

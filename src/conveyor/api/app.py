@@ -59,7 +59,8 @@ def create_app(
 
 def _body_models() -> dict[str, type[BaseModel]]:
     """The bodies of the routes that parse their own JSON (imported on first use)."""
-    from conveyor.endpoints.generation_schemas import ChatCompletionRequest, CompletionRequest
+    from conveyor.endpoints.chat_schemas import ChatCompletionRequest
+    from conveyor.endpoints.generation_schemas import CompletionRequest
     from conveyor.endpoints.schemas import EmbeddingRequest
 
     return {

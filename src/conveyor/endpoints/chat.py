@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from conveyor.endpoints.chat_schemas import ChatCompletionRequest, NamedToolChoice
 from conveyor.endpoints.generation import (
+    SYSTEM_FINGERPRINT,
     ChoiceResult,
     GenerationRun,
     PreparedRun,
+    choice_params,
     parse_body,
     resolve_max_tokens,
     run_unstreamed,
@@ -16,8 +19,17 @@ from conveyor.endpoints.generation import (
     token_text,
     usage_body,
 )
-from conveyor.endpoints.generation_schemas import ChatCompletionRequest
+from conveyor.endpoints.tool_stream import ToolCallStream
+from conveyor.endpoints.tools import (
+    ParsedCall,
+    new_call_id,
+    parse_tool_calls,
+    template_messages,
+    template_tools,
+    tool_call_grammar,
+)
 from conveyor.engine.generator import HostedGenerator
+from conveyor.engine.grammar import grammar_from_json_schema
 from conveyor.engine.outputs import TokenLogprobs
 from conveyor.errors import InvalidRequest
 from conveyor.priority import Priority
@@ -47,9 +59,13 @@ def encode_chat(generator: HostedGenerator, request: ChatCompletionRequest) -> l
             f"model {request.model!r} has no chat template; use /v1/completions",
             param="model",
         )
-    messages = [message.to_template() for message in request.messages]
+    tokenizer = generator.tokenizer
+    has_tools = tokenizer.supports_tools
+    messages = template_messages(request, template_has_tools=has_tools)
     try:
-        return generator.tokenizer.apply_chat_template(messages)
+        return tokenizer.apply_chat_template(
+            messages, tools=template_tools(request) if has_tools else None
+        )
     except Exception as exc:  # template errors (jinja raise_exception) are the caller's input
         message = f"the chat template rejected the messages: {exc}"
         raise InvalidRequest(message, param="messages") from None
@@ -75,8 +91,57 @@ def prepare_chat(
         max_tokens=max_tokens,
         num_logprobs=request.num_logprobs,
         vocab_size=generator.vocab_size,
+        grammar=reply_grammar(generator, request),
     )
-    return PreparedRun(generator, "chatcmpl", request.model, [prompt], params)
+    num_choices = request.num_choices
+    is_parsed = request.effective_tool_choice != "none"
+    return PreparedRun(
+        generator,
+        "chatcmpl",
+        request.model,
+        [prompt] * num_choices,
+        choice_params(params, num_choices),
+        tool_names=request.tool_names if is_parsed else (),
+    )
+
+
+def reply_grammar(generator: HostedGenerator, request: ChatCompletionRequest) -> str | None:
+    """The grammar the reply must follow, checked for this model; None: free text.
+
+    A ``required`` or named ``tool_choice`` forces tool calls; otherwise a JSON
+    ``response_format`` forces JSON.
+    """
+    choice = request.effective_tool_choice
+    param = "tools"
+    grammar: str | None
+    if choice == "required":
+        grammar = tool_call_grammar(request, name=None)
+    elif isinstance(choice, NamedToolChoice):
+        grammar = tool_call_grammar(request, name=choice.function.name)
+    else:
+        param = "response_format"
+        grammar = _format_grammar(request)
+    if grammar is None:
+        return None
+    try:
+        generator.engine.grammars.check(grammar)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid {param}: {exc}", param=param) from None
+    return grammar
+
+
+def _format_grammar(request: ChatCompletionRequest) -> str | None:
+    """The grammar of a JSON ``response_format``; None for text."""
+    response_format = request.response_format
+    if response_format is None or response_format.type == "text":
+        return None
+    schema: dict[str, Any] = {"type": "object"}
+    if response_format.json_schema is not None:
+        schema = response_format.json_schema.schema_ or {}
+    try:
+        return grammar_from_json_schema(schema)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="response_format") from None
 
 
 async def run_chat(
@@ -95,21 +160,38 @@ async def run_chat(
 
 def chat_body(run: GenerationRun, results: Sequence[ChoiceResult]) -> dict[str, Any]:
     """OpenAI's ``chat.completion`` object for finished results."""
-    choices = [
-        {
-            "index": result.index,
-            "message": {"role": "assistant", "content": result.text},
-            "logprobs": _logprobs_body(run.generator, result.logprobs),
-            "finish_reason": result.finish_reason,
-        }
-        for result in results
-    ]
+    choices = [_choice_body(run, result) for result in results]
     num_output = sum(result.num_output_tokens for result in results)
     return {
         **_envelope(run, OBJECT),
         "choices": choices,
         "usage": usage_body(run.total_prompt_tokens, num_output),
     }
+
+
+def _choice_body(run: GenerationRun, result: ChoiceResult) -> dict[str, Any]:
+    """One choice: the message (tool calls parsed out when tools were given)."""
+    calls: list[ParsedCall] = []
+    content: str | None = result.text
+    if run.tool_names:
+        content, calls = parse_tool_calls(result.text, run.tool_names)
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    finish_reason = result.finish_reason
+    if calls:
+        message["tool_calls"] = [_call_body(call) for call in calls]
+        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+    return {
+        "index": result.index,
+        "message": message,
+        "logprobs": _logprobs_body(run.generator, result.logprobs),
+        "finish_reason": finish_reason,
+    }
+
+
+def _call_body(call: ParsedCall) -> dict[str, Any]:
+    """A ``tool_calls`` entry of a message."""
+    function = {"name": call.name, "arguments": call.arguments}
+    return {"id": new_call_id(), "type": "function", "function": function}
 
 
 async def chat_chunks(run: GenerationRun, *, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
@@ -120,21 +202,58 @@ async def chat_chunks(run: GenerationRun, *, include_usage: bool) -> AsyncIterat
     chunk with no choices carries the totals.
     """
     extra: dict[str, Any] = {"usage": None} if include_usage else {}
-    has_started: set[int] = set()
+    parsers: dict[int, ToolCallStream] = {}
     async for output in run.outputs():
-        if output.index not in has_started:
-            has_started.add(output.index)
-            role = {"role": "assistant", "content": ""}
-            yield _chunk(run, output.index, role, None, None, extra)
-        if output.text or output.logprobs:
-            content = {"content": output.text}
-            logprobs = _logprobs_body(run.generator, list(output.logprobs))
-            yield _chunk(run, output.index, content, logprobs, None, extra)
+        index = output.index
+        if index not in parsers:
+            parsers[index] = ToolCallStream(run.tool_names)
+            role = {"role": "assistant", "content": "", "refusal": None}
+            yield _chunk(run, index, role, None, None, extra)
+        parser = parsers[index]
+        logprobs = _logprobs_body(run.generator, list(output.logprobs))
+        events: list[str | ParsedCall] = (
+            parser.feed(output.text) if run.tool_names else [output.text]
+        )
+        if output.finish_reason is not None and run.tool_names:
+            events += parser.finish()
+        for delta in _deltas(events, parser):
+            yield _chunk(run, index, delta, logprobs, None, extra)
+            logprobs = None
+        if logprobs is not None:
+            yield _chunk(run, index, {"content": ""}, logprobs, None, extra)
         if output.finish_reason is not None:
-            yield _chunk(run, output.index, {}, None, output.finish_reason.value, extra)
+            reason = output.finish_reason.value
+            if parser.num_calls and reason == "stop":
+                reason = "tool_calls"
+            yield _chunk(run, index, {}, None, reason, extra)
     if include_usage:
         usage = usage_body(run.total_prompt_tokens, run.total_output_tokens)
         yield {**_envelope(run, CHUNK_OBJECT), "choices": [], "usage": usage}
+
+
+def _deltas(events: list[str | ParsedCall], parser: ToolCallStream) -> list[dict[str, Any]]:
+    """Chunk deltas for content and calls; a call is its header, then its arguments."""
+    deltas: list[dict[str, Any]] = []
+    num_calls_before = parser.num_calls - sum(isinstance(e, ParsedCall) for e in events)
+    for event in events:
+        if isinstance(event, str):
+            if event:
+                deltas.append({"content": event})
+            continue
+        position = num_calls_before
+        num_calls_before += 1
+        header = {"name": event.name, "arguments": ""}
+        deltas.append(
+            {
+                "tool_calls": [
+                    {"index": position, "id": new_call_id(), "type": "function", "function": header}
+                ]
+            }
+        )
+        deltas.append(
+            {"tool_calls": [{"index": position, "function": {"arguments": event.arguments}}]}
+        )
+    return deltas
 
 
 def _chunk(
@@ -152,7 +271,13 @@ def _chunk(
 
 def _envelope(run: GenerationRun, object_name: str) -> dict[str, Any]:
     """The fields every chat object and chunk starts with."""
-    return {"id": run.id, "object": object_name, "created": run.created, "model": run.model}
+    return {
+        "id": run.id,
+        "object": object_name,
+        "created": run.created,
+        "model": run.model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }
 
 
 def _logprobs_body(

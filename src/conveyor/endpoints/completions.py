@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from conveyor.endpoints.generation import (
+    SYSTEM_FINGERPRINT,
     ChoiceResult,
     GenerationRun,
     PreparedRun,
     check_token_ids,
+    choice_params,
     parse_body,
     resolve_max_tokens,
     run_unstreamed,
@@ -75,7 +77,21 @@ def prepare_completion(
         num_logprobs=request.logprobs,
         vocab_size=generator.vocab_size,
     )
-    return PreparedRun(generator, "cmpl", request.model, prompts, params)
+    # n choices per prompt, prompt-major: choice index = prompt index * n + i.
+    num_choices = request.num_choices
+    per_choice = choice_params(params, num_choices)
+    prefixes: tuple[str, ...] = ()
+    if request.echo:
+        texts = [generator.tokenizer.decode(ids) for ids in prompts]
+        prefixes = tuple(text for text in texts for _ in range(num_choices))
+    return PreparedRun(
+        generator,
+        "cmpl",
+        request.model,
+        [ids for ids in prompts for _ in range(num_choices)],
+        per_choice * len(prompts),
+        prefixes=prefixes,
+    )
 
 
 async def run_completion(
@@ -122,14 +138,17 @@ async def completion_chunks(
     """The streamed chunks (without the ``[DONE]`` sentinel), usage chunk last if asked."""
     text_lengths: dict[int, int] = {}
     async for output in run.outputs():
+        text = output.text
+        if output.index not in text_lengths and output.index < len(run.prefixes):
+            text = run.prefixes[output.index] + text  # echo: the prompt comes first
         offset = text_lengths.get(output.index, 0)
-        text_lengths[output.index] = offset + len(output.text)
-        if not output.text and not output.logprobs and not output.is_finished:
+        text_lengths[output.index] = offset + len(text)
+        if not text and not output.logprobs and not output.is_finished:
             continue  # a token that completes no character yet: nothing to send
         offsets = [offset] * len(output.logprobs)
         choice = {
             "index": output.index,
-            "text": output.text,
+            "text": text,
             "logprobs": _logprobs_body(run.generator, list(output.logprobs), offsets),
             "finish_reason": None if output.finish_reason is None else output.finish_reason.value,
         }
@@ -144,7 +163,13 @@ async def completion_chunks(
 
 def _envelope(run: GenerationRun) -> dict[str, Any]:
     """The fields every completion object and chunk starts with."""
-    return {"id": run.id, "object": OBJECT, "created": run.created, "model": run.model}
+    return {
+        "id": run.id,
+        "object": OBJECT,
+        "created": run.created,
+        "model": run.model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }
 
 
 def _logprobs_body(

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from importlib.metadata import version
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -26,6 +27,7 @@ from conveyor.priority import Priority
 from conveyor.service import Service
 
 __all__ = [
+    "SYSTEM_FINGERPRINT",
     "ChoiceResult",
     "GenerationRun",
     "PreparedRun",
@@ -39,6 +41,9 @@ __all__ = [
 ]
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
+
+# OpenAI's backend-configuration marker; Conveyor's changes only with its version.
+SYSTEM_FINGERPRINT = f"fp_conveyor_{version('conveyor')}"
 
 
 def parse_body(model_cls: type[BodyT], body: bytes | str | dict[str, Any]) -> BodyT:
@@ -131,7 +136,12 @@ def resolve_max_tokens(
 
 
 def sampling_params(
-    request: GenerationRequestBody, *, max_tokens: int, num_logprobs: int | None, vocab_size: int
+    request: GenerationRequestBody,
+    *,
+    max_tokens: int,
+    num_logprobs: int | None,
+    vocab_size: int,
+    grammar: str | None = None,
 ) -> SamplingParams:
     """The engine's params from a completions or chat body; 400 for values it refuses."""
     stop_token_ids = list(request.stop_token_ids or [])
@@ -152,9 +162,25 @@ def sampling_params(
             stop_token_ids=stop_token_ids,
             ignore_eos=request.ignore_eos,
             logprobs=num_logprobs,
+            presence_penalty=float(request.presence_penalty or 0.0),
+            frequency_penalty=float(request.frequency_penalty or 0.0),
+            repetition_penalty=float(request.repetition_penalty or 1.0),
+            min_p=float(request.min_p or 0.0),
+            logit_bias=[(i, b) for i, b in request.logit_bias_pairs() if i < vocab_size],
+            grammar=grammar,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
+
+
+def choice_params(params: SamplingParams, num_choices: int) -> list[SamplingParams]:
+    """One params per choice of a prompt: with a seed, choice ``i`` uses ``seed + i``.
+
+    Otherwise ``n`` seeded choices would all be the same text.
+    """
+    if params.seed is None or num_choices == 1:
+        return [params] * num_choices
+    return [replace(params, seed=(params.seed + i) % 2**63) for i in range(num_choices)]
 
 
 def check_token_ids(generator: HostedGenerator, token_ids: Sequence[int], *, param: str) -> None:
@@ -201,6 +227,10 @@ class GenerationRun:
     generator: HostedGenerator
     stream: GenerationStream
     num_prompt_tokens: list[int]
+    # Functions whose calls are parsed out of the text (chat with tools).
+    tool_names: tuple[str, ...] = ()
+    # Text put before each choice's output (completions' echo).
+    prefixes: tuple[str, ...] = ()
     started_s: float = field(default_factory=time.perf_counter)
     _outcome: str | None = field(default=None, init=False)
     _peeked: GenerationOutput | None = field(default=None, init=False)
@@ -246,6 +276,8 @@ class GenerationRun:
     async def collect(self) -> list[ChoiceResult]:
         """Run to the end; one result per prompt, in prompt order."""
         results = [ChoiceResult(index) for index in range(len(self.num_prompt_tokens))]
+        for result, prefix in zip(results, self.prefixes, strict=False):
+            result.text = prefix
         async for output in self.outputs():
             result = results[output.index]
             for _ in output.token_ids:
@@ -286,7 +318,9 @@ class PreparedRun:
     id_prefix: str
     model: str
     prompts: list[list[int]]
-    params: SamplingParams
+    params: SamplingParams | list[SamplingParams]
+    tool_names: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
 
     def launch(
         self, service: Service, *, priority: Priority, timeout_ms: float | None
@@ -302,6 +336,8 @@ class PreparedRun:
             generator=self.generator,
             stream=stream,
             num_prompt_tokens=[len(prompt) for prompt in self.prompts],
+            tool_names=self.tool_names,
+            prefixes=self.prefixes,
         )
 
 

@@ -12,7 +12,9 @@ EmbeddingInputField = StrictStr | list[StrictStr] | list[StrictInt] | list[list[
 class EmbeddingRequest(BaseModel):
     """``POST /v1/embeddings``; ``truncate`` is Conveyor's extension."""
 
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are refused, as on the generation endpoints: silently dropping one
+    # could change the result without telling the caller.
+    model_config = ConfigDict(extra="forbid")
 
     model: StrictStr = Field(min_length=1)
     input: EmbeddingInputField

@@ -37,6 +37,8 @@ def invalid_from_validation(exc: ValidationReport) -> InvalidRequest:
         return InvalidRequest(f"the request body is not valid JSON: {message}")
     if first.get("type") == "missing":
         return InvalidRequest(f"missing required parameter: {where!r}", param=param)
+    if first.get("type") == "extra_forbidden":
+        return InvalidRequest(f"unrecognized request argument: {where!r}", param=where)
     if param in UNION_HINTS and first.get("type") != "value_error":
         return InvalidRequest(UNION_HINTS[param], param=param)
     return InvalidRequest(f"invalid value for {where!r}: {message}", param=param)

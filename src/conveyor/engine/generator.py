@@ -45,7 +45,7 @@ class HostedGenerator:
     def submit(
         self,
         prompts: Sequence[list[int]],
-        params: SamplingParams,
+        params: SamplingParams | Sequence[SamplingParams],
         *,
         priority: Priority = Priority.ONLINE,
         timeout_ms: float | None = None,
@@ -53,19 +53,23 @@ class HostedGenerator:
         """Queue one request per prompt, all on one stream; call on the event loop.
 
         Raises 429 when the waiting queue would exceed ``max_queue`` and 400 for a
-        prompt the engine cannot run. The stream fails with 504 if no token has come
+        prompt the engine cannot run. ``params`` is one for all prompts or one per prompt.
+        The stream fails with 504 if no token has come
         by the deadline (``timeout_ms``, default the model's).
         """
         if not prompts:
             raise InvalidRequest("at least one prompt is needed", param="prompt")
         self._check_queue(len(prompts))
         base_id = uuid.uuid4().hex
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else params
+        if len(per_prompt) != len(prompts):
+            raise ValueError("need one params for all prompts or one per prompt")
         try:
             requests = [
                 self.engine.new_request(
-                    f"{base_id}-{index}", list(ids), params, priority=priority, index=index
+                    f"{base_id}-{index}", list(ids), choice, priority=priority, index=index
                 )
-                for index, ids in enumerate(prompts)
+                for index, (ids, choice) in enumerate(zip(prompts, per_prompt, strict=True))
             ]
         except ValueError as exc:
             raise InvalidRequest(str(exc), param="prompt") from None

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.grammar import GrammarCompiler
 from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
 from conveyor.engine.null_metrics import null_generator_metrics
 from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
 from conveyor.engine.request import GenerationRequest
 from conveyor.engine.sampling import Sampler
+from conveyor.engine.sampling_mask import MaskComputer
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from conveyor.engine.step import StepExecutor
@@ -86,6 +88,8 @@ class EngineStats:
     num_failed: int = 0
     max_num_used_blocks: int = 0
     max_num_running: int = 0
+    # Seconds the engine thread waited for grammar masks after the forward pass.
+    grammar_wait_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -126,6 +130,10 @@ class LLMEngine:
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
+        self.grammars = GrammarCompiler(
+            tokenizer, vocab_size=tokenizer.vocab_size, eos_token_ids=self.eos_token_ids
+        )
+        self.masks = MaskComputer()
         self._entries: dict[str, _Entry] = {}
         self._next_arrival = 0
         self._mean_run_s = 0.0
@@ -221,6 +229,7 @@ class LLMEngine:
                 log.error("engine %s did not stop within %.0f s", self.name, timeout_s)
                 return
         self._fail_everything(ServiceUnavailable(f"model {self.name!r} is shutting down"))
+        self.masks.close()
 
     # -- engine thread ------------------------------------------------------------
 
@@ -255,6 +264,8 @@ class LLMEngine:
         request.seq.arrival = self._next_arrival
         self._next_arrival += 1
         try:
+            if request.params.grammar is not None:
+                request.matcher = self.grammars.matcher(request.params.grammar)
             self._scheduler.add(request.seq)
         except ValueError as exc:
             deliver_threadsafe([(stream, InvalidRequest(str(exc)))])
@@ -278,6 +289,11 @@ class LLMEngine:
             # Cannot happen with a pool that fits max_model_len; fail loudly, never spin.
             self._fail_everything(ModelFault("the scheduler could not place any sequence"))
             return
+        sampling = [self._entries[c.seq.seq_id] for c in output.scheduled if c.needs_logits]
+        # Started before the forward pass and overlapped with it (llguidance drops the GIL).
+        pending = self.masks.start(
+            [entry.request.matcher for entry in sampling], self.grammars.vocab_size
+        )
         try:
             logits = self._runner.execute(output.to_chunks())
         except ModelOutOfMemory as exc:
@@ -287,9 +303,14 @@ class LLMEngine:
             log.exception("engine %s: the model failed a step", self.name)
             self._fail_step(output, ModelFault(f"the model failed on this step: {exc}"))
             return
+        finally:
+            # Always joined: a matcher must not advance while its mask is being filled.
+            allowed = None if pending is None else pending.wait()
+        if pending is not None:
+            self.stats.grammar_wait_s += pending.wait_s
         self.stats.num_steps += 1
         self._note_admissions(output)
-        self._finish_step(output, logits)
+        self._finish_step(output, sampling, logits, allowed)
 
     def _note_preemptions(self, output: SchedulerOutput) -> None:
         """Count sequences the scheduler evicted to make room."""
@@ -321,13 +342,20 @@ class LLMEngine:
         self._metrics.oom_backoffs.inc()
         log.warning("engine %s out of memory; token budget now %d", self.name, budget)
 
-    def _finish_step(self, output: SchedulerOutput, logits: torch.Tensor) -> None:
+    def _finish_step(
+        self,
+        output: SchedulerOutput,
+        sampling: list[_Entry],
+        logits: torch.Tensor,
+        allowed: torch.Tensor | None,
+    ) -> None:
         """Sample, advance the scheduler, check stops, hand outputs to the streams."""
-        sampling = [self._entries[c.seq.seq_id] for c in output.scheduled if c.needs_logits]
         result = self._sampler.sample(
             logits,
             [entry.request.params for entry in sampling],
             [entry.request.generator for entry in sampling],
+            histories=[entry.request.history() for entry in sampling],
+            allowed=allowed,
         )
         sampled = {
             entry.request.request_id: token

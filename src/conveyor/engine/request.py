@@ -6,19 +6,27 @@ Lives on the engine thread. The event loop only ever sees the immutable
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from conveyor.engine.outputs import FinishReason, GenerationOutput, RequestTimings, TokenLogprobs
 from conveyor.engine.sampling import new_generator
+from conveyor.engine.sampling_logits import TokenHistory
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.sequence import Sequence
 from conveyor.engine.tokenizer import Detokenizer, Tokenizer
 from conveyor.priority import Priority
 
+if TYPE_CHECKING:  # named in annotations only
+    import llguidance
+
 __all__ = ["GenerationRequest"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, eq=False)
@@ -48,6 +56,8 @@ class GenerationRequest:
     finish_reason: FinishReason | None = field(init=False, default=None)
     # How many times the sequence got KV blocks (admissions plus re-admissions).
     num_admissions: int = field(init=False, default=0)
+    # The grammar's state (``params.grammar``); the engine thread builds and advances it.
+    matcher: llguidance.LLMatcher | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) >= self.max_model_len:
@@ -69,6 +79,12 @@ class GenerationRequest:
     def is_finished(self) -> bool:
         """Whether a stop condition has been met."""
         return self.finish_reason is not None
+
+    def history(self) -> TokenHistory | None:
+        """The tokens this request's penalties look at; None when its params have none."""
+        if not self.params.shapes_logits:
+            return None
+        return TokenHistory(self.seq.token_ids, len(self.prompt_token_ids))
 
     def timings(self) -> RequestTimings:
         """The request's timestamps so far."""
@@ -111,9 +127,27 @@ class GenerationRequest:
         piece = self.detokenizer.add_token(token_id)
         if piece.is_stopped:
             return piece.text, FinishReason.STOP
+        if self._is_grammar_complete(token_id):
+            return piece.text + self.detokenizer.flush(), FinishReason.STOP
         if self.seq.num_output_tokens >= self.max_output_tokens:
             return piece.text + self.detokenizer.flush(), FinishReason.LENGTH
         return piece.text, None
+
+    def _is_grammar_complete(self, token_id: int) -> bool:
+        """Advance the grammar by ``token_id``; True once it admits nothing but the end."""
+        matcher = self.matcher
+        if matcher is None:
+            return False
+        if not matcher.consume_token(token_id):
+            # The mask makes this unreachable; end the request rather than emit garbage.
+            log.error(
+                "request %s: grammar refused token %d: %s",
+                self.request_id,
+                token_id,
+                matcher.get_error(),
+            )
+            return True
+        return matcher.is_stopped()
 
     def _output(
         self, token_ids: tuple[int, ...], text: str, logprobs: tuple[TokenLogprobs, ...]

@@ -1,10 +1,11 @@
 """The batched sampler: one token per row of logits, each row with its own parameters.
 
-Greedy rows take the exact argmax of the raw logits. Other rows are scaled by temperature,
-cut by top-k then top-p, and sampled with the exponential race (``argmax(p / E)``, ``E ~
-Exp(1)``), which draws a token with probability ``p``. A request with a seed draws its
-noise from its own ``torch.Generator``, so its tokens depend only on its own logits and seed,
-not on which other requests share the batch.
+Logits are first reshaped (``sampling_logits``: bias, repeat penalties, a grammar's
+mask). Greedy rows take the exact argmax of the result. Other rows are scaled by
+temperature, cut by top-k, top-p then min-p, and sampled with the exponential race
+(``argmax(p / E)``, ``E ~ Exp(1)``), which draws a token with probability ``p``. A request
+with a seed draws its noise from its own ``torch.Generator``, so its tokens depend only on
+its own logits and seed, not on which other requests share the batch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from conveyor.engine.outputs import TokenLogprobs
+from conveyor.engine.sampling_logits import TokenHistory, shape_logits
 from conveyor.engine.sampling_params import SamplingParams
 
 __all__ = ["SampleResult", "Sampler", "new_generator"]
@@ -47,23 +49,29 @@ class Sampler:
         logits: torch.Tensor,
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
+        *,
+        histories: Sequence[TokenHistory | None] | None = None,
+        allowed: torch.Tensor | None = None,
     ) -> SampleResult:
         """Pick a token per row of ``logits`` [N, V].
 
         ``generators[i]`` is row i's own seeded generator (see :func:`new_generator`) or
-        None to use torch's global one.
+        None to use torch's global one. ``histories[i]`` feeds row i's repeat penalties;
+        ``allowed`` (bool [N, V]) is what each row's grammar permits. Logprobs are of the
+        raw logits, as OpenAI reports them.
         """
         if logits.dim() != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
             raise ValueError("need logits [N, V] with one params and one generator per row")
         if not params:
             return SampleResult(token_ids=[], logprobs=[])
         logits = logits.to(torch.float32)
-        chosen = logits.argmax(dim=-1)
+        shaped = shape_logits(logits, params, histories, allowed)
+        chosen = shaped.argmax(dim=-1)
         random_rows = [row for row, p in enumerate(params) if not p.is_greedy]
         if random_rows:
             rows = torch.tensor(random_rows, device=logits.device)
             picked = self._sample_rows(
-                logits[rows],
+                shaped[rows],
                 [params[row] for row in random_rows],
                 [generators[row] for row in random_rows],
             )
@@ -95,7 +103,21 @@ class Sampler:
 
 
 def _filtered_probs(scaled: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Softmax of ``scaled`` logits with tokens outside each row's top-k / top-p zeroed."""
+    """Softmax of ``scaled`` logits with tokens outside each row's top-k / top-p / min-p zeroed."""
+    probs = _top_k_top_p_probs(scaled, params)
+    min_ps = [p.min_p for p in params]
+    if not any(min_ps):
+        return probs
+    # min-p: drop tokens below min_p times the row's top probability, then renormalise.
+    floor = (
+        probs.max(dim=-1, keepdim=True).values * torch.tensor(min_ps, device=probs.device)[:, None]
+    )
+    probs = probs.masked_fill(probs < floor, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def _top_k_top_p_probs(scaled: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Softmax of ``scaled`` with tokens outside each row's top-k / top-p zeroed."""
     vocab_size = scaled.shape[1]
     top_ks = [p.top_k if p.top_k > 0 else vocab_size for p in params]
     top_ps = [p.top_p for p in params]

@@ -23,7 +23,11 @@ class SamplingParams:
     ``temperature`` 0 means greedy; ``top_k`` 0 or -1 and ``top_p`` 1.0 mean no cut;
     ``logprobs`` is how many top alternatives to return per token (None: no logprobs).
     ``stop`` strings and ``stop_token_ids`` end the request; ``ignore_eos`` keeps it going
-    past EOS. Lists are accepted and stored as tuples.
+    past EOS. ``presence_penalty`` / ``frequency_penalty`` (OpenAI's, over generated tokens)
+    and ``repetition_penalty`` (over prompt and output; 1.0 is off) discourage repeats;
+    ``logit_bias`` adds to chosen tokens' logits; ``min_p`` drops tokens less likely than
+    that fraction of the top one. ``grammar`` (llguidance's grammar string, see
+    ``engine.grammar``) restricts output to the grammar. Lists are stored as tuples.
     """
 
     temperature: float = 1.0
@@ -35,6 +39,12 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: Sequence[tuple[int, float]] = ()
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature, low=0.0, high=None)
@@ -55,9 +65,37 @@ class SamplingParams:
             raise ValueError("ignore_eos must be a boolean")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
+        self._check_shaping()
         # Frozen, so normalise through object.__setattr__: tuples keep the params hashable.
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", tuple(self.logit_bias))
+
+    def _check_shaping(self) -> None:
+        """Penalties, bias, min-p and grammar: the fields that reshape the logits."""
+        _check_number("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
+        _check_number("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
+        _check_number("repetition_penalty", self.repetition_penalty, low=0.0, high=None)
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _check_number("min_p", self.min_p, low=0.0, high=1.0)
+        for entry in self.logit_bias:
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                raise ValueError("logit_bias must hold (token id, bias) pairs")
+            _check_int("logit_bias token id", entry[0], low=0, high=None)
+            _check_number("logit_bias value", entry[1], low=-100.0, high=100.0)
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar):
+            raise ValueError("grammar must be a non-empty string")
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether anything but temperature / top-k / top-p changes the distribution."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
 
     @property
     def is_greedy(self) -> bool:

@@ -31,6 +31,11 @@ class Tokenizer:
         self._hf: Any = AutoTokenizer.from_pretrained(str(checkpoint_dir), local_files_only=True)
 
     @property
+    def hf(self) -> Any:
+        """The underlying Hugging Face tokenizer (for libraries that wrap it)."""
+        return self._hf
+
+    @property
     def eos_token_id(self) -> int | None:
         """The tokenizer's EOS id, if it has one."""
         value = self._hf.eos_token_id
@@ -52,6 +57,12 @@ class Tokenizer:
         """Whether :meth:`apply_chat_template` can be used."""
         return bool(getattr(self._hf, "chat_template", None))
 
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders ``tools`` (else callers fall back to text)."""
+        template = getattr(self._hf, "chat_template", None)
+        return isinstance(template, str) and "tools" in template
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (with BOS etc. when the tokenizer adds them)."""
         ids: list[int] = self._hf.encode(text, add_special_tokens=add_special_tokens)
@@ -62,12 +73,18 @@ class Tokenizer:
         text: str = self._hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
         return text
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
         """Token ids of a chat, ending with the prompt for the assistant's reply."""
         if not self.has_chat_template:
             raise ValueError("this model's tokenizer has no chat template")
         ids: list[int] = self._hf.apply_chat_template(
             [dict(message) for message in messages],
+            tools=None if tools is None else [dict(tool) for tool in tools],
             add_generation_prompt=True,
             tokenize=True,
             return_dict=False,

@@ -28,19 +28,23 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         ({"temperature": "hot"}, "temperature", "temperature"),
         ({"top_p": 0}, "greater than 0", "top_p"),
         ({"top_k": -2}, "greater than or equal to -1", "top_k"),
-        ({"n": 2}, "only n=1 is supported", "n"),
+        ({"n": 0}, "greater than or equal to 1", "n"),
+        ({"n": 129}, "less than or equal to 128", "n"),
         ({"best_of": 3}, "only best_of=1", "best_of"),
-        ({"echo": True}, "echo is not supported", "echo"),
+        ({"echo": True, "logprobs": 1}, "echo with logprobs is not supported", None),
         ({"suffix": "x"}, "suffix is not supported", "suffix"),
         ({"logprobs": 21}, "less than or equal to 20", "logprobs"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop", "stop"),
         ({"stop": [""]}, "must not be empty", "stop"),
-        ({"presence_penalty": 0.5}, "penalties are not supported", "presence_penalty"),
-        ({"logit_bias": {"5": 1}}, "logit_bias is not supported", "logit_bias"),
+        ({"presence_penalty": 2.5}, "less than or equal to 2", "presence_penalty"),
+        ({"frequency_penalty": -3}, "greater than or equal to -2", "frequency_penalty"),
+        ({"logit_bias": {"x": 1}}, "keys must be token ids", "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "between -100 and 100", "logit_bias"),
+        ({"min_p": 1.5}, "less than or equal to 1", "min_p"),
+        ({"repetition_penalty": 0}, "greater than 0", "repetition_penalty"),
         ({"seed": -1}, "greater than or equal to 0", "seed"),
         ({"stream_options": {"include_usage": True}}, "only allowed when stream", None),
-        ({"repetition_penalty": 1.1}, "unrecognized request argument: 'repetition_penalty'",
-         "repetition_penalty"),
+        ({"frequency": 1.1}, "unrecognized request argument: 'frequency'", "frequency"),
     ],
 )  # fmt: skip
 def test_bad_completion_bodies(extra: dict[str, Any], message: str, param: str | None) -> None:
@@ -58,14 +62,25 @@ def test_bad_completion_bodies(extra: dict[str, Any], message: str, param: str |
         ({"messages": [{"role": "user"}]}, "needs content"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          "'image_url' are not supported"),
-        ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "role"),
-        ({"tools": [{"type": "function"}]}, "tools are not supported"),
-        ({"tool_choice": "auto"}, "tool_choice is not supported"),
-        ({"response_format": {"type": "json_object"}}, "only response_format"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "needs tool_call_id"),
+        ({"messages": [{"role": "assistant", "tool_calls": []}]}, "needs content"),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+         "only assistant messages may have tool_calls"),
+        ({"tools": [{"type": "function"}]}, "tools.0.function"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "pattern"),
+        ({"tool_choice": "auto"}, "tool_choice needs tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": {"type": "function", "function": {"name": "g"}}},
+         "unknown function 'g'"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "needs 'json_schema'"),
+        ({"audio": {"voice": "x"}}, "unrecognized request argument: 'audio'"),
+        ({"web_search_options": {}}, "unrecognized request argument: 'web_search_options'"),
         ({"top_logprobs": 2}, "needs logprobs"),
         ({"top_logprobs": 30, "logprobs": True}, "less than or equal to 20"),
         ({"max_completion_tokens": 0}, "greater than or equal to 1"),
-        ({"n": 3}, "only n=1"),
+        ({"n": 300}, "less than or equal to 128"),
         ({"functions": []}, "unrecognized request argument: 'functions'"),
     ],
 )  # fmt: skip
@@ -106,9 +121,35 @@ def test_good_bodies_normalise() -> None:
             "logprobs": True,
         }
     )  # fmt: skip
-    assert [m.to_template() for m in chat.messages] == [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "hi", "name": "ann"},
+    assert [(m.role, m.text, m.name) for m in chat.messages] == [
+        ("system", "be brief", None),
+        ("user", "hi", "ann"),
     ]
     assert chat.requested_max_tokens == 7
     assert chat.num_logprobs == 0
+
+
+def test_newer_fields_that_change_nothing_are_accepted() -> None:
+    ignored = {"reasoning_effort": "low", "verbosity": "low", "prompt_cache_key": "k",
+               "safety_identifier": "s", "service_tier": "auto", "store": False,
+               "metadata": {"a": "b"}, "user": "u", "parallel_tool_calls": True}  # fmt: skip
+    assert parse_chat_request({**CHAT, **ignored}).model == "m"
+
+
+def test_a_response_message_sent_back_as_history_validates() -> None:
+    from openai.types.chat import ChatCompletionMessage
+
+    message = ChatCompletionMessage.model_validate(
+        {"role": "assistant", "content": None, "refusal": None,
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "f", "arguments": "{}"}}]}
+    )  # fmt: skip
+    history = [
+        {"role": "user", "content": "hi"},
+        message.model_dump(),
+        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "ok"}]},
+        {"role": "assistant", "content": "done", "refusal": None},
+    ]
+    chat = parse_chat_request({**CHAT, "messages": history})
+    assert chat.messages[1].tool_calls and chat.messages[1].tool_calls[0].id == "call_1"
+    assert chat.messages[2].text == "ok"
