@@ -47,7 +47,8 @@ def test_online_callers_are_served_beside_a_job_that_fills_its_queue(server: Ser
     client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)
     lines = embedding_lines(NUM_LINES, prefix="mixed")
     batch = submit(client, jsonl(lines))
-    wait_for_progress(client, batch.id, 100)
+    before = wait_for_progress(client, batch.id, 100)
+    assert before.status == "in_progress"
 
     def online(i: int) -> int:
         body = {"model": "syn", "input": f"online caller {i}"}
@@ -57,7 +58,8 @@ def test_online_callers_are_served_beside_a_job_that_fills_its_queue(server: Ser
         statuses = list(pool.map(online, range(NUM_ONLINE)))
     during = client.batches.retrieve(batch.id)
     assert statuses == [200] * NUM_ONLINE
-    assert during.status == "in_progress", "the job must still run while online traffic came"
+    # The job kept running beside the online callers (it may have finished meanwhile).
+    assert during.request_counts.completed > before.request_counts.completed
     done = wait_until(client, batch.id)
     assert done.status == "completed"
     assert done.request_counts.completed == NUM_LINES
