@@ -176,6 +176,7 @@ class ApiKey(_Strict):
     key: str | None = Field(default=None, min_length=8)
     key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
     tenant: str = "default"
+    admin: bool = Field(default=False, description="May read every tenant's usage.")
 
     _digest: bytes = PrivateAttr(default=b"")
 
