@@ -27,17 +27,19 @@ def create_app(
     service: Service | None = None,
     jobs: JobsSubsystem | None = None,
     key_store_url: str | None = None,
+    with_rate_limits: bool = True,
 ) -> FastAPI:
     """The HTTP app; the service's models load during ASGI lifespan start-up.
 
     With `key_store_url`, the API keys stored there (``conveyor keys``) are accepted too.
+    A fleet worker passes `with_rate_limits=False`: its gateways already applied them.
     """
     service = service or Service(config)
     jobs = jobs or jobs_for_service(service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await keyring.start()
+        await guards.start()
         await service.start()
         await jobs.start()
         # Everything loaded so far (models, libraries) lives as long as the process: frozen,
@@ -49,7 +51,7 @@ def create_app(
         finally:
             await jobs.stop()  # first: running shards hand their leases back
             await service.stop()
-            await keyring.stop()
+            await guards.stop()
 
     app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan, **fastapi_options())
     app.state.service = service
@@ -64,7 +66,14 @@ def create_app(
     app.include_router(batches.router)
     install_openapi(app, _body_models)
     key_store = open_job_store(key_store_url) if key_store_url is not None else None
-    keyring = install_middleware(app, config, key_store=key_store, owns_key_store=True)
+    guards = install_middleware(
+        app,
+        config,
+        key_store=key_store,
+        owns_key_store=True,
+        registry=service.metrics.registry,
+        with_rate_limits=with_rate_limits,
+    )
     return app
 
 

@@ -34,14 +34,14 @@ def create_gateway_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await keyring.start()
+        await guards.start()
         await gateway.start()
         await jobs.start()
         try:
             yield
         finally:
             await jobs.stop()
-            await keyring.stop()  # before the gateway closes the store it reads keys from
+            await guards.stop()  # before the gateway closes the store it reads keys from
             await gateway.stop()
 
     app = FastAPI(title="Conveyor gateway", version="0.1.0", lifespan=lifespan, **fastapi_options())
@@ -53,5 +53,5 @@ def create_gateway_app(
     app.include_router(batch_routes.router)
     app.include_router(fleet_routes.router)
     key_store = registry_store if isinstance(registry_store, ApiKeyStore) else None
-    keyring = install_middleware(app, config, key_store=key_store)
+    guards = install_middleware(app, config, key_store=key_store, registry=gateway.metrics.registry)
     return app
