@@ -285,7 +285,7 @@ class GatewayMetrics:
 
 
 class TenantMetrics:
-    """Tenant families: rate-limit outcomes and backend errors; usage by tenant and model."""
+    """Tenant families: rate-limit refusals and rate-limit backend errors."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         reg = registry
@@ -297,16 +297,4 @@ class TenantMetrics:
             "conveyor_rate_limit_backend_errors_total",
             "Rate-limit calls that could not reach the backend (allowed or denied by policy)",
             ["operation"], registry=reg,
-        )  # fmt: skip
-        self.tokens = Counter(
-            "conveyor_tokens_total", "Tokens used, by tenant, model and kind (input, output)",
-            ["tenant", "model", "kind"], registry=reg,
-        )  # fmt: skip
-        self.model_seconds = Counter(
-            "conveyor_model_seconds_total", "Model run time charged to tenants",
-            ["tenant", "model"], registry=reg,
-        )  # fmt: skip
-        self.cost_usd = Counter(
-            "conveyor_cost_usd_total", "Cost charged to tenants (model-seconds x GPU-hour price)",
-            ["tenant", "model"], registry=reg,
         )  # fmt: skip

@@ -1,4 +1,4 @@
-"""`conveyor keys` against a real `serve`: a created key works, a revoked one is refused in 5 s."""
+"""`conveyor keys` and tenant limits against a real `serve`: keys work until revoked (5 s)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,19 @@ def check_key_lifecycle(api: str, data_dir: Path, created: dict[str, Any]) -> No
         time.sleep(0.05)
     listed = json.loads(keys_cli(data_dir, "list", "--json"))
     assert listed[0]["revoked_at"] is not None and listed[0]["last_used_at"] is not None
+
+
+def test_serve_limits_a_tenant_s_requests_per_minute(tmp_path: Path) -> None:
+    config = {"models": [SYNTHETIC], "default_tenant_limits": {"rpm": 2}}
+    server = start_server(tmp_path, config)
+    try:
+        answers = [
+            httpx.post(f"{server.api}/embeddings", json={"model": "syn", "input": "x"})
+            for _ in range(3)
+        ]
+    finally:
+        stop_server(server)
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert [a.headers["x-ratelimit-remaining-requests"] for a in answers] == ["1", "0", "0"]
+    assert answers[2].json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(answers[2].headers["retry-after"]) >= 1

@@ -10,7 +10,7 @@ import redis
 
 from conveyor.tenants.limiter import LimiterUnavailable, MemoryRateLimiter, RateLimiter
 from conveyor.tenants.limiter_redis import RedisRateLimiter
-from tests.integration.tenants.conftest import REDIS_HOST, REDIS_PORT, REDIS_URL
+from tests.redis_server import REDIS_HOST, REDIS_PORT, REDIS_URL
 from tests.tcp_proxy import ProxyMode, TcpProxy
 
 pytestmark = pytest.mark.anyio

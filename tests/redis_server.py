@@ -1,9 +1,10 @@
-"""A unique Redis key prefix per test, deleted afterwards; skipped without a local Redis."""
+"""The local Redis the tests use: a unique key prefix per test, deleted afterwards."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -12,9 +13,9 @@ REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
 
 
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A fresh key prefix; every key under it is deleted after the test."""
+@contextmanager
+def unique_prefix() -> Iterator[str]:
+    """A fresh key prefix; every key under it is deleted afterwards. Skips without Redis."""
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
     try:
         client.ping()
