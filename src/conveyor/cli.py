@@ -11,11 +11,13 @@ import typer
 from starlette.types import ASGIApp
 
 from conveyor.cli_batch import batch_app
+from conveyor.cli_keys import keys_app
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
 
 app = typer.Typer(help="Conveyor: batched inference behind an OpenAI-compatible API.")
 app.add_typer(batch_app, name="batch")
+app.add_typer(keys_app, name="keys")
 
 
 def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
@@ -80,7 +82,8 @@ def serve(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    _run_uvicorn(create_app(settings), settings)
+    key_store_url = settings.jobs.job_store_url_for(settings.data_dir)
+    _run_uvicorn(create_app(settings, key_store_url=key_store_url), settings)
 
 
 # The shared-state options every fleet process takes.

@@ -20,6 +20,13 @@ from pydantic import (
 
 from conveyor.errors import ConfigError
 from conveyor.jobs.config import JobsConfig
+from conveyor.tenants.config import (
+    ModelLimits,
+    PricingConfig,
+    RateLimitsConfig,
+    TenancyConfig,
+    TenantConfig,
+)
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 DEFAULT_MAX_INPUTS = 2048  # OpenAI's own limit on inputs in one embeddings request
@@ -176,6 +183,7 @@ class ApiKey(_Strict):
     key: str | None = Field(default=None, min_length=8)
     key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
     tenant: str = "default"
+    admin: bool = Field(default=False, description="May read every tenant's usage.")
 
     _digest: bytes = PrivateAttr(default=b"")
 
@@ -240,6 +248,21 @@ class ServerConfig(_Strict):
         "recently used idle one; unset: load every model at start-up.",
     )
 
+    tenants: list[TenantConfig] = Field(default_factory=list)
+    default_tenant_limits: ModelLimits | None = None
+    rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
+    pricing: PricingConfig = Field(default_factory=PricingConfig)
+
+    @property
+    def tenancy(self) -> TenancyConfig:
+        """The tenant settings together (validated: unique tenant names)."""
+        return TenancyConfig(
+            tenants=self.tenants,
+            default_tenant_limits=self.default_tenant_limits,
+            rate_limits=self.rate_limits,
+            pricing=self.pricing,
+        )
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _keys_from_strings(cls, value: Any) -> Any:
@@ -261,6 +284,7 @@ class ServerConfig(_Strict):
         if self.metrics_auth and not self.api_keys:
             raise ValueError("metrics_auth needs api_keys")
         self._check_memory_budget()
+        self.tenancy  # noqa: B018 -- validates the tenant settings together
         return self
 
     def _check_memory_budget(self) -> None:

@@ -192,3 +192,52 @@ class ObjectStoreUnavailable(StoreUnavailable):
 
 class ConfigError(ConveyorError):
     """The configuration is invalid; raised once at start-up."""
+
+
+class RateLimited(ConveyorError):
+    """A tenant's request or token limit is spent for now: 429 with Retry-After.
+
+    As OpenAI's, the error's ``type`` names the limit's kind (``requests`` or ``tokens``).
+    """
+
+    status_code = 429
+    default_code = "rate_limit_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str,
+        retry_after_s: int,
+        extra_headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.error_type = kind
+        self.retry_after_s = retry_after_s
+        self.extra_headers = extra_headers or {}
+
+    def headers(self) -> dict[str, str]:
+        return {**self.extra_headers, "Retry-After": str(self.retry_after_s)}
+
+
+class TokensExceedLimit(InvalidRequest):
+    """A request needs more tokens than its tenant's bucket can ever hold: 400, not 429."""
+
+    default_code = "tokens_exceed_rate_limit"
+
+
+class InsufficientQuota(ConveyorError):
+    """The tenant's monthly budget is spent: 429 with OpenAI's ``insufficient_quota``."""
+
+    status_code = 429
+    error_type = "insufficient_quota"
+    default_code = "insufficient_quota"
+
+
+class RateLimitBackendDown(ServiceUnavailable):
+    """The shared rate-limit store cannot be reached and the policy is to deny: 503."""
+
+    default_code = "rate_limit_backend_unavailable"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}

@@ -282,3 +282,19 @@ class GatewayMetrics:
             "conveyor_gateway_request_latency_seconds", "Gateway request latency", ["model"],
             buckets=LATENCY_BUCKETS_S, registry=reg,
         )  # fmt: skip
+
+
+class TenantMetrics:
+    """Tenant families: rate-limit refusals and rate-limit backend errors."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        reg = registry
+        self.rate_limited = Counter(
+            "conveyor_rate_limited_total", "Requests refused by a tenant limit",
+            ["tenant", "model", "limit"], registry=reg,
+        )  # fmt: skip
+        self.backend_errors = Counter(
+            "conveyor_rate_limit_backend_errors_total",
+            "Rate-limit calls that could not reach the backend (allowed or denied by policy)",
+            ["operation"], registry=reg,
+        )  # fmt: skip

@@ -210,7 +210,7 @@ async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
     config = worker_config(config, settings, worker_id)
     service = Service(config)
     jobs = worker_jobs(service, store, STALE_HEARTBEATS * settings.heartbeat_s)
-    gate = DrainGate(create_app(config, service=service, jobs=jobs))
+    gate = DrainGate(create_app(config, service=service, jobs=jobs, with_rate_limits=False))
     server = _DrainingServer(
         uvicorn_config(
             gate, config, host=settings.host, port=settings.port, timeout_keep_alive=30,

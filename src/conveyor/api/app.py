@@ -18,17 +18,28 @@ from conveyor.config import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.service import Service
+from conveyor.stores import open_job_store
 
 
 def create_app(
-    config: ServerConfig, *, service: Service | None = None, jobs: JobsSubsystem | None = None
+    config: ServerConfig,
+    *,
+    service: Service | None = None,
+    jobs: JobsSubsystem | None = None,
+    key_store_url: str | None = None,
+    with_rate_limits: bool = True,
 ) -> FastAPI:
-    """The HTTP app; the service's models load during ASGI lifespan start-up."""
+    """The HTTP app; the service's models load during ASGI lifespan start-up.
+
+    With `key_store_url`, the API keys stored there (``conveyor keys``) are accepted too.
+    A fleet worker passes `with_rate_limits=False`: its gateways already applied them.
+    """
     service = service or Service(config)
     jobs = jobs or jobs_for_service(service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await guards.start()
         await service.start()
         await jobs.start()
         # Everything loaded so far (models, libraries) lives as long as the process: frozen,
@@ -40,6 +51,7 @@ def create_app(
         finally:
             await jobs.stop()  # first: running shards hand their leases back
             await service.stop()
+            await guards.stop()
 
     app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan, **fastapi_options())
     app.state.service = service
@@ -53,7 +65,15 @@ def create_app(
     app.include_router(files.router)
     app.include_router(batches.router)
     install_openapi(app, _body_models)
-    install_middleware(app, config)
+    key_store = open_job_store(key_store_url) if key_store_url is not None else None
+    guards = install_middleware(
+        app,
+        config,
+        key_store=key_store,
+        owns_key_store=True,
+        registry=service.metrics.registry,
+        with_rate_limits=with_rate_limits,
+    )
     return app
 
 

@@ -9,7 +9,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor.api.errors import error_response
 from conveyor.config import ApiKey
-from conveyor.errors import AuthenticationFailed
+from conveyor.errors import AuthenticationFailed, ServiceUnavailable
+from conveyor.tenants.keyring import ANONYMOUS, KeyRing, Principal
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 METRICS_PATH = "/metrics"
@@ -28,44 +29,57 @@ def bearer_token(header: bytes) -> bytes | None:
     return token or None
 
 
-class ApiKeyMiddleware:
-    """With keys configured, a missing or wrong ``Authorization: Bearer`` gets 401.
+def static_principals(api_keys: Sequence[ApiKey]) -> dict[bytes, Principal]:
+    """The config's keys by SHA-256 digest."""
+    return {key.digest: Principal(key.tenant, key.admin) for key in api_keys}
 
-    The caller's tenant is put in ``scope["state"]["tenant"]``; without keys
-    everyone is tenant ``default``. Only SHA-256 digests of the keys are held: a
-    presented key is hashed and looked up by digest, so the lookup's timing can at most
-    reveal digest bytes, which bring no one closer to a key.
+
+class ApiKeyMiddleware:
+    """With keys configured or stored, a missing or wrong ``Authorization: Bearer`` gets 401.
+
+    The caller's tenant is put in ``scope["state"]["tenant"]`` (and the whole `Principal` in
+    ``scope["state"]["principal"]``); without keys everyone is tenant ``default``. Only
+    SHA-256 digests of the keys are held: a presented key is hashed and looked up by digest,
+    so the lookup's timing can at most reveal digest bytes, which bring no one closer to a key.
     """
 
-    def __init__(
-        self, app: ASGIApp, api_keys: Sequence[ApiKey], *, is_metrics_open: bool = True
-    ) -> None:
+    def __init__(self, app: ASGIApp, keyring: KeyRing, *, is_metrics_open: bool = True) -> None:
         self.app = app
-        self.tenants = {api_key.digest: api_key.tenant for api_key in api_keys}
+        self.keyring = keyring
         self.open_paths = OPEN_PATHS if is_metrics_open else OPEN_PATHS - {METRICS_PATH}
 
-    def tenant_for(self, header: bytes | None) -> str | None:
-        """The tenant whose key the ``Authorization`` header carries, if any."""
+    def principal_for(self, header: bytes | None) -> Principal | None:
+        """The principal whose key the ``Authorization`` header carries, if any."""
         token = bearer_token(header) if header is not None else None
         if token is None:
             return None
-        return self.tenants.get(hashlib.sha256(token).digest())
+        return self.keyring.lookup(hashlib.sha256(token).digest())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
-        if not self.tenants or scope["path"] in self.open_paths:
-            state["tenant"] = "default"
+        if scope["path"] in self.open_paths or (
+            self.keyring.is_loaded and not self.keyring.is_enforced
+        ):
+            state["tenant"], state["principal"] = ANONYMOUS.tenant, ANONYMOUS
             await self.app(scope, receive, send)
             return
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        tenant = self.tenant_for(header)
-        if tenant is None:
-            message = "missing API key" if header is None else "incorrect API key provided"
-            response = error_response(AuthenticationFailed(message))
-            await response(scope, receive, send)
+        principal = self._check(scope)
+        if not isinstance(principal, Principal):
+            await error_response(principal)(scope, receive, send)
             return
-        state["tenant"] = tenant
+        state["tenant"], state["principal"] = principal.tenant, principal
         await self.app(scope, receive, send)
+
+    def _check(self, scope: Scope) -> Principal | AuthenticationFailed | ServiceUnavailable:
+        """The request's principal, or the error to answer with."""
+        if not self.keyring.is_loaded:
+            return ServiceUnavailable("API keys are not loaded yet")
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        principal = self.principal_for(header)
+        if principal is None:
+            message = "missing API key" if header is None else "incorrect API key provided"
+            return AuthenticationFailed(message)
+        return principal

@@ -17,6 +17,7 @@ from conveyor.config import ServerConfig
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
 from conveyor.stores import open_job_store, open_object_store
+from conveyor.stores.protocols import ApiKeyStore
 
 
 def create_gateway_app(
@@ -27,17 +28,20 @@ def create_gateway_app(
 ) -> FastAPI:
     """The gateway's HTTP app; API keys come from ``config`` (its models are ignored)."""
     objects = open_object_store(settings.objects_url) if settings.objects_url else None
-    gateway = Gateway(settings, store or open_job_store(settings.store_url), objects=objects)
+    registry_store = store or open_job_store(settings.store_url)
+    gateway = Gateway(settings, registry_store, objects=objects)
     jobs = gateway_jobs(gateway, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await guards.start()
         await gateway.start()
         await jobs.start()
         try:
             yield
         finally:
             await jobs.stop()
+            await guards.stop()  # before the gateway closes the store it reads keys from
             await gateway.stop()
 
     app = FastAPI(title="Conveyor gateway", version="0.1.0", lifespan=lifespan, **fastapi_options())
@@ -48,5 +52,6 @@ def create_gateway_app(
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(fleet_routes.router)
-    install_middleware(app, config)
+    key_store = registry_store if isinstance(registry_store, ApiKeyStore) else None
+    guards = install_middleware(app, config, key_store=key_store, registry=gateway.metrics.registry)
     return app

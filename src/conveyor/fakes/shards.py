@@ -22,6 +22,7 @@ from conveyor.stores.records import (
     ShardStatus,
     WorkerRecord,
 )
+from conveyor.stores.tenant_records import ApiKeyRecord
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -61,6 +62,7 @@ class MemoryBase:
         self._shards: dict[str, dict[int, _Shard]] = {}
         self._cache: dict[str, bytes] = {}
         self._workers: dict[str, tuple[WorkerRecord, float]] = {}
+        self._api_keys: dict[str, ApiKeyRecord] = {}
 
     def close(self) -> None:
         """Later calls raise StoreError. Safe to call twice."""

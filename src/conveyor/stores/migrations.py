@@ -135,9 +135,25 @@ _V2_SPECULATION = (
     "ALTER TABLE shards ADD COLUMN spec_expires_at {float}",
 )
 
+# API keys created by `conveyor keys`: only a SHA-256 digest (hex) and a display prefix.
+_V3_API_KEYS = (
+    """CREATE TABLE IF NOT EXISTS api_keys (
+        seq {seq_pk},
+        id TEXT NOT NULL UNIQUE,
+        tenant TEXT NOT NULL,
+        digest TEXT NOT NULL UNIQUE,
+        prefix TEXT NOT NULL,
+        is_admin INTEGER NOT NULL,
+        created_at BIGINT NOT NULL,
+        last_used_at BIGINT,
+        revoked_at BIGINT
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_INITIAL),
     Migration(2, "speculative shard attempts", _V2_SPECULATION),
+    Migration(3, "api keys", _V3_API_KEYS),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -13,7 +13,7 @@ The store holds references (byte ranges, object keys), never prompts or outputs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from conveyor.stores.records import (
     BatchRecord,
@@ -24,6 +24,7 @@ from conveyor.stores.records import (
     ShardSpec,
     ShardStatus,
 )
+from conveyor.stores.tenant_records import ApiKeyRecord
 
 # OpenAI's page-size limits: files list up to 10 000, batches list up to 100.
 MAX_FILES_PAGE = 10_000
@@ -188,7 +189,32 @@ class ResultCacheStore(Protocol):
         ...
 
 
-class JobStore(FileStore, BatchStore, ShardStore, ResultCacheStore, Protocol):
+@runtime_checkable
+class ApiKeyStore(Protocol):
+    """API keys by hash: created by the `keys` command, read by every gateway's key ring."""
+
+    def create_api_key(self, rec: ApiKeyRecord) -> None:
+        """Insert a key record; a second key with its id or digest raises StoreError."""
+        ...
+
+    def list_api_keys(self, *, include_revoked: bool = True) -> list[ApiKeyRecord]:
+        """Return the keys oldest first (revoked ones only with `include_revoked`)."""
+        ...
+
+    def revoke_api_key(self, key_id: str, now: float) -> bool:
+        """Stamp the key revoked; False when it is unknown or already revoked."""
+        ...
+
+    def touch_api_keys(self, key_ids: Sequence[str], now: float) -> None:
+        """Record that the keys were used at `now` (a later stamp is never moved back)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; later calls raise StoreError."""
+        ...
+
+
+class JobStore(FileStore, BatchStore, ShardStore, ResultCacheStore, ApiKeyStore, Protocol):
     """Every aggregate of one job store database, and the means to close it."""
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """The SQL job store: every aggregate over one database, plus the result cache and workers.
 
-`SqlJobStore` implements `JobStore` (files, batches, shards, result cache) and the fleet's
+`SqlJobStore` implements `JobStore` (files, batches, shards, result cache, API keys) and the fleet's
 worker registry protocol; the SQLite and PostgreSQL backends subclass it and only supply
 connections, transactions and error translation.
 """
@@ -15,6 +15,7 @@ from conveyor.stores import sql_queries as q
 from conveyor.stores.records import WorkerRecord
 from conveyor.stores.sql_base import SqlStore
 from conveyor.stores.sql_files import SqlBatchStore, SqlFileStore
+from conveyor.stores.sql_keys import SqlApiKeyStore
 from conveyor.stores.sql_shards import SqlShardStore
 
 
@@ -83,5 +84,12 @@ class SqlWorkerRegistry(SqlStore):
         return self._change(q.REMOVE_WORKER, {"worker_id": worker_id}) > 0
 
 
-class SqlJobStore(SqlFileStore, SqlBatchStore, SqlShardStore, SqlResultCache, SqlWorkerRegistry):
+class SqlJobStore(
+    SqlFileStore,
+    SqlBatchStore,
+    SqlShardStore,
+    SqlResultCache,
+    SqlWorkerRegistry,
+    SqlApiKeyStore,
+):
     """Every aggregate of the job store database over SQL; backends add the sessions."""

@@ -12,11 +12,12 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from conveyor.api.app import create_app
-from conveyor.api.auth import ApiKeyMiddleware, bearer_token
+from conveyor.api.auth import ApiKeyMiddleware, bearer_token, static_principals
 from conveyor.api.gateway_app import create_gateway_app
 from conveyor.config import ApiKey, ServerConfig
 from conveyor.gateway import GatewaySettings
 from conveyor.stores import open_job_store
+from conveyor.tenants.keyring import KeyRing
 
 pytestmark = pytest.mark.anyio
 
@@ -58,7 +59,9 @@ def test_bearer_token(header: bytes, token: bytes | None) -> None:
 async def test_a_key_in_either_form_is_accepted_with_any_case_of_scheme(
     api_key: ApiKey, scheme: str
 ) -> None:
-    async with client_for(ApiKeyMiddleware(tenant_echo, [api_key])) as client:
+    async with client_for(
+        ApiKeyMiddleware(tenant_echo, KeyRing(static_principals([api_key])))
+    ) as client:
         answer = await client.get("/v1/models", headers={"Authorization": f"{scheme}  {KEY} "})
     assert (answer.status_code, answer.text) == (200, "a")
 
@@ -74,7 +77,9 @@ async def test_a_key_in_either_form_is_accepted_with_any_case_of_scheme(
     ],
 )
 async def test_wrong_or_missing_keys_get_401(headers: dict[str, str], message: str) -> None:
-    middleware = ApiKeyMiddleware(tenant_echo, [ApiKey(key_sha256=KEY_SHA256)])
+    middleware = ApiKeyMiddleware(
+        tenant_echo, KeyRing(static_principals([ApiKey(key_sha256=KEY_SHA256)]))
+    )
     async with client_for(middleware) as client:
         answer = await client.get("/v1/models", headers=headers)
     assert answer.status_code == 401

@@ -1,0 +1,143 @@
+"""Tenant rate limits on the inference routes: a pure ASGI middleware.
+
+It reads the request body (already capped by the body limit), reserves the tenant's
+buckets, passes the body on, adds OpenAI's `x-ratelimit-*` headers to the answer, and settles
+when the answer ends: from the `usage` the model reports (JSON bodies and streams that ask
+for usage), else a stream settles at the chunks it sent, a failed request at nothing.
+A cancelled or disconnected request settles at what it produced too (in a `finally`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from conveyor.api.errors import error_response
+from conveyor.errors import ConveyorError
+from conveyor.tenants.estimate import LIMITED_PATHS, parse_ask
+from conveyor.tenants.gate import RateLimitGate, Reservation, rate_limit_headers
+
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+TAIL_BYTES = 2048
+
+
+@dataclass(slots=True)
+class UsageMeter:
+    """Watches an answer go out and says what it used."""
+
+    status: int = 0
+    is_stream: bool = False
+    num_events: int = 0
+    tail: bytes = b""
+    usage: tuple[int, int] | None = None
+
+    def on_start(self, message: Message) -> None:
+        """Note the status and whether the answer is an event stream."""
+        self.status = int(message["status"])
+        content_type = dict(message.get("headers", [])).get(b"content-type", b"")
+        self.is_stream = content_type.startswith(b"text/event-stream")
+
+    def on_body(self, chunk: bytes) -> None:
+        """Count stream events; keep the tail where a JSON body's `usage` sits."""
+        if self.is_stream:
+            self.num_events += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+            if b'"usage":{' in chunk:
+                self.usage = read_usage(chunk)
+        else:
+            self.tail = (self.tail + chunk)[-TAIL_BYTES:]
+
+    def used(self, res: Reservation) -> tuple[int, int]:
+        """Input and output tokens to settle at."""
+        if self.status >= 400 or self.status == 0:
+            return 0, 0
+        usage = self.usage if self.is_stream else read_usage(self.tail)
+        if usage is not None:
+            return usage
+        if self.is_stream:  # no usage chunk: about one token a content event
+            return res.input_tokens, max(0, self.num_events - 1)
+        return res.input_tokens, res.output_tokens
+
+
+def read_usage(text: bytes) -> tuple[int, int] | None:
+    """`(prompt_tokens, completion_tokens)` from a `usage` object in `text`, if there."""
+    prompt = _PROMPT_TOKENS.findall(text)
+    if not prompt:
+        return None
+    completion = _COMPLETION_TOKENS.findall(text)
+    return int(prompt[-1]), int(completion[-1]) if completion else 0
+
+
+async def read_body(receive: Receive) -> tuple[bytes, Receive]:
+    """The whole request body, and a `receive` that hands it on and then the rest."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ConnectionError("client disconnected while sending the body")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    is_replayed = False
+
+    async def replay() -> Message:
+        nonlocal is_replayed
+        if not is_replayed:
+            is_replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
+
+
+class RateLimitMiddleware:
+    """Reserve before, settle after, headers on every answer of a limited route."""
+
+    def __init__(self, app: ASGIApp, gate: RateLimitGate) -> None:
+        self.app = app
+        self.gate = gate
+        self.default_max_tokens = gate.tenancy.rate_limits.default_max_output_tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        is_limited = scope["type"] == "http" and scope["method"] == "POST"
+        if not is_limited or scope["path"] not in LIMITED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        try:
+            body, replay = await read_body(receive)
+        except ConnectionError:
+            return
+        ask = parse_ask(body, scope["path"], self.default_max_tokens)
+        tenant = scope.get("state", {}).get("tenant", "default")
+        try:
+            res = await self.gate.admit(tenant, ask) if ask is not None else None
+        except ConveyorError as exc:
+            await error_response(exc)(scope, replay, send)
+            return
+        if res is None:
+            await self.app(scope, replay, send)
+            return
+        await self._run(scope, replay, send, res)
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send, res: Reservation) -> None:
+        """Call the app with headers added; settle however it ends."""
+        meter = UsageMeter()
+        headers = rate_limit_headers(res.decision.views) if res.decision else []
+
+        async def metered(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                meter.on_start(message)
+                message = {**message, "headers": [*message.get("headers", []), *headers]}
+            elif message["type"] == "http.response.body":
+                meter.on_body(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, metered)
+        finally:
+            num_input, num_output = meter.used(res)
+            await asyncio.shield(self.gate.settle(res, num_input, num_output))

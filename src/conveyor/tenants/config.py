@@ -1,0 +1,106 @@
+"""Tenant settings in the YAML: weights, budgets, per-model limits, the limiter's backend."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ANY_MODEL = "*"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelLimits(_Strict):
+    """Per-minute allowances for one tenant on one model (None: unlimited)."""
+
+    rpm: int | None = Field(default=None, ge=1)
+    input_tpm: int | None = Field(default=None, ge=1)
+    output_tpm: int | None = Field(default=None, ge=1)
+    batch_queue_tokens: int | None = Field(default=None, ge=1)
+
+    def over(self, base: ModelLimits) -> ModelLimits:
+        """These limits, with `base`'s where these leave one unset."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        merged = {k: v if v is not None else getattr(base, k) for k, v in fields.items()}
+        return ModelLimits(**merged)
+
+    @property
+    def is_unlimited(self) -> bool:
+        """No online limit at all (the batch queue bound is not an online limit)."""
+        return self.rpm is None and self.input_tpm is None and self.output_tpm is None
+
+
+NO_LIMITS = ModelLimits()
+
+
+class TenantConfig(_Strict):
+    """One tenant: its share of batch capacity, monthly budget and per-model limits."""
+
+    name: str = Field(min_length=1)
+    weight: float = Field(default=1.0, gt=0)
+    budget_usd: float | None = Field(default=None, ge=0)
+    limits: dict[str, ModelLimits] = Field(default_factory=dict)
+
+
+class RateLimitsConfig(_Strict):
+    """Where the token buckets live and what happens when that place is unreachable."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = Field(default="conveyor:rl:", min_length=1)
+    redis_timeout_s: float = Field(default=0.25, gt=0, le=10)
+    on_backend_error: Literal["allow", "deny"] = "allow"
+    default_max_output_tokens: int = Field(
+        default=4096,
+        ge=1,
+        description="Output tokens reserved for a request without max_tokens.",
+    )
+
+
+class PricingConfig(_Strict):
+    """What a GPU hour costs (a model may set its own `gpu_hour_usd`)."""
+
+    gpu_hour_usd: float = Field(default=2.5, ge=0)
+    models: dict[str, float] = Field(default_factory=dict, description="gpu_hour_usd by model.")
+
+
+class TenancyConfig(_Strict):
+    """Every tenant setting together, as `ServerConfig` holds them."""
+
+    tenants: list[TenantConfig] = Field(default_factory=list)
+    default_tenant_limits: ModelLimits | None = None
+    rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
+    pricing: PricingConfig = Field(default_factory=PricingConfig)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> TenancyConfig:
+        names = [tenant.name for tenant in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenant names must be unique")
+        return self
+
+    def tenant(self, name: str) -> TenantConfig | None:
+        """The tenant's entry, if listed."""
+        return next((t for t in self.tenants if t.name == name), None)
+
+    def limits_for(self, tenant: str, model: str) -> ModelLimits:
+        """The tenant's limits on `model`: its entry for the model over its `*` entry.
+
+        A tenant not listed gets `default_tenant_limits` (unlimited when unset).
+        """
+        entry = self.tenant(tenant)
+        if entry is None:
+            return self.default_tenant_limits or NO_LIMITS
+        star = entry.limits.get(ANY_MODEL, NO_LIMITS)
+        own = entry.limits.get(model)
+        return own.over(star) if own is not None else star
+
+    @property
+    def has_online_limits(self) -> bool:
+        """Whether any request could be limited (else the limiter stays out of the way)."""
+        entries = [lim for t in self.tenants for lim in t.limits.values()]
+        entries += [self.default_tenant_limits] if self.default_tenant_limits else []
+        return any(not lim.is_unlimited for lim in entries)

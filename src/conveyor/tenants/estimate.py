@@ -1,0 +1,96 @@
+"""What an inference request asks of the token buckets, read from its JSON body.
+
+Input tokens are estimated from the text (about 4 bytes a token, as OpenAI's own limiter
+estimates; token-id inputs are counted exactly) and corrected at settlement by the exact
+`usage` the model reports. Output tokens reserve `max_tokens` (or the default) per choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+BYTES_PER_TOKEN = 4
+TOKENS_PER_MESSAGE = 4  # role and separators, roughly
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+EMBEDDINGS_PATH = "/v1/embeddings"
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+LIMITED_PATHS = frozenset({EMBEDDINGS_PATH, COMPLETIONS_PATH, CHAT_PATH})
+
+
+@dataclass(frozen=True, slots=True)
+class TokenAsk:
+    """A request's model, its input tokens (estimated) and the output tokens to reserve."""
+
+    model: str
+    input_tokens: int
+    output_tokens: int
+
+
+def text_tokens(text: str) -> int:
+    """About how many tokens a text is (never 0 for a non-empty one)."""
+    return -(-len(text.encode()) // BYTES_PER_TOKEN)
+
+
+def input_tokens(value: Any) -> int:
+    """Tokens of an `input` or `prompt`: a string, token ids, or a list of either."""
+    if isinstance(value, str):
+        return text_tokens(value)
+    if isinstance(value, list):
+        if value and all(isinstance(item, int) for item in value):
+            return len(value)
+        return sum(input_tokens(item) for item in value)
+    return 0
+
+
+def message_tokens(messages: Any) -> int:
+    """Tokens of chat messages: their text parts plus a few per message."""
+    if not isinstance(messages, list):
+        return 0
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = [part.get("text", "") for part in content if isinstance(part, dict)]
+        total += TOKENS_PER_MESSAGE + input_tokens(content)
+    return total
+
+
+def _positive_int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and value > 0 else default
+
+
+def output_reserve(body: dict[str, Any], path: str, default_max_tokens: int) -> int:
+    """Output tokens to reserve: max tokens per choice, times choices and prompts."""
+    if path == EMBEDDINGS_PATH:
+        return 0
+    if path == COMPLETIONS_PATH:
+        per_choice = _positive_int(body.get("max_tokens"), COMPLETIONS_DEFAULT_MAX_TOKENS)
+        prompt = body.get("prompt")
+        is_many = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+        num_prompts = len(prompt) if is_many and isinstance(prompt, list) else 1
+    else:
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        per_choice = _positive_int(asked, default_max_tokens)
+        num_prompts = 1
+    return per_choice * _positive_int(body.get("n"), 1) * num_prompts
+
+
+def parse_ask(body: bytes, path: str, default_max_tokens: int) -> TokenAsk | None:
+    """The request's ask, or None when the body is not a JSON object with a model (the
+    endpoint then answers 400 itself)."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), str):
+        return None
+    if path == CHAT_PATH:
+        num_input = message_tokens(parsed.get("messages"))
+    else:
+        num_input = input_tokens(parsed.get("input" if path == EMBEDDINGS_PATH else "prompt"))
+    return TokenAsk(parsed["model"], num_input, output_reserve(parsed, path, default_max_tokens))

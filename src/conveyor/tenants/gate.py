@@ -1,0 +1,172 @@
+"""Admission against a tenant's limits: reserve at the start, settle at the end.
+
+Per tenant and model there are up to three buckets: requests (`rpm`), input tokens
+(`input_tpm`) and output tokens (`output_tpm`). A request that asks one bucket for more
+than it can ever hold gets 400 at once; one that must wait gets 429 with `Retry-After`.
+When the backend cannot be reached, `on_backend_error` decides (allow or deny, never 500).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from conveyor.errors import RateLimitBackendDown, RateLimited, TokensExceedLimit
+from conveyor.metrics import TenantMetrics
+from conveyor.tenants.buckets import BucketView, Decision
+from conveyor.tenants.config import ModelLimits, TenancyConfig
+from conveyor.tenants.estimate import TokenAsk
+from conveyor.tenants.limiter import BucketAsk, LimiterUnavailable, RateLimiter
+
+log = logging.getLogger(__name__)
+
+REQUESTS, INPUT, OUTPUT = "requests", "input_tokens", "output_tokens"
+_LIMIT_NAMES = {REQUESTS: "rpm", INPUT: "input_tpm", OUTPUT: "output_tpm"}
+
+
+@dataclass(slots=True)
+class Reservation:
+    """What an admitted request took, to be settled when it ends."""
+
+    key: str
+    tenant: str
+    model: str
+    limits: ModelLimits
+    input_tokens: int
+    output_tokens: int
+    decision: Decision | None  # None: admitted without the backend (allow on error)
+
+
+def bucket_asks(limits: ModelLimits, ask: TokenAsk) -> list[BucketAsk]:
+    """The buckets a request takes from: only those its limits define."""
+    asks: list[BucketAsk] = []
+    if limits.rpm is not None:
+        asks.append((REQUESTS, limits.rpm, 1))
+    if limits.input_tpm is not None:
+        asks.append((INPUT, limits.input_tpm, ask.input_tokens))
+    if limits.output_tpm is not None:
+        asks.append((OUTPUT, limits.output_tpm, ask.output_tokens))
+    return asks
+
+
+def check_fits(asks: list[BucketAsk]) -> None:
+    """400 for a request no bucket could ever hold (waiting would never help)."""
+    for name, capacity, amount in asks:
+        if amount > capacity:
+            raise TokensExceedLimit(
+                f"this request needs {amount} {name.replace('_', ' ')} but the "
+                f"{_LIMIT_NAMES[name]} limit is {capacity}; it can never be admitted",
+                param="max_tokens" if name == OUTPUT else None,
+            )
+
+
+def refusal(decision: Decision) -> RateLimited:
+    """The 429 for a refused admission, naming the limit."""
+    name = decision.refused_by or REQUESTS
+    limit = next(v.capacity for v in decision.views if v.name == name)
+    wait_s = max(1, math.ceil(decision.retry_after_s))
+    return RateLimited(
+        f"rate limit reached: {_LIMIT_NAMES[name]} {limit}; retry in {wait_s} s",
+        kind="requests" if name == REQUESTS else "tokens",
+        retry_after_s=wait_s,
+        extra_headers={k.decode(): v.decode() for k, v in rate_limit_headers(decision.views)},
+    )
+
+
+class RateLimitGate:
+    """Admits and settles requests against the configured limits on one limiter."""
+
+    def __init__(
+        self,
+        tenancy: TenancyConfig,
+        limiter: RateLimiter,
+        metrics: TenantMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`clock` is unix seconds (shared by every gateway on the Redis backend)."""
+        self.tenancy = tenancy
+        self.limiter = limiter
+        self.metrics = metrics
+        self._clock = clock
+        self._on_error: Literal["allow", "deny"] = tenancy.rate_limits.on_backend_error
+
+    async def admit(self, tenant: str, ask: TokenAsk) -> Reservation | None:
+        """Reserve the request's buckets (None: no limit applies). Raises 400, 429 or 503."""
+        limits = self.tenancy.limits_for(tenant, ask.model)
+        asks = bucket_asks(limits, ask)
+        if not asks:
+            return None
+        check_fits(asks)
+        key = f"{tenant}\x1f{ask.model}"
+        try:
+            decision = await self.limiter.take(key, asks, self._clock())
+        except LimiterUnavailable:
+            self.metrics.backend_errors.labels("admit").inc()
+            log.warning("rate limit backend unreachable; %s", self._on_error)
+            if self._on_error == "deny":
+                raise RateLimitBackendDown("the rate limit backend is unavailable") from None
+            decision = None
+        if decision is not None and not decision.is_admitted:
+            error = refusal(decision)
+            self.metrics.rate_limited.labels(tenant, ask.model, error.error_type).inc()
+            raise error
+        return Reservation(
+            key, tenant, ask.model, limits, ask.input_tokens, ask.output_tokens, decision
+        )
+
+    async def settle(self, res: Reservation, input_tokens: int, output_tokens: int) -> None:
+        """Refund what was reserved but not used (or charge what was under-estimated)."""
+        now_s = self._clock()
+        deltas = [
+            (INPUT, res.limits.input_tpm, res.input_tokens - input_tokens),
+            (OUTPUT, res.limits.output_tpm, res.output_tokens - output_tokens),
+        ]
+        for name, capacity, delta in deltas:
+            if capacity is None or delta == 0:
+                continue
+            try:
+                await self.limiter.settle(res.key, name, capacity, delta, now_s)
+            except LimiterUnavailable:
+                self.metrics.backend_errors.labels("settle").inc()
+                log.warning("rate limit backend unreachable; settlement of %s lost", name)
+
+
+def format_reset(seconds: float) -> str:
+    """A wait in OpenAI's header style: `250ms`, `1.5s`, `6m0s`."""
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{round(seconds, 3):g}s"
+    minutes, rest = divmod(seconds, 60)
+    return f"{int(minutes)}m{round(rest):d}s"
+
+
+def rate_limit_headers(views: tuple[BucketView, ...]) -> list[tuple[bytes, bytes]]:
+    """OpenAI's `x-ratelimit-*` headers; the tokens ones show the fuller-used token bucket."""
+    by_name = {v.name: v for v in views}
+    headers: list[tuple[bytes, bytes]] = []
+    requests = by_name.get(REQUESTS)
+    if requests is not None:
+        headers += _triple(b"requests", requests)
+    token_views = [v for v in (by_name.get(INPUT), by_name.get(OUTPUT)) if v is not None]
+    if token_views:
+        tightest = min(token_views, key=lambda v: v.remaining / v.capacity)
+        headers += _triple(b"tokens", tightest)
+    for v in token_views:  # both kinds, beyond OpenAI's set
+        headers.append(
+            (f"x-ratelimit-remaining-{v.name.replace('_', '-')}".encode(), b"%d" % v.remaining)
+        )
+    return headers
+
+
+def _triple(kind: bytes, v: BucketView) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"x-ratelimit-limit-" + kind, b"%d" % v.capacity),
+        (b"x-ratelimit-remaining-" + kind, b"%d" % v.remaining),
+        (b"x-ratelimit-reset-" + kind, format_reset(v.reset_s).encode()),
+    ]

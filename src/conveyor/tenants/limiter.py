@@ -1,0 +1,55 @@
+"""Where token buckets live: one process's memory, or Redis shared by every gateway.
+
+Both backends take from several buckets at once or from none and settle one bucket, with
+the arithmetic of `tenants.buckets`. A backend that cannot be reached raises
+`LimiterUnavailable`; what then happens (allow or deny) is the gate's rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from conveyor.tenants.buckets import BucketState, Decision, settle, take
+
+# (bucket name, capacity, amount to take)
+BucketAsk = tuple[str, int, int]
+
+
+class LimiterUnavailable(Exception):
+    """The limiter's backend could not be reached or did not answer in time."""
+
+
+class RateLimiter(Protocol):
+    """Token buckets keyed by `key` (a tenant and model) and bucket name."""
+
+    async def take(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision:
+        """Take every amount or none; raises LimiterUnavailable."""
+        ...
+
+    async def settle(self, key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
+        """Give `delta` back to one bucket (negative: take more); raises LimiterUnavailable."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+class MemoryRateLimiter:
+    """Buckets in this process's memory: exact, but each process has its own."""
+
+    def __init__(self) -> None:
+        """No bucket yet (a new bucket is full)."""
+        self._buckets: dict[str, dict[str, BucketState]] = {}
+
+    async def take(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision:
+        """Take every amount or none."""
+        return take(self._buckets.setdefault(key, {}), asks, now_s)
+
+    async def settle(self, key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
+        """Give `delta` back to one bucket."""
+        settle(self._buckets.setdefault(key, {}), name, capacity, delta, now_s)
+
+    async def close(self) -> None:
+        """Nothing to release."""

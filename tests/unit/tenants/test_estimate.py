@@ -1,0 +1,37 @@
+"""What a request body asks of the buckets: estimated input, reserved output."""
+
+from __future__ import annotations
+
+import orjson
+
+from conveyor.tenants.estimate import TokenAsk, parse_ask
+
+
+def ask(path: str, body: dict[str, object]) -> TokenAsk | None:
+    return parse_ask(orjson.dumps(body), path, default_max_tokens=500)
+
+
+def test_embeddings_reserve_no_output_and_count_token_ids_exactly() -> None:
+    assert ask("/v1/embeddings", {"model": "e", "input": "abcdefgh"}) == TokenAsk("e", 2, 0)
+    assert ask("/v1/embeddings", {"model": "e", "input": [[1, 2, 3], [4]]}) == TokenAsk("e", 4, 0)
+    assert ask("/v1/embeddings", {"model": "e", "input": ["abcd", "abcde"]}) == TokenAsk("e", 3, 0)
+
+
+def test_completions_reserve_max_tokens_per_prompt_and_choice() -> None:
+    body = {"model": "g", "prompt": ["abcd", "abcd"], "max_tokens": 10, "n": 3}
+    assert ask("/v1/completions", body) == TokenAsk("g", 2, 60)
+    assert ask("/v1/completions", {"model": "g", "prompt": [1, 2]}) == TokenAsk("g", 2, 16)
+
+
+def test_chat_reserves_max_completion_tokens_or_the_default() -> None:
+    messages = [{"role": "user", "content": "abcdefgh"}]
+    body = {"model": "g", "messages": messages, "max_completion_tokens": 7}
+    assert ask("/v1/chat/completions", body) == TokenAsk("g", 6, 7)
+    assert ask("/v1/chat/completions", {"model": "g", "messages": messages}) == TokenAsk(
+        "g", 6, 500
+    )
+
+
+def test_a_body_without_a_model_is_left_to_the_endpoint() -> None:
+    assert parse_ask(b"not json", "/v1/embeddings", 1) is None
+    assert ask("/v1/embeddings", {"input": "x"}) is None

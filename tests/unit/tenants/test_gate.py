@@ -1,0 +1,131 @@
+"""Admission and settlement against configured limits, on the memory limiter and a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from conveyor.errors import RateLimitBackendDown, RateLimited, TokensExceedLimit
+from conveyor.metrics import TenantMetrics
+from conveyor.tenants.buckets import Decision
+from conveyor.tenants.config import TenancyConfig
+from conveyor.tenants.estimate import TokenAsk
+from conveyor.tenants.gate import RateLimitGate, format_reset, rate_limit_headers
+from conveyor.tenants.limiter import BucketAsk, LimiterUnavailable, MemoryRateLimiter
+
+pytestmark = pytest.mark.anyio
+
+TENANCY = {
+    "tenants": [
+        {
+            "name": "acme",
+            "limits": {
+                "*": {"rpm": 2, "input_tpm": 600, "output_tpm": 120},
+                "llama": {"output_tpm": 60},
+            },
+        }
+    ],
+    "default_tenant_limits": {"rpm": 1},
+}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def make_gate(tenancy: dict[str, object] = TENANCY) -> tuple[RateLimitGate, FakeClock]:
+    clock = FakeClock()
+    metrics = TenantMetrics(CollectorRegistry())
+    config = TenancyConfig.model_validate(tenancy)
+    return RateLimitGate(config, MemoryRateLimiter(), metrics, clock=clock), clock
+
+
+def test_model_limits_override_the_star_entry_field_by_field() -> None:
+    config = TenancyConfig.model_validate(TENANCY)
+    llama = config.limits_for("acme", "llama")
+    assert (llama.rpm, llama.input_tpm, llama.output_tpm) == (2, 600, 60)
+    assert config.limits_for("acme", "other").output_tpm == 120
+    assert config.limits_for("stranger", "llama").rpm == 1
+
+
+async def test_rpm_refuses_with_429_naming_the_limit_and_a_retry_after() -> None:
+    gate, clock = make_gate()
+    for _ in range(2):
+        await gate.admit("acme", TokenAsk("m", 10, 10))
+    with pytest.raises(RateLimited) as refused:
+        await gate.admit("acme", TokenAsk("m", 10, 10))
+    assert refused.value.status_code == 429 and refused.value.code == "rate_limit_exceeded"
+    assert "rpm 2" in refused.value.message and refused.value.error_type == "requests"
+    assert refused.value.headers()["Retry-After"] == "30"
+    assert refused.value.headers()["x-ratelimit-remaining-requests"] == "0"
+    clock.now_s += 30
+    await gate.admit("acme", TokenAsk("m", 10, 10))
+
+
+async def test_a_request_that_can_never_fit_gets_400_at_once() -> None:
+    gate, _ = make_gate()
+    with pytest.raises(TokensExceedLimit) as too_big:
+        await gate.admit("acme", TokenAsk("llama", 10, 61))
+    assert too_big.value.status_code == 400 and "output_tpm limit is 60" in too_big.value.message
+
+
+async def test_settlement_refunds_unused_output_and_charges_exact_input() -> None:
+    gate, _ = make_gate()
+    res = await gate.admit("acme", TokenAsk("m", 100, 100))
+    assert res is not None
+    await gate.settle(res, input_tokens=150, output_tokens=30)  # 70 back, 50 more input
+    nxt = await gate.admit("acme", TokenAsk("m", 0, 0))
+    assert nxt is not None and nxt.decision is not None
+    remaining = {v.name: v.remaining for v in nxt.decision.views}
+    assert remaining == {"requests": 0, "input_tokens": 450, "output_tokens": 90}
+
+
+async def test_output_tokens_refuse_with_the_tokens_kind() -> None:
+    gate, clock = make_gate()
+    await gate.admit("acme", TokenAsk("llama", 0, 60))
+    clock.now_s += 31  # the requests bucket has refilled; the output one only half
+    with pytest.raises(RateLimited) as refused:
+        await gate.admit("acme", TokenAsk("llama", 0, 60))
+    assert refused.value.error_type == "tokens" and "output_tpm 60" in refused.value.message
+    assert refused.value.retry_after_s == 29
+
+
+async def test_unlimited_tenants_pass_without_a_reservation() -> None:
+    gate, _ = make_gate({"tenants": [{"name": "free"}]})
+    assert await gate.admit("free", TokenAsk("m", 10**6, 10**6)) is None
+
+
+class DownLimiter(MemoryRateLimiter):
+    async def take(self, key: str, asks: list[BucketAsk], now_s: float) -> Decision:  # type: ignore[override]
+        raise LimiterUnavailable("down")
+
+    async def settle(self, key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
+        raise LimiterUnavailable("down")
+
+
+@pytest.mark.parametrize("policy", ["allow", "deny"])
+async def test_an_unreachable_backend_allows_or_denies_and_is_counted(policy: str) -> None:
+    config = TenancyConfig.model_validate({**TENANCY, "rate_limits": {"on_backend_error": policy}})
+    registry = CollectorRegistry()
+    gate = RateLimitGate(config, DownLimiter(), TenantMetrics(registry))
+    if policy == "deny":
+        with pytest.raises(RateLimitBackendDown):
+            await gate.admit("acme", TokenAsk("m", 1, 1))
+    else:
+        res = await gate.admit("acme", TokenAsk("m", 1, 1))
+        assert res is not None and res.decision is None
+        await gate.settle(res, 1, 0)  # a lost settlement is counted, not raised
+    errors = registry.get_sample_value(
+        "conveyor_rate_limit_backend_errors_total", {"operation": "admit"}
+    )
+    assert errors == 1
+
+
+def test_headers_follow_openai_names_and_duration_style() -> None:
+    decision = Decision(True, 0.0, ())
+    assert rate_limit_headers(decision.views) == []
+    assert [format_reset(s) for s in (0.25, 1.5, 6.0, 360.0)] == ["250ms", "1.5s", "6s", "6m0s"]
