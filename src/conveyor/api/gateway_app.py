@@ -48,5 +48,7 @@ def create_gateway_app(
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(fleet_routes.router)
+    # Innermost: the API keys and the body cap still run before a request is proxied.
+    app.add_middleware(fleet_routes.ProxyShortcut, gateway=gateway)
     install_middleware(app, config)
     return app
