@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -64,17 +65,21 @@ def parse_model(body: bytes) -> tuple[str, int]:
 def scan_model(body: bytes) -> str | None:
     """The top-level ``model`` string found by a byte scan, or None when in any doubt.
 
-    Safe when ``"model"`` occurs exactly once, inside the first and only ``{`` opened so
-    far (so it is a top-level key, not a nested one), not after a backslash (so it is not
-    the tail of a string), and is followed by a colon and an escape-free string. Anything
-    else (escapes, nesting, repeats) returns None and the caller parses the body.
+    It is sure when ``"model"`` occurs exactly once, not after a backslash (so it does not
+    end a string), followed by a colon (so it is a key) and an escape-free string, and the
+    key is at the top level: it is the only ``{`` opened before it, or the only ``}`` after
+    it closes the body. Anything else (escapes, nesting, repeats, braces inside strings)
+    returns None and the caller parses the body.
     """
     at = body.find(_MODEL_KEY)
     if at <= 0 or body.find(_MODEL_KEY, at + 1) >= 0 or body[at - 1] == 0x5C:  # backslash
         return None
-    if body.count(b"{", 0, at) != 1 or not _OPENING_BRACE.match(body):
+    if not _OPENING_BRACE.match(body):
         return None
-    value = _MODEL_VALUE.match(body, at + len(_MODEL_KEY))
+    is_top_level = body.count(b"{", 0, at) == 1 or (
+        body.count(b"}", at) == 1 and body[-64:].rstrip().endswith(b"}")
+    )
+    value = _MODEL_VALUE.match(body, at + len(_MODEL_KEY)) if is_top_level else None
     if value is None:
         return None
     try:
@@ -115,8 +120,8 @@ async def fleet(request: Request) -> Response:
 
 @router.get("/health")
 async def health() -> Response:
-    """Alive: the process answers."""
-    return json_response({"status": "ok"})
+    """Alive: the process answers (with its id: ``--processes`` runs several)."""
+    return json_response({"status": "ok", "pid": os.getpid()})
 
 
 @router.get("/ready")
