@@ -1,4 +1,5 @@
-"""Fleet benchmark: throughput behind one gateway with 1, 2 and 3 workers, and failover.
+"""Fleet benchmark: throughput behind one gateway with 1, 2 and 3 workers, failover, and the
+gateway's own cost (direct vs 1 and 2 gateway processes, see ``bench.fleet_gateway``).
 
 With the synthetic model (a calibrated sleep, so workers do not compete for CPU) it measures:
 
@@ -6,7 +7,10 @@ With the synthetic model (a calibrated sleep, so workers do not compete for CPU)
   ceiling (3 workers whose model takes no time), all in the same run;
 - failover: open-loop load at half the 3-worker throughput, one worker SIGKILLed a third of
   the way in: the time until the gateway's routing table no longer lists it (after which all
-  traffic flows on the survivors) and the requests that failed meanwhile.
+  traffic flows on the survivors) and the requests that failed meanwhile;
+- one fast worker straight and through gateways of 1 and 2 processes, alternating, with
+  warm-ups and counted runs (medians and spread): throughput ratios, CPU per request, and
+  the p50 latency the gateway adds at half load.
 
 Needs PostgreSQL (CONVEYOR_TEST_PG_URL, default the local server's ``test`` database); a
 fresh database is created for the run and dropped after it.
@@ -42,6 +46,7 @@ from bench.common import (
     python_argv,
     write_json,
 )
+from bench.fleet_gateway import gateway_panel, measure_gateway_overhead
 from bench.loadgen import LoadMode, LoadResult, LoadSpec, run_load_process
 
 PG_ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -66,6 +71,8 @@ class Options:
     seconds: float
     num_clients: int
     failover_seconds: float
+    overhead_rounds: int = 3
+    overhead_warmups: int = 1
 
 
 def parse_options(argv: Sequence[str] | None = None) -> Options:
@@ -75,7 +82,10 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--smoke", action="store_true", help="tiny run (seconds) for tests")
     args = parser.parse_args(argv)
     if args.smoke:
-        return Options(args.out, True, seconds=1.5, num_clients=16, failover_seconds=3.0)
+        return Options(
+            args.out, True, seconds=1.5, num_clients=16, failover_seconds=3.0,
+            overhead_rounds=1, overhead_warmups=0,
+        )  # fmt: skip
     return Options(args.out, False, seconds=5.0, num_clients=64, failover_seconds=9.0)
 
 
@@ -122,15 +132,16 @@ class Fleet:
         self.workers[name] = proc
         return proc
 
-    def add_gateway(self) -> ServerProcess:
+    def add_gateway(self, name: str = "gateway", num_processes: int = 1) -> ServerProcess:
         config = self.work_dir / "gateway.yaml"
         config.write_text(yaml.safe_dump({"log_level": "warning"}))
         argv = lambda port: python_argv(  # noqa: E731
             "-m", "conveyor", "gateway", "--config", str(config), "--store", self.store_url,
             "--port", str(port), "--stale-after-s", "1.0", "--refresh-s", "0.1",
+            "--processes", str(num_processes),
         )  # fmt: skip
         proc = self._stack.enter_context(
-            ServerProcess("gateway", argv, log_path=self.work_dir / "gateway.log")
+            ServerProcess(name, argv, log_path=self.work_dir / f"{name}.log")
         )
         proc.start()
         proc.wait_ready()
@@ -223,6 +234,16 @@ def measure_failover(
     }
 
 
+def measure_overhead(opts: Options, store_url: str, work_dir: Path, bodies: Path) -> dict[str, Any]:
+    """The gateway's own cost: one fast worker direct vs through 1 and 2 gateway processes."""
+    with ExitStack() as stack:
+        return measure_gateway_overhead(
+            Fleet(store_url, work_dir, stack), wait_routable, bodies, seconds=opts.seconds,
+            num_clients=opts.num_clients, rounds=opts.overhead_rounds,
+            warmups=opts.overhead_warmups, is_smoke=opts.is_smoke,
+        )  # fmt: skip
+
+
 def evaluate(runs: dict[str, Any]) -> dict[str, Any]:
     """Speedups and whether the 2-worker goal is met (capped by the gateway ceiling)."""
     tput = {k: float(v["throughput_per_s"]) for k, v in runs.items()}
@@ -249,7 +270,8 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
     tput = result["summary"]["throughput_per_s"]
     counts = [1, 2, 3]
     values = [tput[f"workers_{n}"] for n in counts]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    gateway_panel(right, result["gateway_overhead"])
     ax.bar([str(n) for n in counts], values, color="tab:blue", label="measured")
     ax.plot([str(n) for n in counts], [values[0] * n for n in counts], "k--", label="linear")
     ax.axhline(tput["gateway_ceiling"], color="tab:red", label="gateway ceiling")
@@ -278,6 +300,7 @@ def run_benchmark(opts: Options) -> dict[str, Any]:
         summary = evaluate(runs)
         rate = max(10.0, summary["throughput_per_s"]["workers_3"] / 2)
         failover = measure_failover(opts, store_url, work_dir, bodies, rate)
+        overhead = measure_overhead(opts, store_url, work_dir, bodies)
     return {
         "inputs": {
             "is_smoke": opts.is_smoke, "seconds": opts.seconds, "num_clients": opts.num_clients,
@@ -288,6 +311,7 @@ def run_benchmark(opts: Options) -> dict[str, Any]:
         "runs": runs,
         "summary": summary,
         "failover": failover,
+        "gateway_overhead": overhead,
     }  # fmt: skip
 
 
@@ -298,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     write_json(opts.out_dir / "fleet.json", result)
     write_png(opts.out_dir / "fleet.png", result)
     print(json.dumps({"summary": result["summary"], "failover": {
-        k: v for k, v in result["failover"].items() if k != "load"}}, indent=2))  # fmt: skip
+        k: v for k, v in result["failover"].items() if k != "load"},
+        "gateway_overhead": result["gateway_overhead"]["summary"]}, indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":

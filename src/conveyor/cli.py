@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from starlette.types import ASGIApp
@@ -14,6 +15,9 @@ from conveyor.cli_batch import batch_app
 from conveyor.cli_keys import keys_app
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from conveyor.gateway import GatewaySettings
 
 app = typer.Typer(help="Conveyor: batched inference behind an OpenAI-compatible API.")
 app.add_typer(batch_app, name="batch")
@@ -40,8 +44,10 @@ BodyTimeoutS = Annotated[
 ]
 
 
-def _run_uvicorn(asgi_app: ASGIApp, settings: ServerConfig) -> None:
-    """Serve ``asgi_app`` on the configured address until SIGINT or SIGTERM."""
+def _run_uvicorn(
+    asgi_app: ASGIApp, settings: ServerConfig, sockets: list[socket.socket] | None = None
+) -> None:
+    """Serve ``asgi_app`` on the configured address (or ``sockets``) until SIGINT or SIGTERM."""
     import uvicorn
 
     from conveyor.api.server import uvicorn_config
@@ -51,7 +57,7 @@ def _run_uvicorn(asgi_app: ASGIApp, settings: ServerConfig) -> None:
         timeout_graceful_shutdown=10,
     )  # fmt: skip
     server = uvicorn.Server(config)
-    server.run()
+    server.run(sockets=sockets)
     if not server.started:  # as uvicorn.run: a failed start-up (port in use) exits non-zero
         raise typer.Exit(code=3)
 
@@ -150,6 +156,9 @@ def gateway(
     refresh_s: Annotated[float, typer.Option(help="Seconds between registry reads.")] = 0.25,
     max_attempts: Annotated[int, typer.Option(help="Workers tried per request.")] = 3,
     target_utilisation: Annotated[float, typer.Option(help="For desired replicas.")] = 0.7,
+    processes: Annotated[
+        int, typer.Option(min=1, help="Processes sharing the port (SO_REUSEPORT), one per core.")
+    ] = 1,
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
@@ -172,7 +181,39 @@ def gateway(
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
     _configure_logging(settings.log_level)
-    _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
+    if processes == 1:
+        _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
+        return
+    _run_gateway_processes(gateway_settings, settings, processes)
+
+
+def _run_gateway_processes(
+    gateway_settings: GatewaySettings, settings: ServerConfig, num_processes: int
+) -> None:
+    """``--processes N``: N gateway processes on one port; exits non-zero if one cannot start."""
+    from conveyor.api.server_processes import reuse_port_socket, run_processes
+
+    # Bound, never listening: fixes the port (``--port 0``) for every process to share.
+    with reuse_port_socket(settings.host, settings.port) as reservation:
+        port = int(reservation.getsockname()[1])
+        logging.getLogger(__name__).info(
+            "gateway: %d processes on %s:%d", num_processes, settings.host, port
+        )
+        exit_code = run_processes(
+            _gateway_process, (gateway_settings, settings, port), num_processes
+        )
+    if exit_code:
+        raise typer.Exit(code=exit_code)
+
+
+def _gateway_process(gateway_settings: GatewaySettings, settings: ServerConfig, port: int) -> None:
+    """One of the gateway's processes: its own app, event loop and socket on ``port``."""
+    from conveyor.api.gateway_app import create_gateway_app
+    from conveyor.api.server_processes import reuse_port_socket
+
+    _configure_logging(settings.log_level)
+    sock = reuse_port_socket(settings.host, port)
+    _run_uvicorn(create_gateway_app(gateway_settings, settings), settings, sockets=[sock])
 
 
 @app.command("check-config")

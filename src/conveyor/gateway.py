@@ -19,8 +19,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from conveyor.config import ServerConfig
 from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.proxy import Proxy, ProxySettings
@@ -28,6 +26,7 @@ from conveyor.fleet.registry import FleetRegistry, model_loads
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.fleet.router import Ejections, Router, WorkerView
 from conveyor.fleet.scaling import ModelDemand, RateMeter, desired_replicas
+from conveyor.fleet.upstream import PoolLimits, UpstreamPool
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.metrics import GatewayMetrics
 from conveyor.stores import ObjectStore, StoreError
@@ -49,11 +48,11 @@ class GatewaySettings:
     connect_timeout_s: float = 1.0
     default_timeout_ms: float = 30_000
     max_in_flight: int = 4096
-    # Connections to workers at once (long generation streams each hold one).
+    # Connections to workers in use at once (long generation streams each hold one).
     max_connections: int = 256
-    # httpcore polls every idle pooled socket on each request, so a large idle pool costs
-    # CPU on every request: keep few idle connections.
-    max_idle_connections: int = 8
+    # Keep-alive connections kept idle per worker; an idle connection costs nothing per
+    # request, and one too few means a TCP connect (on both ends) per request under load.
+    max_idle_per_worker: int = 64
     target_utilisation: float = 0.7
     arrival_window_s: float = 10.0
 
@@ -63,7 +62,7 @@ class GatewaySettings:
             raise ValueError("stale_after_s and refresh_s must be > 0")
         if self.reap_after_s < self.stale_after_s:
             raise ValueError("reap_after_s must be >= stale_after_s")
-        if min(self.max_in_flight, self.max_connections, self.max_idle_connections) < 1:
+        if min(self.max_in_flight, self.max_connections, self.max_idle_per_worker) < 1:
             raise ValueError("max_in_flight and the connection limits must be >= 1")
         if not 0 < self.target_utilisation <= 1:
             raise ValueError("target_utilisation must be in (0, 1]")
@@ -92,7 +91,7 @@ class Gateway:
         self.router = Router(rng or random.Random(), Ejections(settings.ejection_cooldown_s))
         self.num_in_flight = 0
         self._arrivals: dict[str, RateMeter] = {}
-        self._client: httpx.AsyncClient | None = None
+        self._upstream: UpstreamPool | None = None
         self._proxy: Proxy | None = None
         self._refresh_task: asyncio.Task[None] | None = None
 
@@ -105,18 +104,14 @@ class Gateway:
 
     async def start(self) -> None:
         """Open the worker connection pool and start refreshing the registry."""
-        # httpx logs every request at INFO: far too loud (and slow) on a proxy's hot path.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
-        limits = httpx.Limits(
+        limits = PoolLimits(
             max_connections=self.settings.max_connections,
-            max_keepalive_connections=self.settings.max_idle_connections,
-            # Shorter than the workers' keep-alive so the pool never reuses a socket the
-            # worker is closing (that would look like a reset and eject a healthy worker).
-            keepalive_expiry=4.0,
+            max_idle_per_worker=self.settings.max_idle_per_worker,
+            connect_timeout_s=self.settings.connect_timeout_s,
         )
-        self._client = httpx.AsyncClient(limits=limits, http1=True, http2=False)
+        self._upstream = UpstreamPool(limits)
         self._proxy = Proxy(
-            self._client,
+            self._upstream,
             self.router,
             lambda: self.registry.views,
             ProxySettings(self.settings.max_attempts, self.settings.connect_timeout_s),
@@ -139,8 +134,8 @@ class Gateway:
             self._refresh_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh_task
-        if self._client is not None:
-            await self._client.aclose()
+        if self._upstream is not None:
+            self._upstream.close()
         await asyncio.to_thread(self.store.close)
 
     def routable(self, now: float | None = None) -> list[WorkerView]:

@@ -33,6 +33,12 @@ def test_smoke_reports_scaling_and_failover(smoke_out: Path) -> None:
     assert failover["time_to_reroute_s"] >= 0
     assert failover["num_failed"] <= failover["num_sent"]
     assert result["inputs"]["is_smoke"] is True
+    overhead = result["gateway_overhead"]["summary"]
+    assert set(overhead["ratio_to_direct"]) == {"direct", "gateway_1", "gateway_2"}
+    assert all(v["median"] > 0 for v in overhead["throughput_per_s"].values())
+    assert set(overhead["added_p50_ms"]) == {"gateway_1", "gateway_2"}
+    assert overhead["cpu_ms_per_request"]["gateway_1"]["gateway"] > 0
+    assert len(result["gateway_overhead"]["inputs"]["gateway_pids"]["gateway_2"]) == 2
     assert (smoke_out / "fleet.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 

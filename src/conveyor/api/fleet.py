@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -10,18 +12,32 @@ import orjson
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.api.errors import error_response
 from conveyor.api.responses import json_response
-from conveyor.api.timeouts import timeout_from_headers
+from conveyor.api.timeouts import TIMEOUT_HEADER, timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
-from conveyor.fleet.proxy import OutboundRequest, forwardable_headers
+from conveyor.fleet.proxy import OutboundRequest, ProxiedResponse, forwardable_headers
 from conveyor.fleet.scaling import desired_replicas
 
 if TYPE_CHECKING:
+    from starlette.responses import StreamingResponse
+
     from conveyor.gateway import Gateway
 
 router = APIRouter()
+
+# Paths under these prefixes belong to the gateway's own Files and Batches routes.
+JOB_PREFIXES = ("/v1/files", "/v1/batches")
+_MODEL_KEY = b'"model"'
+_INPUT_KEY = b'"input"'
+_OPENING_BRACE = re.compile(rb"\s*\{")
+# After the key: the colon and a plain string (no escapes, no control characters).
+_MODEL_VALUE = re.compile(rb'\s*:\s*"([^"\\\x00-\x1f]+)"')
+_TIMEOUT_HEADER = TIMEOUT_HEADER.encode("ascii")
 
 
 def _gateway(request: Request) -> Gateway:
@@ -46,6 +62,46 @@ def parse_model(body: bytes) -> tuple[str, int]:
     return model, len(inputs) if is_many and isinstance(inputs, list) else 1
 
 
+def scan_model(body: bytes) -> str | None:
+    """The top-level ``model`` string found by a byte scan, or None when in any doubt.
+
+    It is sure when ``"model"`` occurs exactly once, not after a backslash (so it does not
+    end a string), followed by a colon (so it is a key) and an escape-free string, and the
+    key is at the top level: it is the only ``{`` opened before it, or the only ``}`` after
+    it closes the body. Anything else (escapes, nesting, repeats, braces inside strings)
+    returns None and the caller parses the body.
+    """
+    at = body.find(_MODEL_KEY)
+    if at <= 0 or body.find(_MODEL_KEY, at + 1) >= 0 or body[at - 1] == 0x5C:  # backslash
+        return None
+    if not _OPENING_BRACE.match(body):
+        return None
+    is_top_level = body.count(b"{", 0, at) == 1 or (
+        body.count(b"}", at) == 1 and body[-64:].rstrip().endswith(b"}")
+    )
+    value = _MODEL_VALUE.match(body, at + len(_MODEL_KEY)) if is_top_level else None
+    if value is None:
+        return None
+    try:
+        return value.group(1).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def read_model(body: bytes) -> tuple[str, int]:
+    """``parse_model``'s answer, by a byte scan when the body has no ``input`` to count.
+
+    Chat and completion bodies (long prompts, no ``input``) are scanned, not parsed: the
+    gateway reads only what routing needs and forwards the bytes as they came; the worker
+    validates the body either way.
+    """
+    if _INPUT_KEY not in body:
+        model = scan_model(body)
+        if model is not None:
+            return model, 1
+    return parse_model(body)
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     """OpenAI's model list: the union of the healthy workers' models."""
@@ -64,8 +120,8 @@ async def fleet(request: Request) -> Response:
 
 @router.get("/health")
 async def health() -> Response:
-    """Alive: the process answers."""
-    return json_response({"status": "ok"})
+    """Alive: the process answers (with its id: ``--processes`` runs several)."""
+    return json_response({"status": "ok", "pid": os.getpid()})
 
 
 @router.get("/ready")
@@ -83,44 +139,108 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.post("/v1/{path:path}")
-async def proxy(request: Request, path: str) -> Response:
+def is_proxied(scope: Scope) -> bool:
+    """An online request for a worker: ``POST /v1/...`` outside Files and Batches."""
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return False
+    path: str = scope["path"]
+    return path.startswith("/v1/") and not path.startswith(JOB_PREFIXES)
+
+
+class ProxyShortcut:
+    """Sends online requests straight to the proxy, past FastAPI's routing and request objects.
+
+    Installed inside the API-key and body-cap middleware (they still run first); every
+    other request, Files and Batches included, goes on to the app's routes.
+    """
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if is_proxied(scope):
+            await proxy(self.gateway, scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+class _ProxyRoute:
+    """``POST /v1/...`` under the job prefixes that no job route took (the shortcut leaves
+    those to the router). An app object: Starlette routes to it without a ``Request``."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await proxy(scope["app"].state.gateway, scope, receive, send)
+
+
+router.routes.append(Route("/v1/{path:path}", _ProxyRoute(), methods=["POST"]))
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body; ``ClientGone`` if the client leaves while sending it."""
+    chunks: list[bytes] = []
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone("the client disconnected while sending its request")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def proxy(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     """Route an online request to a worker hosting its model; retry on failure."""
-    gateway = _gateway(request)
     started = time.perf_counter()
-    body = await request.body()
-    model, num_inputs = parse_model(body)
+    model = ""
     try:
-        response = await _forward(gateway, request, body, model, num_inputs)
+        body = await read_body(receive)
+        model, num_inputs = read_model(body)
+        response = await _forward(gateway, scope, receive, body, model, num_inputs)
     except ConveyorError as exc:
-        gateway.metrics.requests.labels(model, str(exc.status_code)).inc()
-        raise
+        if model:
+            gateway.metrics.requests.labels(model, str(exc.status_code)).inc()
+        await error_response(exc)(scope, receive, send)
+        return
     gateway.metrics.requests.labels(model, str(response.status_code)).inc()
     gateway.metrics.latency_s.labels(model).observe(time.perf_counter() - started)
-    return response
+    await response(scope, receive, send)
+
+
+def _timeout_ms(scope: Scope) -> float | None:
+    """The caller's ``X-Conveyor-Timeout-Ms``, validated as everywhere else."""
+    for name, _ in scope["headers"]:
+        if name == _TIMEOUT_HEADER:
+            return timeout_from_headers(Request(scope))
+    return None
+
+
+def _target(scope: Scope) -> str:
+    """The request target as the client sent it (still percent-encoded), with its query."""
+    raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+    query: bytes = scope.get("query_string", b"")
+    return (raw_path + b"?" + query if query else raw_path).decode("latin-1")
 
 
 async def _forward(
-    gateway: Gateway, request: Request, body: bytes, model: str, num_inputs: int
-) -> Response:
+    gateway: Gateway, scope: Scope, receive: Receive, body: bytes, model: str, num_inputs: int
+) -> ProxiedResponse | StreamingResponse:
     """Admit, then proxy with the caller's deadline; a client that leaves cancels it."""
     if model not in gateway.registered_models():
         raise ModelNotFound(f"the model {model!r} does not exist", param="model")
     if gateway.num_in_flight >= gateway.settings.max_in_flight:
         raise QueueFull("the gateway is at its in-flight limit", retry_after_s=1)
     gateway.count_arrival(model, num_inputs)
-    timeout_ms = timeout_from_headers(request) or gateway.settings.default_timeout_ms
-    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    timeout_ms = _timeout_ms(scope) or gateway.settings.default_timeout_ms
     outbound = OutboundRequest(
-        method=request.method,
-        path=path,
-        headers=forwardable_headers(request.headers.items()),
+        method=scope["method"],
+        path=_target(scope),
+        headers=forwardable_headers(scope["headers"]),
         body=body,
         model=model,
         deadline=asyncio.get_running_loop().time() + timeout_ms / 1000,
     )
     gateway.num_in_flight += 1
-    watcher = DisconnectWatcher(request.receive, cancel_current_task())
+    watcher = DisconnectWatcher(receive, cancel_current_task())
     try:
         return await gateway.proxy.forward(outbound)
     except asyncio.CancelledError:

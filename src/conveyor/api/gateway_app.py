@@ -52,6 +52,8 @@ def create_gateway_app(
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(fleet_routes.router)
+    # Innermost: the API keys, limits and the body cap still run before a request is proxied.
+    app.add_middleware(fleet_routes.ProxyShortcut, gateway=gateway)
     key_store = registry_store if isinstance(registry_store, ApiKeyStore) else None
     guards = install_middleware(app, config, key_store=key_store, registry=gateway.metrics.registry)
     return app

@@ -13,29 +13,67 @@ import enum
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-import httpx
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from conveyor.errors import DeadlineExceeded, ServiceUnavailable
 from conveyor.fleet.router import Router, WorkerView
+from conveyor.fleet.upstream import UpstreamError, UpstreamTimeout
 from conveyor.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_HEADER = "x-conveyor-timeout-ms"
+TIMEOUT_HEADER = b"x-conveyor-timeout-ms"
 # Hop-by-hop and framing headers: each leg of the trip sets its own.
 DROPPED_REQUEST_HEADERS = frozenset(
-    {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
-     "upgrade", "proxy-authorization", "proxy-connection", TIMEOUT_HEADER}
+    {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te",
+     b"upgrade", b"proxy-authorization", b"proxy-connection", TIMEOUT_HEADER}
 )  # fmt: skip
 DROPPED_RESPONSE_HEADERS = frozenset(
-    {"content-length", "connection", "keep-alive", "transfer-encoding", "date", "server"}
+    {b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
 )
-EVENT_STREAM = "text/event-stream"
+EVENT_STREAM = b"text/event-stream"
 # Below this much time left an attempt cannot do useful work.
 MIN_ATTEMPT_S = 0.005
+
+Headers = Sequence[tuple[bytes, bytes]]
+
+
+class UpstreamAnswer(Protocol):
+    """A worker's answer as the proxy reads it (``upstream.UpstreamResponse`` is one)."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header ``name`` (lower case), or None."""
+
+    async def read(self) -> bytes:
+        """The whole body; releases the connection."""
+
+    def chunks(self, idle_timeout_s: float) -> AsyncIterator[bytes]:
+        """The body as it arrives."""
+
+    def release(self) -> None:
+        """Done with the answer (idempotent)."""
+
+
+class Upstream(Protocol):
+    """Sends a request to a worker (``upstream.UpstreamPool`` is one)."""
+
+    async def request(
+        self,
+        address: str,
+        method: str,
+        target: str,
+        headers: Headers,
+        body: bytes,
+        deadline: float,
+    ) -> UpstreamAnswer:
+        """The worker's status and headers; raises ``upstream.UpstreamError`` subclasses."""
 
 
 class FailureReason(enum.StrEnum):
@@ -62,14 +100,33 @@ class ProxySettings:
 
 @dataclass(frozen=True, slots=True)
 class OutboundRequest:
-    """What the client sent, ready to replay on any worker."""
+    """What the client sent, ready to replay on any worker (the body is never re-encoded)."""
 
     method: str
     path: str
-    headers: Sequence[tuple[str, str]]
+    headers: Headers
     body: bytes
     model: str
     deadline: float  # on the event loop's clock
+
+
+@dataclass(frozen=True, slots=True)
+class ProxiedResponse:
+    """A worker's whole answer, passed on as it came: an ASGI app that sends it."""
+
+    status_code: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header ``name`` (lower case), or None."""
+        return next((value for key, value in self.headers if key == name), None)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send status, headers and body as two ASGI messages."""
+        headers = [*self.headers, (b"content-length", b"%d" % len(self.body))]
+        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body})
 
 
 class _AttemptFailed(Exception):
@@ -78,14 +135,14 @@ class _AttemptFailed(Exception):
         self.reason = reason
 
 
-def forwardable_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+def forwardable_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The client's headers minus hop-by-hop ones and our own deadline header."""
     return [(k, v) for k, v in headers if k.lower() not in DROPPED_REQUEST_HEADERS]
 
 
-def response_headers(headers: httpx.Headers) -> dict[str, str]:
+def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The worker's response headers worth passing on."""
-    return {k: v for k, v in headers.items() if k.lower() not in DROPPED_RESPONSE_HEADERS}
+    return [(k, v) for k, v in headers if k not in DROPPED_RESPONSE_HEADERS]
 
 
 def stream_error_event(message: str) -> bytes:
@@ -99,7 +156,7 @@ class Proxy:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         router: Router,
         workers: Callable[[], Sequence[WorkerView]],
         settings: ProxySettings,
@@ -107,14 +164,14 @@ class Proxy:
         *,
         wall_clock: Callable[[], float],
     ) -> None:
-        self._client = client
+        self._upstream = upstream
         self._router = router
         self._workers = workers
         self.settings = settings
         self._metrics = metrics
         self._wall_clock = wall_clock
 
-    async def forward(self, request: OutboundRequest) -> Response:
+    async def forward(self, request: OutboundRequest) -> ProxiedResponse | StreamingResponse:
         """The first answer a worker gives that is not a failure; 503 or 504 otherwise."""
         loop = asyncio.get_running_loop()
         tried: set[str] = set()
@@ -143,83 +200,69 @@ class Proxy:
 
     async def _attempt(
         self, worker: WorkerView, request: OutboundRequest, remaining_s: float
-    ) -> Response:
+    ) -> ProxiedResponse | StreamingResponse:
         """One try on ``worker``; raises ``_AttemptFailed`` when another worker may succeed."""
         self._router.acquire(worker.worker_id)
         is_handed_over = False
         try:
-            upstream = await self._send(worker, request, remaining_s)
-            if upstream.status_code == 503:
-                await upstream.aclose()
+            answer = await self._send(worker, request, remaining_s)
+            if answer.status == 503:
+                answer.release()
                 raise _AttemptFailed(FailureReason.UNAVAILABLE, "answered 503")
-            if upstream.headers.get("content-type", "").startswith(EVENT_STREAM):
+            if (answer.header(b"content-type") or b"").startswith(EVENT_STREAM):
                 is_handed_over = True
-                return self._relay_stream(worker, upstream)
+                return self._relay_stream(worker, answer, remaining_s)
             try:
-                body = await upstream.aread()
-            except httpx.TimeoutException:
+                body = await answer.read()
+            except UpstreamTimeout:
                 raise DeadlineExceeded("the worker did not answer within the deadline") from None
-            except (httpx.TransportError, AttributeError, OSError) as exc:  # see _send
+            except UpstreamError as exc:
                 self._router.ejections.eject(worker.worker_id, self._wall_clock())
                 raise _AttemptFailed(FailureReason.TRANSPORT, repr(exc)) from None
-            headers = response_headers(upstream.headers)
-            return Response(body, status_code=upstream.status_code, headers=headers)
+            return ProxiedResponse(answer.status, response_headers(answer.headers), body)
         finally:
             if not is_handed_over:
                 self._router.release(worker.worker_id)
 
     async def _send(
         self, worker: WorkerView, request: OutboundRequest, remaining_s: float
-    ) -> httpx.Response:
+    ) -> UpstreamAnswer:
         """Send the request and read the status line and headers (body still streaming)."""
-        timeout = httpx.Timeout(
-            remaining_s, connect=min(remaining_s, self.settings.connect_timeout_s)
-        )
-        headers = [*request.headers, (TIMEOUT_HEADER, f"{remaining_s * 1000:.0f}")]
-        outbound = self._client.build_request(
-            request.method,
-            worker.address + request.path,
-            headers=headers,
-            content=request.body,
-            timeout=timeout,
-        )
+        headers = [*request.headers, (TIMEOUT_HEADER, b"%.0f" % (remaining_s * 1000))]
         try:
-            return await self._client.send(outbound, stream=True)
-        except httpx.ConnectTimeout as exc:
-            self._router.ejections.eject(worker.worker_id, self._wall_clock())
-            raise _AttemptFailed(FailureReason.TRANSPORT, repr(exc)) from None
-        except httpx.TimeoutException:
+            return await self._upstream.request(
+                worker.address, request.method, request.path, headers, request.body,
+                request.deadline,
+            )  # fmt: skip
+        except UpstreamTimeout:
             raise DeadlineExceeded("the worker did not answer within the deadline") from None
-        except httpx.TransportError as exc:
-            self._router.ejections.eject(worker.worker_id, self._wall_clock())
-            raise _AttemptFailed(FailureReason.TRANSPORT, repr(exc)) from None
-        except (AttributeError, OSError) as exc:
-            # The client stack can fail this way on a socket the dying worker just closed
-            # (seen: httpcore asking a closed anyio socket for its peer). Nothing reached
-            # the caller yet, so this is a transport failure: retry elsewhere.
+        except UpstreamError as exc:
+            # Refused, reset or closed before any byte reached the caller: retry elsewhere.
             self._router.ejections.eject(worker.worker_id, self._wall_clock())
             raise _AttemptFailed(FailureReason.TRANSPORT, repr(exc)) from None
 
-    def _relay_stream(self, worker: WorkerView, upstream: httpx.Response) -> StreamingResponse:
+    def _relay_stream(
+        self, worker: WorkerView, answer: UpstreamAnswer, idle_timeout_s: float
+    ) -> StreamingResponse:
         """Pass an event stream through chunk by chunk; a broken stream ends with an error."""
 
         async def relay() -> AsyncIterator[bytes]:
             try:
-                async for chunk in upstream.aiter_raw():
+                async for chunk in answer.chunks(idle_timeout_s):
                     yield chunk
-            except httpx.HTTPError as exc:
+            except UpstreamError as exc:
                 log.warning("stream from %s broke: %r", worker.worker_id, exc)
                 yield stream_error_event(
                     f"the worker serving this stream failed ({type(exc).__name__}); "
                     "the response is incomplete"
                 )
             finally:
-                await upstream.aclose()
+                answer.release()
                 self._router.release(worker.worker_id)
 
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1") for k, v in response_headers(answer.headers)
+        }
         return StreamingResponse(
-            relay(),
-            status_code=upstream.status_code,
-            headers=response_headers(upstream.headers),
-            media_type=EVENT_STREAM,
+            relay(), status_code=answer.status, headers=headers, media_type="text/event-stream"
         )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import httpx
 import pytest
 
@@ -74,3 +77,25 @@ def test_fleet_status_and_scaling_signal(fleet: Fleet) -> None:
     assert doc["models"][MODEL]["num_replicas"] == 1
     wait_until(lambda: gateway.metric("conveyor_desired_replicas", model=MODEL) >= 1, 5, "gauge")
     assert gateway.metric("conveyor_gateway_requests_total", model=MODEL, code="200") == 20
+
+
+def test_gateway_processes_share_one_port_and_stop_together(fleet: Fleet) -> None:
+    fleet.start_worker("a")
+    gateway = fleet.start_gateway(extra_args=("--processes", "2"))
+    pids: set[int] = set()
+
+    def both_answer() -> bool:
+        # A fresh connection each time: the kernel spreads connections over the processes.
+        pids.add(httpx.get(f"{gateway.url}/health", timeout=5).json()["pid"])
+        return len(pids) == 2
+
+    wait_until(both_answer, 30, "both gateway processes answering")
+    wait_until(lambda: routable_ids(gateway) == {"a"}, 10, "a routable")
+    for i in range(20):
+        with httpx.Client() as client:  # new connections: both processes proxy
+            assert embed(client, gateway, f"text {i}").status_code == 200
+    gateway.process.send_signal(signal.SIGINT)
+    assert gateway.process.wait(timeout=30) == 0, gateway.log()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

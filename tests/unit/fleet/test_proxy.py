@@ -1,31 +1,102 @@
-"""The proxy's retries, ejection, deadlines and stream passthrough, on httpx mock transports."""
+"""The proxy's retries, ejection, deadlines and stream passthrough, on a scripted upstream."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-import httpx
+import orjson
 import pytest
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import StreamingResponse
 
 from conveyor.errors import DeadlineExceeded, ServiceUnavailable
 from conveyor.fleet.proxy import (
     OutboundRequest,
+    ProxiedResponse,
     Proxy,
     ProxySettings,
     forwardable_headers,
     stream_error_event,
 )
 from conveyor.fleet.router import Ejections, Router, WorkerView
+from conveyor.fleet.upstream import ConnectFailed, ConnectionBroken, UpstreamTimeout
 from conveyor.metrics import GatewayMetrics
 
 pytestmark = pytest.mark.anyio
 M = "m"
 NOW = 1000.0
 
-Handler = Callable[[httpx.Request], httpx.Response]
+
+@dataclass
+class Sent:
+    """One request as the upstream received it."""
+
+    host: str
+    method: str
+    target: str
+    headers: dict[bytes, bytes]
+    body: bytes
+
+
+@dataclass
+class Answer:
+    """A scripted worker answer; a body part that is an exception is raised there."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    parts: list[bytes | Exception] = field(default_factory=list)
+    is_released: bool = False
+
+    def header(self, name: bytes) -> bytes | None:
+        return next((v for k, v in self.headers if k == name), None)
+
+    async def read(self) -> bytes:
+        try:
+            return b"".join([part async for part in self.chunks(1.0)])
+        finally:
+            self.release()
+
+    async def chunks(self, idle_timeout_s: float) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            if isinstance(part, Exception):
+                raise part
+            yield part
+
+    def release(self) -> None:
+        self.is_released = True
+
+
+Handler = Callable[[Sent], Answer]
+
+
+class ScriptedUpstream:
+    """Answers each request with ``handler`` (which may raise an ``UpstreamError``)."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.sent: list[Sent] = []
+        self.answers: list[Answer] = []
+
+    async def request(
+        self,
+        address: str,
+        method: str,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        deadline: float,
+    ) -> Answer:
+        sent = Sent(urlsplit(address).hostname or "", method, target, dict(headers), body)
+        self.sent.append(sent)
+        answer = self.handler(sent)
+        self.answers.append(answer)
+        return answer
+
+    def all_released(self) -> bool:
+        return all(answer.is_released for answer in self.answers)
 
 
 def worker(worker_id: str) -> WorkerView:
@@ -36,156 +107,183 @@ def worker(worker_id: str) -> WorkerView:
 
 def make_proxy(
     handler: Handler, workers: list[WorkerView], *, max_attempts: int = 3
-) -> tuple[Proxy, Router]:
+) -> tuple[Proxy, Router, ScriptedUpstream]:
     router = Router(random.Random(0), Ejections(cooldown_s=5.0))
-    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    upstream = ScriptedUpstream(handler)
     proxy = Proxy(
-        client,
+        upstream,
         router,
         lambda: workers,
         ProxySettings(max_attempts=max_attempts),
         GatewayMetrics(),
         wall_clock=lambda: NOW,
     )
-    return proxy, router
+    return proxy, router, upstream
 
 
 def outbound(timeout_s: float = 5.0) -> OutboundRequest:
     deadline = asyncio.get_running_loop().time() + timeout_s
-    headers = [("authorization", "Bearer k"), ("content-type", "application/json")]
+    headers = [(b"authorization", b"Bearer k"), (b"content-type", b"application/json")]
     return OutboundRequest("POST", "/v1/embeddings", headers, b'{"model":"m"}', M, deadline)
 
 
-def ok(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(200, json={"host": request.url.host})
+def ok(sent: Sent) -> Answer:
+    body = orjson.dumps({"host": sent.host})
+    return Answer(200, [(b"content-type", b"application/json")], [body])
+
+
+async def whole(response: ProxiedResponse | StreamingResponse) -> ProxiedResponse:
+    assert isinstance(response, ProxiedResponse)
+    return response
 
 
 async def test_connection_refused_is_retried_elsewhere_and_ejects() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.host == "a":
-            raise httpx.ConnectError("refused", request=request)
-        return ok(request)
+    def handler(sent: Sent) -> Answer:
+        if sent.host == "a":
+            raise ConnectFailed("refused")
+        return ok(sent)
 
     workers = [worker("a"), worker("b")]
-    proxy, router = make_proxy(handler, workers)
+    proxy, router, _ = make_proxy(handler, workers)
     for _ in range(10):
-        response = await proxy.forward(outbound())
+        response = await whole(await proxy.forward(outbound()))
         assert response.status_code == 200 and b'"b"' in response.body
     assert router.ejections.is_ejected(workers[0], NOW)
     assert router.in_flight("a") == 0 and router.in_flight("b") == 0
 
 
-async def test_a_client_stack_crash_on_a_closed_socket_is_retried_elsewhere() -> None:
-    # Regression: a worker killed mid-request once made httpcore raise AttributeError
-    # ('NoneType' object has no attribute 'getpeername'), which became a 500.
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.host == "a":
-            raise AttributeError("'NoneType' object has no attribute 'getpeername'")
-        return ok(request)
+async def test_a_connection_broken_before_the_answer_is_retried_elsewhere() -> None:
+    # A worker killed after the request went out: reset or closed before any answer.
+    def handler(sent: Sent) -> Answer:
+        if sent.host == "a":
+            raise ConnectionBroken("the worker closed the connection")
+        return ok(sent)
 
     workers = [worker("a"), worker("b")]
-    proxy, router = make_proxy(handler, workers)
+    proxy, router, _ = make_proxy(handler, workers)
     for _ in range(5):
-        response = await proxy.forward(outbound())
+        response = await whole(await proxy.forward(outbound()))
         assert response.status_code == 200 and b'"b"' in response.body
     assert router.ejections.is_ejected(workers[0], NOW)
 
 
 async def test_a_503_is_retried_without_ejection() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(503) if request.url.host == "a" else ok(request)
+    def handler(sent: Sent) -> Answer:
+        return Answer(503) if sent.host == "a" else ok(sent)
 
     workers = [worker("a"), worker("b")]
-    proxy, router = make_proxy(handler, workers)
+    proxy, router, upstream = make_proxy(handler, workers)
     for _ in range(10):
         assert (await proxy.forward(outbound())).status_code == 200
     assert not router.ejections.is_ejected(workers[0], NOW)
+    assert upstream.all_released()
 
 
 async def test_a_reset_while_reading_the_body_is_retried() -> None:
-    class Broken(httpx.AsyncByteStream):
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            yield b'{"par'
-            raise httpx.ReadError("reset")
+    def handler(sent: Sent) -> Answer:
+        if sent.host == "a":
+            return Answer(200, parts=[b'{"par', ConnectionBroken("reset")])
+        return ok(sent)
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.host == "a":
-            return httpx.Response(200, stream=Broken())
-        return ok(request)
-
-    proxy, _ = make_proxy(handler, [worker("a"), worker("b")])
+    proxy, _, upstream = make_proxy(handler, [worker("a"), worker("b")])
     for _ in range(5):
-        response = await proxy.forward(outbound())
+        response = await whole(await proxy.forward(outbound()))
         assert response.status_code == 200 and b'"b"' in response.body
+    assert upstream.all_released()
 
 
 async def test_attempts_are_bounded_and_the_error_is_clear() -> None:
-    calls: list[str] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(request.url.host)
-        return httpx.Response(503)
-
-    proxy, _ = make_proxy(handler, [worker(w) for w in "abcde"], max_attempts=3)
+    proxy, _, upstream = make_proxy(
+        lambda sent: Answer(503), [worker(w) for w in "abcde"], max_attempts=3
+    )
     with pytest.raises(ServiceUnavailable, match="no worker could serve model 'm'"):
         await proxy.forward(outbound())
-    assert len(calls) == 3 and len(set(calls)) == 3  # three different workers
+    hosts = [sent.host for sent in upstream.sent]
+    assert len(hosts) == 3 and len(set(hosts)) == 3  # three different workers
 
 
 async def test_no_worker_at_all_is_503() -> None:
-    proxy, _ = make_proxy(ok, [])
+    proxy, _, _ = make_proxy(ok, [])
     with pytest.raises(ServiceUnavailable):
         await proxy.forward(outbound())
 
 
 async def test_a_passed_deadline_is_504_without_sending() -> None:
-    calls: list[str] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(request.url.host)
-        return ok(request)
-
-    proxy, _ = make_proxy(handler, [worker("a")])
+    proxy, _, upstream = make_proxy(ok, [worker("a")])
     with pytest.raises(DeadlineExceeded):
         await proxy.forward(outbound(timeout_s=-1))
-    assert calls == []
+    assert upstream.sent == []
 
 
 async def test_a_worker_that_does_not_answer_in_time_is_504() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("slow", request=request)
+    def handler(sent: Sent) -> Answer:
+        raise UpstreamTimeout("slow")
 
-    proxy, router = make_proxy(handler, [worker("a"), worker("b")])
+    proxy, router, _ = make_proxy(handler, [worker("a"), worker("b")])
     with pytest.raises(DeadlineExceeded):
         await proxy.forward(outbound())
     assert router.in_flight("a") == 0 and router.in_flight("b") == 0
+    assert not router.ejections.is_ejected(worker("a"), NOW)
+
+
+async def test_a_body_that_does_not_arrive_in_time_is_504() -> None:
+    def handler(sent: Sent) -> Answer:
+        return Answer(200, parts=[b"{", UpstreamTimeout("slow")])
+
+    proxy, router, upstream = make_proxy(handler, [worker("a"), worker("b")])
+    with pytest.raises(DeadlineExceeded):
+        await proxy.forward(outbound())
+    assert router.in_flight("a") == 0 and upstream.all_released()
 
 
 async def test_client_errors_pass_through_with_their_headers() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(429, json={"error": {}}, headers={"retry-after": "3"})
+    def handler(sent: Sent) -> Answer:
+        headers = [(b"content-type", b"application/json"), (b"retry-after", b"3"),
+                   (b"content-length", b"12"), (b"server", b"uvicorn")]  # fmt: skip
+        return Answer(429, headers, [b'{"error":{}}'])
 
-    proxy, _ = make_proxy(handler, [worker("a"), worker("b")])
-    response = await proxy.forward(outbound())
-    assert response.status_code == 429 and response.headers["retry-after"] == "3"
+    proxy, _, _ = make_proxy(handler, [worker("a"), worker("b")])
+    response = await whole(await proxy.forward(outbound()))
+    assert response.status_code == 429 and response.header(b"retry-after") == b"3"
+    assert response.body == b'{"error":{}}'
+    assert response.header(b"content-length") is None and response.header(b"server") is None
+
+
+async def test_a_whole_answer_is_sent_as_it_came_with_its_length() -> None:
+    response = await whole(await make_proxy(ok, [worker("a")])[0].forward(outbound()))
+    messages: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        messages.append(message)
+
+    await response({"type": "http"}, _no_receive, send)  # type: ignore[arg-type]
+    start, body = messages
+    assert start["status"] == 200
+    assert (b"content-length", b"%d" % len(response.body)) in start["headers"]  # type: ignore[operator]
+    assert body == {"type": "http.response.body", "body": b'{"host":"a"}'}
+
+
+async def _no_receive() -> dict[str, object]:
+    raise AssertionError("a whole answer reads nothing from the client")
 
 
 async def test_the_remaining_deadline_is_forwarded_and_hop_headers_dropped() -> None:
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return ok(request)
-
-    proxy, _ = make_proxy(handler, [worker("a")])
+    proxy, _, upstream = make_proxy(ok, [worker("a")])
     await proxy.forward(outbound(timeout_s=2.0))
-    (request,) = seen
-    assert 1000 < float(request.headers["x-conveyor-timeout-ms"]) <= 2000
-    assert request.headers["authorization"] == "Bearer k"
-    assert forwardable_headers([("Host", "x"), ("Connection", "close"), ("a", "b")]) == [("a", "b")]
+    (sent,) = upstream.sent
+    assert 1000 < float(sent.headers[b"x-conveyor-timeout-ms"]) <= 2000
+    assert sent.headers[b"authorization"] == b"Bearer k"
+    assert sent.body == b'{"model":"m"}' and sent.target == "/v1/embeddings"
+    hops = [
+        (b"Host", b"x"),
+        (b"connection", b"close"),
+        (b"x-conveyor-timeout-ms", b"9"),
+        (b"a", b"b"),
+    ]
+    assert forwardable_headers(hops) == [(b"a", b"b")]
 
 
-async def _body(response: Response) -> bytes:
+async def _body(response: ProxiedResponse | StreamingResponse) -> bytes:
     assert isinstance(response, StreamingResponse)
     chunks = [c async for c in response.body_iterator]
     return b"".join(
@@ -193,36 +291,26 @@ async def _body(response: Response) -> bytes:
     )
 
 
+EVENTS = [(b"content-type", b"text/event-stream; charset=utf-8")]
+
+
 async def test_event_streams_pass_through() -> None:
-    class Events(httpx.AsyncByteStream):
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            for event in (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"):
-                yield event
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Events())
-
-    proxy, router = make_proxy(handler, [worker("a")])
+    events: list[bytes | Exception] = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+    proxy, router, upstream = make_proxy(lambda sent: Answer(200, EVENTS, events), [worker("a")])
     response = await proxy.forward(outbound())
     assert router.in_flight("a") == 1  # held until the stream ends
+    assert not upstream.all_released()
     assert await _body(response) == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
-    assert router.in_flight("a") == 0
+    assert router.in_flight("a") == 0 and upstream.all_released()
 
 
 async def test_a_stream_that_breaks_ends_with_an_error_event() -> None:
-    class Broken(httpx.AsyncByteStream):
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            yield b"data: 1\n\n"
-            raise httpx.RemoteProtocolError("peer closed")
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Broken())
-
-    proxy, router = make_proxy(handler, [worker("a")])
+    events: list[bytes | Exception] = [b"data: 1\n\n", ConnectionBroken("peer closed")]
+    proxy, router, upstream = make_proxy(lambda sent: Answer(200, EVENTS, events), [worker("a")])
     body = await _body(await proxy.forward(outbound()))
     assert body.startswith(b"data: 1\n\n")
     assert body.endswith(b"\n\n") and b'"code":"worker_failed"' in body
-    assert router.in_flight("a") == 0
+    assert router.in_flight("a") == 0 and upstream.all_released()
     assert stream_error_event("x").startswith(b"data: {")
 
 
