@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +34,9 @@ HeaderTimeoutS = Annotated[
 BodyTimeoutS = Annotated[
     float | None, typer.Option(help="Seconds a request body may stall between chunks.")
 ]
+LogFormatOption = Annotated[
+    str | None, typer.Option("--log-format", help="text (default) or json: one object a line.")
+]
 
 
 def _run_uvicorn(asgi_app: ASGIApp, settings: ServerConfig) -> None:
@@ -67,19 +68,16 @@ def serve(
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Run the whole service in one process (default model: all-MiniLM-L6-v2)."""
     from conveyor.api.app import create_app
 
     settings = _load_or_exit(
         config, host=host, port=port, max_connections=max_connections,
-        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, log_format=log_format,
     )  # fmt: skip
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    _configure_logging(settings)
     _run_uvicorn(create_app(settings), settings)
 
 
@@ -92,12 +90,10 @@ ObjectsUrl = Annotated[
 ]
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _configure_logging(settings: ServerConfig) -> None:
+    from conveyor.observability.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
 
 
 @app.command()
@@ -115,13 +111,14 @@ def worker(
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
     from conveyor.worker import WorkerSettings, parse_listen, run_worker
 
     settings = _load_or_exit(
         config, max_connections=max_connections, header_timeout_s=header_timeout_s,
-        body_timeout_s=body_timeout_s,
+        body_timeout_s=body_timeout_s, log_format=log_format,
     )  # fmt: skip
     try:
         host, port = parse_listen(listen)
@@ -132,7 +129,7 @@ def worker(
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     run_worker(settings, worker_settings)
 
 
@@ -150,6 +147,7 @@ def gateway(
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Route online requests to the fleet's workers; holds no model."""
     from conveyor.api.gateway_app import create_gateway_app
@@ -157,7 +155,7 @@ def gateway(
 
     settings = _load_or_exit(
         config, host=host, port=port, max_connections=max_connections,
-        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, log_format=log_format,
     )  # fmt: skip
     try:
         gateway_settings = GatewaySettings(
@@ -168,7 +166,7 @@ def gateway(
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from pydantic import BaseModel
@@ -19,11 +20,21 @@ from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.service import Service
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
 
 def create_app(
-    config: ServerConfig, *, service: Service | None = None, jobs: JobsSubsystem | None = None
+    config: ServerConfig,
+    *,
+    service: Service | None = None,
+    jobs: JobsSubsystem | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
-    """The HTTP app; the service's models load during ASGI lifespan start-up."""
+    """The HTTP app; the service's models load during ASGI lifespan start-up.
+
+    ``tracer_provider`` replaces the one the config's ``tracing`` section would build.
+    """
     service = service or Service(config)
     jobs = jobs or jobs_for_service(service)
 
@@ -53,7 +64,7 @@ def create_app(
     app.include_router(files.router)
     app.include_router(batches.router)
     install_openapi(app, _body_models)
-    install_middleware(app, config)
+    install_middleware(app, config, tracer_provider=tracer_provider)
     return app
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -18,14 +19,21 @@ from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
 from conveyor.stores.job_store import JobStore, open_job_store
 from conveyor.stores.object_store import open_object_store
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
 
 def create_gateway_app(
     settings: GatewaySettings,
     config: ServerConfig,
     *,
     store: JobStore | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
-    """The gateway's HTTP app; API keys come from ``config`` (its models are ignored)."""
+    """The gateway's HTTP app; API keys come from ``config`` (its models are ignored).
+
+    ``tracer_provider`` replaces the one the config's ``tracing`` section would build.
+    """
     objects = open_object_store(settings.objects_url) if settings.objects_url else None
     gateway = Gateway(settings, store or open_job_store(settings.store_url), objects=objects)
     jobs = gateway_jobs(gateway, config)
@@ -48,5 +56,7 @@ def create_gateway_app(
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(fleet_routes.router)
-    install_middleware(app, config)
+    install_middleware(
+        app, config, service_name="conveyor-gateway", tracer_provider=tracer_provider
+    )
     return app

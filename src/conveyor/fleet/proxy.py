@@ -21,6 +21,8 @@ from starlette.responses import Response, StreamingResponse
 from conveyor.errors import DeadlineExceeded, ServiceUnavailable
 from conveyor.fleet.router import Router, WorkerView
 from conveyor.metrics import GatewayMetrics
+from conveyor.observability.context import note_model
+from conveyor.observability.tracing import child_span, outbound_headers
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,9 @@ TIMEOUT_HEADER = "x-conveyor-timeout-ms"
 # Hop-by-hop and framing headers: each leg of the trip sets its own.
 DROPPED_REQUEST_HEADERS = frozenset(
     {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
-     "upgrade", "proxy-authorization", "proxy-connection", TIMEOUT_HEADER}
+     "upgrade", "proxy-authorization", "proxy-connection", TIMEOUT_HEADER,
+     # Set again per attempt: the request id (the caller's or ours) and the trace context.
+     "x-request-id", "traceparent", "tracestate"}
 )  # fmt: skip
 DROPPED_RESPONSE_HEADERS = frozenset(
     {"content-length", "connection", "keep-alive", "transfer-encoding", "date", "server"}
@@ -116,6 +120,12 @@ class Proxy:
 
     async def forward(self, request: OutboundRequest) -> Response:
         """The first answer a worker gives that is not a failure; 503 or 504 otherwise."""
+        note_model(request.model)
+        with child_span("conveyor.gateway.route", **{"conveyor.model": request.model}):
+            return await self._route(request)
+
+    async def _route(self, request: OutboundRequest) -> Response:
+        """Try workers the router picks, within the attempt limit and the deadline."""
         loop = asyncio.get_running_loop()
         tried: set[str] = set()
         last_failure = "no healthy worker hosts it"
@@ -130,7 +140,9 @@ class Proxy:
                 break
             tried.add(worker.worker_id)
             try:
-                return await self._attempt(worker, request, remaining_s)
+                attempt = {"conveyor.worker": worker.worker_id}
+                with child_span("conveyor.gateway.attempt", **attempt):
+                    return await self._attempt(worker, request, remaining_s)
             except _AttemptFailed as failure:
                 last_failure = f"worker {worker.worker_id}: {failure}"
                 self._metrics.retries.labels(request.model, failure.reason.value).inc()
@@ -175,7 +187,8 @@ class Proxy:
         timeout = httpx.Timeout(
             remaining_s, connect=min(remaining_s, self.settings.connect_timeout_s)
         )
-        headers = [*request.headers, (TIMEOUT_HEADER, f"{remaining_s * 1000:.0f}")]
+        trip = [(TIMEOUT_HEADER, f"{remaining_s * 1000:.0f}"), *outbound_headers()]
+        headers = [*request.headers, *trip]
         outbound = self._client.build_request(
             request.method,
             worker.address + request.path,
