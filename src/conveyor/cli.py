@@ -9,11 +9,13 @@ import typer
 from starlette.types import ASGIApp
 
 from conveyor.cli_batch import batch_app
+from conveyor.cli_plan import plan
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
 
 app = typer.Typer(help="Conveyor: batched inference behind an OpenAI-compatible API.")
 app.add_typer(batch_app, name="batch")
+app.command("plan")(plan)
 
 
 def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
