@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from conveyor.api import batches, files, inference, meta
+from conveyor.api import batches, dashboard, files, inference, meta
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
@@ -63,6 +63,7 @@ def create_app(
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(dashboard.router)
     install_openapi(app, _body_models)
     install_middleware(app, config, tracer_provider=tracer_provider)
     return app

@@ -11,7 +11,9 @@ from conveyor.api.errors import error_response
 from conveyor.config import ApiKey
 from conveyor.errors import AuthenticationFailed
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/dashboard"})
+# The dashboard page's scripts and styles hold no data (its state is under /v1).
+OPEN_PREFIX = "/dashboard/"
 METRICS_PATH = "/metrics"
 
 
@@ -56,7 +58,8 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
-        if not self.tenants or scope["path"] in self.open_paths:
+        path = scope["path"]
+        if not self.tenants or path in self.open_paths or path.startswith(OPEN_PREFIX):
             state["tenant"] = "default"
             await self.app(scope, receive, send)
             return

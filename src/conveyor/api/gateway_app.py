@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from conveyor.api import batches as batch_routes
+from conveyor.api import dashboard as dashboard_routes
 from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
 from conveyor.api.errors import install_error_handlers
@@ -55,6 +56,7 @@ def create_gateway_app(
     # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
+    app.include_router(dashboard_routes.router)
     app.include_router(fleet_routes.router)
     install_middleware(
         app, config, service_name="conveyor-gateway", tracer_provider=tracer_provider

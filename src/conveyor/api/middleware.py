@@ -34,6 +34,7 @@ def install_middleware(
     app.add_middleware(
         ApiKeyMiddleware, api_keys=config.api_keys, is_metrics_open=not config.metrics_auth
     )
+    app.state.has_api_keys = bool(config.api_keys)
     provider = tracer_provider or build_provider(config.tracing, service_name)
     # Outermost, so a 401 or 413 carries a request id too.
     app.add_middleware(
