@@ -146,6 +146,9 @@ def gateway(
     refresh_s: Annotated[float, typer.Option(help="Seconds between registry reads.")] = 0.25,
     max_attempts: Annotated[int, typer.Option(help="Workers tried per request.")] = 3,
     target_utilisation: Annotated[float, typer.Option(help="For desired replicas.")] = 0.7,
+    require_api_keys: Annotated[
+        bool, typer.Option(help="Refuse to start without API keys (an open gateway).")
+    ] = False,
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
@@ -159,6 +162,10 @@ def gateway(
         config, host=host, port=port, max_connections=max_connections,
         header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, log_format=log_format,
     )  # fmt: skip
+    if require_api_keys and not settings.api_keys:
+        typer.echo("no API keys configured (CONVEYOR_API_KEYS or api_keys) and "
+                   "--require-api-keys is set", err=True)  # fmt: skip
+        raise typer.Exit(code=2)
     try:
         gateway_settings = GatewaySettings(
             store_url=store, objects_url=objects, stale_after_s=stale_after_s,
