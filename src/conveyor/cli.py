@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,6 +12,7 @@ from starlette.types import ASGIApp
 
 from conveyor.cli_batch import batch_app
 from conveyor.cli_keys import keys_app
+from conveyor.cli_plan import plan
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Conveyor: batched inference behind an OpenAI-compatible API.")
 app.add_typer(batch_app, name="batch")
 app.add_typer(keys_app, name="keys")
+app.command("plan")(plan)
 
 
 def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
@@ -41,6 +42,9 @@ HeaderTimeoutS = Annotated[
 ]
 BodyTimeoutS = Annotated[
     float | None, typer.Option(help="Seconds a request body may stall between chunks.")
+]
+LogFormatOption = Annotated[
+    str | None, typer.Option("--log-format", help="text (default) or json: one object a line.")
 ]
 
 
@@ -75,19 +79,16 @@ def serve(
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Run the whole service in one process (default model: all-MiniLM-L6-v2)."""
     from conveyor.api.app import create_app
 
     settings = _load_or_exit(
         config, host=host, port=port, max_connections=max_connections,
-        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, log_format=log_format,
     )  # fmt: skip
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    _configure_logging(settings)
     key_store_url = settings.jobs.job_store_url_for(settings.data_dir)
     _run_uvicorn(create_app(settings, key_store_url=key_store_url), settings)
 
@@ -101,12 +102,10 @@ ObjectsUrl = Annotated[
 ]
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _configure_logging(settings: ServerConfig) -> None:
+    from conveyor.observability.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
 
 
 @app.command()
@@ -124,13 +123,14 @@ def worker(
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
     from conveyor.worker import WorkerSettings, parse_listen, run_worker
 
     settings = _load_or_exit(
         config, max_connections=max_connections, header_timeout_s=header_timeout_s,
-        body_timeout_s=body_timeout_s,
+        body_timeout_s=body_timeout_s, log_format=log_format,
     )  # fmt: skip
     try:
         host, port = parse_listen(listen)
@@ -141,7 +141,7 @@ def worker(
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     run_worker(settings, worker_settings)
 
 
@@ -159,9 +159,13 @@ def gateway(
     processes: Annotated[
         int, typer.Option(min=1, help="Processes sharing the port (SO_REUSEPORT), one per core.")
     ] = 1,
+    require_api_keys: Annotated[
+        bool, typer.Option(help="Refuse to start without API keys (an open gateway).")
+    ] = False,
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Route online requests to the fleet's workers; holds no model."""
     from conveyor.api.gateway_app import create_gateway_app
@@ -169,8 +173,12 @@ def gateway(
 
     settings = _load_or_exit(
         config, host=host, port=port, max_connections=max_connections,
-        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, log_format=log_format,
     )  # fmt: skip
+    if require_api_keys and not settings.api_keys:
+        typer.echo("no API keys configured (CONVEYOR_API_KEYS or api_keys) and "
+                   "--require-api-keys is set", err=True)  # fmt: skip
+        raise typer.Exit(code=2)
     try:
         gateway_settings = GatewaySettings(
             store_url=store, objects_url=objects, stale_after_s=stale_after_s,
@@ -180,7 +188,7 @@ def gateway(
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     if processes == 1:
         _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
         return
@@ -211,7 +219,7 @@ def _gateway_process(gateway_settings: GatewaySettings, settings: ServerConfig, 
     from conveyor.api.gateway_app import create_gateway_app
     from conveyor.api.server_processes import reuse_port_socket
 
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     sock = reuse_port_socket(settings.host, port)
     _run_uvicorn(create_gateway_app(gateway_settings, settings), settings, sockets=[sock])
 

@@ -20,6 +20,7 @@ from pydantic import (
 
 from conveyor.errors import ConfigError
 from conveyor.jobs.config import JobsConfig
+from conveyor.observability.settings import TracingConfig
 from conveyor.tenants.config import (
     ModelLimits,
     PricingConfig,
@@ -211,6 +212,12 @@ class ServerConfig(_Strict):
     api_keys: list[ApiKey] = Field(default_factory=list)
     data_dir: Path = Path("data")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="json: one JSON object per line, and one line per /v1 request (with its "
+        "request id, tenant, model, status and timings); text logs requests at debug only.",
+    )
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     models: list[ModelConfig] = Field(default_factory=list)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     max_request_bytes: int = Field(

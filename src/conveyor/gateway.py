@@ -33,6 +33,8 @@ from conveyor.stores import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
 
+WORKER_STATES = ("routable", "stale", "draining", "ejected")
+
 
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
@@ -195,19 +197,27 @@ class Gateway:
             self.metrics.desired_replicas.labels(demand.model).set(replicas)
 
     def _gauge_workers(self) -> None:
+        """Workers per model and routing state (the KEDA query divides by the routable ones)."""
         now = time.time()
-        counts = {"routable": 0, "stale": 0, "draining": 0, "ejected": 0}
+        counts: dict[str, dict[str, int]] = {}
         for view in self.registry.views:
-            if view.is_stale:
-                counts["stale"] += 1
-            elif view.is_draining:
-                counts["draining"] += 1
-            elif self.router.ejections.is_ejected(view, now):
-                counts["ejected"] += 1
-            else:
-                counts["routable"] += 1
-        for state, count in counts.items():
-            self.metrics.workers.labels(state).set(count)
+            state = self._routing_state(view, now)
+            for model in view.models:
+                per_state = counts.setdefault(model, dict.fromkeys(WORKER_STATES, 0))
+                per_state[state] += 1
+        self.metrics.workers.clear()  # models no worker hosts any more disappear
+        for model, per_state in counts.items():
+            for state, count in per_state.items():
+                self.metrics.workers.labels(model, state).set(count)
+
+    def _routing_state(self, view: WorkerView, now: float) -> str:
+        if view.is_stale:
+            return "stale"
+        if view.is_draining:
+            return "draining"
+        if self.router.ejections.is_ejected(view, now):
+            return "ejected"
+        return "routable"
 
 
 async def _no_shards_here(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:

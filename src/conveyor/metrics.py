@@ -267,8 +267,9 @@ class GatewayMetrics:
             registry=reg,
         )  # fmt: skip
         self.workers = Gauge(
-            "conveyor_fleet_workers", "Registered workers by routing state", ["state"],
-            registry=reg,
+            "conveyor_fleet_workers",
+            "Registered workers hosting the model, by routing state (a worker counts once "
+            "per model it hosts)", ["model", "state"], registry=reg,
         )  # fmt: skip
         self.requests = Counter(
             "conveyor_gateway_requests_total", "Proxied requests by final status code",

@@ -23,6 +23,7 @@ from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.model_cache import CacheFull, ModelCache
 from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector
 from conveyor.models.registry import build_embedding_model, build_generator
+from conveyor.observability.context import note_model
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
 
@@ -273,6 +274,7 @@ class Service:
         request outcome and latency metrics count them all.
         """
         started_s = time.perf_counter()
+        note_model(model)
         metrics = self.model_metrics(model)
         try:
             async with self.using(model) as hosted:
@@ -305,6 +307,7 @@ class Service:
         Raises 404/400 for the wrong model and 429 when its waiting queue is full; counts
         such a refusal in the model's outcome metrics (the run counts the rest).
         """
+        note_model(model)
         generator = self.generator(model)
         try:
             return generator.submit(prompts, params, priority=priority, timeout_ms=timeout_ms)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from conveyor.api import batches, files, inference, meta
+from conveyor.api import batches, dashboard, files, inference, meta
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
@@ -20,6 +21,9 @@ from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.service import Service
 from conveyor.stores import open_job_store
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
 
 def create_app(
     config: ServerConfig,
@@ -28,11 +32,13 @@ def create_app(
     jobs: JobsSubsystem | None = None,
     key_store_url: str | None = None,
     with_rate_limits: bool = True,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """The HTTP app; the service's models load during ASGI lifespan start-up.
 
     With `key_store_url`, the API keys stored there (``conveyor keys``) are accepted too.
     A fleet worker passes `with_rate_limits=False`: its gateways already applied them.
+    ``tracer_provider`` replaces the one the config's ``tracing`` section would build.
     """
     service = service or Service(config)
     jobs = jobs or jobs_for_service(service)
@@ -64,6 +70,7 @@ def create_app(
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(dashboard.router)
     install_openapi(app, _body_models)
     key_store = open_job_store(key_store_url) if key_store_url is not None else None
     guards = install_middleware(
@@ -73,6 +80,7 @@ def create_app(
         owns_key_store=True,
         registry=service.metrics.registry,
         with_rate_limits=with_rate_limits,
+        tracer_provider=tracer_provider,
     )
     return app
 

@@ -12,7 +12,9 @@ from conveyor.config import ApiKey
 from conveyor.errors import AuthenticationFailed, ServiceUnavailable
 from conveyor.tenants.keyring import ANONYMOUS, KeyRing, Principal
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/dashboard"})
+# The dashboard page's scripts and styles hold no data (its state is under /v1).
+OPEN_PREFIX = "/dashboard/"
 METRICS_PATH = "/metrics"
 
 
@@ -60,8 +62,11 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
-        if scope["path"] in self.open_paths or (
-            self.keyring.is_loaded and not self.keyring.is_enforced
+        path = scope["path"]
+        if (
+            path in self.open_paths
+            or path.startswith(OPEN_PREFIX)
+            or (self.keyring.is_loaded and not self.keyring.is_enforced)
         ):
             state["tenant"], state["principal"] = ANONYMOUS.tenant, ANONYMOUS
             await self.app(scope, receive, send)

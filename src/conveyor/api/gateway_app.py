@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
 from conveyor.api import batches as batch_routes
+from conveyor.api import dashboard as dashboard_routes
 from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
 from conveyor.api.errors import install_error_handlers
@@ -19,14 +21,21 @@ from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
 from conveyor.stores import open_job_store, open_object_store
 from conveyor.stores.protocols import ApiKeyStore
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
 
 def create_gateway_app(
     settings: GatewaySettings,
     config: ServerConfig,
     *,
     store: WorkerRegistryStore | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
-    """The gateway's HTTP app; API keys come from ``config`` (its models are ignored)."""
+    """The gateway's HTTP app; API keys come from ``config`` (its models are ignored).
+
+    ``tracer_provider`` replaces the one the config's ``tracing`` section would build.
+    """
     objects = open_object_store(settings.objects_url) if settings.objects_url else None
     registry_store = store or open_job_store(settings.store_url)
     gateway = Gateway(settings, registry_store, objects=objects)
@@ -51,9 +60,17 @@ def create_gateway_app(
     # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
+    app.include_router(dashboard_routes.router)
     app.include_router(fleet_routes.router)
     # Innermost: the API keys, limits and the body cap still run before a request is proxied.
     app.add_middleware(fleet_routes.ProxyShortcut, gateway=gateway)
     key_store = registry_store if isinstance(registry_store, ApiKeyStore) else None
-    guards = install_middleware(app, config, key_store=key_store, registry=gateway.metrics.registry)
+    guards = install_middleware(
+        app,
+        config,
+        key_store=key_store,
+        registry=gateway.metrics.registry,
+        service_name="conveyor-gateway",
+        tracer_provider=tracer_provider,
+    )
     return app

@@ -1,8 +1,11 @@
-"""The middleware every Conveyor app wears, in one place: API keys, the body cap, rate limits."""
+"""The middleware every Conveyor app wears, in one place: request ids, API keys, the body
+cap, rate limits."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -12,11 +15,16 @@ from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.rate_limit import RateLimitMiddleware
 from conveyor.config import ServerConfig
 from conveyor.metrics import TenantMetrics
+from conveyor.observability.middleware import RequestObserver
+from conveyor.observability.tracing import build_provider, tracer_of
 from conveyor.stores.protocols import ApiKeyStore
 from conveyor.tenants.config import RateLimitsConfig
 from conveyor.tenants.gate import RateLimitGate
 from conveyor.tenants.keyring import KeyRing
 from conveyor.tenants.limiter import MemoryRateLimiter, RateLimiter
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 
 @dataclass(slots=True)
@@ -56,12 +64,15 @@ def install_middleware(
     owns_key_store: bool = False,
     registry: CollectorRegistry | None = None,
     with_rate_limits: bool = True,
+    service_name: str = "conveyor-serve",
+    tracer_provider: TracerProvider | None = None,
 ) -> EdgeGuards:
-    """Add API keys (outermost), the body cap, then tenant rate limits (innermost).
+    """Add request ids (outermost), API keys, the body cap, then tenant rate limits.
 
     Keys are the config's plus, with `key_store`, the stored ones (read once now, then
     reread by the key ring the returned guards start and stop with the app). Rate limits
     are added only when some tenant has an online limit; their metrics go to `registry`.
+    Traces go to ``tracer_provider`` when given (tests), else to the config's OTLP endpoint.
     """
     keyring = KeyRing(static_principals(config.api_keys), key_store, owns_store=owns_key_store)
     keyring.load()
@@ -77,4 +88,11 @@ def install_middleware(
         BodyLimitMiddleware, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
     )
     app.add_middleware(ApiKeyMiddleware, keyring=keyring, is_metrics_open=not config.metrics_auth)
+    provider = tracer_provider or build_provider(config.tracing, service_name)
+    # Outermost, so a 401 or 413 carries a request id too.
+    app.add_middleware(
+        RequestObserver,
+        tracer=tracer_of(provider),
+        log_level=logging.INFO if config.log_format == "json" else logging.DEBUG,
+    )
     return guards

@@ -25,6 +25,8 @@ from conveyor.batching.queue import BatchQueue, CloseReason
 from conveyor.batching.timing import BatchTimeModel
 from conveyor.errors import DeadlineExceeded, QueueFull, ServiceUnavailable
 from conveyor.metrics import ModelMetrics
+from conveyor.observability.batches import batch_done, batch_taken
+from conveyor.observability.logs import log_event
 from conveyor.priority import Priority
 
 log = logging.getLogger(__name__)
@@ -257,6 +259,7 @@ class Batcher:
         m.batch_fill.observe(len(batch) / self.settings.max_batch_size)
         for item in batch:
             m.queue_wait_s.observe(now - item.enqueued_at)
+        batch_taken(batch, now)
         self.num_running = len(batch)
         m.in_flight.set(len(batch))
         self._gauge_queue()
@@ -275,9 +278,11 @@ class Batcher:
     def _on_oom(self, batch_size: int) -> int:
         self.metrics.oom_backoffs.inc()
         new_cap = self.governor.on_oom(batch_size, time.monotonic())
-        log.warning(
-            "model %s out of memory at batch %d; cap now %d", self.name, batch_size, new_cap
-        )
+        log_event(
+            log, logging.WARNING, "oom_backoff",
+            f"model {self.name} out of memory at batch {batch_size}; cap now {new_cap}",
+            model=self.name, batch_size=batch_size, new_cap=new_cap,
+        )  # fmt: skip
         return new_cap
 
     def _deliver(self, batch: list[WorkItem], outcome: _Outcome) -> None:
@@ -288,6 +293,7 @@ class Batcher:
         if self.num_running == len(batch):
             self.num_running = 0
             self.metrics.in_flight.set(0)
+        batch_done(self.name, batch, outcome.model_s, self._require_loop().time())
         for item, result in zip(batch, outcome.results, strict=True):
             item.resolve(result)
 

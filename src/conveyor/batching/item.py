@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.observability.context import RequestContext, current_request
 from conveyor.priority import Priority
 
 
@@ -33,6 +34,10 @@ class WorkItem:
     future: asyncio.Future[Any]
     state: ItemState = ItemState.QUEUED
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    # The request this input belongs to (captured where it was created), for its log line
+    # and trace; and when its batch started (loop clock).
+    origin: RequestContext | None = field(default_factory=current_request, repr=False)
+    started_at: float | None = None
 
     @property
     def is_queued(self) -> bool:

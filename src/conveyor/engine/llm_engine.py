@@ -42,6 +42,7 @@ from conveyor.errors import (
     ServiceUnavailable,
 )
 from conveyor.metrics import GeneratorMetrics
+from conveyor.observability.logs import log_event
 from conveyor.priority import Priority
 
 __all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
@@ -340,7 +341,11 @@ class LLMEngine:
         budget = self._scheduler.shrink_token_budget()
         self.stats.num_oom_retries += 1
         self._metrics.oom_backoffs.inc()
-        log.warning("engine %s out of memory; token budget now %d", self.name, budget)
+        log_event(
+            log, logging.WARNING, "oom_backoff",
+            f"engine {self.name} out of memory; token budget now {budget}",
+            model=self.name, token_budget=budget,
+        )  # fmt: skip
 
     def _finish_step(
         self,

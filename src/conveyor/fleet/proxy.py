@@ -23,6 +23,8 @@ from conveyor.errors import DeadlineExceeded, ServiceUnavailable
 from conveyor.fleet.router import Router, WorkerView
 from conveyor.fleet.upstream import UpstreamError, UpstreamTimeout
 from conveyor.metrics import GatewayMetrics
+from conveyor.observability.context import note_model
+from conveyor.observability.tracing import child_span, outbound_headers
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,9 @@ TIMEOUT_HEADER = b"x-conveyor-timeout-ms"
 # Hop-by-hop and framing headers: each leg of the trip sets its own.
 DROPPED_REQUEST_HEADERS = frozenset(
     {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te",
-     b"upgrade", b"proxy-authorization", b"proxy-connection", TIMEOUT_HEADER}
+     b"upgrade", b"proxy-authorization", b"proxy-connection", TIMEOUT_HEADER,
+     # Set again per attempt: the request id (the caller's or ours) and the trace context.
+     b"x-request-id", b"traceparent", b"tracestate"}
 )  # fmt: skip
 DROPPED_RESPONSE_HEADERS = frozenset(
     {b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
@@ -173,6 +177,12 @@ class Proxy:
 
     async def forward(self, request: OutboundRequest) -> ProxiedResponse | StreamingResponse:
         """The first answer a worker gives that is not a failure; 503 or 504 otherwise."""
+        note_model(request.model)
+        with child_span("conveyor.gateway.route", **{"conveyor.model": request.model}):
+            return await self._route(request)
+
+    async def _route(self, request: OutboundRequest) -> ProxiedResponse | StreamingResponse:
+        """Try workers the router picks, within the attempt limit and the deadline."""
         loop = asyncio.get_running_loop()
         tried: set[str] = set()
         last_failure = "no healthy worker hosts it"
@@ -187,7 +197,9 @@ class Proxy:
                 break
             tried.add(worker.worker_id)
             try:
-                return await self._attempt(worker, request, remaining_s)
+                attempt = {"conveyor.worker": worker.worker_id}
+                with child_span("conveyor.gateway.attempt", **attempt):
+                    return await self._attempt(worker, request, remaining_s)
             except _AttemptFailed as failure:
                 last_failure = f"worker {worker.worker_id}: {failure}"
                 self._metrics.retries.labels(request.model, failure.reason.value).inc()
@@ -228,7 +240,8 @@ class Proxy:
         self, worker: WorkerView, request: OutboundRequest, remaining_s: float
     ) -> UpstreamAnswer:
         """Send the request and read the status line and headers (body still streaming)."""
-        headers = [*request.headers, (TIMEOUT_HEADER, b"%.0f" % (remaining_s * 1000))]
+        trip = [(name.encode(), value.encode()) for name, value in outbound_headers()]
+        headers = [*request.headers, (TIMEOUT_HEADER, b"%.0f" % (remaining_s * 1000)), *trip]
         try:
             return await self._upstream.request(
                 worker.address, request.method, request.path, headers, request.body,

@@ -11,6 +11,7 @@ from typing import Any
 
 from conveyor.fleet.registry_store import AsyncWorkerRegistry, WorkerRegistryStore
 from conveyor.fleet.router import WorkerView
+from conveyor.observability.logs import log_event
 from conveyor.stores.errors import StoreError
 from conveyor.stores.records import WorkerRecord
 
@@ -55,6 +56,18 @@ def view_from_record(record: WorkerRecord) -> WorkerView:
     )
 
 
+def _log_joined(before: list[WorkerRecord], after: list[WorkerRecord]) -> None:
+    """A ``worker_joined`` event for each worker in ``after`` that was not in ``before``."""
+    known = {record.worker_id for record in before}
+    for record in after:
+        if record.worker_id not in known:
+            log_event(
+                log, logging.INFO, "worker_joined",
+                f"worker {record.worker_id} joined at {record.address}",
+                worker_id=record.worker_id, address=record.address, models=list(record.models),
+            )  # fmt: skip
+
+
 class FleetRegistry:
     """Worker rows and their routing views, as of the last successful refresh.
 
@@ -92,10 +105,13 @@ class FleetRegistry:
         dead = [r for r in records if r.heartbeat_age_s > self.reap_after_s]
         for record in dead:
             await self._store.remove_worker(record.worker_id)
-            log.info(
-                "reaped worker %s (silent for %.1f s)", record.worker_id, record.heartbeat_age_s
-            )
+            log_event(
+                log, logging.INFO, "worker_reaped",
+                f"reaped worker {record.worker_id} (silent for {record.heartbeat_age_s:.1f} s)",
+                worker_id=record.worker_id,
+            )  # fmt: skip
         alive = [r for r in records if r.heartbeat_age_s <= self.reap_after_s]
+        _log_joined(self.records, alive)
         self.records = alive
         self.views = [view_from_record(r) for r in alive]
         self.num_refreshes += 1

@@ -1,14 +1,19 @@
 """Pure routing: pick a healthy worker for a model by power of two choices on its load.
 
-Nothing here does I/O or reads a clock; callers pass ``now`` and a seeded ``random.Random``,
-so every decision can be replayed in tests.
+Nothing here does I/O (beyond logging an ejection) or reads a clock; callers pass ``now``
+and a seeded ``random.Random``, so every decision can be replayed in tests.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from conveyor.observability.logs import log_event
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +52,11 @@ class Ejections:
 
     def eject(self, worker_id: str, now: float) -> None:
         """Stop routing to ``worker_id`` from ``now``."""
+        if worker_id not in self._ejected_at:
+            log_event(
+                log, logging.WARNING, "worker_ejected",
+                f"ejected worker {worker_id} for {self.cooldown_s:g} s", worker_id=worker_id,
+            )  # fmt: skip
         self._ejected_at[worker_id] = now
 
     def is_ejected(self, worker: WorkerView, now: float) -> bool:

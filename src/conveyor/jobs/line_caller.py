@@ -25,6 +25,7 @@ from conveyor.errors import ConveyorError, InvalidRequest
 from conveyor.jobs.cache import fresh_answer
 from conveyor.jobs.keys import line_id
 from conveyor.jobs.lines import Decoded, failure_record, response_record
+from conveyor.observability.context import RequestContext, line_request_id, request_scope
 
 RunRequest = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 Sleep = Callable[[float], Awaitable[None]]
@@ -107,8 +108,10 @@ class LineCaller:
             answer = orjson.Fragment(fresh_answer(self.endpoint, cached))
             record = response_record(rid, request.custom_id, 200, answer)
             return LineResult(record, LineOutcome.COMPLETED, is_cache_hit=True)
+        context = RequestContext(line_request_id(self.batch_id, request.custom_id), self.endpoint)
         try:
-            body = await self._call_with_retries(request.body)
+            with request_scope(context):  # the line's id follows it into batches and traces
+                body = await self._call_with_retries(request.body)
         except ConveyorError as exc:
             return LineResult(failure_record(rid, request.custom_id, exc), LineOutcome.FAILED)
         entry = None if key is None else (key, orjson.dumps(body))

@@ -29,6 +29,7 @@ from conveyor.jobs.lines import Decoded, StopCode, custom_id_of, decode_line, st
 from conveyor.jobs.planner import shard_requests
 from conveyor.jobs.sink import ShardSink
 from conveyor.jobs.stalls import is_outage
+from conveyor.observability.logs import log_event
 from conveyor.stores.errors import ObjectStoreError, StoreError
 from conveyor.stores.records import BatchRecord, BatchStatus, ShardLease
 
@@ -171,6 +172,12 @@ class ShardAttempt:
                             self._lease.index, self._lease.batch_id, exc)  # fmt: skip
                 continue
             if not is_held:
+                lease = self._lease
+                log_event(
+                    log, logging.WARNING, "lease_lost",
+                    f"lost the lease on shard {lease.index} of {lease.batch_id}",
+                    batch_id=lease.batch_id, shard=lease.index, attempt=lease.attempt,
+                )  # fmt: skip
                 self._request_stop(StopReason.LOST_LEASE)
                 return
             self._request_stop_if_needed(batch)

@@ -1,0 +1,82 @@
+"""``GET /dashboard`` (a static page, no build step) and ``GET /v1/dashboard/state``.
+
+The page and its scripts are open, like ``/health``: they hold no data. The state
+document is behind the API keys like every ``/v1`` route; the page asks for a key when
+the state answers 401 and keeps it for the browser tab only.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import FileResponse, Response
+
+from conveyor.api.files import jobs_of, tenant_of
+from conveyor.api.responses import json_response
+from conveyor.dashboard.state import (
+    document,
+    gateway_models,
+    job_row,
+    service_models,
+    viewer,
+)
+from conveyor.errors import ConveyorError, NotFound
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "dashboard" / "static"
+# The only files served, and their types: nothing else under the folder is reachable.
+STATIC_FILES = {
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+    "vendor/uPlot.iife.min.js": "text/javascript",
+}
+NO_CACHE = {"Cache-Control": "no-cache"}
+JOBS_SHOWN = 20
+
+
+@router.get("/dashboard", include_in_schema=False)
+async def dashboard_page() -> Response:
+    """The dashboard page."""
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=NO_CACHE)
+
+
+@router.get("/dashboard/{name:path}", include_in_schema=False)
+async def dashboard_file(name: str) -> Response:
+    """The page's scripts and styles."""
+    media_type = STATIC_FILES.get(name)
+    if media_type is None:
+        raise NotFound(f"no dashboard file {name!r}")
+    return FileResponse(STATIC_DIR / name, media_type=media_type, headers=NO_CACHE)
+
+
+@router.get("/v1/dashboard/state")
+async def dashboard_state(request: Request) -> Response:
+    """Models, fleet and batch jobs as the dashboard shows them (see the README)."""
+    state = request.app.state
+    tenant = tenant_of(request)
+    guards = getattr(state, "guards", None)
+    who = viewer(tenant, guards is not None and guards.keyring.is_enforced)
+    jobs = await _jobs(request, tenant)
+    gateway = getattr(state, "gateway", None)
+    if gateway is not None:
+        from conveyor.api.fleet import fleet_document
+
+        fleet = fleet_document(gateway)
+        return json_response(document("gateway", who, gateway_models(gateway), jobs, fleet))
+    return json_response(document("serve", who, service_models(state.service), jobs, None))
+
+
+async def _jobs(request: Request, tenant: str) -> list[dict[str, Any]] | None:
+    """The viewer's newest batch jobs; None when the job store cannot be read now."""
+    try:
+        rows, _ = await jobs_of(request).api.list_batches(tenant, after=None, limit=JOBS_SHOWN)
+    except ConveyorError as exc:
+        log.warning("dashboard: batch jobs unavailable: %s", exc)
+        return None
+    return [job_row(row) for row in rows]

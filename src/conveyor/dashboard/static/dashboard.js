@@ -1,0 +1,235 @@
+// Conveyor dashboard: polls /v1/dashboard/state every 2 s and charts the last 10 minutes.
+// Rates and windowed percentiles come from the difference between two polls.
+"use strict";
+
+const POLL_MS = 2000;
+const WINDOW_S = 600;
+const KEY_STORE = "conveyor.dashboard.key";
+const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea"];
+
+const history = new Map(); // model name -> {t: [], values: {series: []}, charts: [], card}
+let previous = null;
+const jobRates = new Map(); // job id -> {t, done}
+
+function $(id) { return document.getElementById(id); }
+
+function el(tag, attrs, text) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function sum(obj) { return Object.values(obj || {}).reduce((a, b) => a + b, 0); }
+
+function fmt(x, digits) {
+  if (x === null || x === undefined || Number.isNaN(x)) return "–";
+  return Number(x).toFixed(digits === undefined ? 1 : digits);
+}
+
+// Prometheus-style quantile over the buckets that filled between two polls.
+function quantile(now, before, q) {
+  if (!now || !now.length) return null;
+  const counts = now.map(([le, c], i) => [le, c - (before && before[i] ? before[i][1] : 0)]);
+  const total = counts[counts.length - 1][1];
+  if (total <= 0) return null;
+  const rank = q * total;
+  let lower = 0, below = 0;
+  for (const [le, c] of counts) {
+    if (c >= rank) {
+      if (le === null) return lower;
+      const inBucket = c - below;
+      return inBucket > 0 ? lower + (le - lower) * (rank - below) / inBucket : le;
+    }
+    if (le !== null) lower = le;
+    below = c;
+  }
+  return lower;
+}
+
+function rate(now, before, pick, dt) {
+  if (!before || dt <= 0) return 0;
+  return Math.max(0, (pick(now) - pick(before)) / dt);
+}
+
+function derive(model, before, dt) {
+  const t = model.totals, h = model.histograms;
+  const pb = before ? before.histograms : {};
+  const ok = (m) => (m.totals.requests.ok || 0);
+  const rejected = (m) => sum(m.totals.requests) - ok(m);
+  const through = model.kind === "generative" ? (m) => m.totals.generated_tokens
+    : model.kind === "fleet" ? (m) => sum(m.totals.requests) : (m) => m.totals.inputs;
+  const batches = before ? t.batches - before.totals.batches : 0;
+  return {
+    throughput: rate(model, before, through, dt),
+    rejected: rate(model, before, rejected, dt),
+    p50: ms(quantile(h.latency_s, pb.latency_s, 0.5)),
+    p99: ms(quantile(h.latency_s, pb.latency_s, 0.99)),
+    ttft: ms(quantile(h.ttft_s, pb.ttft_s, 0.5)),
+    tpot: ms(quantile(h.tpot_s, pb.tpot_s, 0.5)),
+    fill: batches > 0 ? (t.batch_fill_sum - before.totals.batch_fill_sum) / batches : null,
+    queue: sum(model.queue_depth),
+    running: model.running,
+    kv: model.kv_blocks ? model.kv_blocks.used : null,
+  };
+}
+
+function ms(seconds) { return seconds === null ? null : seconds * 1000; }
+
+const CHARTS = [
+  { title: "throughput /s", series: ["throughput", "rejected"] },
+  { title: "latency ms", series: ["p50", "p99", "ttft", "tpot"] },
+  { title: "queue and running", series: ["queue", "running"] },
+  { title: "batch fill / KV blocks", series: ["fill", "kv"] },
+];
+
+function unit(model) {
+  return model.kind === "generative" ? "tokens/s" : model.kind === "fleet" ? "requests/s" : "inputs/s";
+}
+
+function card(model) {
+  const entry = { t: [], values: {}, charts: [], card: el("div", { class: "model", "data-model": model.name }) };
+  entry.card.append(el("h3", { class: "model-name" }, model.name));
+  const stats = el("div", { class: "stats" });
+  for (const [key, label] of [["throughput", unit(model)], ["p50", "p50 ms"], ["p99", "p99 ms"],
+                              ["queue", "queued"], ["running", "running"], ["plan", "plan"]]) {
+    const item = el("span", {}, label + " ");
+    item.append(el("b", { "data-stat": key }, "–"));
+    stats.append(item);
+  }
+  entry.card.append(stats);
+  const charts = el("div", { class: "charts" });
+  entry.card.append(charts);
+  for (const spec of CHARTS) {
+    const box = el("div");
+    charts.append(box);
+    const series = [{}].concat(spec.series.map((name, i) => ({ label: name, stroke: COLORS[i], spanGaps: true })));
+    const data = [[]].concat(spec.series.map(() => []));
+    entry.charts.push({ spec, plot: new uPlot({ title: spec.title, width: 330, height: 160, series, scales: { x: { time: true } } }, data, box) });
+  }
+  for (const name of ["throughput", "rejected", "p50", "p99", "ttft", "tpot", "queue", "running", "fill", "kv"]) entry.values[name] = [];
+  $("models").append(entry.card);
+  return entry;
+}
+
+function record(entry, time, figures) {
+  entry.t.push(time);
+  for (const [name, list] of Object.entries(entry.values)) list.push(figures[name] ?? null);
+  while (entry.t.length && entry.t[0] < time - WINDOW_S) {
+    entry.t.shift();
+    for (const list of Object.values(entry.values)) list.shift();
+  }
+  entry.card.dataset.points = String(entry.t.length);
+  for (const { spec, plot } of entry.charts) {
+    plot.setData([entry.t.slice()].concat(spec.series.map((name) => entry.values[name].slice())));
+  }
+}
+
+function showStats(entry, model, figures) {
+  const put = (key, text) => { entry.card.querySelector(`[data-stat="${key}"]`).textContent = text; };
+  put("throughput", fmt(figures.throughput));
+  put("p50", fmt(figures.p50));
+  put("p99", fmt(figures.p99));
+  put("queue", fmt(figures.queue, 0));
+  put("running", fmt(figures.running, 0));
+  const plan = model.plan;
+  put("plan", plan ? `${fmt(plan.inputs_per_s_per_replica)} inputs/s at full batches (${fmt(plan.batch_ms_at_max)} ms)` : "–");
+}
+
+function updateModels(state) {
+  const dt = previous ? state.time - previous.time : 0;
+  const before = new Map((previous ? previous.models : []).map((m) => [m.name, m]));
+  for (const model of state.models) {
+    const entry = history.get(model.name) || history.set(model.name, card(model)).get(model.name);
+    const figures = derive(model, before.get(model.name), dt);
+    if (previous) record(entry, state.time, figures);
+    showStats(entry, model, figures);
+  }
+}
+
+function table(node, header, rows) {
+  node.replaceChildren();
+  const head = el("tr");
+  for (const h of header) head.append(el("th", {}, h));
+  node.append(head);
+  for (const row of rows) {
+    const tr = el("tr");
+    for (const cell of row) {
+      const td = el("td");
+      if (cell instanceof Node) td.append(cell); else td.textContent = cell;
+      tr.append(td);
+    }
+    node.append(tr);
+  }
+}
+
+function updateFleet(fleet) {
+  $("fleet-section").hidden = !fleet;
+  if (!fleet) return;
+  table($("fleet-models"), ["model", "replicas", "queued", "arrivals/s", "desired replicas"],
+    Object.entries(fleet.models).map(([name, m]) => [name, m.num_replicas, m.queue_depth, fmt(m.arrival_per_s), m.desired_replicas]));
+  table($("workers"), ["worker", "address", "models (loaded)", "in flight", "heartbeat age s", "state"],
+    fleet.workers.map((w) => [w.id, w.address, `${w.models.join(", ")} (${w.loaded_models.join(", ")})`,
+      w.load.in_flight ?? w.gateway_in_flight, fmt(w.heartbeat_age_s),
+      w.is_stale ? "stale" : w.is_draining ? "draining" : w.is_ejected ? "ejected" : "healthy"]));
+}
+
+function progress(fraction) {
+  const bar = el("div", { class: "bar" });
+  const fill = el("div");
+  fill.style.width = `${Math.round(100 * fraction)}%`;
+  bar.append(fill);
+  return bar;
+}
+
+function updateJobs(jobs, time) {
+  if (!jobs) { table($("jobs"), ["batch jobs unavailable right now"], []); return; }
+  table($("jobs"), ["batch", "status", "model", "progress", "lines/s", "ETA s", "failed"], jobs.map((job) => {
+    const done = job.completed + job.failed;
+    const last = jobRates.get(job.id);
+    const perS = last && time > last.t ? (done - last.done) / (time - last.t) : null;
+    jobRates.set(job.id, { t: time, done });
+    const eta = perS > 0 ? (job.total - done) / perS : null;
+    return [job.id, job.status, job.model || "", progress(job.total ? done / job.total : 0),
+      fmt(perS), fmt(eta, 0), job.failed];
+  }));
+}
+
+function render(state) {
+  $("role").textContent = `${state.role} · viewing ${state.viewer.scope === "all" ? "everything" : "tenant " + state.viewer.tenant}`;
+  $("updated").textContent = `updated ${new Date(state.time * 1000).toLocaleTimeString()}`;
+  updateModels(state);
+  updateFleet(state.fleet);
+  updateJobs(state.jobs, state.time);
+  $("tenants").textContent = state.tenants.note;
+  previous = state;
+}
+
+async function poll() {
+  const key = sessionStorage.getItem(KEY_STORE);
+  const headers = key ? { Authorization: `Bearer ${key}` } : {};
+  try {
+    const answer = await fetch("/v1/dashboard/state", { headers, cache: "no-store" });
+    if (answer.status === 401) {
+      $("key-form").hidden = false;
+      return;
+    }
+    $("key-form").hidden = true;
+    if (!answer.ok) throw new Error(`state answered ${answer.status}`);
+    $("error").hidden = true;
+    render(await answer.json());
+  } catch (error) {
+    $("error").hidden = false;
+    $("error").textContent = `cannot read the state: ${error.message}`;
+  } finally {
+    setTimeout(poll, POLL_MS);
+  }
+}
+
+$("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem(KEY_STORE, $("key-input").value);
+  previous = null;
+});
+
+poll();

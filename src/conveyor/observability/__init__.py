@@ -1,0 +1,1 @@
+"""Following one request: request ids, structured logs and OpenTelemetry traces."""

@@ -1,0 +1,1 @@
+"""``conveyor plan``: the sizing arithmetic of a deployment, from presets or measurements."""

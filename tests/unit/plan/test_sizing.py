@@ -1,0 +1,144 @@
+"""The sizing arithmetic on known models and by hand-computed cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conveyor.cli import app
+from conveyor.plan.curves import LinearCurve
+from conveyor.plan.gpus import GPUS, gpu_spec
+from conveyor.plan.planner import plan_generative, plan_one_shot, roofline_costs
+from conveyor.plan.shape import load_shape, shape_from_hf
+from conveyor.plan.sizing import (
+    Workload,
+    batch_for_p99,
+    kv_budget_bytes,
+    max_batch_for_kv,
+    one_shot_p99_s,
+    output_tokens_per_s,
+    replicas_for,
+    steady_batch,
+    usd_per_million,
+)
+
+LLAMA2_7B = Path(__file__).with_name("llama2_7b_config.json")
+MIB = 2**20
+
+
+def test_llama2_7b_fp16_weights_and_kv_cache() -> None:
+    shape = load_shape(LLAMA2_7B)
+    assert shape.num_params == 6_738_415_616
+    assert round(shape.weight_bytes / 1e9, 1) == 13.5
+    assert shape.kv_bytes_per_token == MIB // 2
+
+
+def test_grouped_query_attention_shrinks_the_kv_cache() -> None:
+    raw = json.loads(LLAMA2_7B.read_text())
+    llama3_8b = {**raw, "num_key_value_heads": 8, "intermediate_size": 14336,
+                 "vocab_size": 128256, "torch_dtype": "bfloat16"}  # fmt: skip
+    shape = shape_from_hf(llama3_8b, "llama3-8b")
+    assert shape.kv_bytes_per_token == 128 * 1024
+    assert shape.num_params == 8_030_261_248
+
+
+def test_the_largest_batch_fits_the_kv_budget_on_an_h100() -> None:
+    shape = load_shape(LLAMA2_7B)
+    budget = kv_budget_bytes(GPUS["h100"].memory_bytes, shape.weight_bytes)
+    assert budget == 72_000_000_000 - 13_476_831_232
+    assert max_batch_for_kv(budget, shape.kv_bytes_per_token, 768) == 145
+
+
+def test_replicas_with_headroom_and_the_failure_to_survive() -> None:
+    one_region = Workload(qps=100, prompt_tokens=1, output_tokens=1)
+    replicas = replicas_for(100, 30, one_region)
+    assert (replicas.bare, replicas.with_headroom, replicas.total) == (4, 5, 6)
+    three_regions = Workload(qps=100, prompt_tokens=1, output_tokens=1, regions=3)
+    # 5 needed; losing a region leaves 2, each must hold ceil(5/2) = 3.
+    assert replicas_for(100, 30, three_regions).total == 9
+
+
+def test_cost_per_million_tokens() -> None:
+    # 2 replicas at 4 $/h = 8 $/h for 1000 tokens/s = 3.6 M tokens/h.
+    assert usd_per_million(2, 4.0, 1000) == pytest.approx(8 / 3.6)
+    assert usd_per_million(2, None, 1000) is None
+
+
+def test_a_line_is_fitted_exactly_and_kept_non_negative() -> None:
+    line = LinearCurve.fit([(1, 0.021), (2, 0.022), (4, 0.024)])
+    assert (line.fixed_s, line.per_item_s) == pytest.approx((0.020, 0.001))
+    flat = LinearCurve.fit([(8, 0.05), (8, 0.07)])
+    assert (flat.fixed_s, flat.per_item_s) == pytest.approx((0.06, 0.0))
+    assert LinearCurve.fit([(1, 0.03), (2, 0.02)]).per_item_s == 0.0
+    with pytest.raises(ValueError):
+        LinearCurve.fit([])
+
+
+def test_throughput_shares_steps_and_pays_each_prefill() -> None:
+    step = LinearCurve(0.010, 0.001)  # 20 ms at 10 sequences
+    # Per request: 50 ms prefill + 100 steps x 20 ms / 10 = 250 ms for 100 tokens.
+    assert output_tokens_per_s(10, step, 0.05, 100) == pytest.approx(400)
+
+
+def test_one_shot_batches_settle_where_arrivals_fill_them() -> None:
+    curve = LinearCurve(0.050, 0.001)
+    # Busy: b = 100/s x t(b) -> b = 5 / 0.9.
+    b = steady_batch(curve, 100, 0.005, 64)
+    assert b == pytest.approx(5 / 0.9)
+    assert one_shot_p99_s(curve, b, 0.005) == pytest.approx(2 * curve.at(b))
+    # Light and a long window: the window decides.
+    assert steady_batch(curve, 10, 0.200, 64) == pytest.approx(2.0)
+    assert one_shot_p99_s(curve, 2.0, 0.200) == pytest.approx(0.252)
+    assert steady_batch(curve, 2000, 0.005, 16) == 16
+
+
+def test_the_batch_and_wait_that_meet_a_p99() -> None:
+    curve = LinearCurve(0.020, 0.002)
+    assert batch_for_p99(curve, 0.100, 64) == (15, pytest.approx(0.050))
+    assert batch_for_p99(curve, 0.030, 64) is None
+
+
+def test_a_one_shot_plan_from_a_curve() -> None:
+    workload = Workload(qps=300, prompt_tokens=10, output_tokens=0, p99_ttft_ms=200)
+    plan = plan_one_shot(workload, LinearCurve(0.050, 0.001), 16, 5.0)
+    assert plan["inputs_per_s_per_replica"] == pytest.approx(16 / 0.066, rel=1e-3)
+    assert plan["replicas_with_headroom"] == 2 and plan["replicas"] == 3
+    assert plan["recommended_max_batch_size"] == 16
+
+
+def test_a_tpot_target_caps_the_batch() -> None:
+    shape = load_shape(LLAMA2_7B)
+    workload = Workload(qps=5, prompt_tokens=512, output_tokens=256, tpot_ms=25)
+    plan = plan_generative(workload, roofline_costs(shape, gpu_spec("h100"), workload), shape,
+                           gpu_spec("h100"))  # fmt: skip
+    assert (
+        plan["decode_step_ms"]
+        <= 25
+        < roofline_costs(shape, gpu_spec("h100"), workload).step.at(plan["max_batch"] + 1) * 1000
+    )
+
+
+def test_every_preset_is_known_and_others_are_refused() -> None:
+    assert set(GPUS) == {"h100", "h200", "a100-80g", "l4", "cpu"}
+    with pytest.raises(ValueError, match="known"):
+        gpu_spec("tpu")
+
+
+def test_json_output_has_the_documented_keys() -> None:
+    result = CliRunner().invoke(app, [
+        "plan", "--model", str(LLAMA2_7B), "--gpu", "h200", "--qps", "20",
+        "--prompt-tokens", "512", "--output-tokens", "256", "--gpu-hour-usd", "4", "--json",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    for key in ("weight_bytes", "kv_bytes_per_token", "max_batch", "tokens_per_s_per_replica",
+                "replicas", "usd_per_million_output_tokens"):  # fmt: skip
+        assert plan[key] is not None, key
+
+
+def test_a_plan_without_model_or_calibration_is_refused() -> None:
+    result = CliRunner().invoke(app, ["plan", "--qps", "1", "--prompt-tokens", "8"])
+    assert result.exit_code == 2 and "--calibrate" in result.output
