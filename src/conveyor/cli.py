@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from starlette.types import ASGIApp
 
+import conveyor
 from conveyor.cli_batch import batch_app
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
@@ -54,8 +55,21 @@ def _run_uvicorn(asgi_app: ASGIApp, settings: ServerConfig) -> None:
         raise typer.Exit(code=3)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"conveyor {conveyor.__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
     """Conveyor: batched inference behind an OpenAI-compatible API."""
 
 

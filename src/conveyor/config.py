@@ -233,6 +233,11 @@ class ServerConfig(_Strict):
     metrics_auth: bool = Field(
         default=False, description="/metrics needs an API key like every /v1 route."
     )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed to call the API (CORS), e.g. "
+        '"https://app.example.com", or "*"; empty: no CORS headers.',
+    )
     model_memory_budget_mb: int | None = Field(
         default=None,
         ge=1,

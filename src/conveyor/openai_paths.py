@@ -1,4 +1,4 @@
-"""The OpenAI endpoint paths Conveyor serves a body to: the one list of batchable paths."""
+"""The endpoint paths Conveyor serves a body to: the one list of batchable paths."""
 
 from __future__ import annotations
 
@@ -8,3 +8,8 @@ CHAT_COMPLETIONS = "/v1/chat/completions"
 GENERATION_ENDPOINTS = (COMPLETIONS, CHAT_COMPLETIONS)
 # Every path a batch line may name (OpenAI's Batch API `url`).
 BATCH_ENDPOINTS = (EMBEDDINGS, *GENERATION_ENDPOINTS)
+# vLLM's tokenizer routes (outside /v1, as vLLM serves them).
+TOKENIZE = "/tokenize"
+DETOKENIZE = "/detokenize"
+# Every POST path a gateway forwards to a worker hosting the body's model.
+PROXIED_ENDPOINTS = (*BATCH_ENDPOINTS, TOKENIZE, DETOKENIZE)

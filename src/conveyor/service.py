@@ -21,8 +21,9 @@ from conveyor.config import (
 from conveyor.errors import ConveyorError, InvalidRequest, ModelNotFound, ServiceUnavailable
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.model_cache import CacheFull, ModelCache
-from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector
+from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector, shorten_vectors
 from conveyor.models.registry import build_embedding_model, build_generator
+from conveyor.models.text_tokenizer import TextTokenizer
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
 
@@ -257,6 +258,17 @@ class Service:
             raise ServiceUnavailable(f"model {name!r} is still loading")
         raise ModelNotFound(f"the model {name!r} does not exist", param="model")
 
+    async def text_tokenizer(self, name: str) -> TextTokenizer:
+        """The tokenizer of model ``name``: 404 if unknown, 400 if the model has none."""
+        generator = self.generators.get(name)
+        if generator is not None:
+            return TextTokenizer(generator.tokenizer.hf, generator.max_model_len)
+        async with self.using(name) as hosted:
+            hf = getattr(hosted.model, "tokenizer", None)
+            if hf is None:
+                raise InvalidRequest(f"the model {name!r} has no tokenizer", param="model")
+            return TextTokenizer(hf, hosted.model.max_input_tokens)
+
     async def embed(
         self,
         model: str,
@@ -281,6 +293,8 @@ class Service:
                     hosted, inputs, priority, timeout_ms, truncate
                 )
                 vectors = await gather_items(hosted.batcher, items)
+                if dimensions is not None and dimensions < hosted.model.dim:
+                    vectors = shorten_vectors(vectors, dimensions)
         except asyncio.CancelledError:
             metrics.requests["client_gone"].inc()
             raise
@@ -344,10 +358,10 @@ def check_inputs(
     hosted: HostedModel, inputs: Sequence[EmbeddingInput], dimensions: int | None
 ) -> None:
     """Limits that depend on the model: the dimensions asked for, inputs per request."""
-    if dimensions is not None and dimensions != hosted.model.dim:
+    if dimensions is not None and dimensions > hosted.model.dim:
         raise InvalidRequest(
             f"model {hosted.config.name!r} returns {hosted.model.dim} dimensions; "
-            f"it cannot return {dimensions}",
+            f"it cannot return {dimensions} (fewer are truncated and renormalised)",
             param="dimensions",
         )
     # Config validation keeps max_inputs_per_request <= max_queue, so a request under the

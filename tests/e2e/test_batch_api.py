@@ -205,7 +205,7 @@ def test_per_line_errors_go_to_the_error_file(client: openai.OpenAI) -> None:
     lines = embedding_lines(10)
     lines[2]["body"]["input"] = "POISON pill"
     lines[5]["body"]["input"] = "w " * 100  # beyond the model's 32 tokens
-    lines[7]["body"]["dimensions"] = 3
+    lines[7]["body"]["dimensions"] = 9999
     batch = wait_until(client, submit(client, jsonl(lines)).id)
     assert batch.status == "completed" and batch.request_counts.failed == 3
     outputs, errors = results(client, batch)

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from pydantic import BaseModel
 
+import conveyor
 from conveyor.api import batches, files, inference, meta
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
@@ -41,7 +41,9 @@ def create_app(
             await jobs.stop()  # first: running shards hand their leases back
             await service.stop()
 
-    app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan, **fastapi_options())
+    app = FastAPI(
+        title="Conveyor", version=conveyor.__version__, lifespan=lifespan, **fastapi_options()
+    )
     app.state.service = service
     app.state.jobs = jobs
     install_error_handlers(app)
@@ -52,19 +54,6 @@ def create_app(
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)
-    install_openapi(app, _body_models)
+    install_openapi(app)
     install_middleware(app, config)
     return app
-
-
-def _body_models() -> dict[str, type[BaseModel]]:
-    """The bodies of the routes that parse their own JSON (imported on first use)."""
-    from conveyor.endpoints.chat_schemas import ChatCompletionRequest
-    from conveyor.endpoints.generation_schemas import CompletionRequest
-    from conveyor.endpoints.schemas import EmbeddingRequest
-
-    return {
-        "/v1/embeddings": EmbeddingRequest,
-        "/v1/completions": CompletionRequest,
-        "/v1/chat/completions": ChatCompletionRequest,
-    }

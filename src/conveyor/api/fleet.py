@@ -7,16 +7,17 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
-from conveyor.api.responses import json_response
+from conveyor.api.responses import find_model, json_response, version_body
 from conveyor.api.timeouts import timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
 from conveyor.fleet.proxy import OutboundRequest, forwardable_headers
 from conveyor.fleet.scaling import desired_replicas
+from conveyor.openai_paths import PROXIED_ENDPOINTS
 
 if TYPE_CHECKING:
     from conveyor.gateway import Gateway
@@ -46,14 +47,29 @@ def parse_model(body: bytes) -> tuple[str, int]:
     return model, len(inputs) if is_many and isinstance(inputs, list) else 1
 
 
+def _model_entries(gateway: Gateway) -> list[dict[str, object]]:
+    return [
+        {"id": name, "object": "model", "created": 0, "owned_by": "conveyor"}
+        for name in gateway.healthy_models()
+    ]
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     """OpenAI's model list: the union of the healthy workers' models."""
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "conveyor"}
-        for name in _gateway(request).healthy_models()
-    ]
-    return json_response({"object": "list", "data": data})
+    return json_response({"object": "list", "data": _model_entries(_gateway(request))})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(request: Request, model_id: str) -> Response:
+    """OpenAI's model object for one model a healthy worker hosts (404 otherwise)."""
+    return json_response(find_model(_model_entries(_gateway(request)), model_id))
+
+
+@router.get("/version")
+async def version() -> Response:
+    """The running Conveyor version (as vLLM's ``/version``)."""
+    return json_response(version_body())
 
 
 @router.get("/v1/fleet")
@@ -83,7 +99,19 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.post("/v1/{path:path}")
+async def proxy_endpoint(request: Request) -> Response:
+    """Route a request to a worker hosting its model (the body is as a worker takes it)."""
+    return await proxy(request, request.url.path)
+
+
+def add_proxy_routes(app: FastAPI) -> None:
+    """One documented route per path the gateway forwards; their bodies join the schema."""
+    for path in PROXIED_ENDPOINTS:
+        app.add_api_route(path, proxy_endpoint, methods=["POST"], summary=f"Proxy {path}")
+
+
+# Other /v1 paths still reach the workers, undocumented (new worker routes, older gateways).
+@router.post("/v1/{path:path}", include_in_schema=False)
 async def proxy(request: Request, path: str) -> Response:
     """Route an online request to a worker hosting its model; retry on failure."""
     gateway = _gateway(request)

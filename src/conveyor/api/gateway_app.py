@@ -7,12 +7,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+import conveyor
 from conveyor.api import batches as batch_routes
 from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
+from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
@@ -40,13 +42,20 @@ def create_gateway_app(
             await jobs.stop()
             await gateway.stop()
 
-    app = FastAPI(title="Conveyor gateway", version="0.1.0", lifespan=lifespan, **fastapi_options())
+    app = FastAPI(
+        title="Conveyor gateway",
+        version=conveyor.__version__,
+        lifespan=lifespan,
+        **fastapi_options(),
+    )
     app.state.gateway = gateway
     app.state.jobs = jobs
     install_error_handlers(app)
     # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
+    fleet_routes.add_proxy_routes(app)
     app.include_router(fleet_routes.router)
+    install_openapi(app)
     install_middleware(app, config)
     return app
