@@ -298,24 +298,39 @@ def default_model_config() -> EmbeddingModelConfig:
     )
 
 
-def _format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+# The environment variables that set top-level settings, by setting.
+ENV_VARS = {
+    "host": "CONVEYOR_HOST",
+    "port": "CONVEYOR_PORT",
+    "data_dir": "CONVEYOR_DATA_DIR",
+    "api_keys": "CONVEYOR_API_KEYS",
+}
+
+
+def _format_validation_error(
+    exc: ValidationError, source: str, from_env: frozenset[str] = frozenset()
+) -> str:
+    """One line per mistake; a setting that came from a variable is blamed on the variable."""
+    lines = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        key = str(error["loc"][0]) if error["loc"] else ""
+        if key in from_env:
+            where = f"{ENV_VARS[key]} (sets {where})"
         lines.append(f"  {where}: {error['msg']}")
-    return "\n".join(lines)
+    keys = {str(error["loc"][0]) for error in exc.errors() if error["loc"]}
+    if keys and keys <= from_env:
+        source = "the environment"
+    return "\n".join([f"invalid configuration in {source}:", *lines])
 
 
 def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
-    if "CONVEYOR_HOST" in env:
-        overrides["host"] = env["CONVEYOR_HOST"]
-    if "CONVEYOR_PORT" in env:
-        overrides["port"] = env["CONVEYOR_PORT"]
-    if "CONVEYOR_DATA_DIR" in env:
-        overrides["data_dir"] = env["CONVEYOR_DATA_DIR"]
-    if "CONVEYOR_API_KEYS" in env:
-        overrides["api_keys"] = [key for key in env["CONVEYOR_API_KEYS"].split(",") if key]
+    for key, variable in ENV_VARS.items():
+        if variable in env:
+            overrides[key] = env[variable]
+    if "api_keys" in overrides:
+        overrides["api_keys"] = [key for key in overrides["api_keys"].split(",") if key]
     return overrides
 
 
@@ -342,9 +357,12 @@ def load_config(
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         raw = dict(loaded or {})
-    raw.update(_env_overrides(dict(os.environ) if env is None else env))
-    raw.update({key: value for key, value in (overrides or {}).items() if value is not None})
+    from_env = _env_overrides(dict(os.environ) if env is None else env)
+    flags = {key: value for key, value in (overrides or {}).items() if value is not None}
+    raw.update(from_env)
+    raw.update(flags)
     try:
         return ServerConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source)) from exc
+        blamed = frozenset(from_env) - frozenset(flags)
+        raise ConfigError(_format_validation_error(exc, source, blamed)) from exc
