@@ -226,6 +226,8 @@ def test_progress_counts_move_and_cancel_keeps_finished_lines(client: openai.Ope
     outputs, errors = results(client, batch)
     assert_each_once(outputs, errors, [line["custom_id"] for line in lines])
     assert len(outputs) == batch.request_counts.completed >= 100
+    counts = batch.request_counts  # the lines that never ran count as failed
+    assert counts.completed + counts.failed == counts.total == len(lines)
     assert {r["error"]["code"] for r in errors} == {"batch_cancelled"}
     with pytest.raises(openai.BadRequestError):
         client.batches.cancel(wait_until(client, submit(client, jsonl(lines[:3])).id).id)

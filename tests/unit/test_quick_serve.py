@@ -72,11 +72,17 @@ def test_no_model_and_no_flags_keeps_the_files_models() -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--max-model-len", "512"], "model 'tiny-llama': max_model_len 512 exceeds the "
-         "checkpoint's 256 (max_position_embeddings)"),
-        (["--max-model-len", "128", "--kv-cache-tokens", "64"], "model 'tiny-llama': "
-         "kv_cache_tokens 64 (4 blocks of 16) cannot hold one sequence of max_model_len 128 "
-         "(8 blocks); raise kv_cache_tokens or lower max_model_len"),
+        (
+            ["--max-model-len", "512"],
+            "model 'tiny-llama': max_model_len 512 exceeds the "
+            "checkpoint's 256 (max_position_embeddings)",
+        ),
+        (
+            ["--max-model-len", "128", "--kv-cache-tokens", "64"],
+            "model 'tiny-llama': "
+            "kv_cache_tokens 64 (4 blocks of 16) cannot hold one sequence of max_model_len 128 "
+            "(8 blocks); raise kv_cache_tokens or lower max_model_len",
+        ),
     ],
 )
 def test_serve_and_check_config_print_start_up_failures_in_one_line(
