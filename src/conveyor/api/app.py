@@ -12,6 +12,7 @@ import conveyor
 from conveyor.api import batches, files, inference, meta
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
+from conveyor.api.http_metrics import HttpMetricsMiddleware
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
@@ -56,4 +57,5 @@ def create_app(
     app.include_router(batches.router)
     install_openapi(app)
     install_middleware(app, config)
+    app.add_middleware(HttpMetricsMiddleware, counter=service.metrics.http_requests)  # outermost
     return app

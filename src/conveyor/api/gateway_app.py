@@ -13,6 +13,7 @@ from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
+from conveyor.api.http_metrics import HttpMetricsMiddleware
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
@@ -58,4 +59,5 @@ def create_gateway_app(
     app.include_router(fleet_routes.router)
     install_openapi(app)
     install_middleware(app, config)
+    app.add_middleware(HttpMetricsMiddleware, counter=gateway.metrics.http_requests)  # outermost
     return app
