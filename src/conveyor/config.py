@@ -111,6 +111,27 @@ class EmbeddingModelConfig(BatchingConfig):
         return value
 
 
+class RerankModelConfig(BatchingConfig):
+    """A cross-encoder: any Hugging Face sequence-classification directory with one label.
+
+    Each (query, document) pair is one input to the batcher; its score is the model's logit
+    through a sigmoid (sentence-transformers' ``CrossEncoder`` default).
+    """
+
+    kind: Literal["rerank"]
+    path: Path
+    device: str = "auto"
+    max_input_tokens: int | None = Field(default=None, ge=2, description="Per pair.")
+    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, value: Path) -> Path:
+        if not value.is_dir():
+            raise ValueError(f"model directory {value} does not exist")
+        return value
+
+
 class GenerateModelConfig(_Strict):
     """A generative Llama-family checkpoint served with continuous batching.
 
@@ -160,8 +181,9 @@ class GenerateModelConfig(_Strict):
         return self.max_num_seqs
 
 
+ModelEntry = SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig | GenerateModelConfig
 ModelConfig = Annotated[
-    SyntheticModelConfig | EmbeddingModelConfig | GenerateModelConfig,
+    SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig | GenerateModelConfig,
     Field(discriminator="kind"),
 ]
 
@@ -286,7 +308,9 @@ class ServerConfig(_Strict):
 
     def model(
         self, name: str
-    ) -> SyntheticModelConfig | EmbeddingModelConfig | GenerateModelConfig | None:
+    ) -> (
+        SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig | GenerateModelConfig | None
+    ):
         """The model entry of that name, if configured."""
         return next((model for model in self.models if model.name == name), None)
 

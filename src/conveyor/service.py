@@ -15,13 +15,20 @@ from conveyor.batching.item import WorkItem
 from conveyor.config import (
     EmbeddingModelConfig,
     GenerateModelConfig,
+    RerankModelConfig,
     ServerConfig,
     SyntheticModelConfig,
 )
 from conveyor.errors import ConveyorError, InvalidRequest, ModelNotFound, ServiceUnavailable
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.model_cache import CacheFull, ModelCache
-from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector, shorten_vectors
+from conveyor.models.base import (
+    EmbeddingInput,
+    EmbeddingModel,
+    EncodedInput,
+    Vector,
+    shorten_vectors,
+)
 from conveyor.models.registry import build_embedding_model, build_generator
 from conveyor.models.text_tokenizer import TextTokenizer
 from conveyor.offload import run_sized
@@ -36,7 +43,7 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 
-OneShotConfig = SyntheticModelConfig | EmbeddingModelConfig
+OneShotConfig = SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig
 ModelFactory = Callable[[OneShotConfig], EmbeddingModel]
 GeneratorFactory = Callable[[GenerateModelConfig, GeneratorMetrics], "HostedGenerator"]
 
@@ -305,6 +312,43 @@ class Service:
         metrics.latency_s.observe(time.perf_counter() - started_s)
         return EmbedResult(vectors, num_tokens)
 
+    async def score_pairs(
+        self,
+        model: str,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        priority: Priority = Priority.ONLINE,
+        timeout_ms: float | None = None,
+        truncate: bool = False,
+    ) -> EmbedResult:
+        """Score (query, document) pairs with a rerank model, each batched like an input.
+
+        The rerank twin of ``embed``: same admission, deadlines and outcome metrics.
+        """
+        started_s = time.perf_counter()
+        metrics = self.model_metrics(model)
+        try:
+            async with self.using(model) as hosted:
+                encode = getattr(hosted.model, "encode_pairs", None)
+                if encode is None:
+                    raise InvalidRequest(
+                        f"the model {model!r} is not a rerank model", param="model"
+                    )
+                check_inputs(hosted, pairs, None)
+                num_chars = sum(len(q) + len(d) for q, d in pairs)
+                encoded = await run_sized(num_chars, encode, pairs, truncate=truncate)
+                items, num_tokens = self._admit(hosted, encoded, priority, timeout_ms)
+                scores = await gather_items(hosted.batcher, items)
+        except asyncio.CancelledError:
+            metrics.requests["client_gone"].inc()
+            raise
+        except ConveyorError as exc:
+            metrics.requests[outcome_of(exc.status_code)].inc()
+            raise
+        metrics.requests["ok"].inc()
+        metrics.latency_s.observe(time.perf_counter() - started_s)
+        return EmbedResult(scores, num_tokens)
+
     def generate(
         self,
         model: str,
@@ -341,6 +385,16 @@ class Service:
         encoded = await run_sized(
             input_bytes(inputs), hosted.model.encode, inputs, truncate=truncate
         )
+        return self._admit(hosted, encoded, priority, timeout_ms)
+
+    def _admit(
+        self,
+        hosted: HostedModel,
+        encoded: Sequence[EncodedInput],
+        priority: Priority,
+        timeout_ms: float | None,
+    ) -> tuple[list[WorkItem], int]:
+        """Queue every encoded input (all or none); returns the items and token count."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout_ms or hosted.config.timeout_ms) / 1000
         items: list[WorkItem] = []
@@ -354,9 +408,7 @@ class Service:
         return items, sum(enc.num_tokens for enc in encoded)
 
 
-def check_inputs(
-    hosted: HostedModel, inputs: Sequence[EmbeddingInput], dimensions: int | None
-) -> None:
+def check_inputs(hosted: HostedModel, inputs: Sequence[object], dimensions: int | None) -> None:
     """Limits that depend on the model: the dimensions asked for, inputs per request."""
     if dimensions is not None and dimensions > hosted.model.dim:
         raise InvalidRequest(

@@ -24,6 +24,7 @@ from conveyor.endpoints.completions import (
     prepare_completion,
 )
 from conveyor.endpoints.embeddings import parse_embedding_request, run_embeddings
+from conveyor.endpoints.rerank import run_rerank, run_score
 from conveyor.endpoints.tokenize import run_detokenize, run_tokenize
 from conveyor.errors import ClientGone
 from conveyor.offload import run_sized
@@ -74,3 +75,19 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     """vLLM's ``/detokenize``: token ids to text."""
     return json_response(await run_detokenize(request.app.state.service, await request.body()))
+
+
+@router.post("/v1/rerank")
+async def rerank(request: Request) -> Response:
+    """Cohere/Jina-style rerank: documents scored against a query by a cross-encoder."""
+    body = await request.body()
+    timeout_ms = timeout_from_headers(request)
+    return json_response(await run_rerank(request.app.state.service, body, timeout_ms=timeout_ms))
+
+
+@router.post("/v1/score")
+async def score(request: Request) -> Response:
+    """vLLM-style score: text pairs scored by a cross-encoder."""
+    body = await request.body()
+    timeout_ms = timeout_from_headers(request)
+    return json_response(await run_score(request.app.state.service, body, timeout_ms=timeout_ms))

@@ -43,12 +43,15 @@ def request_body_models() -> dict[str, type[BaseModel]]:
     """The bodies of the routes that parse their own JSON (imported on first use)."""
     from conveyor.endpoints.chat_schemas import ChatCompletionRequest
     from conveyor.endpoints.generation_schemas import CompletionRequest
+    from conveyor.endpoints.rerank_schemas import RerankRequest, ScoreRequest
     from conveyor.endpoints.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
     from conveyor.openai_paths import (
         CHAT_COMPLETIONS,
         COMPLETIONS,
         DETOKENIZE,
         EMBEDDINGS,
+        RERANK,
+        SCORE,
         TOKENIZE,
     )
 
@@ -56,6 +59,8 @@ def request_body_models() -> dict[str, type[BaseModel]]:
         EMBEDDINGS: EmbeddingRequest,
         COMPLETIONS: CompletionRequest,
         CHAT_COMPLETIONS: ChatCompletionRequest,
+        RERANK: RerankRequest,
+        SCORE: ScoreRequest,
         TOKENIZE: TokenizeRequest,
         DETOKENIZE: DetokenizeRequest,
     }
