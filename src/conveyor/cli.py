@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from starlette.types import ASGIApp
 
+import conveyor
 from conveyor.cli_batch import batch_app
 from conveyor.cli_keys import keys_app
 from conveyor.cli_plan import plan
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
+from conveyor.quick_serve import quick_models
+from conveyor.startup_checks import check_models
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from conveyor.gateway import GatewaySettings
@@ -26,11 +32,7 @@ app.command("plan")(plan)
 
 
 def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
-    try:
-        return load_config(config, overrides=overrides)
-    except ConfigError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(code=2) from None
+    return _or_exit(lambda: load_config(config, overrides=overrides))
 
 
 # Connection limits every serving command takes (None: the config file's value).
@@ -66,16 +68,51 @@ def _run_uvicorn(
         raise typer.Exit(code=3)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"conveyor {conveyor.__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
     """Conveyor: batched inference behind an OpenAI-compatible API."""
 
 
 @app.command()
 def serve(
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help="A model directory (or the bundled model's name): serve it without a config "
+            "file; it replaces the file's models.",
+        ),
+    ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML config file.")] = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on (0 = any free).")] = None,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Name clients use (default: the directory's).")
+    ] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="embedding, generate or rerank (default: detected).")
+    ] = None,
+    api_key: Annotated[
+        list[str] | None, typer.Option(help="Accepted API key (repeatable).")
+    ] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Sequences per step.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Prompt plus output.")] = None,
+    kv_cache_tokens: Annotated[int | None, typer.Option(help="KV-cache size.")] = None,
+    max_batch_size: Annotated[int | None, typer.Option(help="Inputs per batch.")] = None,
+    max_wait_ms: Annotated[float | None, typer.Option(help="Longest batch wait.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = None,
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
@@ -84,13 +121,31 @@ def serve(
     """Run the whole service in one process (default model: all-MiniLM-L6-v2)."""
     from conveyor.api.app import create_app
 
-    settings = _load_or_exit(
-        config, host=host, port=port, max_connections=max_connections,
-        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, log_format=log_format,
+    overrides: dict[str, object] = dict(
+        host=host, port=port, max_connections=max_connections,
+        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, api_keys=api_key,
+        log_format=log_format,
     )  # fmt: skip
+    options = dict(
+        max_num_seqs=max_num_seqs, max_model_len=max_model_len, kv_cache_tokens=kv_cache_tokens,
+        max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, device=device,
+        served_model_name=served_model_name, kind=kind,
+    )  # fmt: skip
+    overrides["models"] = _or_exit(lambda: quick_models(model, options))
+    settings = _load_or_exit(config, **overrides)
+    _or_exit(lambda: check_models(settings))
     _configure_logging(settings)
     key_store_url = settings.jobs.job_store_url_for(settings.data_dir)
     _run_uvicorn(create_app(settings, key_store_url=key_store_url), settings)
+
+
+def _or_exit(action: Callable[[], T]) -> T:
+    """``action()``, or its ``ConfigError`` printed as is and exit code 2 (no traceback)."""
+    try:
+        return action()
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=2) from None
 
 
 # The shared-state options every fleet process takes.
@@ -228,5 +283,6 @@ def _gateway_process(gateway_settings: GatewaySettings, settings: ServerConfig, 
 def check_config(config: Annotated[Path, typer.Argument(help="YAML config file.")]) -> None:
     """Validate a config file and print the models it defines."""
     settings = _load_or_exit(config)
+    _or_exit(lambda: check_models(settings))
     for model in settings.models:
         typer.echo(f"{model.name}: {model.kind}")

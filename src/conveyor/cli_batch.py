@@ -29,6 +29,7 @@ from rich.table import Table
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
+MAX_PRINTED_ERRORS = 100
 TIMEOUT_S = 60.0
 
 batch_app = typer.Typer(help="Batch jobs on a running server (OpenAI's Batch API).")
@@ -178,11 +179,25 @@ def watch_batch(client: BatchClient, batch_id: str, interval_s: float) -> dict[s
             time.sleep(interval_s)
 
 
+def error_lines(batch: dict[str, Any], limit: int = MAX_PRINTED_ERRORS) -> list[str]:
+    """The batch's errors, one line each, at most ``limit`` and then how many more."""
+    errors = batch.get("errors") or {}
+    data = errors.get("data") or []
+    total = int(errors.get("total_errors") or len(data))
+    lines = []
+    for error in data[:limit]:
+        where = f"line {error['line']}: " if error.get("line") is not None else ""
+        lines.append(f"  {where}{error.get('code')}: {error.get('message')}")
+    if total > len(lines):
+        lines.append(f"  ... and {total - len(lines)} more errors")
+    return lines
+
+
 def _exit_for(batch: dict[str, Any]) -> None:
     """Exit code 0 for a completed batch, 1 for any other end."""
     console.print(_summary(batch))
-    for error in (batch.get("errors") or {}).get("data") or []:
-        console.print(f"  line {error.get('line')}: {error.get('code')}: {error.get('message')}")
+    for line in error_lines(batch):
+        console.print(line, markup=False)
     if batch["status"] != "completed":
         raise typer.Exit(code=1)
 
@@ -235,8 +250,8 @@ def list_batches(
     columns = ("id", "status", "endpoint", "total", "completed", "failed", "created")
     rows = [_list_row(batch) for batch in page["data"]]
     out = Console()
-    if not out.is_terminal:  # piped: plain tab-separated lines, whole ids
-        for row in rows:
+    if not out.is_terminal:  # piped: plain tab-separated lines, whole ids, a header first
+        for row in [columns, *rows]:
             typer.echo("\t".join(row))
         return
     table = Table(*columns)
@@ -280,8 +295,11 @@ def results(
         if errors is not None:
             wanted.append((batch.get("error_file_id"), errors, "errors"))
         for file_id, path, kind in wanted:
+            if file_id is None and kind == "errors":
+                console.print("errors: none (no error file written)")
+                continue
             if file_id is None:
-                path.write_bytes(b"")  # no such records: an empty file, not a stale one
+                path.write_bytes(b"")  # no output records: an empty file, not a stale one
                 console.print(f"{kind}: none")
                 continue
             console.print(f"{kind}: {client.download(file_id, path)} bytes -> {path}")

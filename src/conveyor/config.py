@@ -119,6 +119,27 @@ class EmbeddingModelConfig(BatchingConfig):
         return value
 
 
+class RerankModelConfig(BatchingConfig):
+    """A cross-encoder: any Hugging Face sequence-classification directory with one label.
+
+    Each (query, document) pair is one input to the batcher; its score is the model's logit
+    through a sigmoid (sentence-transformers' ``CrossEncoder`` default).
+    """
+
+    kind: Literal["rerank"]
+    path: Path
+    device: str = "auto"
+    max_input_tokens: int | None = Field(default=None, ge=2, description="Per pair.")
+    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, value: Path) -> Path:
+        if not value.is_dir():
+            raise ValueError(f"model directory {value} does not exist")
+        return value
+
+
 class GenerateModelConfig(_Strict):
     """A generative Llama-family checkpoint served with continuous batching.
 
@@ -168,8 +189,9 @@ class GenerateModelConfig(_Strict):
         return self.max_num_seqs
 
 
+ModelEntry = SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig | GenerateModelConfig
 ModelConfig = Annotated[
-    SyntheticModelConfig | EmbeddingModelConfig | GenerateModelConfig,
+    SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig | GenerateModelConfig,
     Field(discriminator="kind"),
 ]
 
@@ -248,6 +270,11 @@ class ServerConfig(_Strict):
     metrics_auth: bool = Field(
         default=False, description="/metrics needs an API key like every /v1 route."
     )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed to call the API (CORS), e.g. "
+        '"https://app.example.com", or "*"; empty: no CORS headers.',
+    )
     model_memory_budget_mb: int | None = Field(
         default=None,
         ge=1,
@@ -312,7 +339,9 @@ class ServerConfig(_Strict):
 
     def model(
         self, name: str
-    ) -> SyntheticModelConfig | EmbeddingModelConfig | GenerateModelConfig | None:
+    ) -> (
+        SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig | GenerateModelConfig | None
+    ):
         """The model entry of that name, if configured."""
         return next((model for model in self.models if model.name == name), None)
 
@@ -324,24 +353,39 @@ def default_model_config() -> EmbeddingModelConfig:
     )
 
 
-def _format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+# The environment variables that set top-level settings, by setting.
+ENV_VARS = {
+    "host": "CONVEYOR_HOST",
+    "port": "CONVEYOR_PORT",
+    "data_dir": "CONVEYOR_DATA_DIR",
+    "api_keys": "CONVEYOR_API_KEYS",
+}
+
+
+def _format_validation_error(
+    exc: ValidationError, source: str, from_env: frozenset[str] = frozenset()
+) -> str:
+    """One line per mistake; a setting that came from a variable is blamed on the variable."""
+    lines = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        key = str(error["loc"][0]) if error["loc"] else ""
+        if key in from_env:
+            where = f"{ENV_VARS[key]} (sets {where})"
         lines.append(f"  {where}: {error['msg']}")
-    return "\n".join(lines)
+    keys = {str(error["loc"][0]) for error in exc.errors() if error["loc"]}
+    if keys and keys <= from_env:
+        source = "the environment"
+    return "\n".join([f"invalid configuration in {source}:", *lines])
 
 
 def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
-    if "CONVEYOR_HOST" in env:
-        overrides["host"] = env["CONVEYOR_HOST"]
-    if "CONVEYOR_PORT" in env:
-        overrides["port"] = env["CONVEYOR_PORT"]
-    if "CONVEYOR_DATA_DIR" in env:
-        overrides["data_dir"] = env["CONVEYOR_DATA_DIR"]
-    if "CONVEYOR_API_KEYS" in env:
-        overrides["api_keys"] = [key for key in env["CONVEYOR_API_KEYS"].split(",") if key]
+    for key, variable in ENV_VARS.items():
+        if variable in env:
+            overrides[key] = env[variable]
+    if "api_keys" in overrides:
+        overrides["api_keys"] = [key for key in overrides["api_keys"].split(",") if key]
     return overrides
 
 
@@ -368,9 +412,12 @@ def load_config(
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         raw = dict(loaded or {})
-    raw.update(_env_overrides(dict(os.environ) if env is None else env))
-    raw.update({key: value for key, value in (overrides or {}).items() if value is not None})
+    from_env = _env_overrides(dict(os.environ) if env is None else env)
+    flags = {key: value for key, value in (overrides or {}).items() if value is not None}
+    raw.update(from_env)
+    raw.update(flags)
     try:
         return ServerConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source)) from exc
+        blamed = frozenset(from_env) - frozenset(flags)
+        raise ConfigError(_format_validation_error(exc, source, blamed)) from exc

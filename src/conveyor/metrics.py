@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
@@ -44,6 +44,19 @@ def outcome_of(status_code: int) -> str:
 
 
 CLOSE_REASONS = ("full", "tokens", "wait")
+# Why a generation request ended: OpenAI's finish reasons, a caller's abort, an engine error.
+FINISH_REASONS = ("stop", "length", "abort", "error")
+LENGTH_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072 tokens
+
+
+def add_http_and_process_families(reg: CollectorRegistry) -> Counter:
+    """Process metrics (CPU, memory, open files) and the HTTP request counter of an app."""
+    ProcessCollector(registry=reg)
+    return Counter(
+        "conveyor_http_requests_total",
+        "HTTP requests by route template and status (refusals before any handler included)",
+        ["method", "route", "status"], registry=reg,
+    )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -83,6 +96,12 @@ class GeneratorMetrics:
     oom_backoffs: Any
     latency_s: Any
     requests: dict[str, Any]
+    kv_cache_usage: Any
+    prefix_cache_query_tokens: Any
+    finished: dict[str, Any]
+    prompt_length: Any
+    generation_length: Any
+    queue_time_s: Any
 
 
 class Metrics:
@@ -145,6 +164,8 @@ class Metrics:
         )  # fmt: skip
         self._add_job_families(reg)
         self._add_generator_families(reg)
+        self._add_generation_request_families(reg)
+        self.http_requests = add_http_and_process_families(reg)
 
     def _add_job_families(self, reg: CollectorRegistry) -> None:
         """Families of batch jobs (lines, the result cache, storage failures)."""
@@ -204,6 +225,34 @@ class Metrics:
             ["model"], registry=reg,
         )  # fmt: skip
 
+    def _add_generation_request_families(self, reg: CollectorRegistry) -> None:
+        """Per-request families of generative models, after vLLM's (see the README)."""
+        self.kv_cache_usage = Gauge(
+            "conveyor_kv_cache_usage_ratio", "Share of KV-cache blocks held (0..1)", ["model"],
+            registry=reg,
+        )  # fmt: skip
+        self.prefix_cache_query_tokens = Counter(
+            "conveyor_prefix_cache_query_tokens_total",
+            "Tokens looked up in the prefix cache at admission (hits: "
+            "conveyor_prefix_cache_hit_tokens_total)", ["model"], registry=reg,
+        )  # fmt: skip
+        self.finished = Counter(
+            "conveyor_generation_requests_finished_total", "Generation requests by finish reason",
+            ["model", "finish_reason"], registry=reg,
+        )  # fmt: skip
+        self.prompt_length = Histogram(
+            "conveyor_request_prompt_tokens", "Prompt tokens per finished request", ["model"],
+            buckets=LENGTH_BUCKETS, registry=reg,
+        )  # fmt: skip
+        self.generation_length = Histogram(
+            "conveyor_request_generation_tokens", "Generated tokens per finished request",
+            ["model"], buckets=LENGTH_BUCKETS, registry=reg,
+        )  # fmt: skip
+        self.queue_time_s = Histogram(
+            "conveyor_request_queue_time_seconds", "Arrival to first admission (KV blocks given)",
+            ["model"], buckets=LATENCY_BUCKETS_S, registry=reg,
+        )  # fmt: skip
+
     def for_model(self, model: str) -> ModelMetrics:
         """Children bound to ``model``; every outcome and reason is created up front."""
         return ModelMetrics(
@@ -239,6 +288,12 @@ class Metrics:
             oom_backoffs=self.oom_backoffs.labels(model),
             latency_s=self.latency_s.labels(model),
             requests={o: self.requests.labels(model, o) for o in OUTCOMES},
+            kv_cache_usage=self.kv_cache_usage.labels(model),
+            prefix_cache_query_tokens=self.prefix_cache_query_tokens.labels(model),
+            finished={r: self.finished.labels(model, r) for r in FINISH_REASONS},
+            prompt_length=self.prompt_length.labels(model),
+            generation_length=self.generation_length.labels(model),
+            queue_time_s=self.queue_time_s.labels(model),
         )
 
 
@@ -283,6 +338,7 @@ class GatewayMetrics:
             "conveyor_gateway_request_latency_seconds", "Gateway request latency", ["model"],
             buckets=LATENCY_BUCKETS_S, registry=reg,
         )  # fmt: skip
+        self.http_requests = add_http_and_process_families(reg)
 
 
 class TenantMetrics:

@@ -1,10 +1,17 @@
-"""The OpenAI endpoint paths Conveyor serves a body to: the one list of batchable paths."""
+"""The endpoint paths Conveyor serves a body to: the one list of batchable paths."""
 
 from __future__ import annotations
 
 EMBEDDINGS = "/v1/embeddings"
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
+RERANK = "/v1/rerank"
+SCORE = "/v1/score"
 GENERATION_ENDPOINTS = (COMPLETIONS, CHAT_COMPLETIONS)
-# Every path a batch line may name (OpenAI's Batch API `url`).
-BATCH_ENDPOINTS = (EMBEDDINGS, *GENERATION_ENDPOINTS)
+# Every path a batch line may name (OpenAI's Batch API `url`; rerank is Conveyor's extra).
+BATCH_ENDPOINTS = (EMBEDDINGS, *GENERATION_ENDPOINTS, RERANK)
+# vLLM's tokenizer routes (outside /v1, as vLLM serves them).
+TOKENIZE = "/tokenize"
+DETOKENIZE = "/detokenize"
+# Every POST path a gateway forwards to a worker hosting the body's model.
+PROXIED_ENDPOINTS = (*BATCH_ENDPOINTS, SCORE, TOKENIZE, DETOKENIZE)

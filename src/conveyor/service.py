@@ -15,14 +15,22 @@ from conveyor.batching.item import WorkItem
 from conveyor.config import (
     EmbeddingModelConfig,
     GenerateModelConfig,
+    RerankModelConfig,
     ServerConfig,
     SyntheticModelConfig,
 )
 from conveyor.errors import ConveyorError, InvalidRequest, ModelNotFound, ServiceUnavailable
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.model_cache import CacheFull, ModelCache
-from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector
+from conveyor.models.base import (
+    EmbeddingInput,
+    EmbeddingModel,
+    EncodedInput,
+    Vector,
+    shorten_vectors,
+)
 from conveyor.models.registry import build_embedding_model, build_generator
+from conveyor.models.text_tokenizer import TextTokenizer
 from conveyor.observability.context import note_model
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
@@ -36,7 +44,7 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 
-OneShotConfig = SyntheticModelConfig | EmbeddingModelConfig
+OneShotConfig = SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig
 ModelFactory = Callable[[OneShotConfig], EmbeddingModel]
 GeneratorFactory = Callable[[GenerateModelConfig, GeneratorMetrics], "HostedGenerator"]
 
@@ -258,6 +266,17 @@ class Service:
             raise ServiceUnavailable(f"model {name!r} is still loading")
         raise ModelNotFound(f"the model {name!r} does not exist", param="model")
 
+    async def text_tokenizer(self, name: str) -> TextTokenizer:
+        """The tokenizer of model ``name``: 404 if unknown, 400 if the model has none."""
+        generator = self.generators.get(name)
+        if generator is not None:
+            return TextTokenizer(generator.tokenizer.hf, generator.max_model_len)
+        async with self.using(name) as hosted:
+            hf = getattr(hosted.model, "tokenizer", None)
+            if hf is None:
+                raise InvalidRequest(f"the model {name!r} has no tokenizer", param="model")
+            return TextTokenizer(hf, hosted.model.max_input_tokens)
+
     async def embed(
         self,
         model: str,
@@ -283,6 +302,8 @@ class Service:
                     hosted, inputs, priority, timeout_ms, truncate
                 )
                 vectors = await gather_items(hosted.batcher, items)
+                if dimensions is not None and dimensions < hosted.model.dim:
+                    vectors = shorten_vectors(vectors, dimensions)
         except asyncio.CancelledError:
             metrics.requests["client_gone"].inc()
             raise
@@ -292,6 +313,43 @@ class Service:
         metrics.requests["ok"].inc()
         metrics.latency_s.observe(time.perf_counter() - started_s)
         return EmbedResult(vectors, num_tokens)
+
+    async def score_pairs(
+        self,
+        model: str,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        priority: Priority = Priority.ONLINE,
+        timeout_ms: float | None = None,
+        truncate: bool = False,
+    ) -> EmbedResult:
+        """Score (query, document) pairs with a rerank model, each batched like an input.
+
+        The rerank twin of ``embed``: same admission, deadlines and outcome metrics.
+        """
+        started_s = time.perf_counter()
+        metrics = self.model_metrics(model)
+        try:
+            async with self.using(model) as hosted:
+                encode = getattr(hosted.model, "encode_pairs", None)
+                if encode is None:
+                    raise InvalidRequest(
+                        f"the model {model!r} is not a rerank model", param="model"
+                    )
+                check_inputs(hosted, pairs, None)
+                num_chars = sum(len(q) + len(d) for q, d in pairs)
+                encoded = await run_sized(num_chars, encode, pairs, truncate=truncate)
+                items, num_tokens = self._admit(hosted, encoded, priority, timeout_ms)
+                scores = await gather_items(hosted.batcher, items)
+        except asyncio.CancelledError:
+            metrics.requests["client_gone"].inc()
+            raise
+        except ConveyorError as exc:
+            metrics.requests[outcome_of(exc.status_code)].inc()
+            raise
+        metrics.requests["ok"].inc()
+        metrics.latency_s.observe(time.perf_counter() - started_s)
+        return EmbedResult(scores, num_tokens)
 
     def generate(
         self,
@@ -330,6 +388,16 @@ class Service:
         encoded = await run_sized(
             input_bytes(inputs), hosted.model.encode, inputs, truncate=truncate
         )
+        return self._admit(hosted, encoded, priority, timeout_ms)
+
+    def _admit(
+        self,
+        hosted: HostedModel,
+        encoded: Sequence[EncodedInput],
+        priority: Priority,
+        timeout_ms: float | None,
+    ) -> tuple[list[WorkItem], int]:
+        """Queue every encoded input (all or none); returns the items and token count."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout_ms or hosted.config.timeout_ms) / 1000
         items: list[WorkItem] = []
@@ -343,14 +411,12 @@ class Service:
         return items, sum(enc.num_tokens for enc in encoded)
 
 
-def check_inputs(
-    hosted: HostedModel, inputs: Sequence[EmbeddingInput], dimensions: int | None
-) -> None:
+def check_inputs(hosted: HostedModel, inputs: Sequence[object], dimensions: int | None) -> None:
     """Limits that depend on the model: the dimensions asked for, inputs per request."""
-    if dimensions is not None and dimensions != hosted.model.dim:
+    if dimensions is not None and dimensions > hosted.model.dim:
         raise InvalidRequest(
             f"model {hosted.config.name!r} returns {hosted.model.dim} dimensions; "
-            f"it cannot return {dimensions}",
+            f"it cannot return {dimensions} (fewer are truncated and renormalised)",
             param="dimensions",
         )
     # Config validation keeps max_inputs_per_request <= max_queue, so a request under the

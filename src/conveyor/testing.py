@@ -285,3 +285,40 @@ def _build(
     )
     model.save_pretrained(str(path), max_shard_size=max_shard_size)
     return path
+
+
+_CROSS_ENCODER_TEXT = (
+    "the a of and to in is cat dog fox sat on mat quick brown jumps over lazy what which "
+    "where who how paris france capital city river batch queue model"
+)
+
+
+def build_tiny_cross_encoder(directory: str | Path, *, seed: int = 0) -> Path:
+    """Write a random BERT cross-encoder (one label) with a WordPiece tokenizer; no download.
+
+    Loads in sentence-transformers' ``CrossEncoder`` and in Conveyor's ``kind: rerank``.
+    """
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    words = _CROSS_ENCODER_TEXT.split(" ")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    vocab += [f"##{letter}" for letter in "abcdefghijklmnopqrstuvwxyz"] + list(
+        "abcdefghijklmnopqrstuvwxyz?.,"
+    )
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer: Any = BertTokenizer(vocab_file=str(path / "vocab.txt"), model_max_length=128)
+    tokenizer.save_pretrained(str(path))
+    config: Any = BertConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=48, max_position_embeddings=128,
+        initializer_range=_INITIALIZER_RANGE,
+    )  # fmt: skip
+    config.num_labels = 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model: Any = BertForSequenceClassification(config)
+    model.eval()
+    model.save_pretrained(str(path))
+    return path

@@ -21,7 +21,7 @@ CASES = [
     ({"model": "syn", "input": [1.5]}, 400, "'input' must be"),
     ({"model": "syn", "input": {"text": "a"}}, 400, "'input' must be"),
     ({"model": "syn", "input": "a", "encoding_format": "hex"}, 400, "encoding_format"),
-    ({"model": "syn", "input": "a", "dimensions": 3}, 400, "dimensions"),
+    ({"model": "syn", "input": "a", "dimensions": 9}, 400, "dimensions"),
     ({"model": "syn", "input": "w " * 65}, 400, "64"),
     ({"model": "nope", "input": "a"}, 404, "nope"),
     ({"model": 7, "input": "a"}, 400, "model"),

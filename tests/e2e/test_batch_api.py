@@ -205,7 +205,7 @@ def test_per_line_errors_go_to_the_error_file(client: openai.OpenAI) -> None:
     lines = embedding_lines(10)
     lines[2]["body"]["input"] = "POISON pill"
     lines[5]["body"]["input"] = "w " * 100  # beyond the model's 32 tokens
-    lines[7]["body"]["dimensions"] = 3
+    lines[7]["body"]["dimensions"] = 9999
     batch = wait_until(client, submit(client, jsonl(lines)).id)
     assert batch.status == "completed" and batch.request_counts.failed == 3
     outputs, errors = results(client, batch)
@@ -226,6 +226,8 @@ def test_progress_counts_move_and_cancel_keeps_finished_lines(client: openai.Ope
     outputs, errors = results(client, batch)
     assert_each_once(outputs, errors, [line["custom_id"] for line in lines])
     assert len(outputs) == batch.request_counts.completed >= 100
+    counts = batch.request_counts  # the lines that never ran count as failed
+    assert counts.completed + counts.failed == counts.total == len(lines)
     assert {r["error"]["code"] for r in errors} == {"batch_cancelled"}
     with pytest.raises(openai.BadRequestError):
         client.batches.cancel(wait_until(client, submit(client, jsonl(lines[:3])).id).id)
@@ -306,5 +308,5 @@ def test_the_cli_submits_watches_and_downloads(jobs_server: Server, tmp_path: Pa
     assert batch_id in cli("list").stdout
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
     assert cli("results", batch_id, "-o", str(out), "--errors", str(err)).returncode == 0
-    assert len(out.read_text().splitlines()) == 30 and err.read_text() == ""
+    assert len(out.read_text().splitlines()) == 30 and not err.exists()  # no empty error file
     assert cli("cancel", "batch_missing").returncode == 1

@@ -8,11 +8,12 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
-from pydantic import BaseModel
 
+import conveyor
 from conveyor.api import batches, dashboard, files, inference, meta
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
+from conveyor.api.http_metrics import HttpMetricsMiddleware
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
@@ -59,7 +60,9 @@ def create_app(
             await service.stop()
             await guards.stop()
 
-    app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan, **fastapi_options())
+    app = FastAPI(
+        title="Conveyor", version=conveyor.__version__, lifespan=lifespan, **fastapi_options()
+    )
     app.state.service = service
     app.state.jobs = jobs
     install_error_handlers(app)
@@ -71,7 +74,7 @@ def create_app(
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(dashboard.router)
-    install_openapi(app, _body_models)
+    install_openapi(app)
     key_store = open_job_store(key_store_url) if key_store_url is not None else None
     guards = install_middleware(
         app,
@@ -82,17 +85,5 @@ def create_app(
         with_rate_limits=with_rate_limits,
         tracer_provider=tracer_provider,
     )
+    app.add_middleware(HttpMetricsMiddleware, counter=service.metrics.http_requests)  # outermost
     return app
-
-
-def _body_models() -> dict[str, type[BaseModel]]:
-    """The bodies of the routes that parse their own JSON (imported on first use)."""
-    from conveyor.endpoints.chat_schemas import ChatCompletionRequest
-    from conveyor.endpoints.generation_schemas import CompletionRequest
-    from conveyor.endpoints.schemas import EmbeddingRequest
-
-    return {
-        "/v1/embeddings": EmbeddingRequest,
-        "/v1/completions": CompletionRequest,
-        "/v1/chat/completions": ChatCompletionRequest,
-    }

@@ -17,11 +17,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
 from conveyor.api.errors import error_response
-from conveyor.api.responses import json_response
+from conveyor.api.responses import find_model, json_response, version_body
 from conveyor.api.timeouts import TIMEOUT_HEADER, timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
 from conveyor.fleet.proxy import OutboundRequest, ProxiedResponse, forwardable_headers
 from conveyor.fleet.scaling import desired_replicas
+from conveyor.openai_paths import PROXIED_ENDPOINTS
 
 if TYPE_CHECKING:
     from starlette.responses import StreamingResponse
@@ -102,14 +103,29 @@ def read_model(body: bytes) -> tuple[str, int]:
     return parse_model(body)
 
 
+def _model_entries(gateway: Gateway) -> list[dict[str, object]]:
+    return [
+        {"id": name, "object": "model", "created": 0, "owned_by": "conveyor"}
+        for name in gateway.healthy_models()
+    ]
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     """OpenAI's model list: the union of the healthy workers' models."""
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "conveyor"}
-        for name in _gateway(request).healthy_models()
-    ]
-    return json_response({"object": "list", "data": data})
+    return json_response({"object": "list", "data": _model_entries(_gateway(request))})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(request: Request, model_id: str) -> Response:
+    """OpenAI's model object for one model a healthy worker hosts (404 otherwise)."""
+    return json_response(find_model(_model_entries(_gateway(request)), model_id))
+
+
+@router.get("/version")
+async def version() -> Response:
+    """The running Conveyor version (as vLLM's ``/version``)."""
+    return json_response(version_body())
 
 
 @router.get("/v1/fleet")
@@ -144,6 +160,8 @@ def is_proxied(scope: Scope) -> bool:
     if scope["type"] != "http" or scope["method"] != "POST":
         return False
     path: str = scope["path"]
+    if path in PROXIED_ENDPOINTS:  # /tokenize and /detokenize sit outside /v1
+        return True
     return path.startswith("/v1/") and not path.startswith(JOB_PREFIXES)
 
 

@@ -8,13 +8,16 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
+import conveyor
 from conveyor.api import batches as batch_routes
 from conveyor.api import dashboard as dashboard_routes
 from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
+from conveyor.api.http_metrics import HttpMetricsMiddleware
 from conveyor.api.middleware import install_middleware
+from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
@@ -53,7 +56,12 @@ def create_gateway_app(
             await guards.stop()  # before the gateway closes the store it reads keys from
             await gateway.stop()
 
-    app = FastAPI(title="Conveyor gateway", version="0.1.0", lifespan=lifespan, **fastapi_options())
+    app = FastAPI(
+        title="Conveyor gateway",
+        version=conveyor.__version__,
+        lifespan=lifespan,
+        **fastapi_options(),
+    )
     app.state.gateway = gateway
     app.state.jobs = jobs
     install_error_handlers(app)
@@ -62,6 +70,7 @@ def create_gateway_app(
     app.include_router(batch_routes.router)
     app.include_router(dashboard_routes.router)
     app.include_router(fleet_routes.router)
+    install_openapi(app)
     # Innermost: the API keys, limits and the body cap still run before a request is proxied.
     app.add_middleware(fleet_routes.ProxyShortcut, gateway=gateway)
     key_store = registry_store if isinstance(registry_store, ApiKeyStore) else None
@@ -73,4 +82,5 @@ def create_gateway_app(
         service_name="conveyor-gateway",
         tracer_provider=tracer_provider,
     )
+    app.add_middleware(HttpMetricsMiddleware, counter=gateway.metrics.http_requests)  # outermost
     return app

@@ -1,4 +1,4 @@
-"""The three OpenAI inference routes over HTTP: embeddings, completions, chat completions.
+"""The inference routes over HTTP: embeddings, completions, chat completions, tokenize.
 
 Thin: each parses, hands the body to ``endpoints`` (shared with batch jobs) and answers.
 Embeddings is a plain Starlette route (no FastAPI per-request machinery on the hot path);
@@ -24,6 +24,8 @@ from conveyor.endpoints.completions import (
     prepare_completion,
 )
 from conveyor.endpoints.embeddings import parse_embedding_request, run_embeddings
+from conveyor.endpoints.rerank import run_rerank, run_score
+from conveyor.endpoints.tokenize import run_detokenize, run_tokenize
 from conveyor.errors import ClientGone
 from conveyor.offload import run_sized
 from conveyor.service import Service
@@ -61,3 +63,31 @@ async def create_completion(request: Request) -> Response:
 async def create_chat_completion(request: Request) -> Response:
     """OpenAI chat completions through the model's chat template; ``stream: true`` for SSE."""
     return await serve_generation(request, parse_chat_request, prepare_chat, chat_body, chat_chunks)
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> Response:
+    """vLLM's ``/tokenize``: a prompt, or a chat through its template, to token ids."""
+    return json_response(await run_tokenize(request.app.state.service, await request.body()))
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> Response:
+    """vLLM's ``/detokenize``: token ids to text."""
+    return json_response(await run_detokenize(request.app.state.service, await request.body()))
+
+
+@router.post("/v1/rerank")
+async def rerank(request: Request) -> Response:
+    """Cohere/Jina-style rerank: documents scored against a query by a cross-encoder."""
+    body = await request.body()
+    timeout_ms = timeout_from_headers(request)
+    return json_response(await run_rerank(request.app.state.service, body, timeout_ms=timeout_ms))
+
+
+@router.post("/v1/score")
+async def score(request: Request) -> Response:
+    """vLLM-style score: text pairs scored by a cross-encoder."""
+    body = await request.body()
+    timeout_ms = timeout_from_headers(request)
+    return json_response(await run_score(request.app.state.service, body, timeout_ms=timeout_ms))

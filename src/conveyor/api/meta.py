@@ -1,4 +1,4 @@
-"""Model list, liveness, readiness and metrics."""
+"""Model list and lookup, version, liveness, readiness and metrics."""
 
 from __future__ import annotations
 
@@ -6,25 +6,40 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from conveyor.api.responses import json_response
+from conveyor.api.responses import find_model, json_response, version_body
 from conveyor.service import Service
 
 router = APIRouter()
 
 
-@router.get("/v1/models")
-async def list_models(request: Request) -> Response:
-    """OpenAI's model list: every model this service hosts."""
-    service: Service = request.app.state.service
+def model_entries(service: Service) -> list[dict[str, object]]:
+    """One OpenAI model object per model this service hosts."""
     entries = [(h.config.name, h.created_at) for h in service.models()]
     # Under a memory budget a model not loaded yet is still hosted: it loads on first use.
     entries += [(m.name, service.started_at) for m in service.unloaded_models()]
     entries += [(g.config.name, g.created_at) for g in service.generators.values()]
-    data = [
+    return [
         {"id": name, "object": "model", "created": created, "owned_by": "conveyor"}
         for name, created in entries
     ]
-    return json_response({"object": "list", "data": data})
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    """OpenAI's model list: every model this service hosts."""
+    return json_response({"object": "list", "data": model_entries(request.app.state.service)})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(request: Request, model_id: str) -> Response:
+    """OpenAI's model object for one hosted model (404 if not hosted)."""
+    return json_response(find_model(model_entries(request.app.state.service), model_id))
+
+
+@router.get("/version")
+async def version() -> Response:
+    """The running Conveyor version (as vLLM's ``/version``)."""
+    return json_response(version_body())
 
 
 @router.get("/health")

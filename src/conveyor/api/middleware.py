@@ -1,5 +1,5 @@
-"""The middleware every Conveyor app wears, in one place: request ids, API keys, the body
-cap, rate limits."""
+"""The middleware every Conveyor app wears, in one place: CORS, request ids, API keys, the
+body cap, rate limits."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
+from starlette.middleware.cors import CORSMiddleware
 
 from conveyor.api.auth import ApiKeyMiddleware, static_principals
 from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
@@ -95,4 +96,14 @@ def install_middleware(
         tracer=tracer_of(provider),
         log_level=logging.INFO if config.log_format == "json" else logging.DEBUG,
     )
+    if config.cors_origins:
+        # Outermost (added last) so a browser's preflight OPTIONS, which carries no key, is
+        # answered before the key check, and error responses carry the CORS headers too.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=config.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
     return guards

@@ -39,7 +39,34 @@ BATCH_CREATE = {
 }
 
 
-def install_openapi(app: FastAPI, body_models: BodyModels) -> None:
+def request_body_models() -> dict[str, type[BaseModel]]:
+    """The bodies of the routes that parse their own JSON (imported on first use)."""
+    from conveyor.endpoints.chat_schemas import ChatCompletionRequest
+    from conveyor.endpoints.generation_schemas import CompletionRequest
+    from conveyor.endpoints.rerank_schemas import RerankRequest, ScoreRequest
+    from conveyor.endpoints.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
+    from conveyor.openai_paths import (
+        CHAT_COMPLETIONS,
+        COMPLETIONS,
+        DETOKENIZE,
+        EMBEDDINGS,
+        RERANK,
+        SCORE,
+        TOKENIZE,
+    )
+
+    return {
+        EMBEDDINGS: EmbeddingRequest,
+        COMPLETIONS: CompletionRequest,
+        CHAT_COMPLETIONS: ChatCompletionRequest,
+        RERANK: RerankRequest,
+        SCORE: ScoreRequest,
+        TOKENIZE: TokenizeRequest,
+        DETOKENIZE: DetokenizeRequest,
+    }
+
+
+def install_openapi(app: FastAPI, body_models: BodyModels = request_body_models) -> None:
     """Serve ``/openapi.json`` with request bodies from ``body_models()`` (path → model).
 
     ``body_models`` is called on the first request for the document, so modules it imports

@@ -12,9 +12,10 @@ from typing import Any
 from conveyor.endpoints.chat import run_chat
 from conveyor.endpoints.completions import run_completion
 from conveyor.endpoints.embeddings import run_embeddings
+from conveyor.endpoints.rerank import run_rerank
 from conveyor.errors import InvalidRequest
 from conveyor.jobs.subsystem import JobsSubsystem
-from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS
+from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RERANK
 from conveyor.priority import Priority
 from conveyor.service import Service
 
@@ -34,6 +35,8 @@ async def execute(
         return await run_completion(service, body, priority=priority, timeout_ms=timeout_ms)
     if endpoint == CHAT_COMPLETIONS:
         return await run_chat(service, body, priority=priority, timeout_ms=timeout_ms)
+    if endpoint == RERANK:
+        return await run_rerank(service, body, priority=priority, timeout_ms=timeout_ms)
     raise InvalidRequest(f"unsupported endpoint {endpoint!r}", param="url")
 
 

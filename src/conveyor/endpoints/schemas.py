@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 EmbeddingInputField = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
@@ -49,3 +57,30 @@ class EmbeddingRequest(BaseModel):
         if value and isinstance(value[0], int):
             return [[int(token) for token in value]]  # one input given as token ids
         return list(value)  # type: ignore[arg-type]
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize``: ``prompt`` (text) or ``messages`` (through the chat template)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr = Field(min_length=1)
+    prompt: StrictStr | None = None
+    messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    add_special_tokens: StrictBool | None = Field(
+        default=None, description="Default: true for a prompt (the chat template adds its own)."
+    )
+    add_generation_prompt: StrictBool = Field(
+        default=True, description="Only true: chats are tokenized as the chat endpoint sends them."
+    )
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: token ids back to text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr = Field(min_length=1)
+    tokens: list[StrictInt]

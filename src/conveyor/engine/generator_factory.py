@@ -12,6 +12,7 @@ import torch
 from conveyor.config import GenerateModelConfig
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.hf_config import DecoderConfig, load_hf_config
+from conveyor.engine.limits import max_model_len_problem
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
 from conveyor.engine.model_runner import (
     ModelRunner,
@@ -20,6 +21,7 @@ from conveyor.engine.model_runner import (
     resolve_device,
 )
 from conveyor.engine.tokenizer import Tokenizer
+from conveyor.errors import ConfigError
 from conveyor.metrics import GeneratorMetrics
 
 __all__ = ["DEFAULT_CPU_KV_CACHE_TOKENS", "load_generator"]
@@ -43,11 +45,9 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         dtype=config.dtype,
     )
     max_model_len = config.max_model_len or runner.max_model_len
-    if max_model_len > runner.max_model_len:
-        raise ValueError(
-            f"model {config.name!r}: max_model_len {max_model_len} exceeds the checkpoint's "
-            f"{runner.max_model_len}"
-        )
+    problem = max_model_len_problem(config.name, max_model_len, runner.max_model_len)
+    if problem is not None:
+        raise ConfigError(problem)
     engine_config = EngineConfig(
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,

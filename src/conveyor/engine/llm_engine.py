@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.engine_metrics import publish_kv_usage, record_admission, record_finish
 from conveyor.engine.grammar import GrammarCompiler
 from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
 from conveyor.engine.null_metrics import null_generator_metrics
@@ -281,6 +282,7 @@ class LLMEngine:
             return
         self._scheduler.abort(request_id)
         self.stats.num_aborted += 1
+        self._metrics.finished["abort"].inc()
 
     def _step(self) -> None:
         """Plan, run, sample and account for one step."""
@@ -326,10 +328,9 @@ class LLMEngine:
             seq = scheduled.seq
             request = self._entries[seq.seq_id].request
             if request.num_admissions <= seq.num_preemptions:
+                record_admission(self._metrics, request, seq.num_tokens, seq.num_cached_tokens)
                 request.num_admissions += 1
                 self.stats.num_prefix_cache_hit_tokens += seq.num_cached_tokens
-                if seq.num_cached_tokens:
-                    self._metrics.prefix_cache_hit_tokens.inc(seq.num_cached_tokens)
             if not scheduled.needs_logits:
                 self.stats.num_partial_prefills += 1
 
@@ -405,6 +406,7 @@ class LLMEngine:
         del self._entries[request.request_id]
         self._scheduler.finish(request.request_id)
         self.stats.num_finished += 1
+        record_finish(self._metrics, request)
         if request.first_token_s is not None and request.finished_s is not None:
             run_s = request.finished_s - request.arrival_s
             self._mean_run_s += _RUN_TIME_SMOOTHING * (run_s - self._mean_run_s)
@@ -418,6 +420,7 @@ class LLMEngine:
                 self._scheduler.abort(scheduled.seq.seq_id)
                 deliveries.append((entry.stream, error))
                 self.stats.num_failed += 1
+                self._metrics.finished["error"].inc()
         deliver_threadsafe(deliveries)
 
     def _fail_everything(self, error: ConveyorError) -> None:
@@ -431,6 +434,7 @@ class LLMEngine:
             self._scheduler.abort(request_id)
             deliveries.append((entry.stream, error))
             self.stats.num_failed += 1
+            self._metrics.finished["error"].inc()
         self._entries.clear()
         deliver_threadsafe(deliveries)
         self._publish()
@@ -446,5 +450,4 @@ class LLMEngine:
         metrics = self._metrics
         metrics.running.set(scheduler.num_running)
         metrics.waiting.set(scheduler.num_waiting)
-        metrics.kv_blocks_used.set(manager.num_used_blocks)
-        metrics.kv_blocks_free.set(manager.num_free_blocks)
+        publish_kv_usage(metrics, manager)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from conveyor.metrics import OUTCOMES, GeneratorMetrics
+from conveyor.metrics import FINISH_REASONS, OUTCOMES, GeneratorMetrics
 
 __all__ = ["null_generator_metrics"]
 
@@ -32,6 +32,10 @@ def null_generator_metrics() -> GeneratorMetrics:
     children = {
         field.name: noop
         for field in dataclasses.fields(GeneratorMetrics)
-        if field.name != "requests"
+        if field.name not in ("requests", "finished")
     }
-    return GeneratorMetrics(**children, requests=dict.fromkeys(OUTCOMES, noop))
+    return GeneratorMetrics(
+        **children,
+        requests=dict.fromkeys(OUTCOMES, noop),
+        finished=dict.fromkeys(FINISH_REASONS, noop),
+    )

@@ -6,10 +6,14 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
-from conveyor.stores.records import BatchRecord, FileRecord
+from conveyor.stores.records import BatchRecord, BatchStatus, FileRecord, RequestCounts
 
 # Every `*_at` field of the record, in its declared order (OpenAI's object has each one).
 BATCH_TIMESTAMPS = tuple(f.name for f in fields(BatchRecord) if f.name.endswith("_at"))
+# A Batch object lists at most this many errors; `total_errors` says how many there are.
+MAX_LISTED_ERRORS = 100
+# Ends in which lines that never ran are reported in the error file, so count as failed.
+UNFINISHED_ENDS = (BatchStatus.CANCELLED, BatchStatus.EXPIRED)
 
 
 def file_object(rec: FileRecord) -> dict[str, Any]:
@@ -36,7 +40,8 @@ def batch_object(rec: BatchRecord) -> dict[str, Any]:
     """OpenAI's Batch object; `errors` is a list object or null."""
     errors = None
     if rec.errors:
-        errors = {"object": "list", "data": [e.to_dict() for e in rec.errors]}
+        listed = [e.to_dict() for e in rec.errors[:MAX_LISTED_ERRORS]]
+        errors = {"object": "list", "data": listed, "total_errors": len(rec.errors)}
     body: dict[str, Any] = {
         "id": rec.id,
         "object": "batch",
@@ -50,7 +55,7 @@ def batch_object(rec: BatchRecord) -> dict[str, Any]:
         "error_file_id": rec.error_file_id,
     }
     body.update({name: getattr(rec, name) for name in BATCH_TIMESTAMPS})
-    counts = rec.request_counts
+    counts = reported_counts(rec.status, rec.request_counts)
     body["request_counts"] = {
         "total": counts.total,
         "completed": counts.completed,
@@ -58,6 +63,14 @@ def batch_object(rec: BatchRecord) -> dict[str, Any]:
     }
     body["metadata"] = rec.metadata
     return body
+
+
+def reported_counts(status: BatchStatus, counts: RequestCounts) -> RequestCounts:
+    """The counts a client sees: in a cancelled or expired batch, lines that never ran are
+    failed (each has a record in the error file), so completed + failed = total."""
+    if status not in UNFINISHED_ENDS:
+        return counts
+    return RequestCounts(counts.total, counts.completed, counts.total - counts.completed)
 
 
 def list_page(data: Sequence[dict[str, Any]], has_more: bool) -> dict[str, Any]:

@@ -52,3 +52,16 @@ def too_long_message(index: int, num_tokens: int, limit: int) -> str:
         f"input[{index}] has {num_tokens} tokens, more than this model accepts ({limit}); "
         'shorten it or send "truncate": true'
     )
+
+
+def shorten_vectors(vectors: list[Vector], dimensions: int) -> list[Vector]:
+    """The first ``dimensions`` of each vector, renormalised to unit length (Matryoshka).
+
+    A zero prefix stays zero rather than dividing by zero.
+    """
+    shortened: list[Vector] = []
+    for vector in vectors:
+        head = vector[:dimensions].astype(np.float32, copy=True)
+        norm = float(np.linalg.norm(head))
+        shortened.append(head / norm if norm > 0 else head)
+    return shortened

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from conveyor.config import EmbeddingModelConfig, GenerateModelConfig, SyntheticModelConfig
+from conveyor.config import (
+    EmbeddingModelConfig,
+    GenerateModelConfig,
+    RerankModelConfig,
+    SyntheticModelConfig,
+)
 from conveyor.metrics import GeneratorMetrics
 from conveyor.models.base import EmbeddingModel
 
@@ -12,12 +17,18 @@ if TYPE_CHECKING:
     from conveyor.engine.generator import HostedGenerator
 
 
-def build_embedding_model(config: SyntheticModelConfig | EmbeddingModelConfig) -> EmbeddingModel:
+def build_embedding_model(
+    config: SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig,
+) -> EmbeddingModel:
     """Load (slowly, for real models: call from a thread) the model for ``config``."""
     if isinstance(config, SyntheticModelConfig):
         from conveyor.models.synthetic import SyntheticModel
 
         return SyntheticModel(config)
+    if isinstance(config, RerankModelConfig):
+        from conveyor.models.cross_encoder import CrossEncoderModel
+
+        return CrossEncoderModel(config)
     from conveyor.models.embedding import SentenceEmbeddingModel
 
     return SentenceEmbeddingModel(config)

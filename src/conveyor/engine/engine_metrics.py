@@ -1,0 +1,35 @@
+"""What the engine thread records about each request and the KV cache (vLLM's set, renamed)."""
+
+from __future__ import annotations
+
+import time
+
+from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.request import GenerationRequest
+from conveyor.metrics import GeneratorMetrics
+
+
+def record_admission(
+    metrics: GeneratorMetrics, request: GenerationRequest, num_tokens: int, num_cached: int
+) -> None:
+    """A sequence got KV blocks: its queue time (the first time) and its prefix-cache lookup."""
+    if request.num_admissions == 0:
+        metrics.queue_time_s.observe(time.monotonic() - request.arrival_s)
+    metrics.prefix_cache_query_tokens.inc(num_tokens)
+    if num_cached:
+        metrics.prefix_cache_hit_tokens.inc(num_cached)
+
+
+def record_finish(metrics: GeneratorMetrics, request: GenerationRequest) -> None:
+    """A request ended normally: its finish reason and its prompt and output lengths."""
+    reason = request.finish_reason.value if request.finish_reason else "stop"
+    metrics.finished[reason].inc()
+    metrics.prompt_length.observe(len(request.prompt_token_ids))
+    metrics.generation_length.observe(request.seq.num_output_tokens)
+
+
+def publish_kv_usage(metrics: GeneratorMetrics, manager: BlockManager) -> None:
+    """The KV-cache gauges: blocks used, free, and the used share."""
+    metrics.kv_blocks_used.set(manager.num_used_blocks)
+    metrics.kv_blocks_free.set(manager.num_free_blocks)
+    metrics.kv_cache_usage.set(manager.num_used_blocks / max(1, manager.num_blocks))

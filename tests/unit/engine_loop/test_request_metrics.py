@@ -1,0 +1,85 @@
+"""vLLM's metric set under Conveyor's names: KV-cache usage, prefix-cache queries and hits,
+finish reasons, prompt and generation lengths, queue time, HTTP requests by route and status
+(body-validation 400s included) and process metrics, read back from ``/metrics``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conveyor.api.app import create_app
+from conveyor.config import ServerConfig
+from conveyor.service import Service
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def client(llama_path: Path, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    tiny = {
+        "name": "tiny", "kind": "generate", "path": str(llama_path), "kv_cache_tokens": 512,
+        "block_size": 4, "max_model_len": 96, "max_num_seqs": 2, "max_num_batched_tokens": 64,
+    }  # fmt: skip
+    settings = ServerConfig.model_validate({"data_dir": str(tmp_path), "models": [tiny]})
+    async with Service(settings) as service:
+        transport = httpx.ASGITransport(app=create_app(settings, service=service))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            yield http
+
+
+async def samples(client: httpx.AsyncClient) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = (await client.get("/metrics")).text
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+          **labels: str) -> float:  # fmt: skip
+    return found.get((name, frozenset(labels.items())), 0.0)
+
+
+async def test_generation_and_http_metrics_after_a_few_requests(
+    client: httpx.AsyncClient,
+) -> None:
+    api = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=client,
+                             max_retries=0)  # fmt: skip
+    prompt = "the quick brown fox jumps over the lazy dog"
+    for _ in range(2):  # the second run finds the prompt's full blocks in the prefix cache
+        done = await api.completions.create(model="tiny", prompt=prompt, max_tokens=5)
+        assert done.choices[0].finish_reason == "length"
+    num_prompt = done.usage.prompt_tokens if done.usage else 0
+    bad = await client.post("/v1/completions", json={"model": "tiny", "prompt": 7})
+    assert bad.status_code == 400
+    found = await samples(client)
+    tiny = {"model": "tiny"}
+    assert value(found, "conveyor_generation_requests_finished_total", model="tiny",
+                 finish_reason="length") == 2  # fmt: skip
+    assert value(found, "conveyor_request_prompt_tokens_sum", **tiny) == 2 * num_prompt
+    assert value(found, "conveyor_request_generation_tokens_sum", **tiny) == 10
+    assert value(found, "conveyor_request_queue_time_seconds_count", **tiny) == 2
+    queries = value(found, "conveyor_prefix_cache_query_tokens_total", **tiny)
+    hits = value(found, "conveyor_prefix_cache_hit_tokens_total", **tiny)
+    assert queries == 2 * num_prompt and 0 < hits < queries
+    assert 0 <= value(found, "conveyor_kv_cache_usage_ratio", **tiny) <= 1
+    route = {"method": "POST", "route": "/v1/completions"}
+    assert value(found, "conveyor_http_requests_total", **route, status="200") == 2
+    assert value(found, "conveyor_http_requests_total", **route, status="400") == 1
+    assert value(found, "process_cpu_seconds_total") > 0
+
+
+async def test_unmatched_paths_share_one_route_label(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/v1/batches/batch_nope")).status_code in (404, 503)
+    assert (await client.get("/no/such/path")).status_code == 404
+    found = await samples(client)
+    assert value(found, "conveyor_http_requests_total", method="GET", route="unmatched",
+                 status="404") == 1  # fmt: skip
+    batch_route = [key for key in found if ("route", "/v1/batches/{batch_id}") in key[1]]
+    assert batch_route, "the template, not the id, labels the request"
