@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from conveyor.fakes.models import MemoryModels
 from conveyor.fakes.shards import MemoryShards, op
 from conveyor.stores.errors import StoreError
 from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE
@@ -23,7 +24,7 @@ from conveyor.stores.sql_files import encode_batch_fields
 _T = TypeVar("_T")
 
 
-class MemoryJobStore(MemoryShards):
+class MemoryJobStore(MemoryShards, MemoryModels):
     """Job store and worker registry in dictionaries; thread-safe, one lock for everything."""
 
     # -- files -----------------------------------------------------------------------------

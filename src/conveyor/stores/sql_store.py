@@ -15,6 +15,7 @@ from conveyor.stores import sql_queries as q
 from conveyor.stores.records import WorkerRecord
 from conveyor.stores.sql_base import SqlStore
 from conveyor.stores.sql_files import SqlBatchStore, SqlFileStore
+from conveyor.stores.sql_models import SqlModelStore
 from conveyor.stores.sql_shards import SqlShardStore
 
 
@@ -83,5 +84,7 @@ class SqlWorkerRegistry(SqlStore):
         return self._change(q.REMOVE_WORKER, {"worker_id": worker_id}) > 0
 
 
-class SqlJobStore(SqlFileStore, SqlBatchStore, SqlShardStore, SqlResultCache, SqlWorkerRegistry):
+class SqlJobStore(
+    SqlFileStore, SqlBatchStore, SqlShardStore, SqlResultCache, SqlWorkerRegistry, SqlModelStore
+):
     """Every aggregate of the job store database over SQL; backends add the sessions."""
