@@ -11,11 +11,13 @@ import typer
 from starlette.types import ASGIApp
 
 from conveyor.cli_batch import batch_app
+from conveyor.cli_models import models_app
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
 
 app = typer.Typer(help="Conveyor: batched inference behind an OpenAI-compatible API.")
 app.add_typer(batch_app, name="batch")
+app.add_typer(models_app, name="models")
 
 
 def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
