@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from conveyor.fakes.shards import MemoryBase, op
@@ -64,6 +65,14 @@ class MemoryModels(MemoryBase):
         ]
         for key in keys:
             del self._holders[key]
+        return len(keys)
+
+    @op
+    def touch_chunks(self, worker_id: str, now: float) -> int:
+        """Stamp every hold of the worker with `now`; how many."""
+        keys = [key for key in self._holders if key[1] == worker_id]
+        for key in keys:
+            self._holders[key] = dataclasses.replace(self._holders[key], updated_at=float(now))
         return len(keys)
 
     @op

@@ -224,6 +224,10 @@ class ModelStore(Protocol):
         """Drop the worker's holds on these chunks (None: on all); return how many."""
         ...
 
+    def touch_chunks(self, worker_id: str, now: float) -> int:
+        """Stamp every hold of the worker with `now` (its liveness); return how many."""
+        ...
+
     def chunk_holders(self, digests: Sequence[str]) -> list[ChunkHolder]:
         """Return every hold on these chunks, by digest then worker id."""
         ...

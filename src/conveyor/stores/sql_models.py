@@ -36,6 +36,9 @@ RECORD_CHUNK = shared(
 FORGET_ALL_CHUNKS = shared(
     "forget_all_chunks", "DELETE FROM chunk_holders WHERE worker_id = :worker_id"
 )
+TOUCH_CHUNKS = shared(
+    "touch_chunks", "UPDATE chunk_holders SET updated_at = :now WHERE worker_id = :worker_id"
+)
 FORGET_CHUNKS = per_dialect(
     "forget_chunks",
     sqlite="DELETE FROM chunk_holders WHERE worker_id = :worker_id AND "
@@ -111,6 +114,10 @@ class SqlModelStore(SqlStore):
             return 0
         params = {"worker_id": worker_id, "digests": list_param(digests, self._dialect)}
         return self._change(FORGET_CHUNKS, params)
+
+    def touch_chunks(self, worker_id: str, now: float) -> int:
+        """Stamp every hold of the worker with `now` (its liveness); return how many."""
+        return self._change(TOUCH_CHUNKS, {"worker_id": worker_id, "now": float(now)})
 
     def chunk_holders(self, digests: Sequence[str]) -> list[ChunkHolder]:
         """Return every hold on these chunks, by digest then worker id."""

@@ -54,3 +54,11 @@ def test_tracker_forgets_some_or_all_of_a_workers_chunks(job_store: JobStore) ->
 def test_tracker_refuses_an_empty_worker_id(job_store: JobStore) -> None:
     with pytest.raises(ValueError):
         job_store.record_chunks("", "http://x", None, [A], HolderState.HAVE, now=1.0)
+
+
+def test_touch_stamps_every_hold_of_one_worker(job_store: JobStore) -> None:
+    job_store.record_chunks("w1", "http://w1", None, [A, B], HolderState.HAVE, now=1.0)
+    job_store.record_chunks("w2", "http://w2", None, [A], HolderState.HAVE, now=1.0)
+    assert job_store.touch_chunks("w1", now=9.0) == 2
+    stamps = {(h.digest, h.worker_id): h.updated_at for h in job_store.chunk_holders([A, B])}
+    assert stamps == {(A, "w1"): 9.0, (A, "w2"): 1.0, (B, "w1"): 9.0}
