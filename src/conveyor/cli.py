@@ -38,6 +38,9 @@ HeaderTimeoutS = Annotated[
 BodyTimeoutS = Annotated[
     float | None, typer.Option(help="Seconds a request body may stall between chunks.")
 ]
+ModelCacheDir = Annotated[
+    Path | None, typer.Option(help="Local cache of pulled models (default: data_dir/model-cache).")
+]
 
 
 def _run_uvicorn(asgi_app: ASGIApp, settings: ServerConfig) -> None:
@@ -69,6 +72,7 @@ def serve(
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
+    model_cache_dir: ModelCacheDir = None,
 ) -> None:
     """Run the whole service in one process (default model: all-MiniLM-L6-v2)."""
     from conveyor.api.app import create_app
@@ -76,6 +80,7 @@ def serve(
     settings = _load_or_exit(
         config, host=host, port=port, max_connections=max_connections,
         header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+        model_cache_dir=model_cache_dir,
     )  # fmt: skip
     logging.basicConfig(
         level=settings.log_level.upper(),
