@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 import conveyor
 from conveyor.cli_batch import batch_app
 from conveyor.cli_keys import keys_app
+from conveyor.cli_models import models_app
 from conveyor.cli_plan import plan
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
@@ -29,6 +30,7 @@ app = typer.Typer(help="Conveyor: batched inference behind an OpenAI-compatible 
 app.add_typer(batch_app, name="batch")
 app.add_typer(keys_app, name="keys")
 app.command("plan")(plan)
+app.add_typer(models_app, name="models")
 
 
 def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
@@ -47,6 +49,9 @@ BodyTimeoutS = Annotated[
 ]
 LogFormatOption = Annotated[
     str | None, typer.Option("--log-format", help="text (default) or json: one object a line.")
+]
+ModelCacheDir = Annotated[
+    Path | None, typer.Option(help="Local cache of pulled models (default: data_dir/model-cache).")
 ]
 
 
@@ -117,6 +122,7 @@ def serve(
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
     log_format: LogFormatOption = None,
+    model_cache_dir: ModelCacheDir = None,
 ) -> None:
     """Run the whole service in one process (default model: all-MiniLM-L6-v2)."""
     from conveyor.api.app import create_app
@@ -125,6 +131,7 @@ def serve(
         host=host, port=port, max_connections=max_connections,
         header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, api_keys=api_key,
         log_format=log_format,
+        model_cache_dir=model_cache_dir,
     )  # fmt: skip
     options = dict(
         max_num_seqs=max_num_seqs, max_model_len=max_model_len, kv_cache_tokens=kv_cache_tokens,

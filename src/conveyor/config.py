@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,6 +32,40 @@ from conveyor.tenants.config import (
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 DEFAULT_MAX_INPUTS = 2048  # OpenAI's own limit on inputs in one embeddings request
+# `path: conveyor://NAME` names a model pushed with `conveyor models push`.
+REMOTE_MODEL_PREFIX = "conveyor://"
+_MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
+
+
+def remote_model_name(path: Path | str | None) -> str | None:
+    """The pushed model's name of a `conveyor://NAME` path, else None."""
+    if isinstance(path, str) and path.startswith(REMOTE_MODEL_PREFIX):
+        return path[len(REMOTE_MODEL_PREFIX) :]
+    return None
+
+
+def local_model_path(path: Path | str) -> Path:
+    """A model path on local disk (ValueError for a `conveyor://` one not pulled yet)."""
+    if remote_model_name(path) is not None:
+        raise ValueError(f"model {path} has not been pulled to local disk")
+    return Path(path)
+
+
+def _model_path(value: Any) -> Any:
+    """Before validation: `conveyor://NAME` stays text (checked), anything else is a Path."""
+    if isinstance(value, str) and value.startswith(REMOTE_MODEL_PREFIX):
+        name = value[len(REMOTE_MODEL_PREFIX) :]
+        if not re.match(_MODEL_NAME_PATTERN, name):
+            raise ValueError(f"invalid pushed model name in {value!r}")
+        return value
+    return Path(value) if isinstance(value, str) else value
+
+
+def _local_dir_exists(value: Path | str | None) -> Path | str | None:
+    """After validation: a local model directory must exist (a pushed one is pulled later)."""
+    if isinstance(value, Path) and not value.is_dir():
+        raise ValueError(f"model directory {value} does not exist")
+    return value
 
 
 class _Strict(BaseModel):
@@ -106,17 +141,13 @@ class EmbeddingModelConfig(BatchingConfig):
     """A sentence-transformers / Hugging Face encoder; the bundled MiniLM when no path."""
 
     kind: Literal["embedding"]
-    path: Path | None = None
+    path: Path | str | None = Field(default=None, description="A directory or conveyor://NAME.")
     device: str = "auto"
     max_input_tokens: int | None = Field(default=None, ge=1)
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
 
-    @field_validator("path")
-    @classmethod
-    def _path_exists(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_dir():
-            raise ValueError(f"model directory {value} does not exist")
-        return value
+    _path_kind = field_validator("path", mode="before")(_model_path)
+    _path_exists = field_validator("path")(_local_dir_exists)
 
 
 class RerankModelConfig(BatchingConfig):
@@ -150,7 +181,7 @@ class GenerateModelConfig(_Strict):
 
     kind: Literal["generate"]
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
-    path: Path
+    path: Path | str = Field(description="A directory or conveyor://NAME.")
     device: str = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_num_seqs: int = Field(default=64, ge=1, le=65536)
@@ -165,12 +196,8 @@ class GenerateModelConfig(_Strict):
     timeout_ms: float = Field(default=30_000, gt=0, description="Deadline for the first token.")
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
 
-    @field_validator("path")
-    @classmethod
-    def _path_exists(cls, value: Path) -> Path:
-        if not value.is_dir():
-            raise ValueError(f"model directory {value} does not exist")
-        return value
+    _path_kind = field_validator("path", mode="before")(_model_path)
+    _path_exists = field_validator("path")(_local_dir_exists)
 
     @model_validator(mode="after")
     def _consistent_limits(self) -> GenerateModelConfig:
@@ -274,6 +301,12 @@ class ServerConfig(_Strict):
         default_factory=list,
         description="Browser origins allowed to call the API (CORS), e.g. "
         '"https://app.example.com", or "*"; empty: no CORS headers.',
+    )
+    model_cache_dir: Path | None = Field(
+        default=None, description="Where pulled models live; default: data_dir/model-cache."
+    )
+    model_cache_disk_mb: int | None = Field(
+        default=None, ge=1, description="Disk budget of the model cache (LRU); unset: none."
     )
     model_memory_budget_mb: int | None = Field(
         default=None,

@@ -104,12 +104,37 @@ class GeneratorMetrics:
     queue_time_s: Any
 
 
+class DistributionMetrics:
+    """Model distribution: bytes fetched by source, chunks served to peers, pulls."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.fetch_bytes = Counter(
+            "conveyor_model_fetch_bytes", "Model chunk bytes fetched, by source (origin|peer)",
+            ["source"], registry=registry,
+        )  # fmt: skip
+        self.corrupt_chunks = Counter(
+            "conveyor_model_corrupt_chunks", "Chunks refused for a wrong size or SHA-256",
+            ["source"], registry=registry,
+        )  # fmt: skip
+        self.chunks_served = Counter(
+            "conveyor_model_chunks_served", "Verified chunks served to peers", registry=registry
+        )
+        self.pull_s = Histogram(
+            "conveyor_model_pull_seconds", "Time to pull and assemble a model", ["model"],
+            buckets=(*LATENCY_BUCKETS_S, 120.0, 300.0, 600.0, 1800.0), registry=registry,
+        )  # fmt: skip
+        self.pulls_in_progress = Gauge(
+            "conveyor_model_pulls_in_progress", "Model pulls running now", registry=registry
+        )
+
+
 class Metrics:
     """All metric families; ``for_model`` returns the children for one model."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = self.registry
+        self.distribution = DistributionMetrics(reg)
         self.queue_depth = Gauge(
             "conveyor_queue_depth", "Inputs waiting in the queue", ["model", "priority"],
             registry=reg,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -15,6 +15,7 @@ from conveyor.batching.item import WorkItem
 from conveyor.config import (
     EmbeddingModelConfig,
     GenerateModelConfig,
+    ModelEntry,
     RerankModelConfig,
     ServerConfig,
     SyntheticModelConfig,
@@ -47,6 +48,9 @@ MIB = 1024 * 1024
 OneShotConfig = SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig
 ModelFactory = Callable[[OneShotConfig], EmbeddingModel]
 GeneratorFactory = Callable[[GenerateModelConfig, GeneratorMetrics], "HostedGenerator"]
+AnyModelConfig = ModelEntry
+# Points a model entry at local weights (pulls `conveyor://NAME` models); see distribution.
+ModelResolver = Callable[[AnyModelConfig], Awaitable[AnyModelConfig]]
 
 
 @dataclass(slots=True)
@@ -85,8 +89,12 @@ class Service:
         metrics: Metrics | None = None,
         model_factory: ModelFactory = build_embedding_model,
         generator_factory: GeneratorFactory = build_generator,
+        model_resolver: ModelResolver | None = None,
     ) -> None:
         self.config = config
+        self._resolver = model_resolver
+        # Models whose weights could not be fetched, with why: 503 for them, the rest serve.
+        self.failed_models: dict[str, str] = {}
         self.metrics = metrics or Metrics()
         self._model_factory = model_factory
         self._generator_factory = generator_factory
@@ -104,8 +112,27 @@ class Service:
         """True once every model is loaded and accepting inputs."""
         return self._is_ready
 
+    async def _resolve_models(self) -> None:
+        """Point `conveyor://` entries at pulled local copies; a failed pull skips its model."""
+        if self._resolver is None:
+            from conveyor.distribution.resolver import has_remote_models, standalone_resolver
+
+            if not has_remote_models(self.config):
+                return
+            self._resolver = standalone_resolver(self.config, self.metrics.distribution)
+        resolver = self._resolver
+        resolved: list[AnyModelConfig] = []
+        for model_config in self.config.models:
+            try:
+                resolved.append(await resolver(model_config))
+            except ServiceUnavailable as exc:
+                log.error("model %s cannot be loaded: %s", model_config.name, exc.message)
+                self.failed_models[model_config.name] = exc.message
+        self.config = self.config.model_copy(update={"models": resolved})
+
     async def start(self) -> None:
         """Load every model (off the event loop) and start its batcher."""
+        await self._resolve_models()
         for model_config in self.config.models:
             started = time.perf_counter()
             if isinstance(model_config, GenerateModelConfig):
@@ -144,6 +171,9 @@ class Service:
         for generator in self.generators.values():
             await asyncio.to_thread(generator.stop)
         self.generators.clear()
+        close = getattr(self._resolver, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
 
     async def __aenter__(self) -> Service:
         await self.start()
@@ -241,6 +271,7 @@ class Service:
         """The hosted model of that name, or 404."""
         hosted = self._models.get(name)
         if hosted is None:
+            self._check_failed(name)
             if name in self.generators:
                 raise InvalidRequest(
                     f"the model {name!r} is a generative model; use /v1/completions or "
@@ -257,6 +288,7 @@ class Service:
         generator = self.generators.get(name)
         if generator is not None:
             return generator
+        self._check_failed(name)
         if name in self._models:
             raise InvalidRequest(
                 f"the model {name!r} is an embedding model; it does not generate text",
@@ -276,6 +308,13 @@ class Service:
             if hf is None:
                 raise InvalidRequest(f"the model {name!r} has no tokenizer", param="model")
             return TextTokenizer(hf, hosted.model.max_input_tokens)
+
+    def _check_failed(self, name: str) -> None:
+        """503 naming why, for a configured model whose weights could not be fetched."""
+        if name in self.failed_models:
+            raise ServiceUnavailable(
+                f"model {name!r} failed to load: {self.failed_models[name]}", param="model"
+            )
 
     async def embed(
         self,

@@ -28,11 +28,14 @@ from conveyor.api.app import create_app
 from conveyor.api.errors import error_response
 from conveyor.api.server import uvicorn_config
 from conveyor.config import ServerConfig
+from conveyor.distribution.peer import PeerNode, PeerSettings
+from conveyor.distribution.resolver import has_remote_models
 from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.jobs.subsystem import JobsSubsystem
+from conveyor.metrics import Metrics
 from conveyor.service import Service
 from conveyor.stores import StoreError, open_job_store
 
@@ -57,6 +60,11 @@ class WorkerSettings:
     worker_id: str | None = None
     heartbeat_s: float = 1.0
     drain_timeout_s: float = 30.0
+    # Model distribution: the chunk server's listener (port 0: any free) and zone label.
+    peer_host: str = "127.0.0.1"
+    peer_port: int = 0
+    peer_advertise: str | None = None
+    zone: str | None = None
 
     def __post_init__(self) -> None:
         """Validate the knobs."""
@@ -208,7 +216,9 @@ async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
     store = open_job_store(settings.store_url)
     worker_id = settings.worker_id or f"{socket.gethostname()}-{secrets.token_hex(4)}"
     config = worker_config(config, settings, worker_id)
-    service = Service(config)
+    metrics = Metrics()
+    peer = await _start_peer(config, settings, worker_id, store, metrics)
+    service = Service(config, metrics=metrics, model_resolver=peer.resolver if peer else None)
     jobs = worker_jobs(service, store, STALE_HEARTBEATS * settings.heartbeat_s)
     gate = DrainGate(create_app(config, service=service, jobs=jobs, with_rate_limits=False))
     server = _DrainingServer(
@@ -234,7 +244,22 @@ async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
         await _beat_until_drain(server, serving, store, identity, service, gate, jobs, settings)
         await serving
     finally:
+        if peer is not None:
+            await peer.stop(worker_id)
         await asyncio.to_thread(store.close)
+
+
+async def _start_peer(
+    config: ServerConfig, settings: WorkerSettings, worker_id: str, store: Any, metrics: Metrics
+) -> PeerNode | None:
+    """The chunk server and puller, when some model entry names a pushed model."""
+    if not has_remote_models(config):
+        return None
+    peer_settings = PeerSettings(
+        worker_id=worker_id, host=settings.peer_host, port=settings.peer_port,
+        advertise=settings.peer_advertise, zone=settings.zone, touch_every_s=settings.heartbeat_s,
+    )  # fmt: skip
+    return await PeerNode.start(config, store, peer_settings, metrics.distribution)
 
 
 async def _beat_until_drain(

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from conveyor.config import GenerateModelConfig
+from conveyor.config import GenerateModelConfig, local_model_path
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.limits import max_model_len_problem
@@ -38,7 +38,7 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
     device = resolve_device(config.device)
     num_kv_blocks = _num_kv_blocks(config, device.type)
     runner = ModelRunner(
-        config.path,
+        local_model_path(config.path),
         num_kv_blocks=num_kv_blocks,
         block_size=config.block_size,
         device=device,
@@ -55,7 +55,7 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         num_kv_blocks=num_kv_blocks,
         block_size=config.block_size,
     )
-    tokenizer = Tokenizer(config.path)
+    tokenizer = Tokenizer(local_model_path(config.path))
     engine = LLMEngine(runner, tokenizer, engine_config, metrics=metrics, name=config.name)
     engine.start()
     return HostedGenerator(
@@ -70,7 +70,7 @@ def _num_kv_blocks(config: GenerateModelConfig, device_type: str) -> int:
         fraction = DEFAULT_CUDA_MEMORY_FRACTION
     if fraction is not None:
         return num_kv_blocks_for_memory_fraction(
-            config.path,
+            local_model_path(config.path),
             block_size=config.block_size,
             memory_fraction=fraction,
             device=config.device,
@@ -78,6 +78,8 @@ def _num_kv_blocks(config: GenerateModelConfig, device_type: str) -> int:
         )
     tokens = config.kv_cache_tokens
     if tokens is None:
-        model_len = DecoderConfig.from_hf(load_hf_config(config.path)).max_position_embeddings
+        model_len = DecoderConfig.from_hf(
+            load_hf_config(local_model_path(config.path))
+        ).max_position_embeddings
         tokens = max(DEFAULT_CPU_KV_CACHE_TOKENS, config.max_model_len or model_len)
     return num_kv_blocks_for_tokens(tokens, config.block_size)

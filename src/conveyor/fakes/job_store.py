@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from conveyor.fakes.api_keys import MemoryApiKeys
+from conveyor.fakes.models import MemoryModels
 from conveyor.fakes.shards import MemoryShards, op
 from conveyor.stores.errors import StoreError
 from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE
@@ -24,7 +25,7 @@ from conveyor.stores.sql_files import encode_batch_fields
 _T = TypeVar("_T")
 
 
-class MemoryJobStore(MemoryApiKeys, MemoryShards):
+class MemoryJobStore(MemoryApiKeys, MemoryShards, MemoryModels):
     """Job store and worker registry in dictionaries; thread-safe, one lock for everything."""
 
     # -- files -----------------------------------------------------------------------------

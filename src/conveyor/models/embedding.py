@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.config import EmbeddingModelConfig
+from conveyor.config import EmbeddingModelConfig, local_model_path
 from conveyor.errors import ConfigError, InvalidRequest, ModelOutOfMemory
 from conveyor.models.base import EmbeddingInput, EncodedInput, Vector, too_long_message
 
@@ -48,7 +48,7 @@ class SentenceEmbeddingModel:
 
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        path = config.path or bundled_model_path()
+        path = local_model_path(config.path) if config.path else bundled_model_path()
         self.device = resolve_device(config.device)
         self.name = config.name
         self._torch = torch

@@ -27,6 +27,7 @@ from conveyor.stores.protocols import (
     BatchStore,
     FileStore,
     JobStore,
+    ModelStore,
     ResultCacheStore,
     ShardStore,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "FileRecord",
     "FileStore",
     "JobStore",
+    "ModelStore",
     "ObjectNotFoundError",
     "ObjectStore",
     "ObjectStoreError",

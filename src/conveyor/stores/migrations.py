@@ -150,10 +150,32 @@ _V3_API_KEYS = (
     )""",
 )
 
+# Model distribution: pushed models' manifests, and which worker holds which chunk.
+_V4_MODEL_DISTRIBUTION = (
+    """CREATE TABLE IF NOT EXISTS model_manifests (
+        name TEXT PRIMARY KEY,
+        digest TEXT NOT NULL,
+        total_bytes BIGINT NOT NULL,
+        manifest TEXT NOT NULL,
+        created_at {float} NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS chunk_holders (
+        digest TEXT NOT NULL,
+        worker_id TEXT NOT NULL,
+        address TEXT NOT NULL,
+        zone TEXT,
+        state TEXT NOT NULL,
+        updated_at {float} NOT NULL,
+        PRIMARY KEY (digest, worker_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS chunk_holders_by_worker ON chunk_holders (worker_id)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_INITIAL),
     Migration(2, "speculative shard attempts", _V2_SPECULATION),
     Migration(3, "api keys", _V3_API_KEYS),
+    Migration(4, "model manifests and chunk holders", _V4_MODEL_DISTRIBUTION),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+from conveyor.stores.model_records import ChunkHolder, HolderState, ManifestRecord
 from conveyor.stores.records import (
     BatchRecord,
     BatchStatus,
@@ -214,7 +215,53 @@ class ApiKeyStore(Protocol):
         ...
 
 
-class JobStore(FileStore, BatchStore, ShardStore, ResultCacheStore, ApiKeyStore, Protocol):
+class ModelStore(Protocol):
+    """Pushed models' manifests, and the tracker: which worker holds which chunk."""
+
+    def put_manifest(self, rec: ManifestRecord) -> None:
+        """Record a model's manifest under its name, replacing an older one."""
+        ...
+
+    def get_manifest(self, name: str) -> ManifestRecord | None:
+        """Return the model's manifest, or None."""
+        ...
+
+    def list_manifests(self) -> list[ManifestRecord]:
+        """Return every pushed model, by name."""
+        ...
+
+    def delete_manifest(self, name: str) -> bool:
+        """Forget a model's manifest; return whether it existed."""
+        ...
+
+    def record_chunks(
+        self,
+        worker_id: str,
+        address: str,
+        zone: str | None,
+        digests: Sequence[str],
+        state: HolderState,
+        now: float,
+    ) -> None:
+        """Record that the worker holds (or is fetching) these chunks, in one transaction."""
+        ...
+
+    def forget_chunks(self, worker_id: str, digests: Sequence[str] | None = None) -> int:
+        """Drop the worker's holds on these chunks (None: on all); return how many."""
+        ...
+
+    def touch_chunks(self, worker_id: str, now: float) -> int:
+        """Stamp every hold of the worker with `now` (its liveness); return how many."""
+        ...
+
+    def chunk_holders(self, digests: Sequence[str]) -> list[ChunkHolder]:
+        """Return every hold on these chunks, by digest then worker id."""
+        ...
+
+
+class JobStore(
+    FileStore, BatchStore, ShardStore, ResultCacheStore, ApiKeyStore, ModelStore, Protocol
+):
     """Every aggregate of one job store database, and the means to close it."""
 
     def close(self) -> None:

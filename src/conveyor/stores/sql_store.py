@@ -16,6 +16,7 @@ from conveyor.stores.records import WorkerRecord
 from conveyor.stores.sql_base import SqlStore
 from conveyor.stores.sql_files import SqlBatchStore, SqlFileStore
 from conveyor.stores.sql_keys import SqlApiKeyStore
+from conveyor.stores.sql_models import SqlModelStore
 from conveyor.stores.sql_shards import SqlShardStore
 
 
@@ -91,5 +92,6 @@ class SqlJobStore(
     SqlResultCache,
     SqlWorkerRegistry,
     SqlApiKeyStore,
+    SqlModelStore,
 ):
     """Every aggregate of the job store database over SQL; backends add the sessions."""
