@@ -8,10 +8,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from conveyor.admission import admit_encoded, check_inputs, gather_items, submit_inputs
 from conveyor.batching.batcher import Batcher, BatcherSettings
-from conveyor.batching.item import WorkItem
 from conveyor.config import (
     EmbeddingModelConfig,
     GenerateModelConfig,
@@ -26,7 +26,6 @@ from conveyor.model_cache import CacheFull, ModelCache
 from conveyor.models.base import (
     EmbeddingInput,
     EmbeddingModel,
-    EncodedInput,
     Vector,
     shorten_vectors,
 )
@@ -337,7 +336,7 @@ class Service:
         try:
             async with self.using(model) as hosted:
                 check_inputs(hosted, inputs, dimensions)
-                items, num_tokens = await self._submit(
+                items, num_tokens = await submit_inputs(
                     hosted, inputs, priority, timeout_ms, truncate
                 )
                 vectors = await gather_items(hosted.batcher, items)
@@ -378,7 +377,7 @@ class Service:
                 check_inputs(hosted, pairs, None)
                 num_chars = sum(len(q) + len(d) for q, d in pairs)
                 encoded = await run_sized(num_chars, encode, pairs, truncate=truncate)
-                items, num_tokens = self._admit(hosted, encoded, priority, timeout_ms)
+                items, num_tokens = admit_encoded(hosted, encoded, priority, timeout_ms)
                 scores = await gather_items(hosted.batcher, items)
         except asyncio.CancelledError:
             metrics.requests["client_gone"].inc()
@@ -411,79 +410,3 @@ class Service:
         except ConveyorError as exc:
             generator.metrics.requests[outcome_of(exc.status_code)].inc()
             raise
-
-    async def _submit(
-        self,
-        hosted: HostedModel,
-        inputs: Sequence[EmbeddingInput],
-        priority: Priority,
-        timeout_ms: float | None,
-        truncate: bool,
-    ) -> tuple[list[WorkItem], int]:
-        """Encode and admit every input (all or none); returns the items and token count.
-
-        Tokenizing a large request runs off the event loop (``run_sized``).
-        """
-        encoded = await run_sized(
-            input_bytes(inputs), hosted.model.encode, inputs, truncate=truncate
-        )
-        return self._admit(hosted, encoded, priority, timeout_ms)
-
-    def _admit(
-        self,
-        hosted: HostedModel,
-        encoded: Sequence[EncodedInput],
-        priority: Priority,
-        timeout_ms: float | None,
-    ) -> tuple[list[WorkItem], int]:
-        """Queue every encoded input (all or none); returns the items and token count."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (timeout_ms or hosted.config.timeout_ms) / 1000
-        items: list[WorkItem] = []
-        try:
-            for enc in encoded:
-                items.append(hosted.batcher.submit(enc.payload, enc.num_tokens, priority, deadline))
-        except BaseException:
-            for item in items:
-                hosted.batcher.abandon(item)
-            raise
-        return items, sum(enc.num_tokens for enc in encoded)
-
-
-def check_inputs(hosted: HostedModel, inputs: Sequence[object], dimensions: int | None) -> None:
-    """Limits that depend on the model: the dimensions asked for, inputs per request."""
-    if dimensions is not None and dimensions > hosted.model.dim:
-        raise InvalidRequest(
-            f"model {hosted.config.name!r} returns {hosted.model.dim} dimensions; "
-            f"it cannot return {dimensions} (fewer are truncated and renormalised)",
-            param="dimensions",
-        )
-    # Config validation keeps max_inputs_per_request <= max_queue, so a request under the
-    # limit can always be queued on an idle model: over it is a 400, never a retryable 429.
-    limit = hosted.config.input_limit
-    if len(inputs) > limit:
-        raise InvalidRequest(f"too many inputs: {len(inputs)} (at most {limit})", param="input")
-
-
-def input_bytes(inputs: Sequence[EmbeddingInput]) -> int:
-    """About how many bytes of input: characters of text, 4 bytes per token id."""
-    return sum(len(item) if isinstance(item, str) else 4 * len(item) for item in inputs)
-
-
-async def gather_items(batcher: Batcher, items: list[WorkItem]) -> list[Any]:
-    """Await every item's result; if the awaiting is cancelled, drop what has not run."""
-    try:
-        if len(items) == 1:
-            return [await items[0].future]
-        return list(await asyncio.gather(*(item.future for item in items)))
-    except BaseException:
-        for item in items:
-            batcher.abandon(item)
-            item.future.add_done_callback(_consume_outcome)
-        raise
-
-
-def _consume_outcome(future: asyncio.Future[Any]) -> None:
-    """Mark a result nobody will read as retrieved (no 'never retrieved' noise)."""
-    if not future.cancelled():
-        future.exception()
