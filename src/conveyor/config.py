@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -21,6 +18,21 @@ from pydantic import (
 
 from conveyor.errors import ConfigError
 from conveyor.jobs.config import JobsConfig
+from conveyor.model_config import (
+    DEFAULT_MAX_INPUTS,
+    DEFAULT_MODEL_NAME,
+    REMOTE_MODEL_PREFIX,
+    BatchingConfig,
+    EmbeddingModelConfig,
+    GenerateModelConfig,
+    ModelConfig,
+    ModelEntry,
+    RerankModelConfig,
+    Strict,
+    SyntheticModelConfig,
+    local_model_path,
+    remote_model_name,
+)
 from conveyor.observability.settings import TracingConfig
 from conveyor.tenants.config import (
     ModelLimits,
@@ -30,197 +42,27 @@ from conveyor.tenants.config import (
     TenantConfig,
 )
 
-DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
-DEFAULT_MAX_INPUTS = 2048  # OpenAI's own limit on inputs in one embeddings request
-# `path: conveyor://NAME` names a model pushed with `conveyor models push`.
-REMOTE_MODEL_PREFIX = "conveyor://"
-_MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
-
-
-def remote_model_name(path: Path | str | None) -> str | None:
-    """The pushed model's name of a `conveyor://NAME` path, else None."""
-    if isinstance(path, str) and path.startswith(REMOTE_MODEL_PREFIX):
-        return path[len(REMOTE_MODEL_PREFIX) :]
-    return None
-
-
-def local_model_path(path: Path | str) -> Path:
-    """A model path on local disk (ValueError for a `conveyor://` one not pulled yet)."""
-    if remote_model_name(path) is not None:
-        raise ValueError(f"model {path} has not been pulled to local disk")
-    return Path(path)
-
-
-def _model_path(value: Any) -> Any:
-    """Before validation: `conveyor://NAME` stays text (checked), anything else is a Path."""
-    if isinstance(value, str) and value.startswith(REMOTE_MODEL_PREFIX):
-        name = value[len(REMOTE_MODEL_PREFIX) :]
-        if not re.match(_MODEL_NAME_PATTERN, name):
-            raise ValueError(f"invalid pushed model name in {value!r}")
-        return value
-    return Path(value) if isinstance(value, str) else value
-
-
-def _local_dir_exists(value: Path | str | None) -> Path | str | None:
-    """After validation: a local model directory must exist (a pushed one is pulled later)."""
-    if isinstance(value, Path) and not value.is_dir():
-        raise ValueError(f"model directory {value} does not exist")
-    return value
-
-
-class _Strict(BaseModel):
-    """Base for config sections: unknown keys are mistakes, not silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BatchingConfig(_Strict):
-    """Knobs every one-shot model shares; they sit flat in the model's entry."""
-
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
-    max_batch_size: int = Field(default=32, ge=1, le=65536)
-    max_wait_ms: float = Field(default=5.0, ge=0, le=60_000)
-    max_batch_tokens: int | None = Field(
-        default=None, ge=1, description="Padded tokens per batch (inputs x longest input)."
-    )
-    max_queue: int = Field(default=2048, ge=1, description="Inputs waiting, per priority class.")
-    timeout_ms: float = Field(default=30_000, gt=0)
-    max_inputs_per_request: int | None = Field(
-        default=None,
-        ge=1,
-        description="Default min(2048, max_queue); above max_queue a request could never fit.",
-    )
-    memory_mb: int | None = Field(
-        default=None, ge=1, description="Memory the loaded model takes (for the model budget)."
-    )
-    mixed_batch_slack_ms: float = Field(
-        default=5.0,
-        ge=0,
-        description="While a batch job shares the model with online traffic, batches are "
-        "capped so the two an online input may wait for take at most a one-input batch + "
-        "a full batch + this slack (see batching/mix.py).",
-    )
-
-    @model_validator(mode="after")
-    def _request_fits_queue(self) -> BatchingConfig:
-        if self.max_inputs_per_request is not None and self.max_inputs_per_request > self.max_queue:
-            raise ValueError(
-                f"max_inputs_per_request ({self.max_inputs_per_request}) must be <= "
-                f"max_queue ({self.max_queue}): a larger request could never be queued"
-            )
-        return self
-
-    @property
-    def input_limit(self) -> int:
-        """Inputs one request may carry: ``max_inputs_per_request``, else min(2048, queue)."""
-        if self.max_inputs_per_request is not None:
-            return self.max_inputs_per_request
-        return min(DEFAULT_MAX_INPUTS, self.max_queue)
-
-
-class SyntheticModelConfig(BatchingConfig):
-    """A calibrated stand-in for a GPU model: sleeps for its batch time, so the GIL is free."""
-
-    kind: Literal["synthetic"]
-    batch_latency_ms: float = Field(default=20.0, ge=0)
-    per_item_ms: float = Field(default=0.0, ge=0)
-    dim: int = Field(default=8, ge=1, le=65536)
-    max_input_tokens: int = Field(default=512, ge=1)
-    fail_marker: str | None = None
-    crash_marker: str | None = Field(
-        default=None,
-        description="Inputs containing it make encoding raise a plain RuntimeError: a "
-        "server bug on purpose (500), for testing how crashes are answered.",
-    )
-    oom_above: int | None = Field(default=None, ge=1)
-    slow_marker: str | None = None
-    slow_ms: float = Field(default=0.0, ge=0)
-
-
-class EmbeddingModelConfig(BatchingConfig):
-    """A sentence-transformers / Hugging Face encoder; the bundled MiniLM when no path."""
-
-    kind: Literal["embedding"]
-    path: Path | str | None = Field(default=None, description="A directory or conveyor://NAME.")
-    device: str = "auto"
-    max_input_tokens: int | None = Field(default=None, ge=1)
-    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
-
-    _path_kind = field_validator("path", mode="before")(_model_path)
-    _path_exists = field_validator("path")(_local_dir_exists)
-
-
-class RerankModelConfig(BatchingConfig):
-    """A cross-encoder: any Hugging Face sequence-classification directory with one label.
-
-    Each (query, document) pair is one input to the batcher; its score is the model's logit
-    through a sigmoid (sentence-transformers' ``CrossEncoder`` default).
-    """
-
-    kind: Literal["rerank"]
-    path: Path
-    device: str = "auto"
-    max_input_tokens: int | None = Field(default=None, ge=2, description="Per pair.")
-    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
-
-    @field_validator("path")
-    @classmethod
-    def _path_exists(cls, value: Path) -> Path:
-        if not value.is_dir():
-            raise ValueError(f"model directory {value} does not exist")
-        return value
-
-
-class GenerateModelConfig(_Strict):
-    """A generative Llama-family checkpoint served with continuous batching.
-
-    The KV cache holds ``kv_cache_tokens`` tokens, or on CUDA takes
-    ``kv_cache_memory_fraction`` of the device; with neither, 0.9 of a CUDA device or
-    16384 tokens elsewhere. ``max_queue`` bounds requests waiting for admission.
-    """
-
-    kind: Literal["generate"]
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
-    path: Path | str = Field(description="A directory or conveyor://NAME.")
-    device: str = "auto"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    max_num_seqs: int = Field(default=64, ge=1, le=65536)
-    max_num_batched_tokens: int = Field(default=2048, ge=1)
-    kv_cache_tokens: int | None = Field(default=None, ge=1)
-    kv_cache_memory_fraction: float | None = Field(default=None, gt=0, le=1)
-    block_size: int = Field(default=16, ge=1, le=1024)
-    max_model_len: int | None = Field(
-        default=None, ge=2, description="Prompt plus output; default: the model's own limit."
-    )
-    max_queue: int = Field(default=1024, ge=1)
-    timeout_ms: float = Field(default=30_000, gt=0, description="Deadline for the first token.")
-    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
-
-    _path_kind = field_validator("path", mode="before")(_model_path)
-    _path_exists = field_validator("path")(_local_dir_exists)
-
-    @model_validator(mode="after")
-    def _consistent_limits(self) -> GenerateModelConfig:
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"max_num_seqs ({self.max_num_seqs})"
-            )
-        if self.kv_cache_tokens is not None and self.kv_cache_memory_fraction is not None:
-            raise ValueError("set kv_cache_tokens or kv_cache_memory_fraction, not both")
-        return self
-
-    @property
-    def max_batch_size(self) -> int:
-        """Sequences the model runs at once (what capacity sums mean for one-shot models)."""
-        return self.max_num_seqs
-
-
-ModelEntry = SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig | GenerateModelConfig
-ModelConfig = Annotated[
-    SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig | GenerateModelConfig,
-    Field(discriminator="kind"),
+# Re-exported: a configuration's model entries are part of its public names.
+__all__ = [
+    "DEFAULT_MAX_INPUTS",
+    "DEFAULT_MODEL_NAME",
+    "REMOTE_MODEL_PREFIX",
+    "ApiKey",
+    "BatchingConfig",
+    "EmbeddingModelConfig",
+    "GenerateModelConfig",
+    "ModelConfig",
+    "ModelEntry",
+    "RerankModelConfig",
+    "ServerConfig",
+    "SyntheticModelConfig",
+    "default_model_config",
+    "load_config",
+    "local_model_path",
+    "remote_model_name",
 ]
+
+_Strict = Strict
 
 
 class ApiKey(_Strict):

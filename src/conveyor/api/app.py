@@ -26,6 +26,19 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
 
+def _add_routes(app: FastAPI) -> None:
+    """Every route ``serve`` answers, and their documentation."""
+    # The hot path skips FastAPI's per-request machinery (dependency solving,
+    # body and response models): the handler parses and answers itself.
+    app.add_route("/v1/embeddings", inference.create_embeddings, methods=["POST"])
+    app.include_router(inference.router)
+    app.include_router(meta.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
+    app.include_router(dashboard.router)
+    install_openapi(app)
+
+
 def create_app(
     config: ServerConfig,
     *,
@@ -66,15 +79,7 @@ def create_app(
     app.state.service = service
     app.state.jobs = jobs
     install_error_handlers(app)
-    # The hot path skips FastAPI's per-request machinery (dependency solving,
-    # body and response models): the handler parses and answers itself.
-    app.add_route("/v1/embeddings", inference.create_embeddings, methods=["POST"])
-    app.include_router(inference.router)
-    app.include_router(meta.router)
-    app.include_router(files.router)
-    app.include_router(batches.router)
-    app.include_router(dashboard.router)
-    install_openapi(app)
+    _add_routes(app)
     key_store = open_job_store(key_store_url) if key_store_url is not None else None
     guards = install_middleware(
         app,

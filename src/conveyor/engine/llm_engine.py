@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.engine_config import EngineConfig, EngineStats
 from conveyor.engine.engine_metrics import publish_kv_usage, record_admission, record_finish
 from conveyor.engine.grammar import GrammarCompiler
 from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
@@ -31,7 +32,7 @@ from conveyor.engine.request import GenerationRequest
 from conveyor.engine.sampling import Sampler
 from conveyor.engine.sampling_mask import MaskComputer
 from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from conveyor.engine.scheduler import Scheduler, SchedulerOutput
 from conveyor.engine.step import StepExecutor
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe
 from conveyor.engine.tokenizer import Tokenizer
@@ -52,46 +53,6 @@ log = logging.getLogger(__name__)
 
 # Weight of the newest finished request in the running mean of request run time.
 _RUN_TIME_SMOOTHING = 0.1
-
-
-@dataclass(slots=True, frozen=True)
-class EngineConfig:
-    """Limits of one engine: scheduler limits plus the KV-cache pool's shape."""
-
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    num_kv_blocks: int
-    block_size: int
-
-    def scheduler_config(self) -> SchedulerConfig:
-        """The scheduler's share of the limits (validated there)."""
-        return SchedulerConfig(
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-        )
-
-
-@dataclass(slots=True)
-class EngineStats:
-    """Counters since the engine started; written by the engine thread only."""
-
-    num_steps: int = 0
-    num_preemptions: int = 0
-    num_prefix_cache_hit_tokens: int = 0
-    # Prefill chunks that stopped short of the sequence's end (chunked prefill).
-    num_partial_prefills: int = 0
-    num_oom_retries: int = 0
-    num_prompt_tokens: int = 0
-    num_generated_tokens: int = 0
-    num_finished: int = 0
-    num_aborted: int = 0
-    num_failed: int = 0
-    max_num_used_blocks: int = 0
-    max_num_running: int = 0
-    # Seconds the engine thread waited for grammar masks after the forward pass.
-    grammar_wait_s: float = 0.0
 
 
 @dataclass(slots=True)
