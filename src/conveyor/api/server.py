@@ -32,5 +32,8 @@ def uvicorn_config(
         limit_concurrency=config.max_connections,
         log_level=config.log_level,
         access_log=False,
+        # Conveyor reads no X-Forwarded-* header: uvicorn's proxy-headers layer would cost
+        # every request a middleware hop for nothing.
+        proxy_headers=False,
         **options,
     )

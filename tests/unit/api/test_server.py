@@ -22,3 +22,5 @@ def test_every_process_gets_the_guard_the_timeouts_and_the_cap() -> None:
     assert isinstance(settings.http, type) and issubclass(settings.http, SlowClientProtocol)
     assert settings.http.timeouts == ReadTimeouts(header_timeout_s=1.5, body_timeout_s=2.5)
     assert (settings.timeout_keep_alive, settings.access_log) == (30, False)
+    # No X-Forwarded-* is read, so uvicorn's proxy-headers layer is not stacked on each request.
+    assert settings.proxy_headers is False
