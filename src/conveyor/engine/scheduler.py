@@ -7,7 +7,10 @@ Policy, kept deliberately simple:
   order (the head blocks the queue when it does not fit), so a preempted
   sequence, which keeps its arrival, is readmitted before newer arrivals of the
   same or lower priority.
-* Each step.  Decodes (single-token steps) of every running sequence go
+* Each step.  While an online prompt waits or is being prefilled, running
+  batch-job sequences sit the step out (at most ``MAX_BATCH_PAUSE_STEPS`` in a
+  row), so the online caller's first token does not wait for a step full of
+  job decodes.  Decodes (single-token steps) of the served sequences go
   first, in order: they are cheap and hold callers mid-answer.  Then, class by
   class (online, then batch): that class's running chunked prefills, then its
   waiting sequences are admitted while the sequence cap, the token budget and
@@ -35,6 +38,9 @@ from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.sequence import Sequence, SequenceStatus, check_token_id
 from conveyor.engine.step import SeqChunk
 from conveyor.priority import Priority
+
+# Steps in a row that batch-job sequences may sit out while online prompts are prefilled.
+MAX_BATCH_PAUSE_STEPS = 8
 
 
 def _order_key(seq: Sequence) -> tuple[int, int]:
@@ -182,6 +188,7 @@ class Scheduler:
         self._length_capped: set[str] = set()
         self._token_budget = config.max_num_batched_tokens
         self._pending: SchedulerOutput | None = None
+        self._num_batch_pauses = 0
 
     @property
     def config(self) -> SchedulerConfig:
@@ -290,11 +297,13 @@ class Scheduler:
             capped = ", ".join(sorted(self._length_capped))
             raise RuntimeError(f"finish() the sequences at max_model_len first: {capped}")
         plan = _StepPlan(self._token_budget)
+        classes = self._classes_this_step()
         # Decodes first: one token each, and they hold the most latency-bound users.
         for seq in list(self._running):
-            if seq.status is SequenceStatus.RUNNING and seq.num_uncomputed_tokens == 1:
+            is_decode = seq.num_uncomputed_tokens == 1
+            if seq.status is SequenceStatus.RUNNING and is_decode and seq.priority in classes:
                 self._schedule_running(seq, plan)
-        for priority in Priority:
+        for priority in classes:
             for seq in list(self._running):
                 is_prefill = seq.num_uncomputed_tokens > 1
                 if seq.status is SequenceStatus.RUNNING and is_prefill and seq.priority is priority:
@@ -303,6 +312,38 @@ class Scheduler:
                 self._admit_waiting(plan, priority)
         self._pending = plan.to_output()
         return self._pending
+
+    def _classes_this_step(self) -> tuple[Priority, ...]:
+        """The priority classes this step serves.
+
+        While an online prompt waits or is being prefilled, batch-job sequences sit the
+        step out (keeping their blocks): a step's time grows with every sequence in it, and
+        the online caller's first token should not wait for a full batch of job decodes.
+        They sit out at most ``MAX_BATCH_PAUSE_STEPS`` steps in a row, so the job always
+        progresses.
+        """
+        has_batch = any(seq.priority is not Priority.ONLINE for seq in self._running)
+        is_paused = has_batch and self._num_batch_pauses < MAX_BATCH_PAUSE_STEPS
+        if is_paused and self._has_online_prefill():
+            self._num_batch_pauses += 1
+            return (Priority.ONLINE,)
+        self._num_batch_pauses = 0
+        return tuple(Priority)
+
+    def _has_online_prefill(self) -> bool:
+        """An online sequence can be admitted now, or still has prompt tokens to compute."""
+        if self._waiting and self._waiting[0].priority is Priority.ONLINE:
+            head = self._waiting[0]
+            num_new = min(
+                head.num_tokens - self._block_manager.num_cache_hit_tokens(head),
+                self._token_budget,
+            )
+            if self._fits(head, num_new) or self._is_reclaimable(head, num_new):
+                return True
+        return any(
+            seq.priority is Priority.ONLINE and seq.num_uncomputed_tokens > 1
+            for seq in self._running
+        )
 
     def _schedule_running(self, seq: Sequence, plan: _StepPlan) -> None:
         """Give a running sequence its next chunk, preempting others for blocks."""
@@ -359,18 +400,22 @@ class Scheduler:
 
         Nothing is preempted unless freeing every batch-job sequence would be enough.
         """
+        if not self._is_reclaimable(seq, num_new):
+            return False
+        victims = [other for other in self._running if other.priority is not Priority.ONLINE]
+        while victims and not self._fits(seq, num_new):
+            self._preempt(victims.pop(), plan)
+        return self._fits(seq, num_new)
+
+    def _is_reclaimable(self, seq: Sequence, num_new: int) -> bool:
+        """Whether online ``seq`` would fit if every running batch-job sequence were freed."""
         if seq.priority is not Priority.ONLINE:
             return False
         victims = [other for other in self._running if other.priority is not Priority.ONLINE]
         reclaimable = sum(len(victim.block_table) for victim in victims)
         manager = self._block_manager
-        if not victims or manager.num_free_blocks + reclaimable < manager.num_blocks_needed(
-            num_new
-        ):
-            return False
-        while victims and not self._fits(seq, num_new):
-            self._preempt(victims.pop(), plan)
-        return self._fits(seq, num_new)
+        needed = manager.num_blocks_needed(num_new)
+        return bool(victims) and manager.num_free_blocks + reclaimable >= needed
 
     def postprocess(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
         """Apply a step the model completed: advance caches, append sampled tokens.

@@ -366,7 +366,7 @@ def test_an_online_request_takes_a_seat_from_the_newest_batch_job_sequence() -> 
     online = harness.add("online", [5, 6], max_tokens=2, priority=Priority.ONLINE)
     output = harness.step()
     assert output.preempted == [new]
-    assert chunk_sizes(output) == {"batch-old": 1, "online": 2}
+    assert chunk_sizes(output) == {"online": 2}  # the job sits out the online prefill step
     assert new.status is SequenceStatus.WAITING
     harness.drain()  # the preempted job still finishes, with the same tokens
     for seq in (old, new, online):
@@ -386,7 +386,7 @@ def test_an_online_request_takes_blocks_that_batch_job_sequences_hold() -> None:
     online = harness.add("online", [9, 9, 9], max_tokens=1, priority=Priority.ONLINE)
     output = harness.step()  # the online prompt runs (and, one token long, finishes)
     assert output.preempted == [jobs[1]]
-    assert chunk_sizes(output) == {"job0": 1, "online": 3}
+    assert chunk_sizes(output) == {"online": 3}
     harness.drain()
     for seq in (*jobs, online):
         assert seq.token_ids == reference_tokens(seq.prompt_token_ids, seq.num_output_tokens)
@@ -431,8 +431,22 @@ def test_an_online_prompt_takes_the_token_budget_before_a_batch_prefill() -> Non
     job = harness.add("job", list(range(1, 41)), max_tokens=1, priority=Priority.BATCH)
     assert chunk_sizes(harness.step()) == {"job": 8}  # a long batch prefill, chunked
     harness.add("online", [9, 8, 7, 6, 5, 4], max_tokens=1, priority=Priority.ONLINE)
-    assert chunk_sizes(harness.step()) == {"online": 6, "job": 2}
+    assert chunk_sizes(harness.step()) == {"online": 6}  # the job sits this step out
+    assert chunk_sizes(harness.step()) == {"job": 8}
     assert job.is_prefill
+
+
+def test_batch_jobs_sit_out_online_prefills_for_a_bounded_number_of_steps() -> None:
+    from conveyor.engine.scheduler import MAX_BATCH_PAUSE_STEPS
+
+    harness = make_harness(max_num_seqs=4, max_num_batched_tokens=4, max_model_len=64)
+    harness.add("job", [1, 2], max_tokens=40, priority=Priority.BATCH)
+    harness.step()
+    # A long online prompt takes many 4-token prefill chunks.
+    harness.add("online", list(range(1, 49)), max_tokens=1, priority=Priority.ONLINE)
+    sizes = [chunk_sizes(harness.step()) for _ in range(MAX_BATCH_PAUSE_STEPS + 1)]
+    assert all(step == {"online": 4} for step in sizes[:MAX_BATCH_PAUSE_STEPS])
+    assert "job" in sizes[MAX_BATCH_PAUSE_STEPS]  # the job is never starved
 
 
 def test_waiting_order_is_priority_then_arrival() -> None:
