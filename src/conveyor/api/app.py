@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from conveyor.api import batches, files, inference, meta
+from conveyor.api import batches, files, inference, meta, usage
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
@@ -42,6 +42,7 @@ def create_app(
         await guards.start()
         await service.start()
         await jobs.start()
+        service.ledger.start(jobs.context.store.blocking)
         # Everything loaded so far (models, libraries) lives as long as the process: frozen,
         # the collector stops rescanning it, so full collections no longer stall the event
         # loop for 100+ ms under load.
@@ -49,7 +50,8 @@ def create_app(
         try:
             yield
         finally:
-            await jobs.stop()  # first: running shards hand their leases back
+            await service.ledger.stop()  # the last online usage, while the store is open
+            await jobs.stop()  # running shards hand their leases back
             await service.stop()
             await guards.stop()
 
@@ -64,6 +66,7 @@ def create_app(
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(usage.router)
     install_openapi(app, _body_models)
     key_store = open_job_store(key_store_url) if key_store_url is not None else None
     guards = install_middleware(

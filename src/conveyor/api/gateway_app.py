@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from conveyor.api import batches as batch_routes
 from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
+from conveyor.api import usage as usage_routes
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
@@ -51,6 +52,7 @@ def create_gateway_app(
     # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
+    app.include_router(usage_routes.router)
     app.include_router(fleet_routes.router)
     # Innermost: the API keys, limits and the body cap still run before a request is proxied.
     app.add_middleware(fleet_routes.ProxyShortcut, gateway=gateway)

@@ -26,6 +26,7 @@ from conveyor.batching.timing import BatchTimeModel
 from conveyor.errors import DeadlineExceeded, QueueFull, ServiceUnavailable
 from conveyor.metrics import ModelMetrics
 from conveyor.priority import Priority
+from conveyor.tenants.usage import split_by_tokens
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,9 @@ class Batcher:
         if self.num_running == len(batch):
             self.num_running = 0
             self.metrics.in_flight.set(0)
-        for item, result in zip(batch, outcome.results, strict=True):
+        shares_s = split_by_tokens(outcome.model_s, [item.num_tokens for item in batch])
+        for item, result, share_s in zip(batch, outcome.results, shares_s, strict=True):
+            item.model_s = share_s
             item.resolve(result)
 
     def _gauge_queue(self) -> None:

@@ -45,10 +45,10 @@ class UsageRecorder(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Payer:
-    """Who a request is billed to, and the recorder its usage goes to."""
+    """Who a request is billed to, and the recorder its usage goes to (None: metrics only)."""
 
     tenant: str
-    recorder: UsageRecorder
+    recorder: UsageRecorder | None = None
 
 
 def cost_usd(model_s: float, gpu_hour_usd: float) -> float:
