@@ -13,6 +13,7 @@ from starlette.types import ASGIApp
 
 from conveyor.cli_batch import batch_app
 from conveyor.cli_keys import keys_app
+from conveyor.cli_usage import usage_command
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Conveyor: batched inference behind an OpenAI-compatible API.")
 app.add_typer(batch_app, name="batch")
 app.add_typer(keys_app, name="keys")
+app.command("usage")(usage_command)
 
 
 def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
