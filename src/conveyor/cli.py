@@ -16,6 +16,7 @@ from conveyor.cli_batch import batch_app
 from conveyor.cli_keys import keys_app
 from conveyor.cli_models import models_app
 from conveyor.cli_plan import plan
+from conveyor.cli_usage import usage_command
 from conveyor.config import ServerConfig, load_config
 from conveyor.errors import ConfigError
 from conveyor.quick_serve import quick_models
@@ -31,6 +32,7 @@ app.add_typer(batch_app, name="batch")
 app.add_typer(keys_app, name="keys")
 app.command("plan")(plan)
 app.add_typer(models_app, name="models")
+app.command("usage")(usage_command)
 
 
 def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:

@@ -42,7 +42,7 @@ def store_url(store: str | None, data_dir: Path) -> str:
 
 
 @contextmanager
-def _opened(store: str | None, data_dir: Path) -> Iterator[JobStore]:
+def opened_store(store: str | None, data_dir: Path) -> Iterator[JobStore]:
     """The job store, closed afterwards; a store error exits with code 1."""
     try:
         job_store = open_job_store(store_url(store, data_dir))
@@ -82,7 +82,7 @@ def create(
 ) -> None:
     """Create a key and print it once (only its hash is stored)."""
     key, rec = new_key_record(tenant, is_admin=admin)
-    with _opened(store, data_dir) as job_store:
+    with opened_store(store, data_dir) as job_store:
         job_store.create_api_key(rec)
     if as_json:
         typer.echo(json.dumps({"id": rec.id, "key": key, "tenant": rec.tenant}))
@@ -96,7 +96,7 @@ def list_keys(
     store: StoreOption = None, data_dir: DataDirOption = Path("data"), as_json: JsonOption = False
 ) -> None:
     """List the keys (id, tenant, prefix, created, last used, admin, revoked)."""
-    with _opened(store, data_dir) as job_store:
+    with opened_store(store, data_dir) as job_store:
         records = job_store.list_api_keys()
     if as_json:
         typer.echo(json.dumps([key_row(rec) for rec in records]))
@@ -117,7 +117,7 @@ def revoke(
     data_dir: DataDirOption = Path("data"),
 ) -> None:
     """Revoke a key: every serving process refuses it within a few seconds."""
-    with _opened(store, data_dir) as job_store:
+    with opened_store(store, data_dir) as job_store:
         is_revoked = job_store.revoke_api_key(key_id, time.time())
     if not is_revoked:
         typer.echo(f"no active key {key_id}", err=True)

@@ -172,6 +172,14 @@ class ServerConfig(_Strict):
             pricing=self.pricing,
         )
 
+    def gpu_hour_usd(self, model: str) -> float:
+        """The model's price an hour: its own, else `pricing.models`, else the default."""
+        config = self.model(model)
+        own = None if config is None else config.gpu_hour_usd
+        if own is not None:
+            return own
+        return self.pricing.models.get(model, self.pricing.gpu_hour_usd)
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _keys_from_strings(cls, value: Any) -> Any:

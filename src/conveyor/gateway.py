@@ -220,7 +220,7 @@ class Gateway:
         return "routable"
 
 
-async def _no_shards_here(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _no_shards_here(endpoint: str, body: dict[str, Any], payer: object) -> dict[str, Any]:
     """A gateway's jobs subsystem never runs shards (``is_worker`` is off); refuse loudly."""
     raise ServiceUnavailable("the gateway runs no batch lines; workers do")
 

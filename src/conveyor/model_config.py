@@ -74,6 +74,9 @@ class BatchingConfig(Strict):
     memory_mb: int | None = Field(
         default=None, ge=1, description="Memory the loaded model takes (for the model budget)."
     )
+    gpu_hour_usd: float | None = Field(
+        default=None, ge=0, description="This model's price (default: pricing.gpu_hour_usd)."
+    )
     mixed_batch_slack_ms: float = Field(
         default=5.0,
         ge=0,
@@ -167,6 +170,9 @@ class GenerateModelConfig(Strict):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_num_seqs: int = Field(default=64, ge=1, le=65536)
     max_num_batched_tokens: int = Field(default=2048, ge=1)
+    gpu_hour_usd: float | None = Field(
+        default=None, ge=0, description="This model's price (default: pricing.gpu_hour_usd)."
+    )
     kv_cache_tokens: int | None = Field(default=None, ge=1)
     kv_cache_memory_fraction: float | None = Field(default=None, gt=0, le=1)
     block_size: int = Field(default=16, ge=1, le=1024)

@@ -34,6 +34,8 @@ from conveyor.models.text_tokenizer import TextTokenizer
 from conveyor.observability.context import note_model
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
+from conveyor.tenants.ledger import UsageLedger
+from conveyor.tenants.usage import Payer, UsageEvent, cost_usd
 
 if TYPE_CHECKING:
     from conveyor.engine.generator import HostedGenerator
@@ -105,6 +107,8 @@ class Service:
         self._cache = ModelCache(budget_mb * MIB) if budget_mb is not None else None
         self._load_lock = asyncio.Lock()
         self._started_at = int(time.time())
+        # Online requests' usage; written to the job store once the app starts it.
+        self.ledger = UsageLedger()
 
     @property
     def is_ready(self) -> bool:
@@ -324,11 +328,12 @@ class Service:
         timeout_ms: float | None = None,
         truncate: bool = False,
         dimensions: int | None = None,
+        payer: Payer | None = None,
     ) -> EmbedResult:
         """Embed ``inputs`` with ``model``; each input is batched like a separate request.
 
         The one way in for HTTP requests, batch lines and the library alike, so the
-        request outcome and latency metrics count them all.
+        request outcome and latency metrics count them all, and ``payer`` is billed.
         """
         started_s = time.perf_counter()
         note_model(model)
@@ -350,6 +355,7 @@ class Service:
             raise
         metrics.requests["ok"].inc()
         metrics.latency_s.observe(time.perf_counter() - started_s)
+        self.bill(payer, model, num_tokens, 0, sum(item.model_s for item in items))
         return EmbedResult(vectors, num_tokens)
 
     async def score_pairs(
@@ -388,6 +394,23 @@ class Service:
         metrics.requests["ok"].inc()
         metrics.latency_s.observe(time.perf_counter() - started_s)
         return EmbedResult(scores, num_tokens)
+
+    def online_payer(self, tenant: str) -> Payer:
+        """The payer of an online request of `tenant`: its usage goes to the ledger."""
+        return Payer(tenant, self.ledger)
+
+    def bill(
+        self, payer: Payer | None, model: str, input_tokens: int, output_tokens: int,
+        model_s: float,
+    ) -> None:  # fmt: skip
+        """Count one finished request's usage and hand it to the payer's recorder."""
+        if payer is None:
+            return
+        cost = cost_usd(model_s, self.config.gpu_hour_usd(model))
+        event = UsageEvent(payer.tenant, model, input_tokens, output_tokens, model_s, cost)
+        self.metrics.usage.count(payer.tenant, model, input_tokens, output_tokens, model_s, cost)
+        if payer.recorder is not None:
+            payer.recorder.record(event, time.time())
 
     def generate(
         self,

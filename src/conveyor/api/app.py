@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 import conveyor
-from conveyor.api import batches, dashboard, files, inference, meta
+from conveyor.api import batches, dashboard, files, inference, meta, usage
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.http_metrics import HttpMetricsMiddleware
@@ -36,6 +36,7 @@ def _add_routes(app: FastAPI) -> None:
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(dashboard.router)
+    app.include_router(usage.router)
     install_openapi(app)
 
 
@@ -62,6 +63,7 @@ def create_app(
         await guards.start()
         await service.start()
         await jobs.start()
+        service.ledger.start(jobs.context.store.blocking)
         # Everything loaded so far (models, libraries) lives as long as the process: frozen,
         # the collector stops rescanning it, so full collections no longer stall the event
         # loop for 100+ ms under load.
@@ -69,7 +71,8 @@ def create_app(
         try:
             yield
         finally:
-            await jobs.stop()  # first: running shards hand their leases back
+            await service.ledger.stop()  # the last online usage, while the store is open
+            await jobs.stop()  # running shards hand their leases back
             await service.stop()
             await guards.stop()
 

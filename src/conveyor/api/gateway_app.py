@@ -13,6 +13,7 @@ from conveyor.api import batches as batch_routes
 from conveyor.api import dashboard as dashboard_routes
 from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
+from conveyor.api import usage as usage_routes
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.http_metrics import HttpMetricsMiddleware
@@ -69,6 +70,7 @@ def create_gateway_app(
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(dashboard_routes.router)
+    app.include_router(usage_routes.router)
     app.include_router(fleet_routes.router)
     install_openapi(app)
     # Innermost: the API keys, limits and the body cap still run before a request is proxied.

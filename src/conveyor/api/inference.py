@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.api.files import tenant_of
 from conveyor.api.responses import json_response
 from conveyor.api.sse import serve_generation
 from conveyor.api.timeouts import timeout_from_headers
@@ -41,7 +42,8 @@ async def create_embeddings(request: Request) -> Response:
     timeout_ms = timeout_from_headers(request)
     watcher = DisconnectWatcher(request.receive, cancel_current_task())
     try:
-        result = await run_embeddings(service, body, timeout_ms=timeout_ms)
+        payer = service.online_payer(tenant_of(request))
+        result = await run_embeddings(service, body, timeout_ms=timeout_ms, payer=payer)
     except asyncio.CancelledError:
         if not watcher.is_gone:
             raise

@@ -28,6 +28,7 @@ from conveyor.metrics import ModelMetrics
 from conveyor.observability.batches import batch_done, batch_taken
 from conveyor.observability.logs import log_event
 from conveyor.priority import Priority
+from conveyor.tenants.usage import split_by_tokens
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +295,9 @@ class Batcher:
             self.num_running = 0
             self.metrics.in_flight.set(0)
         batch_done(self.name, batch, outcome.model_s, self._require_loop().time())
-        for item, result in zip(batch, outcome.results, strict=True):
+        shares_s = split_by_tokens(outcome.model_s, [item.num_tokens for item in batch])
+        for item, result, share_s in zip(batch, outcome.results, shares_s, strict=True):
+            item.model_s = share_s
             item.resolve(result)
 
     def _gauge_queue(self) -> None:

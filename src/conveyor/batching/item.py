@@ -33,6 +33,8 @@ class WorkItem:
     deadline: float
     future: asyncio.Future[Any]
     state: ItemState = ItemState.QUEUED
+    # This input's share of its batch's model time, by tokens (set when the batch returns).
+    model_s: float = 0.0
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     # The request this input belongs to (captured where it was created), for its log line
     # and trace; and when its batch started (loop clock).

@@ -34,6 +34,7 @@ from conveyor.engine.outputs import TokenLogprobs
 from conveyor.errors import InvalidRequest
 from conveyor.priority import Priority
 from conveyor.service import Service
+from conveyor.tenants.usage import Payer
 
 __all__ = [
     "chat_body",
@@ -150,11 +151,18 @@ async def run_chat(
     *,
     priority: Priority = Priority.ONLINE,
     timeout_ms: float | None = None,
+    payer: Payer | None = None,
 ) -> dict[str, Any]:
     """Run a whole (non-streamed) chat completion; cancelling this aborts the generation."""
     request = body if isinstance(body, ChatCompletionRequest) else parse_chat_request(body)
     return await run_unstreamed(
-        service, request, prepare_chat, chat_body, priority=priority, timeout_ms=timeout_ms
+        service,
+        request,
+        prepare_chat,
+        chat_body,
+        priority=priority,
+        timeout_ms=timeout_ms,
+        payer=payer,
     )
 
 

@@ -25,6 +25,7 @@ from conveyor.engine.outputs import TokenLogprobs
 from conveyor.errors import InvalidRequest
 from conveyor.priority import Priority
 from conveyor.service import Service
+from conveyor.tenants.usage import Payer
 
 __all__ = [
     "completion_body",
@@ -100,6 +101,7 @@ async def run_completion(
     *,
     priority: Priority = Priority.ONLINE,
     timeout_ms: float | None = None,
+    payer: Payer | None = None,
 ) -> dict[str, Any]:
     """Run a whole (non-streamed) completion; cancelling this aborts the generation."""
     request = body if isinstance(body, CompletionRequest) else parse_completion_request(body)
@@ -110,6 +112,7 @@ async def run_completion(
         completion_body,
         priority=priority,
         timeout_ms=timeout_ms,
+        payer=payer,
     )
 
 

@@ -18,6 +18,7 @@ from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RERANK
 from conveyor.priority import Priority
 from conveyor.service import Service
+from conveyor.tenants.usage import Payer
 
 
 async def execute(
@@ -27,14 +28,19 @@ async def execute(
     *,
     priority: Priority = Priority.BATCH,
     timeout_ms: float | None = None,
+    payer: Payer | None = None,
 ) -> dict[str, Any]:
-    """Run one request body against ``endpoint`` and return the OpenAI response body."""
+    """Run one request body against ``endpoint`` (billed to ``payer``); the response body."""
     if endpoint == EMBEDDINGS:
-        return await run_embeddings(service, body, priority=priority, timeout_ms=timeout_ms)
+        return await run_embeddings(
+            service, body, priority=priority, timeout_ms=timeout_ms, payer=payer
+        )
     if endpoint == COMPLETIONS:
-        return await run_completion(service, body, priority=priority, timeout_ms=timeout_ms)
+        return await run_completion(
+            service, body, priority=priority, timeout_ms=timeout_ms, payer=payer
+        )
     if endpoint == CHAT_COMPLETIONS:
-        return await run_chat(service, body, priority=priority, timeout_ms=timeout_ms)
+        return await run_chat(service, body, priority=priority, timeout_ms=timeout_ms, payer=payer)
     if endpoint == RERANK:
         return await run_rerank(service, body, priority=priority, timeout_ms=timeout_ms)
     raise InvalidRequest(f"unsupported endpoint {endpoint!r}", param="url")
@@ -51,9 +57,9 @@ def jobs_for_service(
     config = service.config
     timeout_ms = config.jobs.line_timeout_ms
 
-    async def run_request(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def run_request(endpoint: str, body: dict[str, Any], payer: Payer) -> dict[str, Any]:
         return await execute(
-            service, endpoint, body, priority=Priority.BATCH, timeout_ms=timeout_ms
+            service, endpoint, body, priority=Priority.BATCH, timeout_ms=timeout_ms, payer=payer
         )
 
     def is_hosted(name: str) -> bool:

@@ -12,6 +12,7 @@ from conveyor.endpoints.validation import invalid_from_validation
 from conveyor.models.base import Vector
 from conveyor.priority import Priority
 from conveyor.service import Service
+from conveyor.tenants.usage import Payer
 
 
 def parse_embedding_request(body: bytes | dict[str, Any]) -> EmbeddingRequest:
@@ -30,6 +31,7 @@ async def run_embeddings(
     *,
     priority: Priority = Priority.ONLINE,
     timeout_ms: float | None = None,
+    payer: Payer | None = None,
 ) -> dict[str, Any]:
     """Embed every input of one request; cancelling this drops inputs not yet run."""
     request = body if isinstance(body, EmbeddingRequest) else parse_embedding_request(body)
@@ -40,6 +42,7 @@ async def run_embeddings(
         timeout_ms=timeout_ms,
         truncate=request.truncate,
         dimensions=request.dimensions,
+        payer=payer,
     )
     return embedding_body(request.model, result.vectors, result.num_tokens, request.encoding_format)
 

@@ -25,6 +25,7 @@ from conveyor.metrics import outcome_of
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
 from conveyor.service import Service
+from conveyor.tenants.usage import Payer
 
 __all__ = [
     "SYSTEM_FINGERPRINT",
@@ -232,7 +233,11 @@ class GenerationRun:
     # Text put before each choice's output (completions' echo).
     prefixes: tuple[str, ...] = ()
     started_s: float = field(default_factory=time.perf_counter)
+    # Who pays, and the service that bills them (None: not billed, e.g. tests).
+    payer: Payer | None = None
+    service: Service | None = None
     _outcome: str | None = field(default=None, init=False)
+    _model_s: dict[int, float] = field(default_factory=dict, init=False)
     _peeked: GenerationOutput | None = field(default=None, init=False)
     _num_output_tokens: dict[int, int] = field(default_factory=dict, init=False)
 
@@ -271,6 +276,7 @@ class GenerationRun:
     def _count(self, output: GenerationOutput) -> GenerationOutput:
         """Track the output token totals for ``usage``."""
         self._num_output_tokens[output.index] = output.num_output_tokens
+        self._model_s[output.index] = output.model_s
         return output
 
     async def collect(self) -> list[ChoiceResult]:
@@ -304,6 +310,12 @@ class GenerationRun:
         metrics.requests[outcome].inc()
         if outcome == "ok":
             metrics.latency_s.observe(time.perf_counter() - self.started_s)
+        if self.service is not None and (outcome == "ok" or self.total_output_tokens):
+            # What ran is billed, finished or not (a dropped stream at what it produced).
+            self.service.bill(
+                self.payer, self.model, self.total_prompt_tokens, self.total_output_tokens,
+                sum(self._model_s.values()),
+            )  # fmt: skip
 
 
 @dataclass(slots=True, frozen=True)
@@ -323,9 +335,17 @@ class PreparedRun:
     prefixes: tuple[str, ...] = ()
 
     def launch(
-        self, service: Service, *, priority: Priority, timeout_ms: float | None
+        self,
+        service: Service,
+        *,
+        priority: Priority,
+        timeout_ms: float | None,
+        payer: Payer | None = None,
     ) -> GenerationRun:
-        """Submit every prompt to the engine and return the run (429 / 400 raised here)."""
+        """Submit every prompt to the engine and return the run (429 / 400 raised here).
+
+        The run bills `payer` when it ends.
+        """
         stream = service.generate(
             self.model, self.prompts, self.params, priority=priority, timeout_ms=timeout_ms
         )
@@ -338,6 +358,8 @@ class PreparedRun:
             num_prompt_tokens=[len(prompt) for prompt in self.prompts],
             tool_names=self.tool_names,
             prefixes=self.prefixes,
+            payer=payer,
+            service=service,
         )
 
 
@@ -370,6 +392,7 @@ async def run_unstreamed(
     *,
     priority: Priority,
     timeout_ms: float | None,
+    payer: Payer | None = None,
 ) -> dict[str, Any]:
     """Prepare a parsed request, wait for every choice, format the body; cancelling aborts it.
 
@@ -378,7 +401,7 @@ async def run_unstreamed(
     if request.stream:
         raise InvalidRequest("stream: true is not supported here", param="stream")
     prepared = await run_sized(request.input_bytes(), prepare_counted, service, prepare, request)
-    run = prepared.launch(service, priority=priority, timeout_ms=timeout_ms)
+    run = prepared.launch(service, priority=priority, timeout_ms=timeout_ms, payer=payer)
     try:
         results = await run.collect()
     finally:

@@ -33,7 +33,7 @@ from conveyor.engine.sampling import Sampler
 from conveyor.engine.sampling_mask import MaskComputer
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.scheduler import Scheduler, SchedulerOutput
-from conveyor.engine.step import StepExecutor
+from conveyor.engine.step import SeqChunk, StepExecutor
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import (
@@ -46,6 +46,7 @@ from conveyor.errors import (
 from conveyor.metrics import GeneratorMetrics
 from conveyor.observability.logs import log_event
 from conveyor.priority import Priority
+from conveyor.tenants.usage import split_by_tokens
 
 __all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
 
@@ -258,8 +259,10 @@ class LLMEngine:
         pending = self.masks.start(
             [entry.request.matcher for entry in sampling], self.grammars.vocab_size
         )
+        chunks = output.to_chunks()
+        started_s = time.perf_counter()
         try:
-            logits = self._runner.execute(output.to_chunks())
+            logits = self._runner.execute(chunks)
         except ModelOutOfMemory as exc:
             self._on_out_of_memory(output, exc)
             return
@@ -273,8 +276,15 @@ class LLMEngine:
         if pending is not None:
             self.stats.grammar_wait_s += pending.wait_s
         self.stats.num_steps += 1
+        self._charge(output, chunks, time.perf_counter() - started_s)
         self._note_admissions(output)
         self._finish_step(output, sampling, logits, allowed)
+
+    def _charge(self, output: SchedulerOutput, chunks: list[SeqChunk], step_s: float) -> None:
+        """Give each scheduled request its share of the step's time, by tokens computed."""
+        shares_s = split_by_tokens(step_s, [len(chunk.token_ids) for chunk in chunks])
+        for scheduled, share_s in zip(output.scheduled, shares_s, strict=True):
+            self._entries[scheduled.seq.seq_id].request.model_s += share_s
 
     def _note_preemptions(self, output: SchedulerOutput) -> None:
         """Count sequences the scheduler evicted to make room."""

@@ -63,6 +63,8 @@ class GenerationOutput:
     num_output_tokens: int
     num_cached_tokens: int
     timings: RequestTimings
+    # The request's share of its steps' model time so far (by tokens computed), seconds.
+    model_s: float = 0.0
 
     @property
     def is_finished(self) -> bool:

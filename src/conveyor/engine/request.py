@@ -58,6 +58,8 @@ class GenerationRequest:
     num_admissions: int = field(init=False, default=0)
     # The grammar's state (``params.grammar``); the engine thread builds and advances it.
     matcher: llguidance.LLMatcher | None = field(init=False, default=None)
+    # Its share of every step's model time, by tokens computed (see ``LLMEngine._step``).
+    model_s: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) >= self.max_model_len:
@@ -163,4 +165,5 @@ class GenerationRequest:
             num_output_tokens=self.seq.num_output_tokens,
             num_cached_tokens=self.seq.num_cached_tokens,
             timings=self.timings(),
+            model_s=self.model_s,
         )

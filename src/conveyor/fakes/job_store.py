@@ -1,4 +1,4 @@
-"""In-memory job store and worker registry: files, batches, result cache, workers, shards, keys."""
+"""In-memory job store and worker registry: files, batches, cache, workers, shards, keys, usage."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from typing import Any, TypeVar
 from conveyor.fakes.api_keys import MemoryApiKeys
 from conveyor.fakes.models import MemoryModels
 from conveyor.fakes.shards import MemoryShards, op
+from conveyor.fakes.usage import MemoryUsage
 from conveyor.stores.errors import StoreError
 from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE
 from conveyor.stores.records import (
     STATUS_TIMESTAMP_FIELD,
     BatchRecord,
     BatchStatus,
+    BatchUsage,
     FileRecord,
     RequestCounts,
     WorkerRecord,
@@ -25,7 +27,7 @@ from conveyor.stores.sql_files import encode_batch_fields
 _T = TypeVar("_T")
 
 
-class MemoryJobStore(MemoryApiKeys, MemoryShards, MemoryModels):
+class MemoryJobStore(MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
     """Job store and worker registry in dictionaries; thread-safe, one lock for everything."""
 
     # -- files -----------------------------------------------------------------------------
@@ -84,13 +86,18 @@ class MemoryJobStore(MemoryApiKeys, MemoryShards, MemoryModels):
         """A batch regardless of tenant, with request counts summed from its shards."""
         if batch_id not in self._batches:
             return None
-        shards = [s.record for s in self._shards.get(batch_id, {}).values()]
+        rows = list(self._shards.get(batch_id, {}).values())
+        shards = [row.record for row in rows]
         counts = RequestCounts(
             total=sum(s.num_lines for s in shards),
             completed=sum(s.num_completed for s in shards),
             failed=sum(s.num_failed for s in shards),
         )
-        return dataclasses.replace(self._batches[batch_id][1], request_counts=counts)
+        usage = BatchUsage(
+            sum(row.input_tokens for row in rows), sum(row.output_tokens for row in rows)
+        )
+        rec = self._batches[batch_id][1]
+        return dataclasses.replace(rec, request_counts=counts, usage=usage)
 
     @op
     def list_batches(

@@ -22,7 +22,7 @@ from conveyor.stores.records import (
     ShardStatus,
     WorkerRecord,
 )
-from conveyor.stores.tenant_records import ApiKeyRecord
+from conveyor.stores.tenant_records import ApiKeyRecord, UsageRow
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -34,6 +34,8 @@ class _Shard:
     record: ShardRecord
     spec_owner: str | None = None
     spec_expires_at: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
 
 
 def op(method: _F) -> _F:
@@ -63,6 +65,13 @@ class MemoryBase:
         self._cache: dict[str, bytes] = {}
         self._workers: dict[str, tuple[WorkerRecord, float]] = {}
         self._api_keys: dict[str, ApiKeyRecord] = {}
+        self._usage: dict[tuple[str, str, int], UsageRow] = {}
+
+    def _fold_usage(self, rows: Sequence[UsageRow]) -> None:
+        """Add rows to the ledger (the caller holds the lock)."""
+        for row in rows:
+            held = self._usage.get(row.key)
+            self._usage[row.key] = row if held is None else held.plus(row)
 
     def close(self) -> None:
         """Later calls raise StoreError. Safe to call twice."""
@@ -176,8 +185,9 @@ class MemoryShards(MemoryBase):
         error_key: str | None,
         num_completed: int,
         num_failed: int,
+        usage: Sequence[UsageRow] = (),
     ) -> bool:
-        """Mark the shard done, only while this attempt's lease is live."""
+        """Mark the shard done, only while this attempt's lease is live; add its usage."""
         _check_counts(lease, num_completed, num_failed)
         shard = self._held(lease)
         if shard is None or not is_live(_expiry(shard, lease), now):
@@ -188,6 +198,9 @@ class MemoryShards(MemoryBase):
             num_completed=num_completed, num_failed=num_failed, committed_at=float(now),
             lease_expires_at=None,
         )  # fmt: skip
+        shard.input_tokens = sum(row.input_tokens for row in usage)
+        shard.output_tokens = sum(row.output_tokens for row in usage)
+        self._fold_usage(usage)
         return True
 
     @op

@@ -26,8 +26,10 @@ from conveyor.jobs.cache import fresh_answer
 from conveyor.jobs.keys import line_id
 from conveyor.jobs.lines import Decoded, failure_record, response_record
 from conveyor.observability.context import RequestContext, line_request_id, request_scope
+from conveyor.tenants.usage import Payer
 
-RunRequest = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+# (endpoint, body, payer): the payer is the batch's tenant and its attempt's usage tally.
+RunRequest = Callable[[str, dict[str, Any], Payer], Awaitable[dict[str, Any]]]
 Sleep = Callable[[float], Awaitable[None]]
 
 QUEUE_FULL = 429
@@ -79,12 +81,14 @@ class LineCaller:
         endpoint: str,
         batch_id: str,
         retry: RetryPolicy,
+        payer: Payer,
         *,
         sleep: Sleep = asyncio.sleep,
         jitter: Callable[[], float] = random.random,
     ) -> None:
-        """Call `run_request(endpoint, body)` per line; `sleep` and `jitter` are for tests."""
+        """Call `run_request(endpoint, body, payer)` per line; `sleep`, `jitter` for tests."""
         self._run_request = run_request
+        self.payer = payer
         self.endpoint = endpoint
         self.batch_id = batch_id
         self._retry = retry
@@ -124,7 +128,7 @@ class LineCaller:
         num_retries = 0
         while True:
             try:
-                return await self._run_request(self.endpoint, body)
+                return await self._run_request(self.endpoint, body, self.payer)
             except ConveyorError as exc:
                 if exc.status_code == QUEUE_FULL:
                     delay_s = self._retry.delay_s(num_full, self._jitter())

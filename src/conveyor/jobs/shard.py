@@ -32,6 +32,7 @@ from conveyor.jobs.stalls import is_outage
 from conveyor.observability.logs import log_event
 from conveyor.stores.errors import ObjectStoreError, StoreError
 from conveyor.stores.records import BatchRecord, BatchStatus, ShardLease
+from conveyor.tenants.usage import Payer, UsageTally
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,11 @@ class ShardAttempt:
         self._stop: StopReason | None = None
         self._stopped = asyncio.Event()
         self._sink = ShardSink()
+        # The lines' usage, committed with their results (lost with them if not committed).
+        self._usage = UsageTally()
+        payer = Payer(batch.tenant, self._usage)
         self._lines = LineCaller(
-            ctx.run_request, batch.endpoint, batch.id, ctx.retry, sleep=ctx.sleep
+            ctx.run_request, batch.endpoint, batch.id, ctx.retry, payer, sleep=ctx.sleep
         )
         self._checkpoints = PieceCheckpoints(ctx.objects, lease.batch_id, lease.index)
         self._cache = ResultCache(ctx.store) if ctx.config.result_cache else None
@@ -349,6 +353,7 @@ class ShardAttempt:
             error_key if error_key in written else None,
             sink.num_completed,
             sink.num_failed,
+            usage=self._usage.peek(),
         ):
             for key in written:
                 ctx.objects.delete(key)

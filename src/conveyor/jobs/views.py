@@ -62,6 +62,14 @@ def batch_object(rec: BatchRecord) -> dict[str, Any]:
         "failed": counts.failed,
     }
     body["metadata"] = rec.metadata
+    usage = rec.usage
+    body["usage"] = {
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.total_tokens,
+    }
     return body
 
 

@@ -171,11 +171,30 @@ _V4_MODEL_DISTRIBUTION = (
     "CREATE INDEX IF NOT EXISTS chunk_holders_by_worker ON chunk_holders (worker_id)",
 )
 
+# The usage ledger (tenant, model, minute) and each committed shard's tokens (Batch `usage`).
+_V5_USAGE = (
+    """CREATE TABLE IF NOT EXISTS usage_minutes (
+        tenant TEXT NOT NULL,
+        model TEXT NOT NULL,
+        minute_start BIGINT NOT NULL,
+        num_requests BIGINT NOT NULL,
+        input_tokens BIGINT NOT NULL,
+        output_tokens BIGINT NOT NULL,
+        model_s {float} NOT NULL,
+        cost_usd {float} NOT NULL,
+        PRIMARY KEY (tenant, minute_start, model)
+    )""",
+    "CREATE INDEX IF NOT EXISTS usage_by_minute ON usage_minutes (minute_start)",
+    "ALTER TABLE shards ADD COLUMN input_tokens BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE shards ADD COLUMN output_tokens BIGINT NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_INITIAL),
     Migration(2, "speculative shard attempts", _V2_SPECULATION),
     Migration(3, "api keys", _V3_API_KEYS),
     Migration(4, "model manifests and chunk holders", _V4_MODEL_DISTRIBUTION),
+    Migration(5, "usage ledger", _V5_USAGE),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

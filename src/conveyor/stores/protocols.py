@@ -25,7 +25,7 @@ from conveyor.stores.records import (
     ShardSpec,
     ShardStatus,
 )
-from conveyor.stores.tenant_records import ApiKeyRecord
+from conveyor.stores.tenant_records import ApiKeyRecord, UsageRow
 
 # OpenAI's page-size limits: files list up to 10 000, batches list up to 100.
 MAX_FILES_PAGE = 10_000
@@ -165,8 +165,13 @@ class ShardStore(Protocol):
         error_key: str | None,
         num_completed: int,
         num_failed: int,
+        usage: Sequence[UsageRow] = (),
     ) -> bool:
-        """Mark the shard done with its outputs, only while this attempt's lease is live."""
+        """Mark the shard done with its outputs, only while this attempt's lease is live.
+
+        `usage` (its lines' per-minute usage) is added to the ledger and its tokens to the
+        shard's in the same transaction: a commit never loses or repeats a line's usage.
+        """
         ...
 
     def release_shard(self, lease: ShardLease) -> bool:
@@ -259,8 +264,29 @@ class ModelStore(Protocol):
         ...
 
 
+class UsageStore(Protocol):
+    """The usage ledger: per tenant, model and minute, summed on write."""
+
+    def add_usage(self, rows: Sequence[UsageRow]) -> None:
+        """Add each row to the ledger's row of its key (created at zero), in one transaction."""
+        ...
+
+    def list_usage(
+        self, start_s: int, end_s: int | None = None, tenant: str | None = None
+    ) -> list[UsageRow]:
+        """Rows with `start_s <= minute_start < end_s` (of `tenant`, or all), oldest first."""
+        ...
+
+
 class JobStore(
-    FileStore, BatchStore, ShardStore, ResultCacheStore, ApiKeyStore, ModelStore, Protocol
+    FileStore,
+    BatchStore,
+    ShardStore,
+    ResultCacheStore,
+    ApiKeyStore,
+    ModelStore,
+    UsageStore,
+    Protocol,
 ):
     """Every aggregate of one job store database, and the means to close it."""
 

@@ -135,6 +135,19 @@ class RequestCounts:
     failed: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class BatchUsage:
+    """Tokens a batch's committed lines used (OpenAI's Batch `usage`), summed from its shards."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens."""
+        return self.input_tokens + self.output_tokens
+
+
 # A batch row's stored columns, in the order rows hold them (`request_counts` is derived).
 BATCH_COLUMNS = (
     "id",
@@ -185,6 +198,7 @@ class BatchRecord:
     error_file_id: str | None = None
     errors: list[BatchError] | None = None
     request_counts: RequestCounts = field(default_factory=RequestCounts)
+    usage: BatchUsage = field(default_factory=BatchUsage)
 
     def __post_init__(self) -> None:
         """Reject malformed ids, statuses and metadata before they reach a database."""
@@ -198,17 +212,18 @@ class BatchRecord:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> BatchRecord:
         """Build from `BATCH_COLUMNS` (JSON text for metadata and errors) then the shard sums
-        of lines, completed and failed requests."""
+        of lines, completed and failed requests, input and output tokens."""
         num_stored = len(BATCH_COLUMNS)
         values: dict[str, Any] = dict(zip(BATCH_COLUMNS, row[:num_stored], strict=True))
-        total, completed, failed = row[num_stored:]
+        total, completed, failed, input_tokens, output_tokens = row[num_stored:]
         values["status"] = BatchStatus(values["status"])
         values["metadata"] = None if values["metadata"] is None else json.loads(values["metadata"])
         raw_errors = values["errors"]
         if raw_errors is not None:
             values["errors"] = [BatchError.from_dict(e) for e in json.loads(raw_errors)]
         counts = RequestCounts(total=int(total), completed=int(completed), failed=int(failed))
-        return cls(**values, request_counts=counts)
+        usage = BatchUsage(int(input_tokens), int(output_tokens))
+        return cls(**values, request_counts=counts, usage=usage)
 
 
 def validate_metadata(metadata: dict[str, str] | None) -> None:

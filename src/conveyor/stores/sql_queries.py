@@ -152,7 +152,8 @@ def _shard_sum(column: str) -> str:
 BATCH_SELECT = (
     "SELECT "
     + ", ".join(f"b.{c}" for c in BATCH_STORED_COLUMNS)
-    + f", {_shard_sum('num_lines')}, {_shard_sum('num_completed')}, {_shard_sum('num_failed')} "
+    + f", {_shard_sum('num_lines')}, {_shard_sum('num_completed')}, {_shard_sum('num_failed')}"
+    + f", {_shard_sum('input_tokens')}, {_shard_sum('output_tokens')} "
     + "FROM batches b"
 )
 

@@ -15,6 +15,8 @@ from conveyor.stores.protocols import StragglerPolicy
 from conveyor.stores.records import ShardLease, ShardRecord, ShardSpec, ShardStatus
 from conveyor.stores.sql_base import SqlStore
 from conveyor.stores.sql_queries import SqlSession
+from conveyor.stores.sql_usage import ADD_SHARD_TOKENS, add_usage_rows
+from conveyor.stores.tenant_records import UsageRow
 
 
 class SqlShardStore(SqlStore):
@@ -136,9 +138,11 @@ class SqlShardStore(SqlStore):
         error_key: str | None,
         num_completed: int,
         num_failed: int,
+        usage: Sequence[UsageRow] = (),
     ) -> bool:
         """Mark the shard done with its outputs, only while this attempt's lease is live.
 
+        `usage` goes into the ledger and its tokens onto the shard in the same transaction.
         Returns False and changes nothing when the attempt is stale, the lease expired, or the
         shard was already committed or released.
         """
@@ -151,7 +155,18 @@ class SqlShardStore(SqlStore):
             "num_failed": num_failed,
         }
         query = q.COMMIT_SPECULATIVE if lease.is_speculative else q.COMMIT_SHARD
-        return self._change(query, params) > 0
+        with self._session(is_write=True) as session:
+            if session.execute(query.text(self._dialect), params) == 0:
+                return False
+            tokens = {
+                "batch_id": lease.batch_id,
+                "shard_index": lease.index,
+                "input_tokens": sum(row.input_tokens for row in usage),
+                "output_tokens": sum(row.output_tokens for row in usage),
+            }
+            session.execute(ADD_SHARD_TOKENS.text(self._dialect), tokens)
+            add_usage_rows(session, self._dialect, usage)
+        return True
 
     def release_shard(self, lease: ShardLease) -> bool:
         """Give a leased shard back (pending) without finishing it, e.g. when draining.

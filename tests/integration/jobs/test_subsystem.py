@@ -14,6 +14,7 @@ import pytest
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.stores.records import BatchRecord, BatchStatus
+from conveyor.tenants.usage import Payer
 from tests.unit.jobs.fakes import input_file
 
 pytestmark = pytest.mark.anyio
@@ -21,7 +22,7 @@ WAIT_S = 60.0
 BOUNDARY = "xyz"
 
 
-async def embed(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+async def embed(endpoint: str, body: dict[str, Any], payer: Payer) -> dict[str, Any]:
     """A stand-in endpoint: one 'vector' per input, after yielding to the loop."""
     await asyncio.sleep(0)
     return {"object": "list", "data": [{"embedding": [len(body["input"])]}], "model": body["model"]}

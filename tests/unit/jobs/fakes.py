@@ -17,6 +17,7 @@ from conveyor.jobs.keys import file_key
 from conveyor.jobs.store import AsyncJobStore
 from conveyor.stores import JobStore, open_job_store
 from conveyor.stores.records import BatchRecord, BatchStatus, FileRecord, new_batch_id, new_file_id
+from conveyor.tenants.usage import Payer, UsageEvent
 
 ENDPOINT = "/v1/embeddings"
 MODEL = "m"
@@ -59,7 +60,7 @@ class FakeEndpoint:
         self._waiting_changed = asyncio.Condition()
         self.started = asyncio.Event()
 
-    async def __call__(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def __call__(self, endpoint: str, body: dict[str, Any], payer: Payer) -> dict[str, Any]:
         text = str(body["input"])
         self.calls.append(text)
         self.in_flight += 1
@@ -77,6 +78,9 @@ class FakeEndpoint:
             queued = self.errors.get(text)
             if queued:
                 raise queued.pop(0)
+            if payer.recorder is not None:  # one token per character, a millisecond each
+                usage = UsageEvent(payer.tenant, body["model"], len(text), 0, len(text) / 1000, 0.0)
+                payer.recorder.record(usage, 0.0)
             return {"object": "list", "data": [{"embedding": [len(text)]}], "model": body["model"]}
         finally:
             self.in_flight -= 1

@@ -9,6 +9,7 @@ from conveyor.errors import DeadlineExceeded, InvalidRequest, ModelFault, QueueF
 from conveyor.jobs.keys import line_id
 from conveyor.jobs.line_caller import LineCaller, LineOutcome, RetryPolicy
 from conveyor.jobs.lines import decode_line
+from conveyor.tenants.usage import Payer
 from tests.unit.jobs.fakes import ENDPOINT, FakeEndpoint, request_line
 
 pytestmark = pytest.mark.anyio
@@ -19,7 +20,8 @@ def runner(endpoint: FakeEndpoint, delays: list[float], max_retries: int = 2) ->
         delays.append(delay_s)
 
     policy = RetryPolicy(max_retries=max_retries, base_s=0.1, max_s=0.4)
-    return LineCaller(endpoint, ENDPOINT, "batch_x", policy, sleep=sleep, jitter=lambda: 1.0)
+    payer = Payer("tenant-a")
+    return LineCaller(endpoint, ENDPOINT, "batch_x", policy, payer, sleep=sleep, jitter=lambda: 1.0)
 
 
 async def test_success_is_an_output_record_in_openai_format() -> None:

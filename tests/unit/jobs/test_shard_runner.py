@@ -145,6 +145,20 @@ async def test_a_lost_lease_commits_nothing_and_the_new_holder_finishes() -> Non
     found = await finish(ctx, batch_id)
     assert found["batch"].status is BatchStatus.COMPLETED
     assert custom_ids(found) == sorted(f"r{i}" for i in range(10))
+    # The lost attempt's usage went with its results: each line is billed once.
+    assert found["batch"].usage.input_tokens == 10 * len("text-0")
+    assert sum(row.input_tokens for row in ctx.store.blocking.list_usage(0)) == 60
+
+
+async def test_line_usage_commits_with_the_shard_to_the_batch_tenant() -> None:
+    ctx = make_ctx(lines_per_shard=4)
+    batch_id = await start_batch(ctx, 10)
+    await run_all(ctx)
+    found = await finish(ctx, batch_id)
+    (row,) = ctx.store.blocking.list_usage(0)
+    assert (row.tenant, row.model, row.num_requests) == ("t", "m", 10)
+    assert row.input_tokens == found["batch"].usage.input_tokens == 60
+    assert row.model_s == pytest.approx(0.06)
 
 
 async def test_shutdown_releases_the_shard_for_the_next_process() -> None:

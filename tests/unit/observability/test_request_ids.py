@@ -15,6 +15,7 @@ from conveyor.jobs.line_caller import LineCaller, RetryPolicy
 from conveyor.jobs.lines import decode_line
 from conveyor.observability.context import accept_request_id, current_request
 from conveyor.observability.logs import JsonFormatter, TextFormatter, log_event
+from conveyor.tenants.usage import Payer
 
 pytestmark = pytest.mark.anyio
 
@@ -102,12 +103,13 @@ def test_text_format_appends_fields() -> None:
 async def test_a_batch_line_runs_under_its_batch_and_custom_id() -> None:
     seen: list[str | None] = []
 
-    async def run_request(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def run_request(endpoint: str, body: dict[str, Any], payer: Payer) -> dict[str, Any]:
         context = current_request()
         seen.append(context.request_id if context else None)
         return {"ok": True}
 
-    runner = LineCaller(run_request, "/v1/embeddings", "batch_abc", RetryPolicy(0, 0.1, 1.0))
+    policy = RetryPolicy(0, 0.1, 1.0)
+    runner = LineCaller(run_request, "/v1/embeddings", "batch_abc", policy, Payer("t"))
     line = b'{"custom_id": "c-7", "method": "POST", "url": "/v1/embeddings", "body": {}}'
     await runner.run(0, decode_line(line))
     assert seen == ["batch_abc:c-7"]
