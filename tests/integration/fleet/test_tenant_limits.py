@@ -36,7 +36,9 @@ def create_key(store_url: str, tenant: str) -> str:
     return key
 
 
-def gateway_config(tmp: Path, name: str, redis_url: str, prefix: str, **limits: Any) -> str:
+def gateway_config(
+    tmp: Path, name: str, redis_url: str, prefix: str, redis_timeout_s: float = 0.25, **limits: Any
+) -> str:
     """A gateway YAML: tenant acme limited per minute, buckets in Redis."""
     config = {
         "tenants": [{"name": "acme", "limits": {"*": limits}}],
@@ -44,6 +46,7 @@ def gateway_config(tmp: Path, name: str, redis_url: str, prefix: str, **limits: 
             "backend": "redis",
             "redis_url": redis_url,
             "redis_prefix": prefix,
+            "redis_timeout_s": redis_timeout_s,
             "on_backend_error": "deny" if name.endswith("deny") else "allow",
         },
     }
@@ -74,15 +77,19 @@ def test_a_burst_split_across_two_gateways_admits_the_rpm_once(
     key = create_key(store_url, "acme")
     redis_url = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
     fleet.start_worker("w1")
+    # Deny on a backend error, with a generous Redis timeout: on a busy machine a slow
+    # Redis call must not be allowed through uncounted (that is the `allow` policy's job).
     gateways = [
         fleet.start_gateway(
             name,
             extra_args=(
                 "--config",
-                gateway_config(tmp_path, name, redis_url, redis_prefix, rpm=100),
+                gateway_config(
+                    tmp_path, name, redis_url, redis_prefix, redis_timeout_s=5.0, rpm=100
+                ),
             ),
         )
-        for name in ("g1", "g2")
+        for name in ("g1-deny", "g2-deny")
     ]
     started_s = time.monotonic()
     answers = asyncio.run(burst(gateways, key, 300))
