@@ -7,7 +7,9 @@ the state answers 401 and keeps it for the browser tab only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +19,16 @@ from starlette.responses import FileResponse, Response
 from conveyor.api.files import jobs_of, tenant_of
 from conveyor.api.responses import json_response
 from conveyor.dashboard.state import (
+    USAGE_WINDOW_S,
     document,
     gateway_models,
     job_row,
     service_models,
+    tenant_usage,
     viewer,
 )
 from conveyor.errors import ConveyorError, NotFound
+from conveyor.tenants.keyring import Principal
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +68,33 @@ async def dashboard_state(request: Request) -> Response:
     guards = getattr(state, "guards", None)
     who = viewer(tenant, guards is not None and guards.keyring.is_enforced)
     jobs = await _jobs(request, tenant)
+    usage = await _usage(request, None if who["scope"] == "all" or _is_admin(request) else tenant)
     gateway = getattr(state, "gateway", None)
     if gateway is not None:
         from conveyor.api.fleet import fleet_document
 
         fleet = fleet_document(gateway)
-        return json_response(document("gateway", who, gateway_models(gateway), jobs, fleet))
-    return json_response(document("serve", who, service_models(state.service), jobs, None))
+        models = gateway_models(gateway)
+        return json_response(document("gateway", who, models, jobs, fleet, usage))
+    models = service_models(state.service)
+    return json_response(document("serve", who, models, jobs, None, usage))
+
+
+def _is_admin(request: Request) -> bool:
+    principal = request.scope.get("state", {}).get("principal")
+    return isinstance(principal, Principal) and principal.is_admin
+
+
+async def _usage(request: Request, tenant: str | None) -> list[dict[str, Any]] | None:
+    """The last hour's usage per tenant (``tenant`` only, unless None); None if unreadable."""
+    since_s = int(time.time()) - USAGE_WINDOW_S
+    try:
+        store = jobs_of(request).context.store.blocking
+        rows = await asyncio.to_thread(store.list_usage, since_s, None, tenant)
+    except ConveyorError as exc:
+        log.warning("dashboard: usage unavailable: %s", exc)
+        return None
+    return tenant_usage(rows)
 
 
 async def _jobs(request: Request, tenant: str) -> list[dict[str, Any]] | None:

@@ -8,18 +8,21 @@ page polls every 2 s). See the README's "Dashboard" section for every field.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from conveyor.dashboard.metrics_read import MetricReader, jsonable
 from conveyor.stores.records import BatchRecord
+from conveyor.stores.tenant_records import UsageRow
 
 if TYPE_CHECKING:
     from conveyor.gateway import Gateway
     from conveyor.service import Service
 
+USAGE_WINDOW_S = 3600
 TENANTS_NOTE = (
-    "per-tenant usage, cost and limits arrive with tenant accounting; until then a key "
-    "sees its own tenant's jobs, and without API keys everything is shown"
+    "usage over the last hour from the ledger; a tenant key sees its own tenant, an admin "
+    "key or no keys at all everything"
 )
 
 
@@ -142,12 +145,29 @@ def job_row(record: BatchRecord) -> dict[str, Any]:
     }
 
 
+def tenant_usage(rows: Iterable[UsageRow]) -> list[dict[str, Any]]:
+    """Ledger rows summed per tenant: requests, tokens, model-seconds, cost (most cost first)."""
+    totals: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        total = totals.setdefault(row.tenant, {
+            "tenant": row.tenant, "requests": 0, "input_tokens": 0, "output_tokens": 0,
+            "model_seconds": 0.0, "cost_usd": 0.0,
+        })  # fmt: skip
+        total["requests"] += row.num_requests
+        total["input_tokens"] += row.input_tokens
+        total["output_tokens"] += row.output_tokens
+        total["model_seconds"] += row.model_s
+        total["cost_usd"] += row.cost_usd
+    return sorted(totals.values(), key=lambda t: (-t["cost_usd"], t["tenant"]))
+
+
 def document(
     role: str,
     who: dict[str, Any],
     models: list[dict[str, Any]],
     jobs: list[dict[str, Any]] | None,
     fleet: dict[str, Any] | None,
+    usage: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The whole state document."""
     return {
@@ -158,5 +178,10 @@ def document(
         "models": models,
         "fleet": fleet,
         "jobs": jobs,
-        "tenants": {"available": False, "note": TENANTS_NOTE},
+        "tenants": {
+            "available": usage is not None,
+            "window_s": USAGE_WINDOW_S,
+            "usage": usage or [],
+            "note": TENANTS_NOTE,
+        },
     }

@@ -37,6 +37,7 @@ async def test_the_state_shows_what_the_model_did(tmp_path: Path) -> None:
         for _ in range(4):
             answer = await client.post("/v1/embeddings", json={"model": "syn", "input": ["a", "b"]})
             assert answer.status_code == 200
+        await app.state.service.ledger.flush()  # online usage is written every second
         state = (await client.get("/v1/dashboard/state")).json()
     assert state["object"] == "dashboard.state" and state["role"] == "serve"
     assert state["viewer"] == {"tenant": "default", "scope": "all"}
@@ -48,7 +49,9 @@ async def test_the_state_shows_what_the_model_did(tmp_path: Path) -> None:
     assert model["histograms"]["latency_s"][-1] == [None, 4]
     assert model["plan"]["inputs_per_s_per_replica"] > 0
     assert state["jobs"] == [] and state["fleet"] is None
-    assert state["tenants"]["available"] is False
+    assert state["tenants"]["available"] is True
+    (usage,) = state["tenants"]["usage"]
+    assert (usage["tenant"], usage["requests"], usage["input_tokens"]) == ("default", 4, 8)
 
 
 async def test_the_state_needs_a_key_and_the_page_does_not(tmp_path: Path) -> None:

@@ -195,13 +195,21 @@ function updateJobs(jobs, time) {
   }));
 }
 
+function updateTenants(tenants) {
+  $("tenants-note").textContent = tenants.note;
+  if (!tenants.available) { table($("tenants"), ["usage unavailable right now"], []); return; }
+  table($("tenants"), ["tenant", "requests", "input tokens", "output tokens", "model s", "cost $"],
+    tenants.usage.map((t) => [t.tenant, t.requests, t.input_tokens, t.output_tokens,
+      fmt(t.model_seconds), t.cost_usd.toFixed(4)]));
+}
+
 function render(state) {
   $("role").textContent = `${state.role} · viewing ${state.viewer.scope === "all" ? "everything" : "tenant " + state.viewer.tenant}`;
   $("updated").textContent = `updated ${new Date(state.time * 1000).toLocaleTimeString()}`;
   updateModels(state);
   updateFleet(state.fleet);
   updateJobs(state.jobs, state.time);
-  $("tenants").textContent = state.tenants.note;
+  updateTenants(state.tenants);
   previous = state;
 }
 
