@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conveyor.batching.mix import online_batch_limit
 from conveyor.batching.timing import BatchTimeModel
 
@@ -45,3 +47,17 @@ def test_a_cold_model_adds_no_job_input() -> None:
 def test_free_extra_inputs_fill_the_batch() -> None:
     constant = fitted(0.02, 0.0)
     assert online_batch_limit(2, 100, constant, max_topup_s=0.0) == 100
+
+
+def test_a_single_online_input_is_topped_up_by_the_fitted_cost_of_one_input() -> None:
+    # 10 ms + 1 ms an input: 2.5 ms more buys 2 job inputs beside the online one.
+    small = fitted(0.01, 0.001, sizes=(1, 2, 3, 4))
+    assert online_batch_limit(1, 4, small, max_topup_s=0.0025) == 3
+
+
+@pytest.mark.parametrize(("max_topup_s", "limit"), [(0.0006, 1), (0.0015, 2)])
+def test_a_batch_of_two_takes_a_job_input_only_if_one_input_fits_the_allowance(
+    max_topup_s: float, limit: int
+) -> None:
+    pair = fitted(0.01, 0.001, sizes=(1, 2))
+    assert online_batch_limit(1, 2, pair, max_topup_s=max_topup_s) == limit
