@@ -62,8 +62,8 @@ def test_timing_one_outlier_batch_moves_the_fit_only_a_little() -> None:
     for _ in range(10):
         model.observe(8, 0.02)
     model.observe(8, 35.0)  # a stalled batch
-    # Capped at 4 x 20 ms + 10 ms before weighting: the fit stays well under 100 ms.
-    assert model.seconds_for(8) < 0.03
+    # Capped at 4 x 20 ms + 10 ms before weighting (alpha 0.1): 20 + 0.1 x (90 - 20) ms.
+    assert model.seconds_for(8) == pytest.approx(0.027)
     assert model.predicted_wait_s(0, 8) < 0.1
 
 
@@ -198,3 +198,44 @@ def test_timing_validates_alpha() -> None:
         with pytest.raises(ValueError):
             BatchTimeModel(alpha=alpha)
     BatchTimeModel(alpha=1.0)
+
+
+def test_a_model_whose_batches_took_no_time_still_learns_it_slowed_down() -> None:
+    model = BatchTimeModel()
+    for _ in range(5):
+        model.observe(4, 0.0)
+    for _ in range(60):
+        model.observe(4, 1.0)  # each capped at 4 x the prediction + 10 ms: the fit still grows
+    assert model.seconds_for(4) == pytest.approx(1.0, rel=0.05)
+
+
+def test_timing_is_warm_after_three_batches_by_default() -> None:
+    model = BatchTimeModel()
+    model.observe(1, 0.01)
+    model.observe(1, 0.01)
+    assert not model.is_warm
+    model.observe(1, 0.01)
+    assert model.is_warm
+
+
+def test_timing_an_outlier_ratio_of_one_caps_at_the_prediction_plus_slack() -> None:
+    model = BatchTimeModel(alpha=1.0, max_outlier_ratio=1.0)
+    for _ in range(3):
+        model.observe(8, 0.02)
+    model.observe(8, 5.0)
+    assert model.seconds_for(8) == pytest.approx(0.03)
+
+
+def test_governor_probes_thirty_seconds_after_an_oom_by_default() -> None:
+    gov = BatchSizeGovernor(8)
+    assert gov.on_oom(8, now=100.0) == 4
+    assert gov.cap(now=129.9) == 4
+    assert gov.cap(now=130.0) == 8
+
+
+def test_governor_probe_interval_must_be_positive_and_may_be_under_a_second() -> None:
+    with pytest.raises(ValueError, match="probe_interval_s"):
+        BatchSizeGovernor(8, probe_interval_s=0)
+    gov = BatchSizeGovernor(8, probe_interval_s=0.5)
+    assert gov.on_oom(8, now=0.0) == 4
+    assert gov.cap(now=0.5) == 8

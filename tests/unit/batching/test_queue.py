@@ -179,3 +179,24 @@ def test_a_dropped_item_is_done_and_resolves_once(loop: asyncio.AbstractEventLoo
     assert item.resolve("first")
     assert not item.resolve("second")
     assert item.future.result() == "first"
+
+
+def test_the_smallest_queue_and_token_budget_are_one(loop: asyncio.AbstractEventLoop) -> None:
+    q = BatchQueue(max_batch_size=4, max_batch_tokens=1, max_queue=1)
+    q.put(make(loop, tokens=1))
+    assert not q.can_put(Priority.ONLINE)
+    batch, reason = q.take(cap=4)
+    assert len(batch) == 1 and reason is CloseReason.TOKENS
+
+
+@pytest.mark.parametrize("state", [ItemState.QUEUED, ItemState.RUNNING])
+def test_resolving_an_item_ends_its_life(loop: asyncio.AbstractEventLoop, state: ItemState) -> None:
+    """Whoever resolves an item moves it to DONE and cancels its deadline timer."""
+    item = make(loop)
+    item.state = state
+    item.timer = loop.call_later(100, lambda: None)
+    timer = item.timer
+    assert item.resolve(ValueError("failed"))
+    assert item.state is ItemState.DONE
+    assert item.timer is None and timer.cancelled()
+    assert isinstance(item.future.exception(), ValueError)

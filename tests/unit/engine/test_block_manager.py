@@ -247,6 +247,34 @@ def test_eviction_prefers_uncached_then_oldest_cached_tail_first() -> None:
     assert manager.num_cache_hit_tokens(make_seq("q", [6, 7, 8, 9, 10])) == 4
 
 
+def test_an_evicted_block_caches_the_content_it_is_reused_for() -> None:
+    manager = BlockManager(4, 2)
+    first = make_seq("a", [1, 2, 3])
+    run_prefill(manager, first)  # [1,2] cached, [3] partial
+    manager.free(first)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    second = make_seq("b", prompt)
+    run_prefill(manager, second)  # its last block is first's [1,2], evicted
+    assert manager.num_cache_hit_tokens(make_seq("p", [1, 2, 3])) == 0
+    manager.free(second)
+    assert manager.num_cache_hit_tokens(make_seq("q", prompt)) == 6
+
+
+def test_a_pool_of_one_token_blocks_caches_every_token_but_the_last() -> None:
+    manager = BlockManager(4, 1)
+    first = make_seq("a", [1, 2, 3])
+    run_prefill(manager, first)
+    first_table = list(first.block_table)
+    assert len(first_table) == 3
+    manager.free(first)
+    second = make_seq("b", [1, 2, 4])
+    run_prefill(manager, second)
+    assert second.num_cached_tokens == 2
+    assert second.block_table[:2] == first_table[:2]
+    manager.free(second)
+    assert_pool_whole(manager)
+
+
 def test_concurrent_identical_prefills_keep_one_findable_copy() -> None:
     manager = BlockManager(8, 2)
     prompt = [1, 2, 3, 4, 5]
@@ -301,6 +329,8 @@ def test_can_append_and_append_refuse_an_exhausted_pool() -> None:
     assert manager.num_appendable_tokens(seq) == 0
     assert not manager.can_append(seq, 1)
     assert manager.can_append(seq, 0)
+    manager.append(seq, 0)  # what can_append allows, append does: nothing, here
+    assert len(seq.block_table) == 2
 
 
 def test_append_refuses_positions_past_the_sequence() -> None:

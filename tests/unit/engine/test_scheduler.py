@@ -393,6 +393,35 @@ def test_an_online_request_takes_blocks_that_batch_job_sequences_hold() -> None:
     assert_pool_whole(harness.manager)
 
 
+def test_an_online_prompt_that_needs_every_block_a_job_holds_plus_the_free_ones_gets_in() -> None:
+    # 2 blocks of 4 tokens: the job holds one, one is free; the 7-token prompt needs both.
+    harness = make_harness(
+        num_blocks=2, block_size=4, max_num_seqs=4, max_num_batched_tokens=8, max_model_len=8
+    )
+    job = harness.add("job", [1, 2, 3], max_tokens=2, priority=Priority.BATCH)
+    harness.step()
+    assert harness.manager.num_free_blocks == 1
+    online = harness.add("online", [9] * 7, max_tokens=1, priority=Priority.ONLINE)
+    output = harness.step()
+    assert output.preempted == [job]
+    assert chunk_sizes(output) == {"online": 7}
+    harness.drain()
+    for seq in (job, online):
+        assert seq.token_ids == reference_tokens(seq.prompt_token_ids, seq.num_output_tokens)
+
+
+def test_a_job_sequence_preempted_twice_counts_both_preemptions() -> None:
+    harness = make_harness(max_num_seqs=1)
+    job = harness.add("job", [1, 2], max_tokens=8, priority=Priority.BATCH)
+    for index in range(2):
+        harness.step()
+        harness.add(f"online{index}", [3, 4], max_tokens=1, priority=Priority.ONLINE)
+        assert harness.step().preempted == [job]
+    assert job.num_preemptions == 2
+    harness.drain()
+    assert job.token_ids == reference_tokens([1, 2], 8)
+
+
 def test_an_online_request_never_evicts_another_online_request() -> None:
     harness = make_harness(max_num_seqs=1)
     first = harness.add("first", [1, 2], max_tokens=3, priority=Priority.ONLINE)
@@ -682,7 +711,7 @@ def test_postprocess_validates_before_changing_anything() -> None:
     assert chunk_sizes(output) == {"long": 4, "short": 2}
     with pytest.raises(ValueError, match="no sampled token"):
         harness.scheduler.postprocess(output, {"long": 3})
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(ValueError, match="'short': token id -1 is out of range"):
         harness.scheduler.postprocess(output, {"long": 3, "short": -1})
     assert (long.num_computed_tokens, short.num_computed_tokens) == (16, 0)
     harness.scheduler.postprocess(output, {"long": 3, "short": 4})
@@ -732,11 +761,14 @@ def test_length_cap_is_reported_and_must_be_finished() -> None:
     scheduler.add(seq)
     full = Sequence("full", list(range(1, 9)))  # prompt == max_model_len
     scheduler.add(full)
+    also_full = Sequence("also-full", list(range(2, 10)))
+    scheduler.add(also_full)
     output = scheduler.schedule()
-    assert scheduler.postprocess(output, harness.runner.run(output)) == [full]
-    with pytest.raises(RuntimeError, match="max_model_len first: full"):
+    assert scheduler.postprocess(output, harness.runner.run(output)) == [full, also_full]
+    with pytest.raises(RuntimeError, match=r"max_model_len first: also-full, full$"):
         scheduler.schedule()
     scheduler.finish("full")
+    scheduler.finish("also-full")
     output = scheduler.schedule()
     assert scheduler.postprocess(output, harness.runner.run(output)) == [seq]
     assert seq.num_tokens == 8

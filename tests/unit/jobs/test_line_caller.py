@@ -8,7 +8,7 @@ import pytest
 from conveyor.errors import DeadlineExceeded, InvalidRequest, ModelFault, QueueFull
 from conveyor.jobs.keys import line_id
 from conveyor.jobs.line_caller import LineCaller, LineOutcome, RetryPolicy
-from conveyor.jobs.lines import decode_line
+from conveyor.jobs.lines import custom_id_of, decode_line
 from conveyor.tenants.usage import Payer
 from tests.unit.jobs.fakes import ENDPOINT, FakeEndpoint, request_line
 
@@ -66,6 +66,28 @@ async def test_request_errors_are_not_retried() -> None:
     assert result.outcome is LineOutcome.FAILED and delays == [] and endpoint.calls == ["x"]
     assert record["response"]["status_code"] == 400
     assert record["response"]["body"]["error"]["param"] == "input"
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b'["c", {}]', "must be a JSON object"),
+        (b'{"custom_id": 7, "body": {}}', "needs a string custom_id"),
+        (b'{"custom_id": "c", "body": "text"}', "an object body"),
+    ],
+)
+async def test_a_line_that_is_no_request_after_all_is_a_failed_record(
+    raw: bytes, reason: str
+) -> None:
+    endpoint = FakeEndpoint()
+    result = await runner(endpoint, []).run(4, decode_line(raw))
+    record = orjson.loads(result.record)
+    assert result.outcome is LineOutcome.FAILED and endpoint.calls == []
+    assert record["custom_id"] == "" and record["response"]["status_code"] == 400
+    message = record["response"]["body"]["error"]["message"]
+    assert message.startswith("line 5 is not a valid request: ") and reason in message
+    assert custom_id_of(decode_line(raw)) is None  # what a stopped record of this line would carry
 
 
 async def test_a_cached_body_is_answered_without_a_call() -> None:

@@ -1,0 +1,41 @@
+"""Loading a generative model from its config: limits checked against the checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conveyor.config import GenerateModelConfig
+from conveyor.engine.generator_factory import DEFAULT_CPU_KV_CACHE_TOKENS, load_generator
+from conveyor.engine.hf_config import DecoderConfig, load_hf_config
+from conveyor.errors import ConfigError
+from conveyor.metrics import Metrics
+
+
+def model_config(path: Path, **kw: object) -> GenerateModelConfig:
+    return GenerateModelConfig(kind="generate", name="tiny", path=path, device="cpu", **kw)
+
+
+def checkpoint_limit(path: Path) -> int:
+    return DecoderConfig.from_hf(load_hf_config(path)).max_position_embeddings
+
+
+def test_a_max_model_len_beyond_the_checkpoint_is_refused_at_load(llama_path: Path) -> None:
+    limit = checkpoint_limit(llama_path)
+    config = model_config(llama_path, max_model_len=limit + 1)
+    expected = f"'tiny': max_model_len {limit + 1} exceeds the checkpoint's {limit}"
+    with pytest.raises(ConfigError, match=expected):
+        load_generator(config, Metrics().for_generator("tiny"))
+
+
+def test_a_cpu_model_without_a_kv_cache_size_gets_the_default_size(llama_path: Path) -> None:
+    assert checkpoint_limit(llama_path) < DEFAULT_CPU_KV_CACHE_TOKENS
+    generator = load_generator(
+        model_config(llama_path, block_size=16), Metrics().for_generator("tiny")
+    )
+    try:
+        assert generator.engine.config.num_kv_blocks == DEFAULT_CPU_KV_CACHE_TOKENS // 16
+        assert generator.max_model_len == checkpoint_limit(llama_path)
+    finally:
+        generator.stop()
