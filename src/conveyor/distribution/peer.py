@@ -41,6 +41,7 @@ class PeerSettings:
     advertise: str | None = None
     zone: str | None = None
     touch_every_s: float = 1.0
+    upload_bytes_s: float | None = None
 
 
 class PeerNode:
@@ -61,8 +62,8 @@ class PeerNode:
         """Serve the cache's chunks, announce them, and return the node."""
         cache = ChunkCache(model_cache_dir(config))
         uv = uvicorn.Config(
-            chunk_app(cache, metrics), host=settings.host, port=settings.port,
-            lifespan="off", log_level="warning",
+            chunk_app(cache, metrics, settings.upload_bytes_s), host=settings.host,
+            port=settings.port, lifespan="off", log_level="warning",
         )  # fmt: skip
         server = uvicorn.Server(uv)
         serving = asyncio.create_task(server.serve(), name="chunk-server")
