@@ -20,7 +20,8 @@ from conveyor.config import ServerConfig
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.chunk_server import chunk_app
 from conveyor.distribution.manifest import MIB
-from conveyor.distribution.puller import Announcer, ModelPuller
+from conveyor.distribution.planner import PlanLimits
+from conveyor.distribution.puller import Announcer, ModelPuller, PullSettings
 from conveyor.distribution.resolver import PullingResolver, model_cache_dir
 from conveyor.metrics import DistributionMetrics
 from conveyor.stores import StoreError, open_object_store
@@ -42,6 +43,11 @@ class PeerSettings:
     zone: str | None = None
     touch_every_s: float = 1.0
     upload_bytes_s: float | None = None
+
+
+def pull_settings(settings: PeerSettings) -> PullSettings:
+    """This worker's pulls: peers in its zone first, its id as the seed that spreads ties."""
+    return PullSettings(limits=PlanLimits(zone=settings.zone, seed=settings.worker_id))
 
 
 class PeerNode:
@@ -76,7 +82,9 @@ class PeerNode:
         address = (settings.advertise or f"http://{settings.host}:{port}").rstrip("/")
         announcer = Announcer(settings.worker_id, address, settings.zone)
         objects = open_object_store(config.jobs.object_store_url_for(config.data_dir))
-        puller = ModelPuller(store, objects, cache, metrics, announcer=announcer)
+        puller = ModelPuller(
+            store, objects, cache, metrics, settings=pull_settings(settings), announcer=announcer
+        )
         budget = config.model_cache_disk_mb
         node = cls(server, PullingResolver(puller, None if budget is None else budget * MIB), store)
         node._tasks.append(serving)
