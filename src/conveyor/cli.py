@@ -188,6 +188,16 @@ def worker(
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
     log_format: LogFormatOption = None,
+    peer_listen: Annotated[
+        str, typer.Option(help="HOST:PORT of the fleet-internal chunk server (port 0: any).")
+    ] = "127.0.0.1:0",
+    peer_advertise: Annotated[
+        str | None, typer.Option(help="Chunk server URL peers use (default: from --peer-listen).")
+    ] = None,
+    zone: Annotated[str | None, typer.Option(help="Zone label; same-zone peers first.")] = None,
+    peer_upload_mb_s: Annotated[
+        float | None, typer.Option(help="Cap on the MiB/s this worker serves to peers.")
+    ] = None,
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
     from conveyor.worker import WorkerSettings, parse_listen, run_worker
@@ -198,9 +208,12 @@ def worker(
     )  # fmt: skip
     try:
         host, port = parse_listen(listen)
+        peer_host, peer_port = parse_listen(peer_listen)
         worker_settings = WorkerSettings(
             store_url=store, objects_url=objects, host=host, port=port, advertise=advertise,
             worker_id=worker_id, heartbeat_s=heartbeat_s, drain_timeout_s=drain_timeout_s,
+            peer_host=peer_host, peer_port=peer_port, peer_advertise=peer_advertise, zone=zone,
+            peer_upload_mb_s=peer_upload_mb_s,
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(str(exc), err=True)

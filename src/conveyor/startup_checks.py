@@ -6,7 +6,7 @@ KV cache too small for one sequence is one line naming the model, not a tracebac
 
 from __future__ import annotations
 
-from conveyor.config import GenerateModelConfig, ServerConfig
+from conveyor.config import GenerateModelConfig, ServerConfig, remote_model_name
 from conveyor.engine.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.limits import kv_pool_problem, max_model_len_problem
 from conveyor.errors import ConfigError
@@ -33,11 +33,14 @@ def generate_model_problems(config: GenerateModelConfig) -> list[str]:
 
 
 def check_models(settings: ServerConfig) -> None:
-    """Raise ``ConfigError`` (one line per problem) for any model that would fail to start."""
+    """Raise ``ConfigError`` (one line per problem) for any model that would fail to start.
+
+    A ``conveyor://`` model has no config.json until it is pulled; the engine checks it then.
+    """
     problems = [
         problem
         for model in settings.models
-        if isinstance(model, GenerateModelConfig)
+        if isinstance(model, GenerateModelConfig) and remote_model_name(model.path) is None
         for problem in generate_model_problems(model)
     ]
     if problems:

@@ -28,6 +28,7 @@ from conveyor.api.app import create_app
 from conveyor.api.errors import error_response
 from conveyor.api.server import uvicorn_config
 from conveyor.config import ServerConfig
+from conveyor.distribution.manifest import MIB
 from conveyor.distribution.peer import PeerNode, PeerSettings
 from conveyor.distribution.resolver import has_remote_models
 from conveyor.endpoints.dispatch import jobs_for_service
@@ -60,11 +61,13 @@ class WorkerSettings:
     worker_id: str | None = None
     heartbeat_s: float = 1.0
     drain_timeout_s: float = 30.0
-    # Model distribution: the chunk server's listener (port 0: any free) and zone label.
+    # Model distribution: the chunk server's listener (port 0: any free), zone label and
+    # upload cap (None: uncapped).
     peer_host: str = "127.0.0.1"
     peer_port: int = 0
     peer_advertise: str | None = None
     zone: str | None = None
+    peer_upload_mb_s: float | None = None
 
     def __post_init__(self) -> None:
         """Validate the knobs."""
@@ -72,6 +75,8 @@ class WorkerSettings:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.heartbeat_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("heartbeat_s must be > 0 and drain_timeout_s >= 0")
+        if self.peer_upload_mb_s is not None and self.peer_upload_mb_s <= 0:
+            raise ValueError(f"--peer-upload-mb-s must be > 0, got {self.peer_upload_mb_s}")
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -255,9 +260,11 @@ async def _start_peer(
     """The chunk server and puller, when some model entry names a pushed model."""
     if not has_remote_models(config):
         return None
+    upload_mb_s = settings.peer_upload_mb_s
     peer_settings = PeerSettings(
         worker_id=worker_id, host=settings.peer_host, port=settings.peer_port,
         advertise=settings.peer_advertise, zone=settings.zone, touch_every_s=settings.heartbeat_s,
+        upload_bytes_s=None if upload_mb_s is None else upload_mb_s * MIB,
     )  # fmt: skip
     return await PeerNode.start(config, store, peer_settings, metrics.distribution)
 

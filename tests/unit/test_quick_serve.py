@@ -13,6 +13,7 @@ from conveyor.cli import app as cli_app
 from conveyor.config import DEFAULT_MODEL_NAME, load_config
 from conveyor.errors import ConfigError
 from conveyor.quick_serve import model_entry, quick_models
+from conveyor.startup_checks import check_models
 
 LLAMA_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
@@ -114,3 +115,8 @@ def test_a_bad_port_variable_is_blamed_on_the_variable(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"in the environment|  port: ") as flagged:
         load_config(env={"CONVEYOR_PORT": "8000"}, overrides={"port": -1})
     assert "CONVEYOR_PORT" not in str(flagged.value)
+
+
+def test_a_pushed_model_is_not_checked_before_it_is_pulled() -> None:
+    entry = {"name": "tiny", "kind": "generate", "path": "conveyor://tiny", "max_model_len": 64}
+    check_models(load_config(overrides={"models": [entry]}, env={}))  # no config.json yet

@@ -2,24 +2,33 @@
 
 It serves only verified chunks (the cache holds no other kind) and runs on its own listener,
 so it is up while the worker's models are still loading, and it can be firewalled to the
-fleet apart from the public API port.
+fleet apart from the public API port. With `upload_bytes_s` set, everything it sends shares
+one paced rate (`--peer-upload-mb-s`).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.manifest import is_digest
+from conveyor.distribution.pacer import PIECE_BYTES, BytePacer
 from conveyor.errors import InvalidRequest, NotFound
 from conveyor.metrics import DistributionMetrics
 
 
-def chunk_app(cache: ChunkCache, metrics: DistributionMetrics) -> Starlette:
-    """An ASGI app serving the cache's verified chunks to peers."""
+def chunk_app(
+    cache: ChunkCache, metrics: DistributionMetrics, upload_bytes_s: float | None = None
+) -> Starlette:
+    """An ASGI app serving the cache's verified chunks to peers, at most `upload_bytes_s`."""
+    pacer = None if upload_bytes_s is None else BytePacer(upload_bytes_s)
 
     async def get_chunk(request: Request) -> Response:
         digest = str(request.path_params["digest"])
@@ -31,6 +40,19 @@ def chunk_app(cache: ChunkCache, metrics: DistributionMetrics) -> Starlette:
             missing = NotFound(f"chunk {digest} is not held here")
             return JSONResponse(missing.to_body(), status_code=missing.status_code)
         metrics.chunks_served.inc()
-        return FileResponse(path, media_type="application/octet-stream")
+        if pacer is None:
+            return FileResponse(path, media_type="application/octet-stream")
+        size = str(path.stat().st_size)
+        return StreamingResponse(
+            pacer.paced(_read_pieces(path)), media_type="application/octet-stream",
+            headers={"content-length": size},
+        )  # fmt: skip
 
     return Starlette(routes=[Route("/v1/internal/chunks/{digest}", get_chunk, methods=["GET"])])
+
+
+async def _read_pieces(path: Path) -> AsyncIterator[bytes]:
+    """The file's bytes in pieces the pacer can space out."""
+    async with await anyio.open_file(path, "rb") as file:
+        while piece := await file.read(PIECE_BYTES):
+            yield piece

@@ -20,7 +20,8 @@ from conveyor.config import ServerConfig
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.chunk_server import chunk_app
 from conveyor.distribution.manifest import MIB
-from conveyor.distribution.puller import Announcer, ModelPuller
+from conveyor.distribution.planner import PlanLimits
+from conveyor.distribution.puller import Announcer, ModelPuller, PullSettings
 from conveyor.distribution.resolver import PullingResolver, model_cache_dir
 from conveyor.metrics import DistributionMetrics
 from conveyor.stores import StoreError, open_object_store
@@ -41,6 +42,12 @@ class PeerSettings:
     advertise: str | None = None
     zone: str | None = None
     touch_every_s: float = 1.0
+    upload_bytes_s: float | None = None
+
+
+def pull_settings(settings: PeerSettings) -> PullSettings:
+    """This worker's pulls: peers in its zone first, its id as the seed that spreads ties."""
+    return PullSettings(limits=PlanLimits(zone=settings.zone, seed=settings.worker_id))
 
 
 class PeerNode:
@@ -61,8 +68,8 @@ class PeerNode:
         """Serve the cache's chunks, announce them, and return the node."""
         cache = ChunkCache(model_cache_dir(config))
         uv = uvicorn.Config(
-            chunk_app(cache, metrics), host=settings.host, port=settings.port,
-            lifespan="off", log_level="warning",
+            chunk_app(cache, metrics, settings.upload_bytes_s), host=settings.host,
+            port=settings.port, lifespan="off", log_level="warning",
         )  # fmt: skip
         server = uvicorn.Server(uv)
         serving = asyncio.create_task(server.serve(), name="chunk-server")
@@ -75,7 +82,9 @@ class PeerNode:
         address = (settings.advertise or f"http://{settings.host}:{port}").rstrip("/")
         announcer = Announcer(settings.worker_id, address, settings.zone)
         objects = open_object_store(config.jobs.object_store_url_for(config.data_dir))
-        puller = ModelPuller(store, objects, cache, metrics, announcer=announcer)
+        puller = ModelPuller(
+            store, objects, cache, metrics, settings=pull_settings(settings), announcer=announcer
+        )
         budget = config.model_cache_disk_mb
         node = cls(server, PullingResolver(puller, None if budget is None else budget * MIB), store)
         node._tasks.append(serving)

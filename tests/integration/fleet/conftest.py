@@ -116,18 +116,31 @@ class Fleet:
         extra_args: tuple[str, ...] = (),
     ) -> Proc:
         """Start a worker hosting the synthetic model; wait until it answers /ready."""
+        proc = self.spawn_worker(
+            name, heartbeat_s=heartbeat_s, config=config, extra_args=extra_args
+        )
+        self.wait_ready(proc)
+        return proc
+
+    def spawn_worker(
+        self,
+        name: str,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        config: dict[str, Any] | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> Proc:
+        """Start a worker (the synthetic model unless `config` says otherwise); do not wait."""
         config_path = self.tmp / f"{name}.yaml"
         config_path.write_text(yaml.safe_dump(config or {"models": [SYNTHETIC]}))
         port = free_port()
-        proc = self._spawn(
+        return self._spawn(
             name,
             ["worker", "--config", str(config_path), "--store", self.store_url,
              "--listen", f"127.0.0.1:{port}", "--worker-id", name,
              "--heartbeat-s", str(heartbeat_s), "--drain-timeout-s", "20", *extra_args],
             port,
         )  # fmt: skip
-        self._wait_ready(proc)
-        return proc
 
     def start_gateway(self, name: str = "gateway", *, extra_args: tuple[str, ...] = ()) -> Proc:
         """Start a gateway; wait until it answers /ready."""
@@ -138,10 +151,11 @@ class Fleet:
              "--stale-after-s", str(STALE_AFTER_S), "--refresh-s", "0.1", *extra_args],
             port,
         )  # fmt: skip
-        self._wait_ready(proc)
+        self.wait_ready(proc)
         return proc
 
-    def _wait_ready(self, proc: Proc) -> None:
+    def wait_ready(self, proc: Proc) -> None:
+        """Wait until `proc` answers /ready; fail the test if it exits or takes too long."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.process.poll() is not None:
