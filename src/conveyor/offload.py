@@ -17,6 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from conveyor.errors import ConveyorError
+
 LARGE_INPUT_BYTES = 64 * 1024
 LARGE_INPUT_WORKERS = 2
 
@@ -37,6 +39,12 @@ async def run_sized(num_bytes: int, fn: Callable[P, T], /, *args: P.args, **kwar
 def _call_then_trim(call: Callable[[], T]) -> T:
     try:
         return call()
+    except ConveyorError as exc:
+        # An expected refusal (a prompt too long, say): drop the failed call's frames here,
+        # so their locals (millions of token ids) are freed on this thread, not later on the
+        # event loop when the error is answered.
+        exc.__traceback__ = None
+        raise
     finally:
         release_free_memory()
 
