@@ -49,3 +49,9 @@ def test_free_extra_inputs_fill_the_batch() -> None:
 
 def test_a_huge_fixed_cost_still_allows_one_input() -> None:
     assert mixed_batch_limit(100, fitted(10.0, 0.0003), slack_s=0.0) >= 1
+
+
+def test_a_batch_of_two_is_split_when_one_input_already_fills_the_budget() -> None:
+    # 10 ms + 10 ms an input: t(1) = 20, t(2) = 30; budget (20 + 30) / 2 = 25 ms fits one.
+    pair = fitted(0.01, 0.01, sizes=(1, 2))
+    assert mixed_batch_limit(2, pair, slack_s=0.0) == 1
