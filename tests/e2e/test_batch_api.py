@@ -172,7 +172,12 @@ def test_files_can_be_listed_read_and_deleted(client: openai.OpenAI) -> None:
     assert client.files.retrieve(uploaded.id).purpose == "batch"
     assert client.files.content(uploaded.id).content == data
     assert uploaded.id in [f.id for f in client.files.list(purpose="batch")]
-    assert client.files.delete(uploaded.id).deleted
+    later = client.files.create(file=("later.jsonl", io.BytesIO(data)), purpose="batch")
+    newest_first = [f.id for f in client.files.list(purpose="batch")]
+    oldest_first = [f.id for f in client.files.list(purpose="batch", order="asc")]
+    assert oldest_first == newest_first[::-1]
+    assert oldest_first.index(uploaded.id) < oldest_first.index(later.id)
+    assert client.files.delete(uploaded.id).deleted and client.files.delete(later.id).deleted
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(uploaded.id)
     with pytest.raises(openai.BadRequestError):

@@ -17,7 +17,7 @@ from conveyor.jobs.keys import file_key
 from conveyor.jobs.leases import ACTIVE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES
 from conveyor.jobs.upload import store_stream
 from conveyor.jobs.validation import check_endpoint, check_metadata, parse_completion_window
-from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE
+from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE, ListOrder
 from conveyor.stores.records import (
     BatchRecord,
     BatchStatus,
@@ -52,6 +52,15 @@ def check_limit(limit: int | None, default: int, maximum: int) -> int:
     if not 1 <= limit <= maximum:
         raise InvalidRequest(f"limit must be between 1 and {maximum}", param="limit")
     return limit
+
+
+def check_order(order: str | None) -> ListOrder:
+    """A list's `order`: `desc` (the default) or `asc` (400 otherwise)."""
+    if order is None or order == "desc":
+        return "desc"
+    if order == "asc":
+        return "asc"
+    raise InvalidRequest(f"order must be 'asc' or 'desc', got {order!r}", param="order")
 
 
 class JobOperations:
@@ -94,13 +103,20 @@ class JobOperations:
         return record
 
     async def list_files(
-        self, tenant: str, *, purpose: str | None, after: str | None, limit: int | None
+        self,
+        tenant: str,
+        *,
+        purpose: str | None,
+        after: str | None,
+        limit: int | None,
+        order: str | None = None,
     ) -> tuple[list[FileRecord], bool]:
-        """One page of the tenant's files, newest first, and whether more follow."""
+        """One page of the tenant's files (newest first unless `asc`), and whether more follow."""
         size = check_limit(limit, MAX_FILES_PAGE, MAX_FILES_PAGE)
+        direction = check_order(order)
         # One extra row tells whether another page exists; the store caps a page at the max.
         ask = min(size + 1, MAX_FILES_PAGE)
-        rows = await self._ctx.store.list_files(tenant, purpose, after, ask)
+        rows = await self._ctx.store.list_files(tenant, purpose, after, ask, order=direction)
         return rows[:size], len(rows) > size
 
     async def get_file(self, tenant: str, file_id: str) -> FileRecord:

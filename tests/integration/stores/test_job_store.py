@@ -129,6 +129,21 @@ def test_list_files_filters_purpose_and_pages_newest_first(job_store: JobStore) 
     assert [f.id for f in first + rest] == batch_ids
 
 
+def test_list_files_ascending_pages_oldest_first(job_store: JobStore) -> None:
+    """`order=asc` lists oldest first and its `after` cursor moves forward."""
+    files = [make_file(purpose="batch" if i % 2 == 0 else "fine-tune") for i in range(5)]
+    for rec in files:
+        job_store.create_file(rec)
+    batch_ids = [f.id for f in files if f.purpose == "batch"]
+
+    assert [f.id for f in job_store.list_files("tenant-a", order="asc")] == [f.id for f in files]
+    first = job_store.list_files("tenant-a", purpose="batch", limit=2, order="asc")
+    rest = job_store.list_files("tenant-a", purpose="batch", after=first[-1].id, order="asc")
+    assert [f.id for f in first + rest] == batch_ids
+    assert job_store.list_files("tenant-a", after=files[-1].id, order="asc") == []
+    assert job_store.list_files("tenant-a", after="file-unknown", order="asc") == []
+
+
 # -- batches ---------------------------------------------------------------------------------
 
 
