@@ -66,6 +66,15 @@ class MemoryJobStore(MemoryApiKeys, MemoryShards, MemoryModels):
         del self._files[file_id]
         return True
 
+    @op
+    def expired_files(self, now: float, limit: int) -> list[FileRecord]:
+        """Files of any tenant whose `expires_at` is at or before `now`, soonest first."""
+        if not 1 <= limit <= MAX_FILES_PAGE:
+            raise ValueError(f"limit must be between 1 and {MAX_FILES_PAGE}, got {limit}")
+        rows = [(r.expires_at, seq, r) for seq, r in self._files.values()]
+        due = sorted(row for row in rows if row[0] is not None and row[0] <= int(now))
+        return [r for _, _, r in due[:limit]]
+
     # -- batches ---------------------------------------------------------------------------
 
     @op

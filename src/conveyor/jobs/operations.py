@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from conveyor.errors import InvalidRequest, NotFound
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.errors import BatchNotCancellable
+from conveyor.jobs.expiry import expires_at, form_expires_after, parse_expires_after
 from conveyor.jobs.keys import file_key
 from conveyor.jobs.leases import ACTIVE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES
 from conveyor.jobs.upload import store_stream
@@ -78,6 +79,14 @@ class JobOperations:
         purpose = fields.get("purpose")
         if purpose is not None and purpose != BATCH_PURPOSE:
             raise InvalidRequest(f"purpose must be {BATCH_PURPOSE!r}", param="purpose")
+        self._lifetime_s(form_expires_after(fields), "expires_after")
+
+    def _lifetime_s(self, value: object, param: str) -> int | None:
+        """A file lifetime from an `expires_after`-shaped value, within the configured bounds."""
+        cfg = self._ctx.config
+        return parse_expires_after(
+            value, param=param, min_s=cfg.min_expires_after_s, max_s=cfg.max_expires_after_s
+        )
 
     async def upload_file(
         self, tenant: str, chunks: AsyncIterator[bytes], form: UploadForm
@@ -91,10 +100,12 @@ class JobOperations:
             if "purpose" not in form.fields:
                 raise InvalidRequest("missing required parameter: 'purpose'", param="purpose")
             self.check_upload_fields(form.fields)
+            lifetime_s = self._lifetime_s(form_expires_after(form.fields), "expires_after")
+            created_at = int(ctx.clock())
             record = FileRecord(
                 id=file_id, tenant=tenant, filename=form.filename or "upload.jsonl",
-                purpose=BATCH_PURPOSE, bytes=num_bytes, created_at=int(ctx.clock()),
-                object_key=key,
+                purpose=BATCH_PURPOSE, bytes=num_bytes, created_at=created_at,
+                object_key=key, expires_at=expires_at(created_at, lifetime_s),
             )  # fmt: skip
             await ctx.store.create_file(record)
         except BaseException:
@@ -153,6 +164,9 @@ class JobOperations:
             max_s=cfg.max_completion_window_s,
         )
         metadata = check_metadata(params.get("metadata"))
+        output_lifetime_s = self._lifetime_s(
+            params.get("output_expires_after"), "output_expires_after"
+        )
         input_file_id = params.get("input_file_id")
         if not isinstance(input_file_id, str) or not input_file_id:
             raise InvalidRequest("input_file_id must be a file id", param="input_file_id")
@@ -166,7 +180,7 @@ class JobOperations:
         record = BatchRecord(
             id=new_batch_id(), tenant=tenant, endpoint=endpoint, input_file_id=input_file_id,
             completion_window=str(window), created_at=int(now), expires_at=int(now + window_s),
-            metadata=metadata,
+            metadata=metadata, output_expires_after_s=output_lifetime_s,
         )  # fmt: skip
         await self._ctx.store.create_batch(record)
         self._kick()

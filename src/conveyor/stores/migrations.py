@@ -171,11 +171,19 @@ _V4_MODEL_DISTRIBUTION = (
     "CREATE INDEX IF NOT EXISTS chunk_holders_by_worker ON chunk_holders (worker_id)",
 )
 
+# File expiry (`expires_after` on upload, `output_expires_after` on a batch's result files).
+_V5_FILE_EXPIRY = (
+    "ALTER TABLE files ADD COLUMN expires_at BIGINT",
+    "CREATE INDEX IF NOT EXISTS files_by_expiry ON files (expires_at)",
+    "ALTER TABLE batches ADD COLUMN output_expires_after_s BIGINT",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_INITIAL),
     Migration(2, "speculative shard attempts", _V2_SPECULATION),
     Migration(3, "api keys", _V3_API_KEYS),
     Migration(4, "model manifests and chunk holders", _V4_MODEL_DISTRIBUTION),
+    Migration(5, "file expiry", _V5_FILE_EXPIRY),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -65,6 +65,13 @@ class FileStore(Protocol):
         """Delete the tenant's file record; return whether it existed."""
         ...
 
+    def expired_files(self, now: float, limit: int) -> list[FileRecord]:
+        """Return up to `limit` files of any tenant whose `expires_at` is at or before `now`.
+
+        Soonest expired first; the caller deletes them (record and bytes).
+        """
+        ...
+
 
 class BatchStore(Protocol):
     """Batches and their lifecycle (`request_counts` derive from the shards)."""

@@ -32,6 +32,7 @@ class SqlFileStore(SqlStore):
             "created_at": rec.created_at,
             "object_key": rec.object_key,
             "status": rec.status,
+            "expires_at": rec.expires_at,
         }
         self._change(q.INSERT_FILE, params)
 
@@ -58,6 +59,12 @@ class SqlFileStore(SqlStore):
     def delete_file(self, tenant: str, file_id: str) -> bool:
         """Delete the tenant's file record; return whether it existed."""
         return self._change(q.DELETE_FILE, {"id": file_id, "tenant": tenant}) > 0
+
+    def expired_files(self, now: float, limit: int) -> list[FileRecord]:
+        """Return up to `limit` files of any tenant whose `expires_at` is at or before `now`."""
+        check_limit(limit, MAX_FILES_PAGE)
+        rows = self._rows(q.EXPIRED_FILES, {"now": int(now), "limit": limit})
+        return [FileRecord.from_row(row) for row in rows]
 
 
 class SqlBatchStore(SqlStore):

@@ -101,12 +101,13 @@ def list_param(values: Iterable[str], dialect: Dialect) -> object:
 # Files
 # ---------------------------------------------------------------------------------------------
 
-FILE_COLUMNS = "id, tenant, filename, purpose, bytes, created_at, object_key, status"
+FILE_COLUMNS = "id, tenant, filename, purpose, bytes, created_at, object_key, status, expires_at"
 
 INSERT_FILE = shared(
     "insert_file",
     f"INSERT INTO files ({FILE_COLUMNS}) "
-    "VALUES (:id, :tenant, :filename, :purpose, :bytes, :created_at, :object_key, :status)",
+    "VALUES (:id, :tenant, :filename, :purpose, :bytes, :created_at, :object_key, :status, "
+    ":expires_at)",
 )
 
 GET_FILE = shared(
@@ -133,6 +134,13 @@ LIST_FILES = shared("list_files", _list_files_sql(is_ascending=False))
 LIST_FILES_ASC = shared("list_files_asc", _list_files_sql(is_ascending=True))
 
 DELETE_FILE = shared("delete_file", "DELETE FROM files WHERE id = :id AND tenant = :tenant")
+
+# Every tenant's files whose `expires_at` has passed, soonest expired first.
+EXPIRED_FILES = shared(
+    "expired_files",
+    f"SELECT {FILE_COLUMNS} FROM files WHERE expires_at IS NOT NULL AND expires_at <= :now "
+    "ORDER BY expires_at, seq LIMIT :limit",
+)
 
 # ---------------------------------------------------------------------------------------------
 # Batches
