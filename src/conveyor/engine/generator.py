@@ -8,6 +8,7 @@ builds one from a ``kind: generate`` config entry.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -64,10 +65,16 @@ class HostedGenerator:
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else params
         if len(per_prompt) != len(prompts):
             raise ValueError("need one params for all prompts or one per prompt")
+        groups = prefix_groups(base_id, prompts)
         try:
             requests = [
                 self.engine.new_request(
-                    f"{base_id}-{index}", list(ids), choice, priority=priority, index=index
+                    f"{base_id}-{index}",
+                    list(ids),
+                    choice,
+                    priority=priority,
+                    index=index,
+                    prefix_group=groups[index],
                 )
                 for index, (ids, choice) in enumerate(zip(prompts, per_prompt, strict=True))
             ]
@@ -112,3 +119,14 @@ class HostedGenerator:
     def stop(self) -> None:
         """Stop the engine; unfinished requests get 503 (blocking: call off the loop)."""
         self.engine.stop()
+
+
+def prefix_groups(base_id: str, prompts: Sequence[list[int]]) -> list[str | None]:
+    """A group per prompt that occurs more than once (the n choices), else None.
+
+    The scheduler lets one member of a group compute the prompt; the rest reuse its blocks.
+    """
+    first: dict[tuple[int, ...], int] = {}
+    keys = [first.setdefault(tuple(ids), index) for index, ids in enumerate(prompts)]
+    counts = Counter(keys)
+    return [f"{base_id}-p{key}" if counts[key] > 1 else None for key in keys]
