@@ -79,7 +79,6 @@ class JobOperations:
         purpose = fields.get("purpose")
         if purpose is not None and purpose != BATCH_PURPOSE:
             raise InvalidRequest(f"purpose must be {BATCH_PURPOSE!r}", param="purpose")
-        self._lifetime_s(form_expires_after(fields), "expires_after")
 
     def _lifetime_s(self, value: object, param: str) -> int | None:
         """A file lifetime from an `expires_after`-shaped value, within the configured bounds."""
@@ -100,6 +99,7 @@ class JobOperations:
             if "purpose" not in form.fields:
                 raise InvalidRequest("missing required parameter: 'purpose'", param="purpose")
             self.check_upload_fields(form.fields)
+            # Checked once every field is in: its two parts may come before or after the file.
             lifetime_s = self._lifetime_s(form_expires_after(form.fields), "expires_after")
             created_at = int(ctx.clock())
             record = FileRecord(

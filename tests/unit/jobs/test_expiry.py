@@ -23,14 +23,19 @@ HOUR_S = 3600
 BOUNDS = {"min_s": HOUR_S, "max_s": 30 * 24 * HOUR_S}
 
 
-def expiring_form(data: bytes, seconds: str, anchor: str = "created_at") -> bytes:
+def expiring_form(
+    data: bytes, seconds: str, anchor: str = "created_at", *, after_file: bool = False
+) -> bytes:
     """An upload body with `expires_after[anchor]` and `expires_after[seconds]` fields."""
     fields = {"expires_after[anchor]": anchor, "expires_after[seconds]": seconds}
-    head = "".join(
+    parts = "".join(
         f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
         for name, value in fields.items()
-    )
-    return head.encode() + form(data)
+    ).encode()
+    if not after_file:
+        return parts + form(data)
+    end = f"--{BOUNDARY}--\r\n".encode()
+    return form(data).removesuffix(end) + parts + end
 
 
 def service(clock: Clock) -> tuple[JobOperations, Supervisor, object]:
@@ -77,6 +82,8 @@ async def test_an_expiring_upload_is_deleted_by_the_supervisor_once_due() -> Non
     api, supervisor, ctx = service(clock)
     record = await upload(api, expiring_form(b"x\n", str(2 * HOUR_S)))
     kept = await upload(api, form(b"y\n"))
+    late = await upload(api, expiring_form(b"z\n", str(3 * HOUR_S), after_file=True))
+    assert late.expires_at == late.created_at + 3 * HOUR_S
     assert record.expires_at == record.created_at + 2 * HOUR_S
     assert file_object(record)["expires_at"] == record.expires_at and kept.expires_at is None
 
