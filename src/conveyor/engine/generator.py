@@ -8,13 +8,13 @@ builds one from a ``kind: generate`` config entry.
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conveyor.config import GenerateModelConfig
 from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.siblings import prefix_groups
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import InvalidRequest, QueueFull
@@ -119,14 +119,3 @@ class HostedGenerator:
     def stop(self) -> None:
         """Stop the engine; unfinished requests get 503 (blocking: call off the loop)."""
         self.engine.stop()
-
-
-def prefix_groups(base_id: str, prompts: Sequence[list[int]]) -> list[str | None]:
-    """A group per prompt that occurs more than once (the n choices), else None.
-
-    The scheduler lets one member of a group compute the prompt; the rest reuse its blocks.
-    """
-    first: dict[tuple[int, ...], int] = {}
-    keys = [first.setdefault(tuple(ids), index) for index, ids in enumerate(prompts)]
-    counts = Counter(keys)
-    return [f"{base_id}-p{key}" if counts[key] > 1 else None for key in keys]

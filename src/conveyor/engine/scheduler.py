@@ -21,10 +21,8 @@ Policy, kept deliberately simple:
   admits no one.  A waiting online request that lacks a seat or blocks which
   running batch-job sequences hold preempts those, newest first, as long as
   that makes it fit; it never evicts another online request.
-* Siblings.  A waiting sequence whose ``prefix_group`` has a running member
-  still computing its prompt waits as if it did not fit; once the prompt's
-  blocks are cached it is admitted as a cache hit, so n choices compute
-  their shared prompt once.
+* Siblings.  A sequence waits, as if it did not fit, while a running sibling
+  computes the prompt blocks it will share (see ``siblings``).
 * Two-phase steps.  ``schedule`` reserves blocks but does not advance any
   sequence; ``postprocess`` does, after the model ran.  If the run fails (out
   of memory), the caller shrinks the token budget and schedules again.
@@ -37,6 +35,7 @@ from dataclasses import dataclass, field
 
 from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.sequence import Sequence, SequenceStatus, check_token_id
+from conveyor.engine.siblings import waits_for_sibling
 from conveyor.engine.step import SeqChunk
 from conveyor.priority import Priority
 
@@ -343,7 +342,7 @@ class Scheduler:
             seq = self._waiting[0]
             if seq.priority is not priority:
                 return
-            if self._waits_for_sibling(seq):
+            if waits_for_sibling(seq, self._running, manager.block_size):
                 return
             num_new = min(seq.num_tokens - manager.num_cache_hit_tokens(seq), plan.budget_left)
             if not self._fits(seq, num_new) and not self._make_room(seq, num_new, plan):
@@ -354,18 +353,6 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self._running, seq, key=_order_key)
             plan.add(ScheduledSeq(seq, num_new))
-
-    def _waits_for_sibling(self, seq: Sequence) -> bool:
-        """Whether a running sibling is still computing the prompt blocks ``seq`` would share."""
-        block_size = self._block_manager.block_size
-        # Full blocks short of the last prompt token: what a cache hit can cover.
-        num_shared = (seq.num_prompt_tokens - 1) // block_size * block_size
-        if seq.prefix_group is None or num_shared == 0:
-            return False
-        return any(
-            other.prefix_group == seq.prefix_group and other.num_computed_tokens < num_shared
-            for other in self._running
-        )
 
     def _fits(self, seq: Sequence, num_new: int) -> bool:
         """Whether ``seq`` can be admitted now with ``num_new`` tokens: a seat and blocks."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conveyor.config import GenerateModelConfig
-from conveyor.engine.generator import HostedGenerator, prefix_groups
+from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.llm_engine import LLMEngine
 from conveyor.engine.model_runner import ModelRunner, StepOutOfMemory
 from conveyor.engine.outputs import FinishReason
@@ -260,17 +260,6 @@ async def test_queue_bound_gives_429_with_retry_after(llama_path: Path) -> None:
         generator.submit([PROMPT], GREEDY)
     assert int(caught.value.headers()["Retry-After"]) >= 1
     generator.stop()
-
-
-def test_repeated_prompts_of_one_call_form_prefix_groups() -> None:
-    assert prefix_groups("r", [[1, 2], [3], [1, 2], [1, 2], [4]]) == [
-        "r-p0",
-        None,
-        "r-p0",
-        "r-p0",
-        None,
-    ]
-    assert prefix_groups("r", [[1], [2]]) == [None, None]
 
 
 async def test_n_choices_compute_their_shared_prompt_once(llama_path: Path) -> None:
