@@ -42,6 +42,7 @@ FAST_JOBS = {
     "renew_every_s": 0.2,
     "lease_s": 3,
     "min_completion_window_s": 1,
+    "min_expires_after_s": 1,
     "result_cache": True,
 }
 
@@ -172,11 +173,56 @@ def test_files_can_be_listed_read_and_deleted(client: openai.OpenAI) -> None:
     assert client.files.retrieve(uploaded.id).purpose == "batch"
     assert client.files.content(uploaded.id).content == data
     assert uploaded.id in [f.id for f in client.files.list(purpose="batch")]
-    assert client.files.delete(uploaded.id).deleted
+    later = client.files.create(file=("later.jsonl", io.BytesIO(data)), purpose="batch")
+    newest_first = [f.id for f in client.files.list(purpose="batch")]
+    oldest_first = [f.id for f in client.files.list(purpose="batch", order="asc")]
+    assert oldest_first == newest_first[::-1]
+    assert oldest_first.index(uploaded.id) < oldest_first.index(later.id)
+    assert client.files.delete(uploaded.id).deleted and client.files.delete(later.id).deleted
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(uploaded.id)
     with pytest.raises(openai.BadRequestError):
         client.files.create(file=("x.jsonl", io.BytesIO(data)), purpose="fine-tune")
+
+
+def wait_until_gone(client: openai.OpenAI, file_id: str) -> None:
+    """Poll until the file is deleted (404)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            client.files.retrieve(file_id)
+        except openai.NotFoundError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"file {file_id} still exists after {WAIT_S} s")
+
+
+def test_files_and_batch_outputs_expire_as_asked(client: openai.OpenAI) -> None:
+    data = jsonl(embedding_lines(2, prefix="ttl"))
+    uploaded = client.files.create(
+        file=("ttl.jsonl", io.BytesIO(data)),
+        purpose="batch",
+        expires_after={"anchor": "created_at", "seconds": 2},
+    )
+    assert uploaded.expires_at == uploaded.created_at + 2
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 3},
+    )
+    done = wait_until(client, batch.id)
+    assert done.status == "completed" and done.output_file_id is not None
+    output = client.files.retrieve(done.output_file_id)
+    assert output.expires_at == output.created_at + 3
+    wait_until_gone(client, uploaded.id)
+    wait_until_gone(client, done.output_file_id)
+    with pytest.raises(openai.BadRequestError, match="expires_after"):
+        client.files.create(
+            file=("x.jsonl", io.BytesIO(data)),
+            purpose="batch",
+            expires_after={"anchor": "last_used", "seconds": 5},  # type: ignore[typeddict-item]
+        )
 
 
 def test_a_bad_file_fails_the_batch_with_every_bad_line(client: openai.OpenAI) -> None:

@@ -49,13 +49,14 @@ async def upload_file(request: Request) -> Response:
 
 @router.get("/v1/files")
 async def list_files(request: Request) -> Response:
-    """The caller's files, newest first (`purpose`, `after`, `limit`)."""
+    """The caller's files, newest first (`purpose`, `after`, `limit`, `order`)."""
     params = request.query_params
     rows, has_more = await jobs_of(request).api.list_files(
         tenant_of(request),
         purpose=params.get("purpose"),
         after=params.get("after"),
         limit=int_param(request, "limit"),
+        order=params.get("order"),
     )
     return json_response(list_page([file_object(r) for r in rows], has_more))
 

@@ -23,6 +23,8 @@ FILE_UPLOAD = {
             "properties": {
                 "file": {"type": "string", "format": "binary"},
                 "purpose": {"type": "string", "enum": ["batch"]},
+                "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+                "expires_after[seconds]": {"type": "integer"},
             },
         }
     }
@@ -35,6 +37,14 @@ BATCH_CREATE = {
         "endpoint": {"type": "string"},
         "completion_window": {"type": "string"},
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+        "output_expires_after": {
+            "type": "object",
+            "required": ["anchor", "seconds"],
+            "properties": {
+                "anchor": {"type": "string", "enum": ["created_at"]},
+                "seconds": {"type": "integer"},
+            },
+        },
     },
 }
 

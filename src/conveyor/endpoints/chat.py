@@ -19,7 +19,7 @@ from conveyor.endpoints.generation import (
     token_text,
     usage_body,
 )
-from conveyor.endpoints.tool_stream import ToolCallStream
+from conveyor.endpoints.tool_stream import Event, ToolCallStream, stream_deltas
 from conveyor.endpoints.tools import (
     ParsedCall,
     new_call_id,
@@ -219,12 +219,10 @@ async def chat_chunks(run: GenerationRun, *, include_usage: bool) -> AsyncIterat
             yield _chunk(run, index, role, None, None, extra)
         parser = parsers[index]
         logprobs = _logprobs_body(run.generator, list(output.logprobs))
-        events: list[str | ParsedCall] = (
-            parser.feed(output.text) if run.tool_names else [output.text]
-        )
+        events: list[Event] = parser.feed(output.text) if run.tool_names else [output.text]
         if output.finish_reason is not None and run.tool_names:
             events += parser.finish()
-        for delta in _deltas(events, parser):
+        for delta in stream_deltas(events, parser.num_calls):
             yield _chunk(run, index, delta, logprobs, None, extra)
             logprobs = None
         if logprobs is not None:
@@ -237,31 +235,6 @@ async def chat_chunks(run: GenerationRun, *, include_usage: bool) -> AsyncIterat
     if include_usage:
         usage = usage_body(run.total_prompt_tokens, run.total_output_tokens)
         yield {**_envelope(run, CHUNK_OBJECT), "choices": [], "usage": usage}
-
-
-def _deltas(events: list[str | ParsedCall], parser: ToolCallStream) -> list[dict[str, Any]]:
-    """Chunk deltas for content and calls; a call is its header, then its arguments."""
-    deltas: list[dict[str, Any]] = []
-    num_calls_before = parser.num_calls - sum(isinstance(e, ParsedCall) for e in events)
-    for event in events:
-        if isinstance(event, str):
-            if event:
-                deltas.append({"content": event})
-            continue
-        position = num_calls_before
-        num_calls_before += 1
-        header = {"name": event.name, "arguments": ""}
-        deltas.append(
-            {
-                "tool_calls": [
-                    {"index": position, "id": new_call_id(), "type": "function", "function": header}
-                ]
-            }
-        )
-        deltas.append(
-            {"tool_calls": [{"index": position, "function": {"arguments": event.arguments}}]}
-        )
-    return deltas
 
 
 def _chunk(

@@ -1,26 +1,54 @@
 """Tool calls in a streamed reply: content passes through, ``<tool_call>`` blocks become calls.
 
 Text that may be the start of a block is held back until it is clear, so a call's
-markup is never streamed as content. A block that is not a valid call to a known tool
-is streamed as the content it was.
+markup is never streamed as content. A block that opens as ``{"name": "<a tool>",
+"arguments": {`` is a call from then on: its header goes out at once and its arguments
+follow as the model writes them (OpenAI streams them in pieces too), holding back only
+what may be the block's closing ``}`` and markup. Any other block is parsed whole when it
+closes; if it is not a valid call to a known tool it is streamed as the content it was.
 """
 
 from __future__ import annotations
 
-from conveyor.endpoints.tools import CALL_END, CALL_START, ParsedCall, parse_call_block
+import re
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ToolCallStream"]
+from conveyor.endpoints.tools import CALL_END, CALL_START, ParsedCall, new_call_id, parse_call_block
 
-Event = str | ParsedCall
+__all__ = ["ArgumentsDelta", "CallStart", "Event", "ToolCallStream", "stream_deltas"]
+
+# A block's opening up to its arguments object: `{"name": "...", "arguments": ` before `{`.
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+
+
+@dataclass(frozen=True, slots=True)
+class CallStart:
+    """A call's header: its function's name (its arguments follow as ``ArgumentsDelta``)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArgumentsDelta:
+    """More of the latest call's arguments, JSON text as the model writes it."""
+
+    text: str
+
+
+Event = str | ParsedCall | CallStart | ArgumentsDelta
 
 
 class ToolCallStream:
-    """Feed text deltas; get content strings and parsed calls, in order."""
+    """Feed text deltas; get content strings and calls (whole or streamed), in order."""
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self._names = names
         self._buffer = ""
         self._is_in_call = False
+        # The open block's streamed call: where its arguments start and how much went out.
+        self._args_start: int | None = None
+        self._num_args_sent = 0
         # Blank text after a call, kept until it is clear whether more content follows.
         self._blank = ""
         self.num_calls = 0
@@ -36,36 +64,63 @@ class ToolCallStream:
                 break
             before, self._buffer = self._buffer[:index], self._buffer[index + len(marker) :]
             if self._is_in_call:
-                self._add(events, self._call_or_text(before))
+                self._close_call(events, before)
             else:
                 self._add(events, before)
             self._is_in_call = not self._is_in_call
-        if not self._is_in_call:
-            keep = _partial_marker_len(self._buffer)
-            cut = len(self._buffer) - keep
+        if self._is_in_call:
+            self._stream_call(events, self._buffer[: _held_from(self._buffer, CALL_END)])
+        else:
+            cut = _held_from(self._buffer, CALL_START)
             self._add(events, self._buffer[:cut])
             self._buffer = self._buffer[cut:]
         return events
 
     def finish(self) -> list[Event]:
-        """Whatever is still held back, as content (an unclosed block stays text)."""
-        rest = (CALL_START if self._is_in_call else "") + self._buffer
-        self._buffer, self._is_in_call = "", False
+        """Whatever is still held back: a streamed call's last arguments, else content."""
         events: list[Event] = []
-        self._add(events, rest)
+        if self._is_in_call and self._args_start is not None:
+            self._close_call(events, self._buffer)
+        else:
+            self._add(events, (CALL_START if self._is_in_call else "") + self._buffer)
+        self._buffer, self._is_in_call = "", False
         self._blank = ""  # trailing blanks after the calls are dropped
         return events
 
-    def _call_or_text(self, body: str) -> Event:
-        """The block's call, or its text unchanged."""
-        call = parse_call_block(body, self._names)
-        return call if call is not None else f"{CALL_START}{body}{CALL_END}"
+    def _stream_call(self, events: list[Event], body: str) -> None:
+        """Start streaming the open block as a call once its header shows, then send on."""
+        if self._args_start is None:
+            match = _HEADER.match(body)
+            if match is None or match.group(1) not in self._names:
+                return
+            self._args_start = match.end()
+            self._add(events, CallStart(match.group(1)))
+        self._send_arguments(events, _without_closing(body[self._args_start :]))
+
+    def _close_call(self, events: list[Event], body: str) -> None:
+        """The block closed: the rest of a streamed call, or the whole block's call or text."""
+        if self._args_start is None:
+            self._stream_call(events, body)
+        if self._args_start is None:
+            call = parse_call_block(body, self._names)
+            self._add(events, call if call is not None else f"{CALL_START}{body}{CALL_END}")
+            return
+        self._send_arguments(events, _without_closing(body[self._args_start :]))
+        self._args_start, self._num_args_sent = None, 0
+
+    def _send_arguments(self, events: list[Event], arguments: str) -> None:
+        """Send the part of ``arguments`` (all known so far) not sent yet."""
+        if len(arguments) > self._num_args_sent:
+            events.append(ArgumentsDelta(arguments[self._num_args_sent :]))
+            self._num_args_sent = len(arguments)
 
     def _add(self, events: list[Event], event: Event) -> None:
         """Keep an event; blank text after a call waits for content (dropped before a call)."""
-        if isinstance(event, ParsedCall):
+        if isinstance(event, ParsedCall | CallStart):
             self.num_calls += 1
             self._blank = ""
+            events.append(event)
+        elif isinstance(event, ArgumentsDelta):
             events.append(event)
         elif self.num_calls and not event.strip():
             self._blank += event
@@ -74,9 +129,48 @@ class ToolCallStream:
             self._blank = ""
 
 
-def _partial_marker_len(text: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of the start marker."""
-    for size in range(min(len(CALL_START) - 1, len(text)), 0, -1):
-        if text.endswith(CALL_START[:size]):
-            return size
-    return 0
+def stream_deltas(events: list[Event], num_calls: int) -> list[dict[str, Any]]:
+    """Chunk deltas for ``events``; ``num_calls`` is the parser's count after them.
+
+    A whole call is its header, then its arguments; a streamed call's pieces go to it.
+    """
+    position = num_calls - sum(isinstance(e, ParsedCall | CallStart) for e in events)
+    deltas: list[dict[str, Any]] = []
+    for event in events:
+        if isinstance(event, str):
+            if event:
+                deltas.append({"content": event})
+        elif isinstance(event, ArgumentsDelta):
+            deltas.append(_arguments_delta(position - 1, event.text))
+        else:
+            header = {"name": event.name, "arguments": ""}
+            call = {"index": position, "id": new_call_id(), "type": "function"}
+            deltas.append({"tool_calls": [{**call, "function": header}]})
+            if isinstance(event, ParsedCall):
+                deltas.append(_arguments_delta(position, event.arguments))
+            position += 1
+    return deltas
+
+
+def _arguments_delta(position: int, text: str) -> dict[str, Any]:
+    """A delta adding ``text`` to the arguments of call ``position``."""
+    return {"tool_calls": [{"index": position, "function": {"arguments": text}}]}
+
+
+def _without_closing(arguments: str) -> str:
+    """Arguments text without what may close the call's object: a last `}`, blanks around it.
+
+    What is held back only ever grows into more arguments, so what went out stays a prefix.
+    """
+    text = arguments.rstrip()
+    if text.endswith("}"):
+        text = text[:-1].rstrip()
+    return text
+
+
+def _held_from(text: str, marker: str) -> int:
+    """Where the longest suffix of ``text`` that is a proper prefix of ``marker`` starts."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:size]):
+            return len(text) - size
+    return len(text)

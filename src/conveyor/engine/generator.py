@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.config import GenerateModelConfig
 from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.siblings import prefix_groups
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import InvalidRequest, QueueFull
@@ -64,10 +65,16 @@ class HostedGenerator:
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else params
         if len(per_prompt) != len(prompts):
             raise ValueError("need one params for all prompts or one per prompt")
+        groups = prefix_groups(base_id, prompts)
         try:
             requests = [
                 self.engine.new_request(
-                    f"{base_id}-{index}", list(ids), choice, priority=priority, index=index
+                    f"{base_id}-{index}",
+                    list(ids),
+                    choice,
+                    priority=priority,
+                    index=index,
+                    prefix_group=groups[index],
                 )
                 for index, (ids, choice) in enumerate(zip(prompts, per_prompt, strict=True))
             ]

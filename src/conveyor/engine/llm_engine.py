@@ -140,6 +140,7 @@ class LLMEngine:
         *,
         priority: Priority = Priority.ONLINE,
         index: int = 0,
+        prefix_group: str | None = None,
     ) -> GenerationRequest:
         """Build a request for this engine; ValueError if it cannot run (too long, empty)."""
         return GenerationRequest(
@@ -152,6 +153,7 @@ class LLMEngine:
             arrival_s=time.monotonic(),
             priority=priority,
             index=index,
+            prefix_group=prefix_group,
         )
 
     def add_request(self, request: GenerationRequest, stream: GenerationStream) -> None:

@@ -46,6 +46,8 @@ class GenerationRequest:
     arrival_s: float
     priority: Priority = Priority.ONLINE
     index: int = 0
+    # Shared by requests with the same prompt in one call (n choices); see ``Sequence``.
+    prefix_group: str | None = None
     seq: Sequence = field(init=False)
     generator: torch.Generator | None = field(init=False)
     detokenizer: Detokenizer = field(init=False)
@@ -68,7 +70,12 @@ class GenerationRequest:
                 f"{self.max_model_len}, which leaves no room for output"
             )
         # arrival is set by the engine when it queues the sequence (a strict order).
-        self.seq = Sequence(self.request_id, self.prompt_token_ids, priority=self.priority)
+        self.seq = Sequence(
+            self.request_id,
+            self.prompt_token_ids,
+            priority=self.priority,
+            prefix_group=self.prefix_group,
+        )
         self.generator = None if self.params.seed is None else new_generator(self.params.seed)
         self.detokenizer = self.tokenizer.detokenizer(
             prompt_ids=self.prompt_token_ids, stop=self.params.stop

@@ -24,6 +24,8 @@ Policy, kept deliberately simple:
   admits no one.  A waiting online request that lacks a seat or blocks which
   running batch-job sequences hold preempts those, newest first, as long as
   that makes it fit; it never evicts another online request.
+* Siblings.  A sequence waits, as if it did not fit, while a running sibling
+  computes the prompt blocks it will share (see ``siblings``).
 * Two-phase steps.  ``schedule`` reserves blocks but does not advance any
   sequence; ``postprocess`` does, after the model ran.  If the run fails (out
   of memory), the caller shrinks the token budget and schedules again.
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 
 from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.sequence import Sequence, SequenceStatus, check_token_id
+from conveyor.engine.siblings import waits_for_sibling
 from conveyor.engine.step import SeqChunk
 from conveyor.priority import Priority
 
@@ -379,6 +382,8 @@ class Scheduler:
         while self._waiting and plan.budget_left > 0:
             seq = self._waiting[0]
             if seq.priority is not priority:
+                return
+            if waits_for_sibling(seq, self._running, manager.block_size):
                 return
             num_new = min(seq.num_tokens - manager.num_cache_hit_tokens(seq), plan.budget_left)
             if not self._fits(seq, num_new) and not self._make_room(seq, num_new, plan):

@@ -40,6 +40,9 @@ class Sequence:
     priority: Priority = Priority.ONLINE
     # Admission counter from the caller; orders sequences of equal priority.
     arrival: int = 0
+    # Sequences of one group share their prompt (the n choices of a request): the scheduler
+    # admits one, and the others once its prompt is cached, so they compute it only once.
+    prefix_group: str | None = None
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = field(init=False, default=0)
     block_table: list[int] = field(init=False, default_factory=list)
@@ -63,6 +66,10 @@ class Sequence:
             raise ValueError(f"sequence {self.seq_id!r}: arrival must be an int")
         if self.arrival < 0:
             raise ValueError(f"sequence {self.seq_id!r}: arrival must be >= 0, got {self.arrival}")
+        if self.prefix_group is not None and not (
+            isinstance(self.prefix_group, str) and self.prefix_group
+        ):
+            raise ValueError(f"sequence {self.seq_id!r}: prefix_group must be a non-empty string")
         # Accepts plain ints too; raises ValueError for an unknown class.
         self.priority = Priority(self.priority)
         # Copies so later edits of the caller's list cannot change the request.

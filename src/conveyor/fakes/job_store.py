@@ -12,7 +12,7 @@ from conveyor.fakes.models import MemoryModels
 from conveyor.fakes.shards import MemoryShards, op
 from conveyor.fakes.usage import MemoryUsage
 from conveyor.stores.errors import StoreError
-from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE
+from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE, ListOrder
 from conveyor.stores.records import (
     STATUS_TIMESTAMP_FIELD,
     BatchRecord,
@@ -52,11 +52,13 @@ class MemoryJobStore(MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
         purpose: str | None = None,
         after: str | None = None,
         limit: int = MAX_FILES_PAGE,
+        *,
+        order: ListOrder = "desc",
     ) -> list[FileRecord]:
-        """The tenant's files newest first, after the file id `after`."""
+        """The tenant's files newest first (oldest first for `asc`), after the file id `after`."""
         rows = [(seq, r) for seq, r in self._files.values() if r.tenant == tenant]
         rows = [(seq, r) for seq, r in rows if purpose is None or r.purpose == purpose]
-        return _page(rows, after, limit, MAX_FILES_PAGE)
+        return _page(rows, after, limit, MAX_FILES_PAGE, is_ascending=order == "asc")
 
     @op
     def delete_file(self, tenant: str, file_id: str) -> bool:
@@ -65,6 +67,15 @@ class MemoryJobStore(MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
             return False
         del self._files[file_id]
         return True
+
+    @op
+    def expired_files(self, now: float, limit: int) -> list[FileRecord]:
+        """Files of any tenant whose `expires_at` is at or before `now`, soonest first."""
+        if not 1 <= limit <= MAX_FILES_PAGE:
+            raise ValueError(f"limit must be between 1 and {MAX_FILES_PAGE}, got {limit}")
+        rows = [(r.expires_at, seq, r) for seq, r in self._files.values()]
+        due = sorted(row for row in rows if row[0] is not None and row[0] <= int(now))
+        return [r for _, _, r in due[:limit]]
 
     # -- batches ---------------------------------------------------------------------------
 
@@ -197,16 +208,26 @@ class MemoryJobStore(MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
         return self._workers.pop(worker_id, None) is not None
 
 
-def _page(rows: list[tuple[int, _T]], after: str | None, limit: int, maximum: int) -> list[_T]:
-    """Newest first, after the row whose id is `after` (unknown: an empty page)."""
+def _page(
+    rows: list[tuple[int, _T]],
+    after: str | None,
+    limit: int,
+    maximum: int,
+    *,
+    is_ascending: bool = False,
+) -> list[_T]:
+    """Newest first (oldest first if ascending), after the row whose id is `after`.
+
+    An unknown `after` gives an empty page.
+    """
     if not 1 <= limit <= maximum:
         raise ValueError(f"limit must be between 1 and {maximum}, got {limit}")
-    rows = sorted(rows, key=lambda row: row[0], reverse=True)
+    rows = sorted(rows, key=lambda row: row[0], reverse=not is_ascending)
     if after is not None:
-        seqs = [seq for seq, rec in rows if getattr(rec, "id", None) == after]
-        if not seqs:
+        ids = [getattr(rec, "id", None) for _, rec in rows]
+        if after not in ids:
             return []
-        rows = [(seq, rec) for seq, rec in rows if seq < seqs[0]]
+        rows = rows[ids.index(after) + 1 :]
     return [rec for _, rec in rows[:limit]]
 
 

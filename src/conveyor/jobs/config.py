@@ -59,6 +59,12 @@ class JobsConfig(BaseModel):
     max_listed_errors: int = Field(default=10_000, ge=1)
     min_completion_window_s: float = Field(default=HOUR_S, gt=0)
     max_completion_window_s: float = Field(default=7 * DAY_S, gt=0)
+    min_expires_after_s: float = Field(
+        default=HOUR_S, gt=0, description="Shortest `expires_after` of a file (OpenAI: 1 h)."
+    )
+    max_expires_after_s: float = Field(
+        default=30 * DAY_S, gt=0, description="Longest `expires_after` (OpenAI: 30 days)."
+    )
     max_line_retries: int = Field(default=5, ge=0, description="For transient 5xx errors.")
     retry_base_s: float = Field(default=0.05, gt=0)
     retry_max_s: float = Field(default=2.0, gt=0)
@@ -85,6 +91,8 @@ class JobsConfig(BaseModel):
             raise ValueError("jobs.retry_base_s must not exceed jobs.retry_max_s")
         if self.min_completion_window_s > self.max_completion_window_s:
             raise ValueError("jobs.min_completion_window_s must not exceed the maximum")
+        if self.min_expires_after_s > self.max_expires_after_s:
+            raise ValueError("jobs.min_expires_after_s must not exceed the maximum")
         return self
 
     def job_store_url_for(self, data_dir: Path) -> str:

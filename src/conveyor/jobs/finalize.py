@@ -163,10 +163,12 @@ class Finalizer:
         num_bytes = self._ctx.objects.put_stream(key, chunks)
         store = self._ctx.store.blocking
         if store.get_file(batch.tenant, file_id) is None:
+            created_at = int(self._ctx.clock())
+            lifetime_s = batch.output_expires_after_s  # `output_expires_after`, from creation
             record = FileRecord(
                 id=file_id, tenant=batch.tenant, filename=f"{batch.id}_{kind}.jsonl",
-                purpose=OUTPUT_PURPOSE, bytes=num_bytes, created_at=int(self._ctx.clock()),
-                object_key=key,
+                purpose=OUTPUT_PURPOSE, bytes=num_bytes, created_at=created_at, object_key=key,
+                expires_at=None if lifetime_s is None else created_at + lifetime_s,
             )  # fmt: skip
             store.create_file(record)
         return file_id

@@ -13,11 +13,12 @@ from typing import Any, Protocol
 from conveyor.errors import InvalidRequest, NotFound
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.errors import BatchNotCancellable
+from conveyor.jobs.expiry import expires_at, form_expires_after, parse_expires_after
 from conveyor.jobs.keys import file_key
 from conveyor.jobs.leases import ACTIVE_BATCH_STATUSES, TERMINAL_BATCH_STATUSES
 from conveyor.jobs.upload import store_stream
 from conveyor.jobs.validation import check_endpoint, check_metadata, parse_completion_window
-from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE
+from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE, ListOrder
 from conveyor.stores.records import (
     BatchRecord,
     BatchStatus,
@@ -54,6 +55,15 @@ def check_limit(limit: int | None, default: int, maximum: int) -> int:
     return limit
 
 
+def check_order(order: str | None) -> ListOrder:
+    """A list's `order`: `desc` (the default) or `asc` (400 otherwise)."""
+    if order is None or order == "desc":
+        return "desc"
+    if order == "asc":
+        return "asc"
+    raise InvalidRequest(f"order must be 'asc' or 'desc', got {order!r}", param="order")
+
+
 class JobOperations:
     """What `/v1/files` and `/v1/batches` do, independent of HTTP."""
 
@@ -70,6 +80,13 @@ class JobOperations:
         if purpose is not None and purpose != BATCH_PURPOSE:
             raise InvalidRequest(f"purpose must be {BATCH_PURPOSE!r}", param="purpose")
 
+    def _lifetime_s(self, value: object, param: str) -> int | None:
+        """A file lifetime from an `expires_after`-shaped value, within the configured bounds."""
+        cfg = self._ctx.config
+        return parse_expires_after(
+            value, param=param, min_s=cfg.min_expires_after_s, max_s=cfg.max_expires_after_s
+        )
+
     async def upload_file(
         self, tenant: str, chunks: AsyncIterator[bytes], form: UploadForm
     ) -> FileRecord:
@@ -82,10 +99,13 @@ class JobOperations:
             if "purpose" not in form.fields:
                 raise InvalidRequest("missing required parameter: 'purpose'", param="purpose")
             self.check_upload_fields(form.fields)
+            # Checked once every field is in: its two parts may come before or after the file.
+            lifetime_s = self._lifetime_s(form_expires_after(form.fields), "expires_after")
+            created_at = int(ctx.clock())
             record = FileRecord(
                 id=file_id, tenant=tenant, filename=form.filename or "upload.jsonl",
-                purpose=BATCH_PURPOSE, bytes=num_bytes, created_at=int(ctx.clock()),
-                object_key=key,
+                purpose=BATCH_PURPOSE, bytes=num_bytes, created_at=created_at,
+                object_key=key, expires_at=expires_at(created_at, lifetime_s),
             )  # fmt: skip
             await ctx.store.create_file(record)
         except BaseException:
@@ -94,13 +114,20 @@ class JobOperations:
         return record
 
     async def list_files(
-        self, tenant: str, *, purpose: str | None, after: str | None, limit: int | None
+        self,
+        tenant: str,
+        *,
+        purpose: str | None,
+        after: str | None,
+        limit: int | None,
+        order: str | None = None,
     ) -> tuple[list[FileRecord], bool]:
-        """One page of the tenant's files, newest first, and whether more follow."""
+        """One page of the tenant's files (newest first unless `asc`), and whether more follow."""
         size = check_limit(limit, MAX_FILES_PAGE, MAX_FILES_PAGE)
+        direction = check_order(order)
         # One extra row tells whether another page exists; the store caps a page at the max.
         ask = min(size + 1, MAX_FILES_PAGE)
-        rows = await self._ctx.store.list_files(tenant, purpose, after, ask)
+        rows = await self._ctx.store.list_files(tenant, purpose, after, ask, order=direction)
         return rows[:size], len(rows) > size
 
     async def get_file(self, tenant: str, file_id: str) -> FileRecord:
@@ -137,6 +164,9 @@ class JobOperations:
             max_s=cfg.max_completion_window_s,
         )
         metadata = check_metadata(params.get("metadata"))
+        output_lifetime_s = self._lifetime_s(
+            params.get("output_expires_after"), "output_expires_after"
+        )
         input_file_id = params.get("input_file_id")
         if not isinstance(input_file_id, str) or not input_file_id:
             raise InvalidRequest("input_file_id must be a file id", param="input_file_id")
@@ -150,7 +180,7 @@ class JobOperations:
         record = BatchRecord(
             id=new_batch_id(), tenant=tenant, endpoint=endpoint, input_file_id=input_file_id,
             completion_window=str(window), created_at=int(now), expires_at=int(now + window_s),
-            metadata=metadata,
+            metadata=metadata, output_expires_after_s=output_lifetime_s,
         )  # fmt: skip
         await self._ctx.store.create_batch(record)
         self._kick()

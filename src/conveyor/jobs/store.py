@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import ParamSpec, TypeVar
 
 from conveyor.jobs.leases import check_transition
-from conveyor.stores.protocols import MAX_FILES_PAGE, JobStore, StragglerPolicy
+from conveyor.stores.protocols import MAX_FILES_PAGE, JobStore, ListOrder, StragglerPolicy
 from conveyor.stores.records import BatchRecord, BatchStatus, FileRecord, ShardLease, ShardStatus
 
 _P = ParamSpec("_P")
@@ -56,10 +56,18 @@ class AsyncJobStore:
         return await self._call(self.blocking.get_file, tenant, file_id)
 
     async def list_files(
-        self, tenant: str, purpose: str | None, after: str | None, limit: int = MAX_FILES_PAGE
+        self,
+        tenant: str,
+        purpose: str | None,
+        after: str | None,
+        limit: int = MAX_FILES_PAGE,
+        *,
+        order: ListOrder = "desc",
     ) -> list[FileRecord]:
-        """The tenant's files newest first, after the file id `after`."""
-        return await self._call(self.blocking.list_files, tenant, purpose, after, limit)
+        """The tenant's files newest first (oldest first for `asc`), after the file id `after`."""
+        return await self._call(
+            self.blocking.list_files, tenant, purpose, after, limit, order=order
+        )
 
     async def delete_file(self, tenant: str, file_id: str) -> bool:
         """Delete the tenant's file record; whether it existed."""

@@ -5,7 +5,8 @@ Every tick (and whenever the API kicks it) it scans the job store:
 - `validating`: validate the input and plan shards, then `in_progress` (or `failed`, listing
   every bad line);
 - `in_progress`: past `expires_at`, or with every shard done, go to `finalizing`;
-- `finalizing` / `cancelling`: assemble the output and error files (see `finalize`).
+- `finalizing` / `cancelling`: assemble the output and error files (see `finalize`);
+- files past their `expires_at` are deleted (see `expiry`).
 
 Every move is a compare-and-set in the store, so several processes may supervise the same
 store; a batch left half-way by a crash is picked up again on the next tick after a restart.
@@ -20,6 +21,7 @@ import logging
 from collections.abc import Awaitable
 
 from conveyor.jobs.context import JobsContext, wait_for_any
+from conveyor.jobs.expiry import delete_expired_files
 from conveyor.jobs.finalize import Finalizer
 from conveyor.jobs.keys import file_key
 from conveyor.jobs.planner import BatchPlan, plan_batch
@@ -73,6 +75,16 @@ class Supervisor:
         finalizable = [BatchStatus.FINALIZING, BatchStatus.CANCELLING]
         for batch in await store.batches_in_status(finalizable):
             await self._guarded("finalize", batch, self._finalize(batch))
+        await self._expire_files()
+
+    async def _expire_files(self) -> None:
+        """Delete expired files; a failure is logged and the next tick tries again."""
+        try:
+            await asyncio.to_thread(delete_expired_files, self._ctx)
+        except StoreUnavailableError:
+            raise
+        except (StoreError, ObjectStoreError, OSError) as exc:
+            log.error("cannot delete expired files yet", exc_info=exc)
 
     async def _guarded(self, operation: str, batch: BatchRecord, step: Awaitable[None]) -> None:
         """Run one batch's step; a store failure is reported and left for the next tick."""

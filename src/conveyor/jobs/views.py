@@ -26,7 +26,7 @@ def file_object(rec: FileRecord) -> dict[str, Any]:
         "filename": rec.filename,
         "purpose": rec.purpose,
         "status": rec.status,
-        "expires_at": None,
+        "expires_at": rec.expires_at,
         "status_details": None,
     }
 

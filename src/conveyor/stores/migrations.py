@@ -189,12 +189,20 @@ _V5_USAGE = (
     "ALTER TABLE shards ADD COLUMN output_tokens BIGINT NOT NULL DEFAULT 0",
 )
 
+# File expiry (`expires_after` on upload, `output_expires_after` on a batch's result files).
+_V6_FILE_EXPIRY = (
+    "ALTER TABLE files ADD COLUMN expires_at BIGINT",
+    "CREATE INDEX IF NOT EXISTS files_by_expiry ON files (expires_at)",
+    "ALTER TABLE batches ADD COLUMN output_expires_after_s BIGINT",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_INITIAL),
     Migration(2, "speculative shard attempts", _V2_SPECULATION),
     Migration(3, "api keys", _V3_API_KEYS),
     Migration(4, "model manifests and chunk holders", _V4_MODEL_DISTRIBUTION),
     Migration(5, "usage ledger", _V5_USAGE),
+    Migration(6, "file expiry", _V6_FILE_EXPIRY),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

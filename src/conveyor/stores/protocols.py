@@ -13,7 +13,7 @@ The store holds references (byte ranges, object keys), never prompts or outputs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from conveyor.stores.model_records import ChunkHolder, HolderState, ManifestRecord
 from conveyor.stores.records import (
@@ -30,6 +30,9 @@ from conveyor.stores.tenant_records import ApiKeyRecord, UsageRow
 # OpenAI's page-size limits: files list up to 10 000, batches list up to 100.
 MAX_FILES_PAGE = 10_000
 MAX_BATCHES_PAGE = 100
+
+# A list's direction by creation: OpenAI's `order` query parameter (`desc` is its default).
+ListOrder = Literal["asc", "desc"]
 
 
 class FileStore(Protocol):
@@ -49,8 +52,10 @@ class FileStore(Protocol):
         purpose: str | None = None,
         after: str | None = None,
         limit: int = MAX_FILES_PAGE,
+        *,
+        order: ListOrder = "desc",
     ) -> list[FileRecord]:
-        """Return the tenant's files newest first, starting after the file id `after`.
+        """Return the tenant's files newest first (oldest first for `asc`), after the id `after`.
 
         An unknown `after` id yields an empty page. Ask for `limit + 1` to learn `has_more`.
         """
@@ -58,6 +63,13 @@ class FileStore(Protocol):
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
         """Delete the tenant's file record; return whether it existed."""
+        ...
+
+    def expired_files(self, now: float, limit: int) -> list[FileRecord]:
+        """Return up to `limit` files of any tenant whose `expires_at` is at or before `now`.
+
+        Soonest expired first; the caller deletes them (record and bytes).
+        """
         ...
 
 

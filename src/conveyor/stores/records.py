@@ -76,6 +76,7 @@ class FileRecord:
     created_at: int
     object_key: str
     status: str = "processed"
+    expires_at: int | None = None  # unix seconds; the supervisor deletes the file after it
 
     def __post_init__(self) -> None:
         """Reject records that could never be valid rows."""
@@ -89,7 +90,8 @@ class FileRecord:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> FileRecord:
         """Build from a row holding the fields in declaration order."""
-        file_id, tenant, filename, purpose, num_bytes, created_at, object_key, status = row
+        file_id, tenant, filename, purpose, num_bytes, created_at, object_key, status = row[:8]
+        expires_at = row[8]
         return cls(
             id=file_id,
             tenant=tenant,
@@ -99,6 +101,7 @@ class FileRecord:
             created_at=int(created_at),
             object_key=object_key,
             status=status,
+            expires_at=None if expires_at is None else int(expires_at),
         )
 
 
@@ -170,6 +173,7 @@ BATCH_COLUMNS = (
     "output_file_id",
     "error_file_id",
     "errors",
+    "output_expires_after_s",
 )
 
 
@@ -197,6 +201,8 @@ class BatchRecord:
     output_file_id: str | None = None
     error_file_id: str | None = None
     errors: list[BatchError] | None = None
+    # Lifetime of the output and error files from their creation (`output_expires_after`).
+    output_expires_after_s: int | None = None
     request_counts: RequestCounts = field(default_factory=RequestCounts)
     usage: BatchUsage = field(default_factory=BatchUsage)
 

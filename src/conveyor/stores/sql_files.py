@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable, Mapping
 
 from conveyor.stores import sql_queries as q
-from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE
+from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE, ListOrder
 from conveyor.stores.records import (
     STATUS_TIMESTAMP_FIELD,
     BatchError,
@@ -32,6 +32,7 @@ class SqlFileStore(SqlStore):
             "created_at": rec.created_at,
             "object_key": rec.object_key,
             "status": rec.status,
+            "expires_at": rec.expires_at,
         }
         self._change(q.INSERT_FILE, params)
 
@@ -46,15 +47,24 @@ class SqlFileStore(SqlStore):
         purpose: str | None = None,
         after: str | None = None,
         limit: int = MAX_FILES_PAGE,
+        *,
+        order: ListOrder = "desc",
     ) -> list[FileRecord]:
-        """Return the tenant's files newest first, starting after the file id `after`."""
+        """Return the tenant's files newest first (oldest first for `asc`), after the id `after`."""
         check_limit(limit, MAX_FILES_PAGE)
+        query = q.LIST_FILES_ASC if order == "asc" else q.LIST_FILES
         params = {"tenant": tenant, "purpose": purpose, "after": after, "limit": limit}
-        return [FileRecord.from_row(row) for row in self._rows(q.LIST_FILES, params)]
+        return [FileRecord.from_row(row) for row in self._rows(query, params)]
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
         """Delete the tenant's file record; return whether it existed."""
         return self._change(q.DELETE_FILE, {"id": file_id, "tenant": tenant}) > 0
+
+    def expired_files(self, now: float, limit: int) -> list[FileRecord]:
+        """Return up to `limit` files of any tenant whose `expires_at` is at or before `now`."""
+        check_limit(limit, MAX_FILES_PAGE)
+        rows = self._rows(q.EXPIRED_FILES, {"now": int(now), "limit": limit})
+        return [FileRecord.from_row(row) for row in rows]
 
 
 class SqlBatchStore(SqlStore):

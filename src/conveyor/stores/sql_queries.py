@@ -101,12 +101,13 @@ def list_param(values: Iterable[str], dialect: Dialect) -> object:
 # Files
 # ---------------------------------------------------------------------------------------------
 
-FILE_COLUMNS = "id, tenant, filename, purpose, bytes, created_at, object_key, status"
+FILE_COLUMNS = "id, tenant, filename, purpose, bytes, created_at, object_key, status, expires_at"
 
 INSERT_FILE = shared(
     "insert_file",
     f"INSERT INTO files ({FILE_COLUMNS}) "
-    "VALUES (:id, :tenant, :filename, :purpose, :bytes, :created_at, :object_key, :status)",
+    "VALUES (:id, :tenant, :filename, :purpose, :bytes, :created_at, :object_key, :status, "
+    ":expires_at)",
 )
 
 GET_FILE = shared(
@@ -114,17 +115,32 @@ GET_FILE = shared(
     f"SELECT {FILE_COLUMNS} FROM files WHERE id = :id AND tenant = :tenant",
 )
 
-# Newest first; `after` is the id of the last file of the previous page (OpenAI cursor).
-LIST_FILES = shared(
-    "list_files",
-    f"SELECT {FILE_COLUMNS} FROM files WHERE tenant = :tenant "
-    "AND (CAST(:purpose AS TEXT) IS NULL OR purpose = :purpose) "
-    "AND (CAST(:after AS TEXT) IS NULL "
-    "     OR seq < (SELECT a.seq FROM files a WHERE a.id = :after AND a.tenant = :tenant)) "
-    "ORDER BY seq DESC LIMIT :limit",
-)
+
+def _list_files_sql(is_ascending: bool) -> str:
+    """List a tenant's files in one direction; `after` is the last id of the previous page."""
+    beyond, direction = (">", "ASC") if is_ascending else ("<", "DESC")
+    return (
+        f"SELECT {FILE_COLUMNS} FROM files WHERE tenant = :tenant "
+        "AND (CAST(:purpose AS TEXT) IS NULL OR purpose = :purpose) "
+        "AND (CAST(:after AS TEXT) IS NULL "
+        f"     OR seq {beyond} "
+        "(SELECT a.seq FROM files a WHERE a.id = :after AND a.tenant = :tenant)) "
+        f"ORDER BY seq {direction} LIMIT :limit"
+    )
+
+
+# Newest first (OpenAI's default `order=desc`) and oldest first (`order=asc`).
+LIST_FILES = shared("list_files", _list_files_sql(is_ascending=False))
+LIST_FILES_ASC = shared("list_files_asc", _list_files_sql(is_ascending=True))
 
 DELETE_FILE = shared("delete_file", "DELETE FROM files WHERE id = :id AND tenant = :tenant")
+
+# Every tenant's files whose `expires_at` has passed, soonest expired first.
+EXPIRED_FILES = shared(
+    "expired_files",
+    f"SELECT {FILE_COLUMNS} FROM files WHERE expires_at IS NOT NULL AND expires_at <= :now "
+    "ORDER BY expires_at, seq LIMIT :limit",
+)
 
 # ---------------------------------------------------------------------------------------------
 # Batches

@@ -5,6 +5,7 @@ All clocks are explicit `now` arguments, so lease expiry is tested without sleep
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -129,6 +130,37 @@ def test_list_files_filters_purpose_and_pages_newest_first(job_store: JobStore) 
     assert [f.id for f in first + rest] == batch_ids
 
 
+def test_list_files_ascending_pages_oldest_first(job_store: JobStore) -> None:
+    """`order=asc` lists oldest first and its `after` cursor moves forward."""
+    files = [make_file(purpose="batch" if i % 2 == 0 else "fine-tune") for i in range(5)]
+    for rec in files:
+        job_store.create_file(rec)
+    batch_ids = [f.id for f in files if f.purpose == "batch"]
+
+    assert [f.id for f in job_store.list_files("tenant-a", order="asc")] == [f.id for f in files]
+    first = job_store.list_files("tenant-a", purpose="batch", limit=2, order="asc")
+    rest = job_store.list_files("tenant-a", purpose="batch", after=first[-1].id, order="asc")
+    assert [f.id for f in first + rest] == batch_ids
+    assert job_store.list_files("tenant-a", after=files[-1].id, order="asc") == []
+    assert job_store.list_files("tenant-a", after="file-unknown", order="asc") == []
+
+
+def test_expired_files_are_listed_across_tenants_soonest_first(job_store: JobStore) -> None:
+    """Files whose `expires_at` has passed are listed for deletion, any tenant, soonest first."""
+    late = dataclasses.replace(make_file("tenant-a"), expires_at=300)
+    soon = dataclasses.replace(make_file("tenant-b"), expires_at=200)
+    kept = make_file("tenant-a")
+    for rec in (late, soon, kept):
+        job_store.create_file(rec)
+
+    assert job_store.get_file("tenant-a", late.id) == late
+    assert job_store.expired_files(now=199, limit=10) == []
+    assert job_store.expired_files(now=300, limit=10) == [soon, late]
+    assert job_store.expired_files(now=10_000, limit=1) == [soon]
+    with pytest.raises(ValueError, match="limit"):
+        job_store.expired_files(now=300, limit=0)
+
+
 # -- batches ---------------------------------------------------------------------------------
 
 
@@ -145,6 +177,7 @@ def test_batch_round_trips_every_field(job_store: JobStore) -> None:
         model="tiny",
         expires_at=2000,
         errors=[BatchError(code="invalid_json", message="bad", param=None, line=3)],
+        output_expires_after_s=7200,
     )
     job_store.create_batch(batch)
 

@@ -114,12 +114,13 @@ class Harness:
         max_tokens: int,
         priority: Priority = Priority.ONLINE,
         arrival: int | None = None,
+        group: str | None = None,
     ) -> Sequence:
         """Queue a request; arrivals count up unless given."""
         if arrival is None:
             arrival = self.next_arrival
         self.next_arrival = max(self.next_arrival, arrival) + 1
-        seq = Sequence(seq_id, prompt, priority, arrival=arrival)
+        seq = Sequence(seq_id, prompt, priority, arrival=arrival, prefix_group=group)
         self.scheduler.add(seq)
         self.max_tokens[seq_id] = max_tokens
         self.live[seq_id] = seq
@@ -505,6 +506,50 @@ def test_same_prompt_shares_blocks_and_computes_only_uncached_tokens() -> None:
     assert_pool_whole(harness.manager)
 
 
+def test_n_siblings_allocate_the_prompts_blocks_once() -> None:
+    harness = make_harness(block_size=4)
+    prompt = list(range(1, 14))  # three full blocks and one more token
+    siblings = [harness.add(name, prompt, max_tokens=4, group="g") for name in "abc"]
+    assert chunk_sizes(harness.step()) == {"a": 13}  # b and c wait for a's prompt
+    assert chunk_sizes(harness.step()) == {"a": 1, "b": 1, "c": 1}
+    shared = siblings[0].block_table[:3]
+    assert all(seq.block_table[:3] == shared for seq in siblings)
+    assert [harness.manager.block_ref_count(b) for b in shared] == [3, 3, 3]
+    assert [seq.num_cached_tokens for seq in siblings] == [0, 12, 12]
+    # The prompt's three blocks once, plus one private block per sibling.
+    assert len({b for seq in siblings for b in seq.block_table}) == 3 + 3
+    harness.drain()
+    assert all(seq.token_ids == reference_tokens(prompt, 4) for seq in siblings)
+    assert_pool_whole(harness.manager)
+
+
+def test_siblings_wait_through_a_chunked_prefill_and_not_for_a_gone_sibling() -> None:
+    harness = make_harness(block_size=4, max_num_batched_tokens=8)
+    prompt = list(range(1, 14))
+    harness.add("a", prompt, max_tokens=2, group="g")
+    late = harness.add("b", prompt, max_tokens=2, group="g")
+    assert chunk_sizes(harness.step()) == {"a": 8}
+    assert chunk_sizes(harness.step()) == {"a": 5}
+    assert chunk_sizes(harness.step()) == {"a": 1, "b": 1}
+    assert late.num_cached_tokens == 12
+    harness.add("c", prompt + [9] * 4, max_tokens=2, group="h")
+    harness.add("d", prompt + [9] * 4, max_tokens=2, group="h")
+    output = harness.step()
+    assert "c" in chunk_sizes(output) and "d" not in chunk_sizes(output)
+    assert harness.scheduler.abort("c") is not None
+    harness.live.pop("c")
+    assert "d" in chunk_sizes(harness.step())  # its sibling is gone: it computes the prompt
+    harness.drain()
+    assert_pool_whole(harness.manager)
+
+
+def test_a_short_prompt_has_no_block_to_share_so_siblings_do_not_wait() -> None:
+    harness = make_harness(block_size=4)
+    harness.add("a", [1, 2, 3, 4], max_tokens=2, group="g")
+    harness.add("b", [1, 2, 3, 4], max_tokens=2, group="g")
+    assert chunk_sizes(harness.step()) == {"a": 4, "b": 4}
+
+
 def test_prompt_on_a_block_boundary_recomputes_its_last_block() -> None:
     harness = make_harness(block_size=4)
     prompt = list(range(1, 13))  # exactly three blocks
@@ -824,6 +869,7 @@ def test_random_simulation_keeps_every_invariant(seed: int) -> None:
     arrived_at: dict[str, int] = {}
     finished_at: dict[str, int] = {}
     aborted: set[str] = set()
+    last_arrival: tuple[str, list[int], Priority] | None = None
     for num_steps in range(1, 3000):
         if num_steps <= 1000 and rng.random() < 0.3:
             seq_id = f"s{num_steps}"
@@ -832,8 +878,13 @@ def test_random_simulation_keeps_every_invariant(seed: int) -> None:
             ]
             prompt = prompt or [1]
             priority = rng.choice([Priority.ONLINE, Priority.BATCH])
-            harness.add(seq_id, prompt, rng.randint(1, 30), priority)
+            group = seq_id
+            # Now and then n > 1: a sibling of the previous arrival shares its prompt.
+            if last_arrival is not None and rng.random() < 0.2:
+                group, prompt, priority = last_arrival
+            harness.add(seq_id, prompt, rng.randint(1, 30), priority, group=group)
             arrived_at[seq_id] = num_steps
+            last_arrival = (group, prompt, priority)
         if harness.live and rng.random() < 0.02:
             victim = rng.choice(sorted(harness.live))
             assert scheduler.abort(victim) is harness.live.pop(victim)

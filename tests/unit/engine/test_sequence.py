@@ -92,6 +92,8 @@ def test_equality_is_identity() -> None:
         ({"seq_id": "s", "prompt_token_ids": [1], "arrival": -1}, "arrival"),
         ({"seq_id": "s", "prompt_token_ids": [1], "arrival": 1.5}, "arrival"),
         ({"seq_id": "s", "prompt_token_ids": [1], "priority": 7}, "Priority"),
+        ({"seq_id": "s", "prompt_token_ids": [1], "prefix_group": ""}, "prefix_group"),
+        ({"seq_id": "s", "prompt_token_ids": [1], "prefix_group": 3}, "prefix_group"),
     ],
 )
 def test_bad_construction_raises(kwargs: dict[str, object], match: str) -> None:

@@ -18,6 +18,7 @@ TORCH_FREE_MODULES = (
     "conveyor.engine.sampling_params",
     "conveyor.engine.scheduler",
     "conveyor.engine.sequence",
+    "conveyor.engine.siblings",
     "conveyor.engine.step",
     "conveyor.engine.stream",
 )

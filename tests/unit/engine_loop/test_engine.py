@@ -262,6 +262,23 @@ async def test_queue_bound_gives_429_with_retry_after(llama_path: Path) -> None:
     generator.stop()
 
 
+async def test_n_choices_compute_their_shared_prompt_once(llama_path: Path) -> None:
+    generator = hosted(llama_path, max_queue=8)
+    prompt = random_prompts([17], VOCAB_SIZE, seed=5)[0]  # four full blocks of 4, one token
+    generator.engine.start()
+    try:
+        outputs = [output async for output in generator.submit([prompt] * 3, GREEDY)]
+        await wait_idle(generator.engine)
+    finally:
+        generator.stop()
+    by_index: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for output in outputs:
+        by_index[output.index].extend(output.token_ids)
+    assert by_index[0] == by_index[1] == by_index[2] and len(by_index[0]) == GREEDY.max_tokens
+    # The two siblings took the prompt's 16 cacheable tokens from the first one's blocks.
+    assert generator.engine.stats.num_prefix_cache_hit_tokens == 2 * 16
+
+
 async def test_no_first_token_by_the_deadline_is_504_and_aborts(llama_path: Path) -> None:
     generator = hosted(llama_path, max_queue=10)
     stream = generator.submit([PROMPT], GREEDY, timeout_ms=1)

@@ -114,6 +114,17 @@ async def test_pages_follow_the_after_cursor() -> None:
         await api.list_batches("t", after=None, limit=101)
 
 
+async def test_files_list_oldest_first_with_order_asc() -> None:
+    api, _ = service()
+    ids = [(await upload(api, form(b"x\n"))).id for _ in range(3)]
+    page, has_more = await api.list_files("t", purpose=None, after=None, limit=2, order="asc")
+    assert [r.id for r in page] == ids[:2] and has_more
+    page, has_more = await api.list_files("t", purpose=None, after=ids[1], limit=2, order="asc")
+    assert [r.id for r in page] == [ids[2]] and not has_more
+    with pytest.raises(InvalidRequest, match="order"):
+        await api.list_files("t", purpose=None, after=None, limit=None, order="newest")
+
+
 @pytest.mark.parametrize(("params", "match"), [
     ({"endpoint": "/v1/moderations"}, "endpoint"),
     ({"completion_window": "10m"}, "completion_window"),
