@@ -135,6 +135,15 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = self.registry
         self.distribution = DistributionMetrics(reg)
+        self._add_batching_families(reg)
+        self._add_job_families(reg)
+        self._add_generator_families(reg)
+        self._add_generation_request_families(reg)
+        self.http_requests = add_http_and_process_families(reg)
+        self.usage = UsageMetrics(reg)
+
+    def _add_batching_families(self, reg: CollectorRegistry) -> None:
+        """Families of one-shot models (dynamic batching), labelled by model."""
         self.queue_depth = Gauge(
             "conveyor_queue_depth", "Inputs waiting in the queue", ["model", "priority"],
             registry=reg,
@@ -187,11 +196,6 @@ class Metrics:
             "conveyor_inputs_processed_total", "Inputs the model has run", ["model"],
             registry=reg,
         )  # fmt: skip
-        self._add_job_families(reg)
-        self._add_generator_families(reg)
-        self._add_generation_request_families(reg)
-        self.http_requests = add_http_and_process_families(reg)
-        self.usage = UsageMetrics(reg)
 
     def _add_job_families(self, reg: CollectorRegistry) -> None:
         """Families of batch jobs (lines, the result cache, storage failures)."""

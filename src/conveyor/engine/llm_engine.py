@@ -32,8 +32,9 @@ from conveyor.engine.request import GenerationRequest
 from conveyor.engine.sampling import Sampler
 from conveyor.engine.sampling_mask import MaskComputer
 from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.scheduler import Scheduler, SchedulerOutput
+from conveyor.engine.scheduler import Scheduler
 from conveyor.engine.step import SeqChunk, StepExecutor
+from conveyor.engine.step_plan import SchedulerOutput
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import (

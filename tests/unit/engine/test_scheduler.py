@@ -16,13 +16,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from conveyor.engine.block_manager import BlockManager
-from conveyor.engine.scheduler import (
-    ScheduledSeq,
-    Scheduler,
-    SchedulerConfig,
-    SchedulerOutput,
-)
+from conveyor.engine.scheduler import Scheduler, SchedulerConfig
 from conveyor.engine.sequence import Priority, Sequence, SequenceStatus
+from conveyor.engine.step_plan import ScheduledSeq, SchedulerOutput
 
 VOCAB_SIZE = 50
 

@@ -1,0 +1,107 @@
+"""One step's plan: which sequences compute how many tokens, and who was preempted for it.
+
+Plain records the scheduler fills (``StepPlan``) and hands out (``SchedulerOutput``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conveyor.engine.sequence import Sequence
+from conveyor.engine.step import SeqChunk
+
+
+@dataclass(slots=True, frozen=True)
+class ScheduledSeq:
+    """A sequence picked for this step: compute ``num_new_tokens`` of its tokens.
+
+    The scheduler's decision, holding the live ``seq``; :meth:`to_chunk` freezes it into
+    the ``SeqChunk`` the model runner computes. ``start_pos`` and ``needs_logits`` are
+    captured from the sequence when the decision is made, so one that outlived its step
+    is detected.
+    """
+
+    seq: Sequence
+    num_new_tokens: int
+    start_pos: int = field(init=False)
+    needs_logits: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        start = self.seq.num_computed_tokens
+        if self.num_new_tokens < 1:
+            raise ValueError(f"num_new_tokens must be >= 1, got {self.num_new_tokens}")
+        if start + self.num_new_tokens > self.seq.num_tokens:
+            raise ValueError(
+                f"sequence {self.seq.seq_id!r} has {self.seq.num_uncomputed_tokens} "
+                f"uncomputed tokens, cannot schedule {self.num_new_tokens}"
+            )
+        # Frozen dataclass: derived fields are set through object.__setattr__.
+        object.__setattr__(self, "start_pos", start)
+        # Reaching the newest token means the model must sample after this step.
+        object.__setattr__(self, "needs_logits", start + self.num_new_tokens == self.seq.num_tokens)
+
+    def to_chunk(self) -> SeqChunk:
+        """The runner's view: tokens, first position, block table, whether to sample."""
+        if self.seq.num_computed_tokens != self.start_pos:
+            raise ValueError(
+                f"chunk of {self.seq.seq_id!r} is stale: it starts at {self.start_pos} but the "
+                f"sequence has {self.seq.num_computed_tokens} computed tokens"
+            )
+        end = self.start_pos + self.num_new_tokens
+        return SeqChunk(
+            token_ids=tuple(self.seq.token_ids[self.start_pos : end]),
+            start_pos=self.start_pos,
+            block_table=tuple(self.seq.block_table),
+            needs_logits=self.needs_logits,
+        )
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's plan: the sequences to compute and who was preempted for it."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether there is nothing to compute this step."""
+        return not self.scheduled
+
+    def to_chunks(self) -> list[SeqChunk]:
+        """Every scheduled sequence as the runner's chunk, in step order."""
+        return [scheduled.to_chunk() for scheduled in self.scheduled]
+
+
+class StepPlan:
+    """Mutable accumulator for one ``schedule`` call."""
+
+    __slots__ = ("budget_left", "is_short", "num_batched_tokens", "preempted", "scheduled")
+
+    def __init__(self, token_budget: int) -> None:
+        self.scheduled: dict[str, ScheduledSeq] = {}
+        self.preempted: list[Sequence] = []
+        # Running sequences were short of blocks: nobody is admitted this step.
+        self.is_short = False
+        self.budget_left = token_budget
+        self.num_batched_tokens = 0
+
+    def add(self, scheduled: ScheduledSeq) -> None:
+        """Schedule a sequence and charge its tokens to the budget."""
+        self.scheduled[scheduled.seq.seq_id] = scheduled
+        self.budget_left -= scheduled.num_new_tokens
+        self.num_batched_tokens += scheduled.num_new_tokens
+
+    def drop(self, seq: Sequence) -> None:
+        """Unschedule ``seq`` (it was preempted later in the step) and refund it."""
+        scheduled = self.scheduled.pop(seq.seq_id, None)
+        if scheduled is not None:
+            self.budget_left += scheduled.num_new_tokens
+            self.num_batched_tokens -= scheduled.num_new_tokens
+
+    def to_output(self) -> SchedulerOutput:
+        """Freeze the plan into the public output."""
+        return SchedulerOutput(
+            list(self.scheduled.values()), self.preempted, self.num_batched_tokens
+        )
