@@ -10,6 +10,7 @@ from conveyor.endpoints.generation import (
     ChoiceResult,
     GenerationRun,
     PreparedRun,
+    check_prompt_chars,
     check_token_ids,
     choice_params,
     parse_body,
@@ -48,6 +49,7 @@ def encode_prompts(generator: HostedGenerator, request: CompletionRequest) -> li
     prompts: list[list[int]] = []
     for prompt in request.prompts():
         if isinstance(prompt, str):
+            check_prompt_chars(generator, len(prompt), param="prompt")
             ids = generator.tokenizer.encode(prompt)
         else:
             check_token_ids(generator, prompt, param="prompt")

@@ -363,6 +363,22 @@ class PreparedRun:
         )
 
 
+def check_prompt_chars(generator: HostedGenerator, num_chars: int, *, param: str) -> None:
+    """400 at once for a prompt whose length alone proves it exceeds the context.
+
+    Tokenizing megabytes only to count them takes seconds and, while millions of ids become
+    Python objects, holds the interpreter lock that the event loop needs.
+    """
+    limit = generator.max_model_len
+    at_least = generator.tokenizer.min_tokens(num_chars)
+    if at_least > limit:
+        raise InvalidRequest(
+            f"this model's maximum context length is {limit} tokens, and the prompt has at "
+            f"least {at_least} ({num_chars} characters): shorten the prompt",
+            param=param,
+        )
+
+
 def prepare_counted(
     service: Service, prepare: Callable[[Service, Any], PreparedRun], request: Any
 ) -> PreparedRun:

@@ -9,6 +9,7 @@ is never streamed to the client.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,21 @@ class Tokenizer:
         """Whether the chat template renders ``tools`` (else callers fall back to text)."""
         template = getattr(self._hf, "chat_template", None)
         return isinstance(template, str) and "tools" in template
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for (its vocabulary string, at least 1).
+
+        Byte-level and SentencePiece vocabularies spell each token with at least one
+        character per character of text it covers, so a text of ``n`` characters takes at
+        least ``n / max_token_chars`` tokens: a bound that needs no tokenizing.
+        """
+        tokens = self._hf.convert_ids_to_tokens(list(range(len(self._hf))))
+        return max(1, max((len(token) for token in tokens if isinstance(token, str)), default=1))
+
+    def min_tokens(self, num_chars: int) -> int:
+        """A lower bound on the tokens a text of ``num_chars`` characters encodes to."""
+        return -(-num_chars // self.max_token_chars)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (with BOS etc. when the tokenizer adds them)."""

@@ -122,3 +122,20 @@ def test_stop_string_spanning_tokens(tokenizer: Tokenizer) -> None:
 def test_empty_stop_string_is_rejected(tokenizer: Tokenizer) -> None:
     with pytest.raises(ValueError, match="stop"):
         tokenizer.detokenizer(stop=[""])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "hello world " * 50,
+        "the quick brown fox jumps over the lazy dog",
+        "naïve café — 東京 and 🙂🙂🙂 with accents: déjà vu",
+        " " * 300,
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "<s></s><unk>" * 20,
+    ],
+)
+def test_min_tokens_never_exceeds_the_real_count(tokenizer: Tokenizer, text: str) -> None:
+    """The length bound used to refuse huge prompts untokenized is a true lower bound."""
+    assert tokenizer.min_tokens(len(text)) <= len(tokenizer.encode(text, add_special_tokens=False))
+    assert tokenizer.max_token_chars >= 1
