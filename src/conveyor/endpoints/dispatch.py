@@ -14,6 +14,7 @@ from conveyor.endpoints.completions import run_completion
 from conveyor.endpoints.embeddings import run_embeddings
 from conveyor.endpoints.rerank import run_rerank
 from conveyor.errors import InvalidRequest
+from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RERANK
 from conveyor.priority import Priority
@@ -68,4 +69,5 @@ def jobs_for_service(
     return JobsSubsystem(
         config.jobs, config.data_dir, run_request, is_model_served or is_hosted,
         metrics=service.metrics, can_run_model=is_hosted,
+        fair_share=FairShare(config.fair_share_half_life_s, config.tenancy.weights),
     )  # fmt: skip

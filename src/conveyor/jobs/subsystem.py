@@ -17,6 +17,7 @@ from typing import Any
 from conveyor.errors import ServiceUnavailable
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.context import JobCounters, JobsContext
+from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.line_caller import RunRequest
 from conveyor.jobs.operations import JobOperations
 from conveyor.jobs.runner import ShardRunner
@@ -43,11 +44,14 @@ class JobsSubsystem:
         *,
         metrics: Any = None,
         can_run_model: Callable[[str], bool] | None = None,
+        fair_share: FairShare | None = None,
     ) -> None:
         """Nothing is opened before `start`.
 
         `can_run_model` says which models this process runs itself; its shard runners
-        claim only shards of batches for those models (None: any model).
+        claim only shards of batches for those models (None: any model). `fair_share`
+        splits the runners' claims among tenants (default: equal weights, one hour's
+        half-life).
         """
         self.config = config
         self._data_dir = data_dir
@@ -55,6 +59,7 @@ class JobsSubsystem:
         self._is_model_served = is_model_served
         self._can_run_model = can_run_model
         self._counters = JobCounters(metrics)
+        self._fair_share = fair_share or FairShare()
         self._ctx: JobsContext | None = None
         self._api: JobOperations | None = None
         self._shutdown = asyncio.Event()
@@ -95,6 +100,7 @@ class JobsSubsystem:
             worker_id=cfg.resolved_worker_id(),
             run_request=self._run_request, is_model_served=self._is_model_served,
             can_run_model=self._can_run_model, counters=self._counters,
+            fair_share=self._fair_share,
         )  # fmt: skip
         self._ctx = ctx
         self._api = JobOperations(ctx, self._kick.set)

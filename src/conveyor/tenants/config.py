@@ -74,6 +74,7 @@ class TenancyConfig(_Strict):
     default_tenant_limits: ModelLimits | None = None
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     pricing: PricingConfig = Field(default_factory=PricingConfig)
+    fair_share_half_life_s: float = Field(default=3600.0, gt=0)
 
     @model_validator(mode="after")
     def _unique_names(self) -> TenancyConfig:
@@ -97,6 +98,11 @@ class TenancyConfig(_Strict):
         star = entry.limits.get(ANY_MODEL, NO_LIMITS)
         own = entry.limits.get(model)
         return own.over(star) if own is not None else star
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Each listed tenant's share weight of batch capacity (others weigh 1)."""
+        return {t.name: t.weight for t in self.tenants}
 
     @property
     def has_online_limits(self) -> bool:
