@@ -19,6 +19,7 @@ from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RERANK
 from conveyor.priority import Priority
 from conveyor.service import Service
+from conveyor.tenants.budget import MonthlyBudgets
 from conveyor.tenants.usage import Payer
 
 
@@ -70,4 +71,5 @@ def jobs_for_service(
         config.jobs, config.data_dir, run_request, is_model_served or is_hosted,
         metrics=service.metrics, can_run_model=is_hosted,
         fair_share=FairShare(config.fair_share_half_life_s, config.tenancy.weights),
+        budgets=MonthlyBudgets(config.tenancy.budgets_usd),
     )  # fmt: skip

@@ -26,6 +26,7 @@ from conveyor.jobs.store import AsyncJobStore
 from conveyor.jobs.supervisor import Supervisor
 from conveyor.stores import open_job_store, open_object_store
 from conveyor.stores.timeouts import PostgresTimeouts
+from conveyor.tenants.budget import MonthlyBudgets
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +46,15 @@ class JobsSubsystem:
         metrics: Any = None,
         can_run_model: Callable[[str], bool] | None = None,
         fair_share: FairShare | None = None,
+        budgets: MonthlyBudgets | None = None,
     ) -> None:
         """Nothing is opened before `start`.
 
         `can_run_model` says which models this process runs itself; its shard runners
         claim only shards of batches for those models (None: any model). `fair_share`
         splits the runners' claims among tenants (default: equal weights, one hour's
-        half-life).
+        half-life). `budgets` (read from this subsystem's store once started) pause a
+        tenant's batch lines while its monthly budget is spent.
         """
         self.config = config
         self._data_dir = data_dir
@@ -60,6 +63,7 @@ class JobsSubsystem:
         self._can_run_model = can_run_model
         self._counters = JobCounters(metrics)
         self._fair_share = fair_share or FairShare()
+        self.budgets = budgets or MonthlyBudgets({})
         self._ctx: JobsContext | None = None
         self._api: JobOperations | None = None
         self._shutdown = asyncio.Event()
@@ -101,7 +105,9 @@ class JobsSubsystem:
             run_request=self._run_request, is_model_served=self._is_model_served,
             can_run_model=self._can_run_model, counters=self._counters,
             fair_share=self._fair_share,
+            is_tenant_paused=self.budgets.is_over if self.budgets.has_budgets else None,
         )  # fmt: skip
+        self.budgets.bind(store)
         self._ctx = ctx
         self._api = JobOperations(ctx, self._kick.set)
         self._shutdown.clear()
@@ -131,5 +137,6 @@ class JobsSubsystem:
         self._tasks.clear()
         self._api = None
         if self._ctx is not None:
+            self.budgets.bind(None)
             await self._ctx.store.close()
             self._ctx = None

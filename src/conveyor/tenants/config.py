@@ -105,6 +105,11 @@ class TenancyConfig(_Strict):
         return {t.name: t.weight for t in self.tenants}
 
     @property
+    def budgets_usd(self) -> dict[str, float]:
+        """Each budgeted tenant's monthly budget."""
+        return {t.name: t.budget_usd for t in self.tenants if t.budget_usd is not None}
+
+    @property
     def has_online_limits(self) -> bool:
         """Whether any request could be limited (else the limiter stays out of the way)."""
         entries = [lim for t in self.tenants for lim in t.limits.values()]

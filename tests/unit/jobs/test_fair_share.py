@@ -1,5 +1,5 @@
 """Fair shares across tenants: the pure queue order on a fake clock, and the claims that
-follow it on an in-memory store (paused tenants skipped)."""
+follow it on an in-memory store (paused tenants, e.g. over their budget, skipped)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from conveyor.jobs.context import JobsContext
 from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.supervisor import Supervisor
 from conveyor.stores.records import BatchStatus
-from tests.unit.jobs.fakes import create_batch, input_file, make_ctx, upload
+from conveyor.stores.tenant_records import UsageRow
+from conveyor.tenants.budget import MonthlyBudgets, month_start_s
+from tests.unit.jobs.fakes import Clock, create_batch, input_file, make_ctx, upload
 
 HOUR_S = 3600.0
 
@@ -105,3 +107,23 @@ async def test_a_paused_tenant_is_skipped_until_it_is_resumed() -> None:
     paused.clear()
     lease = await claim_fairly(ctx, await in_progress(ctx))
     assert lease is not None and lease.batch_id == only_b
+
+
+@pytest.mark.anyio
+async def test_a_tenant_over_its_budget_waits_in_progress_until_it_is_raised() -> None:
+    clock = Clock()
+    ctx = make_ctx(lines_per_shard=10, clock=clock)
+    budgets = MonthlyBudgets({"b": 1.0}, clock=clock)
+    budgets.bind(ctx.store.blocking)
+    ctx.is_tenant_paused = budgets.is_over
+    month_s = month_start_s(clock())
+    ctx.store.blocking.add_usage([UsageRow("b", "m", month_s, 1, 10, 0, 60.0, 1.0)])
+    over = await planned_batch(ctx, "b", 10)
+    other = await planned_batch(ctx, "a", 10)
+    lease = await claim_fairly(ctx, await in_progress(ctx))
+    assert lease is not None and lease.batch_id == other
+    assert await claim_fairly(ctx, await in_progress(ctx)) is None
+    assert {b.id for b in await in_progress(ctx)} == {over, other}
+    budgets.budgets_usd["b"] = 2.0  # raised
+    lease = await claim_fairly(ctx, await in_progress(ctx))
+    assert lease is not None and lease.batch_id == over
