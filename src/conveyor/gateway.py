@@ -241,4 +241,5 @@ def gateway_jobs(gateway: Gateway, config: ServerConfig) -> JobsSubsystem:
         _no_shards_here,
         lambda model: model in gateway.healthy_models(),
         budgets=MonthlyBudgets(config.tenancy.budgets_usd),
+        batch_queue_tokens=config.tenancy.batch_queue_tokens,
     )

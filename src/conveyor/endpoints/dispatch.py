@@ -57,6 +57,7 @@ def jobs_for_service(
     says otherwise (a fleet worker also accepts models other workers host).
     """
     config = service.config
+    tenancy = config.tenancy
     timeout_ms = config.jobs.line_timeout_ms
 
     async def run_request(endpoint: str, body: dict[str, Any], payer: Payer) -> dict[str, Any]:
@@ -70,6 +71,7 @@ def jobs_for_service(
     return JobsSubsystem(
         config.jobs, config.data_dir, run_request, is_model_served or is_hosted,
         metrics=service.metrics, can_run_model=is_hosted,
-        fair_share=FairShare(config.fair_share_half_life_s, config.tenancy.weights),
-        budgets=MonthlyBudgets(config.tenancy.budgets_usd),
+        fair_share=FairShare(config.fair_share_half_life_s, tenancy.weights),
+        budgets=MonthlyBudgets(tenancy.budgets_usd),
+        batch_queue_tokens=tenancy.batch_queue_tokens,
     )  # fmt: skip

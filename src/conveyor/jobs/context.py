@@ -64,6 +64,8 @@ class JobsContext:
     fair_share: FairShare = field(default_factory=FairShare)
     # Whether a tenant's batch lines must wait (e.g. its monthly budget is spent).
     is_tenant_paused: Callable[[str], Awaitable[bool]] | None = None
+    # A tenant's bound on its active batches' input tokens for a model (None: unbounded).
+    batch_queue_tokens: Callable[[str, str], int | None] | None = None
 
     @property
     def retry(self) -> RetryPolicy:

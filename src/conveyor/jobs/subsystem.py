@@ -47,6 +47,7 @@ class JobsSubsystem:
         can_run_model: Callable[[str], bool] | None = None,
         fair_share: FairShare | None = None,
         budgets: MonthlyBudgets | None = None,
+        batch_queue_tokens: Callable[[str, str], int | None] | None = None,
     ) -> None:
         """Nothing is opened before `start`.
 
@@ -54,7 +55,8 @@ class JobsSubsystem:
         claim only shards of batches for those models (None: any model). `fair_share`
         splits the runners' claims among tenants (default: equal weights, one hour's
         half-life). `budgets` (read from this subsystem's store once started) pause a
-        tenant's batch lines while its monthly budget is spent.
+        tenant's batch lines while its monthly budget is spent. `batch_queue_tokens(tenant,
+        model)` bounds the input tokens of a tenant's active batches (None: unbounded).
         """
         self.config = config
         self._data_dir = data_dir
@@ -64,6 +66,7 @@ class JobsSubsystem:
         self._counters = JobCounters(metrics)
         self._fair_share = fair_share or FairShare()
         self.budgets = budgets or MonthlyBudgets({})
+        self._batch_queue_tokens = batch_queue_tokens
         self._ctx: JobsContext | None = None
         self._api: JobOperations | None = None
         self._shutdown = asyncio.Event()
@@ -106,6 +109,7 @@ class JobsSubsystem:
             can_run_model=self._can_run_model, counters=self._counters,
             fair_share=self._fair_share,
             is_tenant_paused=self.budgets.is_over if self.budgets.has_budgets else None,
+            batch_queue_tokens=self._batch_queue_tokens,
         )  # fmt: skip
         self.budgets.bind(store)
         self._ctx = ctx

@@ -189,12 +189,18 @@ _V5_USAGE = (
     "ALTER TABLE shards ADD COLUMN output_tokens BIGINT NOT NULL DEFAULT 0",
 )
 
+# A batch's estimated input tokens, held against its tenant's batch_queue_tokens while active.
+_V6_QUEUED_TOKENS = (
+    "ALTER TABLE batches ADD COLUMN queued_input_tokens BIGINT NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_INITIAL),
     Migration(2, "speculative shard attempts", _V2_SPECULATION),
     Migration(3, "api keys", _V3_API_KEYS),
     Migration(4, "model manifests and chunk holders", _V4_MODEL_DISTRIBUTION),
     Migration(5, "usage ledger", _V5_USAGE),
+    Migration(6, "batch queued input tokens", _V6_QUEUED_TOKENS),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

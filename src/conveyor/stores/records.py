@@ -170,6 +170,7 @@ BATCH_COLUMNS = (
     "output_file_id",
     "error_file_id",
     "errors",
+    "queued_input_tokens",
 )
 
 
@@ -197,6 +198,8 @@ class BatchRecord:
     output_file_id: str | None = None
     error_file_id: str | None = None
     errors: list[BatchError] | None = None
+    # Estimated input tokens, counted against the tenant's batch_queue_tokens while active.
+    queued_input_tokens: int = 0
     request_counts: RequestCounts = field(default_factory=RequestCounts)
     usage: BatchUsage = field(default_factory=BatchUsage)
 

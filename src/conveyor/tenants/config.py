@@ -99,6 +99,10 @@ class TenancyConfig(_Strict):
         own = entry.limits.get(model)
         return own.over(star) if own is not None else star
 
+    def batch_queue_tokens(self, tenant: str, model: str) -> int | None:
+        """The input tokens the tenant's active batches on `model` may hold (None: any)."""
+        return self.limits_for(tenant, model).batch_queue_tokens
+
     @property
     def weights(self) -> dict[str, float]:
         """Each listed tenant's share weight of batch capacity (others weigh 1)."""
