@@ -161,6 +161,9 @@ class ServerConfig(_Strict):
     default_tenant_limits: ModelLimits | None = None
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     pricing: PricingConfig = Field(default_factory=PricingConfig)
+    fair_share_half_life_s: float = Field(
+        default=3600.0, gt=0, description="Half-life of a tenant's recent batch use."
+    )
 
     @property
     def tenancy(self) -> TenancyConfig:
@@ -170,6 +173,7 @@ class ServerConfig(_Strict):
             default_tenant_limits=self.default_tenant_limits,
             rate_limits=self.rate_limits,
             pricing=self.pricing,
+            fair_share_half_life_s=self.fair_share_half_life_s,
         )
 
     def gpu_hour_usd(self, model: str) -> float:

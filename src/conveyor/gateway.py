@@ -30,6 +30,7 @@ from conveyor.fleet.upstream import PoolLimits, UpstreamPool
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.metrics import GatewayMetrics
 from conveyor.stores import ObjectStore, StoreError
+from conveyor.tenants.budget import MonthlyBudgets
 
 log = logging.getLogger(__name__)
 
@@ -239,4 +240,6 @@ def gateway_jobs(gateway: Gateway, config: ServerConfig) -> JobsSubsystem:
         config.data_dir,
         _no_shards_here,
         lambda model: model in gateway.healthy_models(),
+        budgets=MonthlyBudgets(config.tenancy.budgets_usd),
+        batch_queue_tokens=config.tenancy.batch_queue_tokens,
     )

@@ -13,6 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from conveyor.api.auth import ApiKeyMiddleware, static_principals
 from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
+from conveyor.api.budget import BudgetMiddleware
 from conveyor.api.rate_limit import RateLimitMiddleware
 from conveyor.config import ServerConfig
 from conveyor.metrics import TenantMetrics
@@ -83,6 +84,8 @@ def install_middleware(
         metrics = TenantMetrics(registry or CollectorRegistry())
         gate = RateLimitGate(tenancy, build_limiter(tenancy.rate_limits), metrics)
         app.add_middleware(RateLimitMiddleware, gate=gate)
+    if with_rate_limits and tenancy.budgets_usd:
+        app.add_middleware(BudgetMiddleware)  # outside the limiter: a refusal spends no tokens
     guards = EdgeGuards(keyring, gate)
     app.state.guards = guards
     app.add_middleware(

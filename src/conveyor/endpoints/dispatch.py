@@ -14,10 +14,12 @@ from conveyor.endpoints.completions import run_completion
 from conveyor.endpoints.embeddings import run_embeddings
 from conveyor.endpoints.rerank import run_rerank
 from conveyor.errors import InvalidRequest
+from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RERANK
 from conveyor.priority import Priority
 from conveyor.service import Service
+from conveyor.tenants.budget import MonthlyBudgets
 from conveyor.tenants.usage import Payer
 
 
@@ -55,6 +57,7 @@ def jobs_for_service(
     says otherwise (a fleet worker also accepts models other workers host).
     """
     config = service.config
+    tenancy = config.tenancy
     timeout_ms = config.jobs.line_timeout_ms
 
     async def run_request(endpoint: str, body: dict[str, Any], payer: Payer) -> dict[str, Any]:
@@ -68,4 +71,7 @@ def jobs_for_service(
     return JobsSubsystem(
         config.jobs, config.data_dir, run_request, is_model_served or is_hosted,
         metrics=service.metrics, can_run_model=is_hosted,
+        fair_share=FairShare(config.fair_share_half_life_s, tenancy.weights),
+        budgets=MonthlyBudgets(tenancy.budgets_usd),
+        batch_queue_tokens=tenancy.batch_queue_tokens,
     )  # fmt: skip

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from conveyor.jobs.config import JobsConfig
+from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.line_caller import RetryPolicy, RunRequest, Sleep
 from conveyor.jobs.store import AsyncJobStore
 from conveyor.stores.object_store import ObjectStore
@@ -60,6 +61,11 @@ class JobsContext:
     clock: Callable[[], float] = time.time
     sleep: Sleep = asyncio.sleep
     counters: JobCounters = field(default_factory=JobCounters)
+    fair_share: FairShare = field(default_factory=FairShare)
+    # Whether a tenant's batch lines must wait (e.g. its monthly budget is spent).
+    is_tenant_paused: Callable[[str], Awaitable[bool]] | None = None
+    # A tenant's bound on its active batches' input tokens for a model (None: unbounded).
+    batch_queue_tokens: Callable[[str, str], int | None] | None = None
 
     @property
     def retry(self) -> RetryPolicy:

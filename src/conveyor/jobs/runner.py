@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from conveyor.jobs.claims import claim_fairly
 from conveyor.jobs.context import JobsContext, shielded, wait_for_any
 from conveyor.jobs.leases import SpeculationPolicy
 from conveyor.jobs.shard import AttemptOutcome, ShardAttempt
 from conveyor.jobs.stalls import StallReporter, backoff_s
 from conveyor.stores.errors import ObjectStoreError, StoreError
-from conveyor.stores.records import BatchStatus, ShardLease
+from conveyor.stores.records import BatchRecord, BatchStatus, ShardLease
 
 log = logging.getLogger(__name__)
 
@@ -79,18 +80,17 @@ class ShardRunner:
         )
 
     async def _claim(self) -> ShardLease | None:
-        """Lease the next claimable shard, else a straggler's speculative run, else None.
+        """Lease the next claimable shard (fair across tenants, see `claims`), else a
+        straggler's speculative run, else None.
 
         None also when the store is unreachable.
         """
         ctx = self._ctx
         cfg = ctx.config
         try:
-            batch_ids = await self._runnable_batch_ids()
-            if batch_ids is not None and not batch_ids:
-                return None
-            lease = await ctx.store.claim_shard(ctx.worker_id, ctx.clock(), cfg.lease_s, batch_ids)
-            if lease is not None or not cfg.speculation or batch_ids is not None:
+            batches, is_every_batch = await self._runnable_batches()
+            lease = await claim_fairly(ctx, batches)
+            if lease is not None or not cfg.speculation or not is_every_batch:
                 # Speculation takes any batch's straggler, so only a process that runs
                 # every model speculates.
                 return lease
@@ -109,14 +109,14 @@ class ShardRunner:
             log.info("speculating on straggler shard %d of %s", lease.index, lease.batch_id)
         return lease
 
-    async def _runnable_batch_ids(self) -> list[str] | None:
-        """In-progress batches whose model this process runs; None when it runs any model."""
+    async def _runnable_batches(self) -> tuple[list[BatchRecord], bool]:
+        """In-progress batches whose model this process runs, and whether that is all."""
         can_run = self._ctx.can_run_model
-        if can_run is None:
-            return None
         batches = await self._ctx.store.batches_in_status([BatchStatus.IN_PROGRESS])
-        runnable = [b.id for b in batches if b.model is None or can_run(b.model)]
-        return None if len(runnable) == len(batches) else runnable
+        if can_run is None:
+            return batches, True
+        runnable = [b for b in batches if b.model is None or can_run(b.model)]
+        return runnable, len(runnable) == len(batches)
 
     async def run_shard(self, lease: ShardLease, shutdown: asyncio.Event) -> bool:
         """Run one claimed shard; False when the attempt failed (the shard was released)."""

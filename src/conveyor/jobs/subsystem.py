@@ -17,6 +17,7 @@ from typing import Any
 from conveyor.errors import ServiceUnavailable
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.context import JobCounters, JobsContext
+from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.line_caller import RunRequest
 from conveyor.jobs.operations import JobOperations
 from conveyor.jobs.runner import ShardRunner
@@ -25,6 +26,7 @@ from conveyor.jobs.store import AsyncJobStore
 from conveyor.jobs.supervisor import Supervisor
 from conveyor.stores import open_job_store, open_object_store
 from conveyor.stores.timeouts import PostgresTimeouts
+from conveyor.tenants.budget import MonthlyBudgets
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +45,18 @@ class JobsSubsystem:
         *,
         metrics: Any = None,
         can_run_model: Callable[[str], bool] | None = None,
+        fair_share: FairShare | None = None,
+        budgets: MonthlyBudgets | None = None,
+        batch_queue_tokens: Callable[[str, str], int | None] | None = None,
     ) -> None:
         """Nothing is opened before `start`.
 
         `can_run_model` says which models this process runs itself; its shard runners
-        claim only shards of batches for those models (None: any model).
+        claim only shards of batches for those models (None: any model). `fair_share`
+        splits the runners' claims among tenants (default: equal weights, one hour's
+        half-life). `budgets` (read from this subsystem's store once started) pause a
+        tenant's batch lines while its monthly budget is spent. `batch_queue_tokens(tenant,
+        model)` bounds the input tokens of a tenant's active batches (None: unbounded).
         """
         self.config = config
         self._data_dir = data_dir
@@ -55,6 +64,9 @@ class JobsSubsystem:
         self._is_model_served = is_model_served
         self._can_run_model = can_run_model
         self._counters = JobCounters(metrics)
+        self._fair_share = fair_share or FairShare()
+        self.budgets = budgets or MonthlyBudgets({})
+        self._batch_queue_tokens = batch_queue_tokens
         self._ctx: JobsContext | None = None
         self._api: JobOperations | None = None
         self._shutdown = asyncio.Event()
@@ -95,7 +107,11 @@ class JobsSubsystem:
             worker_id=cfg.resolved_worker_id(),
             run_request=self._run_request, is_model_served=self._is_model_served,
             can_run_model=self._can_run_model, counters=self._counters,
+            fair_share=self._fair_share,
+            is_tenant_paused=self.budgets.is_over if self.budgets.has_budgets else None,
+            batch_queue_tokens=self._batch_queue_tokens,
         )  # fmt: skip
+        self.budgets.bind(store)
         self._ctx = ctx
         self._api = JobOperations(ctx, self._kick.set)
         self._shutdown.clear()
@@ -125,5 +141,6 @@ class JobsSubsystem:
         self._tasks.clear()
         self._api = None
         if self._ctx is not None:
+            self.budgets.bind(None)
             await self._ctx.store.close()
             self._ctx = None

@@ -25,6 +25,7 @@ from conveyor.jobs.expiry import delete_expired_files
 from conveyor.jobs.finalize import Finalizer
 from conveyor.jobs.keys import file_key
 from conveyor.jobs.planner import BatchPlan, plan_batch
+from conveyor.jobs.queue_limit import QUEUED_STATUSES, queue_limit_error, queued_tokens
 from conveyor.jobs.stalls import StallReporter, backoff_s
 from conveyor.stores.errors import (
     ObjectNotFoundError,
@@ -112,18 +113,31 @@ class Supervisor:
             error = BatchError("file_not_found", f"input file {batch.input_file_id} is gone")
             await self._fail(batch, [error])
             return
-        if not plan.report.is_valid:
-            await self._fail(batch, plan.report.errors)
+        errors = plan.report.errors or await self._queue_errors(batch, plan)
+        if errors:
+            await self._fail(batch, errors)
             return
         await asyncio.to_thread(self._store_shards, batch, plan)
         is_started = await ctx.store.transition(
             batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, ctx.clock(),
-            model=plan.report.model,
+            model=plan.report.model, queued_input_tokens=plan.report.num_input_tokens,
         )  # fmt: skip
         if is_started:
             log.info("batch %s: %d requests in %d shards",
                      batch.id, plan.report.num_requests, len(plan.shards))  # fmt: skip
             self._wake_runners.set()
+
+    async def _queue_errors(self, batch: BatchRecord, plan: BatchPlan) -> list[BatchError]:
+        """`token_limit_exceeded` when the batch would overfill its tenant's queue bound."""
+        bound = self._ctx.batch_queue_tokens
+        model = plan.report.model
+        limit = None if bound is None or model is None else bound(batch.tenant, model)
+        if limit is None or model is None:
+            return []
+        active = await self._ctx.store.batches_in_status(QUEUED_STATUSES)
+        num_queued = queued_tokens(active, batch.tenant, model, batch.id)
+        error = queue_limit_error(limit, num_queued, plan.report.num_input_tokens)
+        return [] if error is None else [error]
 
     def _plan(self, batch: BatchRecord) -> BatchPlan:
         """Blocking: stream the input once, validating and planning shards."""

@@ -19,6 +19,7 @@ import orjson
 from conveyor.errors import InvalidRequest
 from conveyor.openai_paths import BATCH_ENDPOINTS
 from conveyor.stores.records import BatchError
+from conveyor.tenants.estimate import body_input_tokens
 
 MAX_CUSTOM_ID_CHARS = 512
 MAX_METADATA_PAIRS = 16
@@ -44,6 +45,7 @@ class LineErrorCode(enum.StrEnum):
     TOO_MANY_REQUESTS = "too_many_requests"
     EMPTY_FILE = "empty_file"
     TOO_MANY_ERRORS = "too_many_errors"
+    TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"
 
 
 def parse_completion_window(window: object, *, min_s: float, max_s: float) -> float:
@@ -103,6 +105,7 @@ class ValidationReport:
     errors: list[BatchError]
     model: str | None
     num_requests: int
+    num_input_tokens: int = 0  # estimated, as the online limiter estimates
 
     @property
     def is_valid(self) -> bool:
@@ -127,6 +130,7 @@ class InputValidator:
     _model: str | None = field(default=None, init=False)
     _checked_models: dict[str, bool] = field(default_factory=dict, init=False)
     _num_requests: int = field(default=0, init=False)
+    _num_input_tokens: int = field(default=0, init=False)
 
     def check_line(self, line_no: int, raw: bytes) -> bool:
         """Check the 0-based line `line_no`; True when it is a request (not blank)."""
@@ -164,6 +168,7 @@ class InputValidator:
             self._add(line_no, LineErrorCode.INVALID_BODY, "body must be a JSON object", "body")
             return
         self._check_model(line_no, body.get("model"))
+        self._num_input_tokens += body_input_tokens(body, self.endpoint)
 
     def _check_custom_id(self, line_no: int, custom_id: object) -> None:
         """custom_id: a non-empty string, not too long, unique in the file."""
@@ -235,4 +240,4 @@ class InputValidator:
             errors.append(
                 BatchError(LineErrorCode.EMPTY_FILE.value, "the input file holds no requests")
             )
-        return ValidationReport(errors, self._model, self._num_requests)
+        return ValidationReport(errors, self._model, self._num_requests, self._num_input_tokens)

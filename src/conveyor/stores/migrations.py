@@ -196,6 +196,11 @@ _V6_FILE_EXPIRY = (
     "ALTER TABLE batches ADD COLUMN output_expires_after_s BIGINT",
 )
 
+# A batch's estimated input tokens, held against its tenant's batch_queue_tokens while active.
+_V7_QUEUED_TOKENS = (
+    "ALTER TABLE batches ADD COLUMN queued_input_tokens BIGINT NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_INITIAL),
     Migration(2, "speculative shard attempts", _V2_SPECULATION),
@@ -203,6 +208,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "model manifests and chunk holders", _V4_MODEL_DISTRIBUTION),
     Migration(5, "usage ledger", _V5_USAGE),
     Migration(6, "file expiry", _V6_FILE_EXPIRY),
+    Migration(7, "batch queued input tokens", _V7_QUEUED_TOKENS),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

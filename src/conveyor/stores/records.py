@@ -174,6 +174,7 @@ BATCH_COLUMNS = (
     "error_file_id",
     "errors",
     "output_expires_after_s",
+    "queued_input_tokens",
 )
 
 
@@ -203,6 +204,8 @@ class BatchRecord:
     errors: list[BatchError] | None = None
     # Lifetime of the output and error files from their creation (`output_expires_after`).
     output_expires_after_s: int | None = None
+    # Estimated input tokens, counted against the tenant's batch_queue_tokens while active.
+    queued_input_tokens: int = 0
     request_counts: RequestCounts = field(default_factory=RequestCounts)
     usage: BatchUsage = field(default_factory=BatchUsage)
 

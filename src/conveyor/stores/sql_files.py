@@ -162,6 +162,10 @@ def _encode_field(name: str, value: object) -> object:
         if value is not None and not isinstance(value, int | float):
             raise ValueError(f"expires_at must be unix seconds or None, got {value!r}")
         return None if value is None else int(value)
+    if name == "queued_input_tokens":
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"queued_input_tokens must be an int >= 0, got {value!r}")
+        return value
     if value is not None and not isinstance(value, str):
         raise ValueError(f"{name} must be a string or None, got {value!r}")
     return value

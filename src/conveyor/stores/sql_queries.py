@@ -151,7 +151,15 @@ BATCH_STORED_COLUMNS = BATCH_COLUMNS
 # Columns a caller may change with `update_batch_fields` or alongside a transition. Status and
 # the `*_at` stamps are owned by `transition`; ids and tenant never change.
 BATCH_UPDATABLE_COLUMNS: frozenset[str] = frozenset(
-    {"metadata", "model", "expires_at", "output_file_id", "error_file_id", "errors"}
+    {
+        "metadata",
+        "model",
+        "expires_at",
+        "output_file_id",
+        "error_file_id",
+        "errors",
+        "queued_input_tokens",
+    }
 )
 
 

@@ -74,6 +74,7 @@ class TenancyConfig(_Strict):
     default_tenant_limits: ModelLimits | None = None
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     pricing: PricingConfig = Field(default_factory=PricingConfig)
+    fair_share_half_life_s: float = Field(default=3600.0, gt=0)
 
     @model_validator(mode="after")
     def _unique_names(self) -> TenancyConfig:
@@ -97,6 +98,20 @@ class TenancyConfig(_Strict):
         star = entry.limits.get(ANY_MODEL, NO_LIMITS)
         own = entry.limits.get(model)
         return own.over(star) if own is not None else star
+
+    def batch_queue_tokens(self, tenant: str, model: str) -> int | None:
+        """The input tokens the tenant's active batches on `model` may hold (None: any)."""
+        return self.limits_for(tenant, model).batch_queue_tokens
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Each listed tenant's share weight of batch capacity (others weigh 1)."""
+        return {t.name: t.weight for t in self.tenants}
+
+    @property
+    def budgets_usd(self) -> dict[str, float]:
+        """Each budgeted tenant's monthly budget."""
+        return {t.name: t.budget_usd for t in self.tenants if t.budget_usd is not None}
 
     @property
     def has_online_limits(self) -> bool:

@@ -89,8 +89,12 @@ def parse_ask(body: bytes, path: str, default_max_tokens: int) -> TokenAsk | Non
         return None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), str):
         return None
-    if path == CHAT_PATH:
-        num_input = message_tokens(parsed.get("messages"))
-    else:
-        num_input = input_tokens(parsed.get("input" if path == EMBEDDINGS_PATH else "prompt"))
+    num_input = body_input_tokens(parsed, path)
     return TokenAsk(parsed["model"], num_input, output_reserve(parsed, path, default_max_tokens))
+
+
+def body_input_tokens(body: dict[str, Any], path: str) -> int:
+    """About how many input tokens a request body to `path` holds."""
+    if path == CHAT_PATH:
+        return message_tokens(body.get("messages"))
+    return input_tokens(body.get("input" if path == EMBEDDINGS_PATH else "prompt"))

@@ -1,0 +1,184 @@
+"""What tenant rate limits cost: throughput with limits on (Redis buckets) vs off, same run.
+
+Two contenders of each kind run side by side on this machine, alternating round by round
+(the order rotates), after a quiet-machine wait:
+
+- ``serve``: two ``conveyor serve`` processes on the fast synthetic model, one without
+  tenant limits, one whose every request passes the limiter (``default_tenant_limits`` far
+  above the load, so nothing is refused) with its buckets in Redis;
+- ``gateway``: two gateways (off, on as above) in front of one fast worker on PostgreSQL.
+
+Closed-loop requests/s per contender (median of the counted rounds); the cost is
+``1 - on / off``, against the issue's goal of at most 10 %.
+
+Needs PostgreSQL (as ``bench.fleet``) and Redis on 127.0.0.1:6379.
+
+    python -m bench.tenant_limits            # bench/results/tenant_limits.json
+    python -m bench.tenant_limits --smoke --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import statistics
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.common import (
+    RESULTS_DIR,
+    ServerProcess,
+    machine_info,
+    package_versions,
+    python_argv,
+    wait_until_quiet,
+    write_json,
+)
+from bench.fleet import Fleet, fresh_database, wait_routable, write_bodies
+from bench.fleet_gateway import FAST_WORKER_MODEL
+from bench.loadgen import LoadMode, LoadSpec, run_load_process
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+COST_GOAL = 0.10
+# Far above any load here: every request is admitted, but each one pays for the buckets.
+UNREACHED_LIMITS = {"rpm": 10**9, "input_tpm": 10**12, "output_tpm": 10**12}
+MODES = ("off", "on")
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Run lengths and load shape."""
+
+    out_dir: Path
+    is_smoke: bool
+    seconds: float
+    num_clients: int
+    rounds: int
+    warmups: int
+
+
+def parse_options(argv: Sequence[str] | None = None) -> Options:
+    """Command-line options; ``--smoke`` shortens every run."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the results")
+    parser.add_argument("--smoke", action="store_true", help="tiny run (seconds) for tests")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        return Options(args.out, True, seconds=1.0, num_clients=8, rounds=1, warmups=0)
+    return Options(args.out, False, seconds=5.0, num_clients=64, rounds=5, warmups=1)
+
+
+def limits_config(mode: str, prefix: str) -> dict[str, Any]:
+    """The tenant settings of a contender: none (off), or unreached limits in Redis (on)."""
+    if mode == "off":
+        return {}
+    return {
+        "default_tenant_limits": UNREACHED_LIMITS,
+        "rate_limits": {"backend": "redis", "redis_url": REDIS_URL, "redis_prefix": prefix},
+    }
+
+
+def start(stack: ExitStack, name: str, argv: Any, work_dir: Path) -> ServerProcess:
+    """A started, ready server process, stopped when `stack` closes."""
+    proc = stack.enter_context(ServerProcess(name, argv, log_path=work_dir / f"{name}.log"))
+    proc.start()
+    proc.wait_ready()
+    return proc
+
+
+def start_serves(stack: ExitStack, work_dir: Path, prefix: str) -> dict[str, ServerProcess]:
+    """`conveyor serve` with limits off and on."""
+    procs = {}
+    for mode in MODES:
+        config = {"data_dir": str(work_dir / f"serve-{mode}"), "log_level": "warning",
+                  "models": [FAST_WORKER_MODEL], **limits_config(mode, prefix)}  # fmt: skip
+        path = work_dir / f"serve-{mode}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        argv = lambda port, p=path: python_argv(  # noqa: E731
+            "-m", "conveyor", "serve", "--config", str(p), "--port", str(port)
+        )
+        procs[mode] = start(stack, f"serve-{mode}", argv, work_dir)
+    return procs
+
+
+def start_gateways(
+    stack: ExitStack, work_dir: Path, prefix: str, store_url: str
+) -> dict[str, ServerProcess]:
+    """One fast worker, and gateways in front of it with limits off and on."""
+    Fleet(store_url, work_dir, stack).add_worker("fast", FAST_WORKER_MODEL)
+    procs = {}
+    for mode in MODES:
+        path = work_dir / f"gateway-{mode}.yaml"
+        path.write_text(yaml.safe_dump({"log_level": "warning", **limits_config(mode, prefix)}))
+        argv = lambda port, p=path: python_argv(  # noqa: E731
+            "-m", "conveyor", "gateway", "--config", str(p), "--store", store_url,
+            "--port", str(port), "--stale-after-s", "1.0", "--refresh-s", "0.1",
+        )  # fmt: skip
+        procs[mode] = start(stack, f"gateway-{mode}", argv, work_dir)
+        wait_routable(procs[mode], {"fast"})
+    return procs
+
+
+def alternate(opts: Options, procs: dict[str, ServerProcess], bodies: Path) -> dict[str, Any]:
+    """Closed-loop runs of off and on, rotating, warm-ups dropped; medians and the cost."""
+    spec = LoadSpec(mode=LoadMode.CLOSED, seconds=opts.seconds, num_clients=opts.num_clients,
+                    ramp_s=min(1.0, opts.seconds / 3), drain_s=2.0)  # fmt: skip
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    for index in range(opts.warmups + opts.rounds):
+        order = MODES if index % 2 == 0 else MODES[::-1]
+        for mode in order:
+            quiet = wait_until_quiet(max_wait_s=0.5 if opts.is_smoke else 10.0)
+            run = {**run_load_process(spec, procs[mode].port, bodies).to_dict(),
+                   "machine_busy": quiet.is_busy}  # fmt: skip
+            if index >= opts.warmups:
+                runs[mode].append(run)
+    return {"runs": runs, "summary": summarize(runs)}
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Median requests/s of each mode, errors, and the cost of limits against the goal."""
+    tput = {m: round(statistics.median(r["throughput_per_s"] for r in runs[m]), 1) for m in MODES}
+    cost = round(1 - tput["on"] / tput["off"], 4) if tput["off"] else 0.0
+    errors = {m: sum(r["num_errors"] for r in runs[m]) for m in MODES}
+    return {"throughput_per_s": tput, "cost": cost, "num_errors": errors,
+            "cost_goal": COST_GOAL, "cost_passed": cost <= COST_GOAL}  # fmt: skip
+
+
+def run_benchmark(opts: Options) -> dict[str, Any]:
+    """Both comparisons in one work folder, one fresh database and one Redis prefix."""
+    work_dir = opts.out_dir / "tenant-limits-work"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    bodies = write_bodies(work_dir / "bodies.json")
+    prefix = f"conveyor-bench:{secrets.token_hex(4)}:"
+    with ExitStack() as stack:
+        serve = alternate(opts, start_serves(stack, work_dir, prefix), bodies)
+    with fresh_database() as store_url, ExitStack() as stack:
+        gateway = alternate(opts, start_gateways(stack, work_dir, prefix, store_url), bodies)
+    return {
+        "inputs": {"is_smoke": opts.is_smoke, "seconds": opts.seconds,
+                   "num_clients": opts.num_clients, "rounds": opts.rounds,
+                   "warmups": opts.warmups, "model": FAST_WORKER_MODEL,
+                   "limits_on": limits_config("on", "<prefix>")},
+        "machine": machine_info(),
+        "versions": package_versions(),
+        "serve": serve,
+        "gateway": gateway,
+    }  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run, write tenant_limits.json, print both summaries."""
+    opts = parse_options(argv)
+    result = run_benchmark(opts)
+    write_json(opts.out_dir / "tenant_limits.json", result)
+    print(json.dumps({k: result[k]["summary"] for k in ("serve", "gateway")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

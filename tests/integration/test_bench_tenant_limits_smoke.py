@@ -1,0 +1,33 @@
+"""The tenant-limits benchmark: its smoke mode runs end to end and reports both costs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench.tenant_limits import parse_options
+
+from tests.bench_smoke import run_smoke
+from tests.postgres import require_postgres
+from tests.redis_server import unique_prefix
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_smoke_reports_serve_and_gateway_with_limits_on_and_off(tmp_path: Path) -> None:
+    require_postgres()
+    with unique_prefix():  # skips without Redis
+        out_dir = run_smoke("bench.tenant_limits", tmp_path)
+    result = json.loads((out_dir / "tenant_limits.json").read_text())
+    assert result["inputs"]["is_smoke"] is True
+    for kind in ("serve", "gateway"):
+        summary = result[kind]["summary"]
+        assert all(v > 0 for v in summary["throughput_per_s"].values()), summary
+        assert summary["num_errors"] == {"off": 0, "on": 0}
+        assert isinstance(summary["cost_passed"], bool)
+
+
+def test_smoke_options_are_short(tmp_path: Path) -> None:
+    opts = parse_options(["--smoke", f"--out={tmp_path}"])
+    assert opts.is_smoke and opts.seconds <= 1 and opts.rounds == 1 and opts.out_dir == tmp_path
