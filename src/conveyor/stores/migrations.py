@@ -15,13 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conveyor.stores.errors import StoreError
-from conveyor.stores.sql_queries import (
-    CREATE_VERSION_TABLE,
-    CURRENT_VERSION,
-    RECORD_VERSION,
-    Dialect,
-    SqlSession,
-)
+from conveyor.stores.sql_queries import Dialect, SqlSession
+from conveyor.stores.sql_schema import CREATE_VERSION_TABLE, CURRENT_VERSION, RECORD_VERSION
 
 # Column types that differ between the dialects.
 _TYPES: dict[Dialect, dict[str, str]] = {

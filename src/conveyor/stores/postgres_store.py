@@ -24,7 +24,8 @@ from psycopg.pq import TransactionStatus
 
 from conveyor.stores.errors import StoreError, StoreUnavailableError
 from conveyor.stores.migrations import apply_migrations
-from conveyor.stores.sql_queries import LOCK_FOR_MIGRATION, Dialect
+from conveyor.stores.sql_queries import Dialect
+from conveyor.stores.sql_schema import LOCK_FOR_MIGRATION
 from conveyor.stores.sql_store import SqlJobStore
 from conveyor.stores.timeouts import PostgresTimeouts
 
