@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -335,10 +335,8 @@ class Service:
         The one way in for HTTP requests, batch lines and the library alike, so the
         request outcome and latency metrics count them all, and ``payer`` is billed.
         """
-        started_s = time.perf_counter()
         note_model(model)
-        metrics = self.model_metrics(model)
-        try:
+        with counted_outcome(self.model_metrics(model)):
             async with self.using(model) as hosted:
                 check_inputs(hosted, inputs, dimensions)
                 items, num_tokens = await submit_inputs(
@@ -347,14 +345,6 @@ class Service:
                 vectors = await gather_items(hosted.batcher, items)
                 if dimensions is not None and dimensions < hosted.model.dim:
                     vectors = shorten_vectors(vectors, dimensions)
-        except asyncio.CancelledError:
-            metrics.requests["client_gone"].inc()
-            raise
-        except ConveyorError as exc:
-            metrics.requests[outcome_of(exc.status_code)].inc()
-            raise
-        metrics.requests["ok"].inc()
-        metrics.latency_s.observe(time.perf_counter() - started_s)
         self.bill(payer, model, num_tokens, 0, sum(item.model_s for item in items))
         return EmbedResult(vectors, num_tokens)
 
@@ -371,9 +361,7 @@ class Service:
 
         The rerank twin of ``embed``: same admission, deadlines and outcome metrics.
         """
-        started_s = time.perf_counter()
-        metrics = self.model_metrics(model)
-        try:
+        with counted_outcome(self.model_metrics(model)):
             async with self.using(model) as hosted:
                 encode = getattr(hosted.model, "encode_pairs", None)
                 if encode is None:
@@ -385,14 +373,6 @@ class Service:
                 encoded = await run_sized(num_chars, encode, pairs, truncate=truncate)
                 items, num_tokens = admit_encoded(hosted, encoded, priority, timeout_ms)
                 scores = await gather_items(hosted.batcher, items)
-        except asyncio.CancelledError:
-            metrics.requests["client_gone"].inc()
-            raise
-        except ConveyorError as exc:
-            metrics.requests[outcome_of(exc.status_code)].inc()
-            raise
-        metrics.requests["ok"].inc()
-        metrics.latency_s.observe(time.perf_counter() - started_s)
         return EmbedResult(scores, num_tokens)
 
     def online_payer(self, tenant: str) -> Payer:
@@ -433,3 +413,19 @@ class Service:
         except ConveyorError as exc:
             generator.metrics.requests[outcome_of(exc.status_code)].inc()
             raise
+
+
+@contextmanager
+def counted_outcome(metrics: ModelMetrics) -> Iterator[None]:
+    """Count one request's outcome, and its latency when it succeeds, in ``metrics``."""
+    started_s = time.perf_counter()
+    try:
+        yield
+    except asyncio.CancelledError:
+        metrics.requests["client_gone"].inc()
+        raise
+    except ConveyorError as exc:
+        metrics.requests[outcome_of(exc.status_code)].inc()
+        raise
+    metrics.requests["ok"].inc()
+    metrics.latency_s.observe(time.perf_counter() - started_s)
