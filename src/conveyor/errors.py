@@ -19,12 +19,24 @@ class ConveyorError(Exception):
     status_code: int = 500
     error_type: str = "server_error"
     default_code: str | None = None
+    # Seconds a caller should wait before retrying (``Retry-After``); None: not retryable.
+    default_retry_after_s: int | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: int | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code if code is not None else self.default_code
+        self.retry_after_s = (
+            retry_after_s if retry_after_s is not None else self.default_retry_after_s
+        )
 
     def to_body(self) -> dict[str, Any]:
         """The OpenAI-shaped error body."""
@@ -38,8 +50,10 @@ class ConveyorError(Exception):
         }
 
     def headers(self) -> dict[str, str]:
-        """Extra HTTP headers this error carries (``Retry-After`` for 429)."""
-        return {}
+        """Extra HTTP headers this error carries: ``Retry-After`` when it is retryable."""
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(self.retry_after_s)}
 
 
 class InvalidRequest(ConveyorError):
@@ -105,11 +119,7 @@ class QueueFull(ConveyorError):
     default_code = "queue_full"
 
     def __init__(self, message: str, *, retry_after_s: int, code: str | None = None):
-        super().__init__(message, code=code)
-        self.retry_after_s = retry_after_s
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after_s)}
+        super().__init__(message, code=code, retry_after_s=retry_after_s)
 
 
 class DeadlineExceeded(ConveyorError):
@@ -168,12 +178,7 @@ class StoreUnavailable(ServiceUnavailable):
     default_code = "store_unavailable"
     store_name = "store"
 
-    def __init__(self, message: str, *, retry_after_s: int = STORE_RETRY_AFTER_S):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after_s)}
+    default_retry_after_s = STORE_RETRY_AFTER_S
 
 
 class JobStoreUnavailable(StoreUnavailable):
@@ -211,13 +216,13 @@ class RateLimited(ConveyorError):
         retry_after_s: int,
         extra_headers: dict[str, str] | None = None,
     ):
-        super().__init__(message)
+        super().__init__(message, retry_after_s=retry_after_s)
         self.error_type = kind
-        self.retry_after_s = retry_after_s
         self.extra_headers = extra_headers or {}
 
     def headers(self) -> dict[str, str]:
-        return {**self.extra_headers, "Retry-After": str(self.retry_after_s)}
+        """The limit's ``x-ratelimit-*`` headers and ``Retry-After``."""
+        return {**self.extra_headers, **super().headers()}
 
 
 class TokensExceedLimit(InvalidRequest):
@@ -238,6 +243,4 @@ class RateLimitBackendDown(ServiceUnavailable):
     """The shared rate-limit store cannot be reached and the policy is to deny: 503."""
 
     default_code = "rate_limit_backend_unavailable"
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": "1"}
+    default_retry_after_s = 1
