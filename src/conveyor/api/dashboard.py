@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import FileResponse, Response
 
-from conveyor.api.files import jobs_of, tenant_of
+from conveyor.api.files import is_admin, jobs_of, tenant_of
 from conveyor.api.responses import json_response
 from conveyor.dashboard.state import (
     USAGE_WINDOW_S,
@@ -28,7 +28,6 @@ from conveyor.dashboard.state import (
     viewer,
 )
 from conveyor.errors import ConveyorError, NotFound
-from conveyor.tenants.keyring import Principal
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ async def dashboard_state(request: Request) -> Response:
     guards = getattr(state, "guards", None)
     who = viewer(tenant, guards is not None and guards.keyring.is_enforced)
     jobs = await _jobs(request, tenant)
-    usage = await _usage(request, None if who["scope"] == "all" or _is_admin(request) else tenant)
+    usage = await _usage(request, None if who["scope"] == "all" or is_admin(request) else tenant)
     gateway = getattr(state, "gateway", None)
     if gateway is not None:
         from conveyor.api.fleet import fleet_document
@@ -78,11 +77,6 @@ async def dashboard_state(request: Request) -> Response:
         return json_response(document("gateway", who, models, jobs, fleet, usage))
     models = service_models(state.service)
     return json_response(document("serve", who, models, jobs, None, usage))
-
-
-def _is_admin(request: Request) -> bool:
-    principal = request.scope.get("state", {}).get("principal")
-    return isinstance(principal, Principal) and principal.is_admin
 
 
 async def _usage(request: Request, tenant: str | None) -> list[dict[str, Any]] | None:

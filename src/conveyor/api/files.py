@@ -11,6 +11,7 @@ from conveyor.api.responses import json_response
 from conveyor.errors import InvalidRequest
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.jobs.views import deleted_file_object, file_object, list_page
+from conveyor.tenants.keyring import ANONYMOUS, Principal
 
 router = APIRouter()
 
@@ -24,6 +25,12 @@ def jobs_of(request: Request) -> JobsSubsystem:
 def tenant_of(request: Request) -> str:
     """The caller's tenant, as set by the API key middleware ("default" without keys)."""
     return str(request.scope.get("state", {}).get("tenant", "default"))
+
+
+def is_admin(request: Request) -> bool:
+    """Whether the caller's key is an admin key (set by the API key middleware)."""
+    principal = request.scope.get("state", {}).get("principal", ANONYMOUS)
+    return isinstance(principal, Principal) and principal.is_admin
 
 
 def int_param(request: Request, name: str) -> int | None:

@@ -11,10 +11,9 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from conveyor.api.files import int_param, jobs_of, tenant_of
+from conveyor.api.files import int_param, is_admin, jobs_of, tenant_of
 from conveyor.api.responses import json_response
 from conveyor.errors import InvalidRequest
-from conveyor.tenants.keyring import ANONYMOUS, Principal
 from conveyor.tenants.usage_report import parse_query, usage_page
 
 router = APIRouter()
@@ -23,10 +22,9 @@ router = APIRouter()
 @router.get("/v1/usage")
 async def get_usage(request: Request) -> Response:
     """Usage buckets (`start_time`, `end_time`, `bucket_width`, `group_by`, `limit`, `page`)."""
-    principal = request.scope.get("state", {}).get("principal", ANONYMOUS)
-    is_admin = isinstance(principal, Principal) and principal.is_admin
+    admin = is_admin(request)
     group_by = [g for raw in request.query_params.getlist("group_by") for g in raw.split(",")]
-    if "tenant" in group_by and not is_admin:
+    if "tenant" in group_by and not admin:
         raise InvalidRequest("only an admin key may group usage by tenant", param="group_by")
     page = int_param(request, "page")
     query = parse_query(
@@ -37,7 +35,7 @@ async def get_usage(request: Request) -> Response:
         int_param(request, "limit"),
         now_s=int(time.time()),
     )
-    tenant = None if is_admin else tenant_of(request)
+    tenant = None if admin else tenant_of(request)
     store = jobs_of(request).context.store.blocking
     rows = await asyncio.to_thread(store.list_usage, query.start_s, query.end_s, tenant)
     return json_response(usage_page(query, rows))
