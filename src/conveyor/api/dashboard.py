@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import FileResponse, Response
 
-from conveyor.api.files import is_admin, jobs_of, tenant_of
+from conveyor.api.request_state import is_admin, jobs_of, tenant_of
 from conveyor.api.responses import json_response
 from conveyor.dashboard.state import (
     USAGE_WINDOW_S,

@@ -7,41 +7,11 @@ from starlette.concurrency import iterate_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
 from conveyor.api.multipart import MultipartStream
+from conveyor.api.request_state import int_param, jobs_of, tenant_of
 from conveyor.api.responses import json_response
-from conveyor.errors import InvalidRequest
-from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.jobs.views import deleted_file_object, file_object, list_page
-from conveyor.tenants.keyring import ANONYMOUS, Principal
 
 router = APIRouter()
-
-
-def jobs_of(request: Request) -> JobsSubsystem:
-    """The app's jobs subsystem."""
-    jobs: JobsSubsystem = request.app.state.jobs
-    return jobs
-
-
-def tenant_of(request: Request) -> str:
-    """The caller's tenant, as set by the API key middleware ("default" without keys)."""
-    return str(request.scope.get("state", {}).get("tenant", "default"))
-
-
-def is_admin(request: Request) -> bool:
-    """Whether the caller's key is an admin key (set by the API key middleware)."""
-    principal = request.scope.get("state", {}).get("principal", ANONYMOUS)
-    return isinstance(principal, Principal) and principal.is_admin
-
-
-def int_param(request: Request, name: str) -> int | None:
-    """An optional integer query parameter (400 if it is not an integer)."""
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be an integer", param=name) from None
 
 
 @router.post("/v1/files")

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
-from conveyor.api.files import tenant_of
+from conveyor.api.request_state import tenant_of
 from conveyor.api.responses import json_response
 from conveyor.api.sse import serve_generation
 from conveyor.api.timeouts import timeout_from_headers

@@ -19,7 +19,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
-from conveyor.api.files import tenant_of
+from conveyor.api.request_state import tenant_of
 from conveyor.api.responses import json_response
 from conveyor.api.timeouts import timeout_from_headers
 from conveyor.endpoints.generation import (
