@@ -58,7 +58,8 @@ class BatcherSettings:
 @dataclass(slots=True)
 class _Outcome:
     results: list[Any]
-    model_s: float
+    # None when the run failed outside the model: no time was measured.
+    model_s: float | None
 
 
 class Batcher:
@@ -196,7 +197,7 @@ class Batcher:
                 outcome = await future
             except Exception as exc:  # the executor itself failed: fail the batch, keep going
                 log.exception("batch failed outside the model")
-                outcome = _Outcome([exc] * len(batch), 0.0)
+                outcome = _Outcome([exc] * len(batch), None)
             pending = None
             ready = None if self._is_stopping else self._take_if_ready()
             if ready is not None:
@@ -230,7 +231,7 @@ class Batcher:
         batch, reason = self.queue.take(cap)
         if not batch:
             return None
-        self._record_batch(batch, reason, now, cap)
+        self._record_batch(batch, reason, now)
         return batch
 
     def _batch_limit(self, cap: int) -> int:
@@ -250,9 +251,7 @@ class Batcher:
         recent_s = self.settings.online_recent_s
         return self._require_loop().time() - self._last_online_at <= recent_s
 
-    def _record_batch(
-        self, batch: list[WorkItem], reason: CloseReason, now: float, cap: int
-    ) -> None:
+    def _record_batch(self, batch: list[WorkItem], reason: CloseReason, now: float) -> None:
         m = self.metrics
         m.batches_closed[reason.value].inc()
         m.batch_inputs.observe(len(batch))
@@ -287,15 +286,17 @@ class Batcher:
         return new_cap
 
     def _deliver(self, batch: list[WorkItem], outcome: _Outcome) -> None:
-        self.timing.observe(len(batch), outcome.model_s)
-        self.metrics.model_s.observe(outcome.model_s)
-        self.metrics.inputs_processed.inc(len(batch))
-        self.metrics.service_rate.set(self.timing.service_rate(self.settings.max_batch_size))
+        model_s = outcome.model_s
+        if model_s is not None:  # a run that failed outside the model teaches the fit nothing
+            self.timing.observe(len(batch), model_s)
+            self.metrics.model_s.observe(model_s)
+            self.metrics.inputs_processed.inc(len(batch))
+            self.metrics.service_rate.set(self.timing.service_rate(self.settings.max_batch_size))
         if self.num_running == len(batch):
             self.num_running = 0
             self.metrics.in_flight.set(0)
-        batch_done(self.name, batch, outcome.model_s, self._require_loop().time())
-        shares_s = split_by_tokens(outcome.model_s, [item.num_tokens for item in batch])
+        batch_done(self.name, batch, model_s or 0.0, self._require_loop().time())
+        shares_s = split_by_tokens(model_s or 0.0, [item.num_tokens for item in batch])
         for item, result, share_s in zip(batch, outcome.results, shares_s, strict=True):
             item.model_s = share_s
             item.resolve(result)

@@ -107,6 +107,7 @@ async def test_a_batch_failing_outside_the_model_fails_its_inputs_and_the_loop_g
         with pytest.raises(TypeError):
             await submit(batcher, "broken").future
         assert counter(metrics, "conveyor_model_seconds_sum", model="m") == 0  # no model time
+        assert batcher.timing.num_observations == 0  # nor a 0 s batch taught to the fit
         assert batcher.num_running == 0
         assert await submit(batcher, "fine").future == "out:fine"
     finally:
