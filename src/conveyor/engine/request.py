@@ -19,6 +19,7 @@ from conveyor.engine.sampling_logits import TokenHistory
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.sequence import Sequence
 from conveyor.engine.tokenizer import Detokenizer, Tokenizer
+from conveyor.observability.context import RequestContext
 from conveyor.priority import Priority
 
 if TYPE_CHECKING:  # named in annotations only
@@ -48,6 +49,8 @@ class GenerationRequest:
     index: int = 0
     # Shared by requests with the same prompt in one call (n choices); see ``Sequence``.
     prefix_group: str | None = None
+    # The HTTP request (or batch line) this came from: its trace gets the engine's spans.
+    origin: RequestContext | None = None
     seq: Sequence = field(init=False)
     generator: torch.Generator | None = field(init=False)
     detokenizer: Detokenizer = field(init=False)
