@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from conveyor.cli import app
+from conveyor.plan.calibrate import SoloTimes
 from conveyor.plan.curves import LinearCurve
 from conveyor.plan.gpus import GPUS, gpu_spec
-from conveyor.plan.planner import plan_generative, plan_one_shot, roofline_costs
+from conveyor.plan.planner import GenerativeCosts, plan_generative, plan_one_shot, roofline_costs
 from conveyor.plan.shape import load_shape, shape_from_hf
 from conveyor.plan.sizing import (
     Z_P99,
@@ -172,3 +173,22 @@ def test_generative_latency_is_unbounded_past_what_a_replica_carries() -> None:
     assert generative_latency_s(step, 0.004, 32, 200, 8) == (math.inf, math.inf)
     mean_s, p99_s = generative_latency_s(step, 0.004, 32, 150, 8)  # more than 8 seats
     assert math.isfinite(mean_s) and p99_s == math.inf
+
+
+def test_lone_requests_give_the_overhead_beyond_the_engine_and_the_tail() -> None:
+    solo = SoloTimes(caller_s=[0.050, 0.050, 0.050, 0.090], engine_s=0.046)
+    assert solo.overhead_s == pytest.approx(0.014)
+    assert solo.tail_s == pytest.approx(0.030)
+    assert SoloTimes(caller_s=[0.01], engine_s=0.02).overhead_s == 0.0
+
+
+def test_a_calibrated_plan_adds_the_overhead_and_the_lone_tail_to_its_latency() -> None:
+    workload = Workload(qps=20, prompt_tokens=16, output_tokens=32)
+    step = LinearCurve(0.001, 0.0001)
+    bare = plan_generative(workload, GenerativeCosts(step, 0.004, "calibrated", 8), None, None)
+    costs = GenerativeCosts(step, 0.004, "calibrated", 8, overhead_s=0.003, tail_s=0.010)
+    measured = plan_generative(workload, costs, None, None)
+    assert measured["predicted_mean_ms"] == pytest.approx(bare["predicted_mean_ms"] + 3, abs=1e-3)
+    assert measured["predicted_p99_ms"] == pytest.approx(bare["predicted_p99_ms"] + 13, abs=1e-3)
+    assert (measured["request_overhead_ms"], measured["lone_request_tail_ms"]) == (3.0, 10.0)
+    assert bare["predicted_p99_ms"] > bare["predicted_mean_ms"]
