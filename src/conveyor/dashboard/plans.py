@@ -5,7 +5,8 @@
   ``max_wait_ms``.
 - Generative models: from the checkpoint's ``config.json`` and an accelerator preset (the
   roofline arithmetic of ``conveyor plan --model --gpu``), for the prompt and output lengths
-  the model has served so far (``source`` names the preset). The preset is ``cpu`` on the
+  the model has served so far (``source`` names the preset), the batch capped by the
+  served model's ``max_num_seqs`` and KV cache. The preset is ``cpu`` on the
   CPU, else the one whose name the CUDA device carries; there is none for other devices.
 
 Latency figures are predicted at the planned utilisation: ``per_replica_qps`` is
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,12 +72,15 @@ def generative_plan(reader: MetricReader, hosted: HostedGenerator) -> dict[str, 
         return None
     prompt_tokens, output_tokens, is_observed = served_lengths(reader, config.name)
     probe = Workload(qps=1.0, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    ceiling = served_max_batch(hosted, prompt_tokens + output_tokens)
     try:
-        first = plan_generative(probe, roofline_costs(shape, gpu, probe), shape, gpu)
+        costs = replace(roofline_costs(shape, gpu, probe), max_batch=ceiling)
+        first = plan_generative(probe, costs, shape, gpu)
         qps = max(1e-6, TARGET_UTILISATION * first["requests_per_s_per_replica"])
         workload = Workload(qps=qps, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                             target_utilisation=TARGET_UTILISATION)  # fmt: skip
-        plan = plan_generative(workload, roofline_costs(shape, gpu, workload), shape, gpu)
+        costs = replace(roofline_costs(shape, gpu, workload), max_batch=ceiling)
+        plan = plan_generative(workload, costs, shape, gpu)
     except ValueError as exc:  # the model does not fit the preset's memory
         return {"source": f"preset {gpu.name} from config.json", "error": str(exc)}
     return {
@@ -85,6 +90,14 @@ def generative_plan(reader: MetricReader, hosted: HostedGenerator) -> dict[str, 
         "lengths": "served" if is_observed else "assumed",
         **{key: plan.get(key) for key in GENERATIVE_KEYS},
     }
+
+
+def served_max_batch(hosted: HostedGenerator, context_tokens: int) -> int:
+    """The most sequences the served model runs at once: its ``max_num_seqs``, and no more
+    than its KV cache holds at ``context_tokens`` each."""
+    engine = hosted.engine
+    kv_tokens = engine.num_kv_blocks * engine.config.block_size
+    return max(1, min(hosted.config.max_num_seqs, kv_tokens // max(1, context_tokens)))
 
 
 def served_lengths(reader: MetricReader, model: str) -> tuple[int, int, bool]:

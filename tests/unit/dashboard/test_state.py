@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -150,6 +151,7 @@ def test_a_generative_plan_comes_from_the_config_and_the_cpu_preset(tmp_path: Pa
     assert plan is not None and plan["source"] == "preset cpu from config.json"
     assert plan["lengths"] == "assumed" and plan["weight_bytes"] == 6738415616 * 2
     assert plan["tokens_per_s_per_replica"] > 0 and plan["predicted_p99_ms"] > 0
+    assert plan["max_batch"] == 1600 // (256 + 128)  # the served KV cache, below max_num_seqs
     metrics.for_generator("tiny").prompt_length.observe(40)
     metrics.for_generator("tiny").generation_length.observe(10)
     served = generative_plan(MetricReader(metrics.registry), hosted)  # type: ignore[arg-type]
@@ -163,9 +165,12 @@ def test_a_generative_plan_comes_from_the_config_and_the_cpu_preset(tmp_path: Pa
 
 
 class _FakeHosted:
-    """What the plan reads of a hosted generator: its config."""
+    """What the plan reads of a hosted generator: its config and its KV cache's size."""
 
     def __init__(self, path: Path) -> None:
         from conveyor.model_config import GenerateModelConfig
 
-        self.config = GenerateModelConfig(kind="generate", name="tiny", path=path, device="cpu")
+        self.config = GenerateModelConfig(
+            kind="generate", name="tiny", path=path, device="cpu", max_num_seqs=16
+        )
+        self.engine = SimpleNamespace(num_kv_blocks=100, config=SimpleNamespace(block_size=16))
