@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from conveyor.api.app import create_app
 from conveyor.config import ServerConfig
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.anyio, pytest.mark.model, pytest.mark.timeout(120)]
 
 MAX_TOKENS = 4
 
