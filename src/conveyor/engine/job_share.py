@@ -3,12 +3,12 @@
 A step runs every scheduled sequence together, so an online request that arrives during a
 step waits for all of it, and on a busy device a step's time grows with its tokens (a
 prefill of many job prompts at once took seconds on CPU). While online traffic is present
-(an online sequence waits or runs, or one did within the last ``linger_s``), batch-job
-sequences get at most ``max_job_tokens`` tokens a step: job decodes count one each, job
-prefills are chunked to fit, and those left out sit the step out keeping their KV blocks.
-The step an online caller may find in flight stays short, and the job still computes
-``max_job_tokens`` tokens every step. With no online traffic for ``linger_s`` the job has
-the whole step again.
+(an online sequence waits or runs, or one did within the last ``linger_s``, 10 s by
+default), batch-job sequences get at most ``max_job_tokens`` tokens a step: job decodes
+count one each, job prefills are chunked to fit, and those left out sit the step out
+keeping their KV blocks. The step an online caller may find in flight stays short, and
+the job still computes ``max_job_tokens`` tokens every step. With no online traffic for
+``linger_s`` the job has the whole step again.
 
 Pure policy with an injected clock; the scheduler asks once per step.
 """
@@ -19,8 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# Seconds online traffic counts as present after its last sequence was seen.
-DEFAULT_LINGER_S = 1.0
+# Seconds online traffic counts as present after its last sequence was seen: long enough
+# that sparse interactive callers (one request every few seconds) still find short steps;
+# on CPU the capped job loses little throughput, since its steps are compute-bound anyway.
+DEFAULT_LINGER_S = 10.0
 
 
 @dataclass(slots=True, frozen=True)
