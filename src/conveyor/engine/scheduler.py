@@ -17,6 +17,10 @@ Policy, kept deliberately simple:
   free blocks allow.  So an online prompt takes the step's token budget before
   any batch-job prefill does.  A prompt longer than the remaining budget is
   prefilled in chunks over several steps.
+* Job share.  While online traffic is present, batch-job sequences take at most
+  a capped number of a step's tokens (see ``job_share``): job decodes past the
+  cap sit the step out keeping their blocks, job prefills are chunked to fit, so
+  the step an online request finds in flight stays short.
 * Preemption.  When a running sequence needs a block and none is free, the
   running sequence with the largest ``(priority, arrival)`` is preempted (its
   blocks are freed and its tokens, generated ones included, are recomputed
