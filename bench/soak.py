@@ -6,7 +6,10 @@ Three cases, each in one ``conveyor serve`` process:
   full batch takes 50 ms; the model's ceiling is 100 / 50 ms = 2,000 inputs/s);
 - **MiniLM**: the bundled all-MiniLM-L6-v2, ``max_batch_size: 64`` (its ceiling is measured
   in-process at batch 64 in the same run, on the same sentences);
-- **chat**: a tiny random Llama, chat completions online and as a batch job.
+- **chat**: a tiny random Llama, chat completions online and as a batch job, with the
+  default cap on batch-job tokens a step beside online traffic
+  (``job_tokens_beside_online``); ``--chat-without-cap`` also runs it with no cap, in
+  a second server, repeats alternated with the capped one, for a side-by-side comparison.
 
 For the embedding cases, repeated and alternated: light online traffic alone (open loop,
 40 requests/s: four callers each sending one request per 100 ms) for its p99; the batch
@@ -18,6 +21,8 @@ idle against during a chat batch job (goal <= 2x), and the job keeps making prog
 
     .venv/bin/python -m bench.soak                    # full run, a few minutes
     .venv/bin/python -m bench.soak --smoke --out DIR  # seconds, synthetic only
+    .venv/bin/python -m bench.soak --skip-synthetic --skip-minilm --chat-without-cap \
+        --keep-other-cases                            # chat only, capped vs uncapped
 
 Writes ``soak.json`` and ``soak.png`` into ``--out`` (default ``bench/results``).
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import statistics
 import tempfile
@@ -53,6 +59,7 @@ from bench.online import MINILM_MODEL, MiniLMRaw, make_sentences, write_bodies
 
 SYNTHETIC = "syn-soak"
 CHAT_MODEL = "tiny-llama"
+CHAT_UNCAPPED = "tiny-llama-uncapped"
 EMBEDDINGS = "/v1/embeddings"
 CHAT = "/v1/chat/completions"
 ONLINE_RATE_PER_S = 40.0  # four callers, one request each per 100 ms
@@ -71,6 +78,8 @@ class Options:
     seconds: float = 5.0
     repeats: int = 3
     cases: tuple[str, ...] = (SYNTHETIC, MINILM_MODEL, CHAT_MODEL)
+    chat_cap: int | None = None  # None: the model's default cap
+    keep_other_cases: bool = False
 
 
 def parse_options() -> Options:
@@ -80,15 +89,37 @@ def parse_options() -> Options:
     parser.add_argument("--smoke", action="store_true", help="seconds: synthetic, one repeat")
     parser.add_argument("--seconds", type=float, default=5.0, help="each counted window")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--skip-chat", action="store_true")
+    parser.add_argument(
+        "--chat-without-cap",
+        action="store_true",
+        help="also run chat with no cap on batch-job tokens beside online traffic",
+    )
+    parser.add_argument(
+        "--chat-cap", type=int, default=None, help="job_tokens_beside_online (default: model's)"
+    )
+    parser.add_argument(
+        "--keep-other-cases",
+        action="store_true",
+        help="keep the cases of the existing soak.json that this run skips",
+    )
     args = parser.parse_args()
     if args.smoke:
         return Options(args.out, seconds=1.0, repeats=1, cases=(SYNTHETIC,))
-    cases = [SYNTHETIC]
+    cases = [] if args.skip_synthetic else [SYNTHETIC]
     cases += [] if args.skip_minilm else [MINILM_MODEL]
     cases += [] if args.skip_chat else [CHAT_MODEL]
-    return Options(args.out, seconds=args.seconds, repeats=args.repeats, cases=tuple(cases))
+    cases += [CHAT_UNCAPPED] if args.chat_without_cap else []
+    return Options(
+        args.out,
+        args.seconds,
+        args.repeats,
+        cases=tuple(cases),
+        chat_cap=args.chat_cap,
+        keep_other_cases=args.keep_other_cases,
+    )
 
 
 # -- the served models -------------------------------------------------------------------------
@@ -118,12 +149,13 @@ def minilm_entry() -> dict[str, Any]:
     }
 
 
-def chat_entry(work_dir: Path) -> dict[str, Any]:
-    """A tiny random Llama (the batch benchmark's size)."""
+def chat_entry(work_dir: Path, cap: int | None, *, is_capped: bool) -> dict[str, Any]:
+    """A tiny random Llama (the batch benchmark's size); ``cap``: its job tokens a step
+    beside online traffic (None: the default), unless ``is_capped`` is False (no cap)."""
     from conveyor.testing import build_tiny_llama
 
     checkpoint = build_tiny_llama(work_dir / "tiny-llama", size="bench")
-    return {
+    entry: dict[str, Any] = {
         "name": CHAT_MODEL,
         "kind": "generate",
         "path": str(checkpoint),
@@ -131,6 +163,11 @@ def chat_entry(work_dir: Path) -> dict[str, Any]:
         "max_num_seqs": 32,
         "kv_cache_tokens": 16384,
     }
+    if not is_capped:
+        entry["job_tokens_beside_online"] = None
+    elif cap is not None:
+        entry["job_tokens_beside_online"] = cap
+    return entry
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -301,12 +338,14 @@ def embedding_summary(
 
 
 # -- chat: time to first token -------------------------------------------------------------------
-def ttft_ms(url: str, body: dict[str, Any], intended_s: float) -> float | None:
+def ttft_ms(
+    client: httpx.Client, url: str, body: dict[str, Any], intended_s: float
+) -> float | None:
     """Streamed chat: ms from the intended send time to the first content chunk."""
     delay_s = intended_s - time.monotonic()
     if delay_s > 0:
         time.sleep(delay_s)
-    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as response:
+    with client.stream("POST", url, json={**body, "stream": True}) as response:
         if response.status_code != 200:
             return None
         for line in response.iter_lines():
@@ -316,14 +355,22 @@ def ttft_ms(url: str, body: dict[str, Any], intended_s: float) -> float | None:
 
 
 def ttft_run(port: int, sentences: list[str], seconds: float) -> dict[str, Any]:
-    """Open-loop streamed chat at CHAT_RATE_PER_S; TTFT from the intended send times."""
+    """Open-loop streamed chat at CHAT_RATE_PER_S; TTFT from the intended send times.
+
+    One pooled keep-alive client, as an SDK keeps: building a client per request (its TLS
+    context) cost the caller 45-85 ms of CPU on a busy machine, which is not the server's.
+    """
     url = f"http://{LOCALHOST}:{port}{CHAT}"
     num = max(2, int(seconds * CHAT_RATE_PER_S))
     start_s = time.monotonic() + 0.2
     bodies = [chat_body(CHAT_MODEL, sentences[i % len(sentences)]) for i in range(num)]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
+    limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+    with (
+        httpx.Client(timeout=120, limits=limits) as client,
+        concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool,
+    ):
         futures = [
-            pool.submit(ttft_ms, url, body, start_s + i / CHAT_RATE_PER_S)
+            pool.submit(ttft_ms, client, url, body, start_s + i / CHAT_RATE_PER_S)
             for i, body in enumerate(bodies)
         ]
         samples = [f.result() for f in futures]
@@ -367,8 +414,9 @@ def chat_rep(
     }
 
 
-def measure_chat(opts: Options, work_dir: Path) -> dict[str, Any]:
-    """TTFT idle and during a chat batch job, over every repeat."""
+def measure_chats(opts: Options, work_dir: Path, names: list[str]) -> dict[str, Any]:
+    """TTFT idle and during a chat batch job for each variant in ``names`` (capped and
+    uncapped), one server each, their repeats alternated (A B A B ...)."""
     sentences = make_sentences(256)
     job = work_dir / "chat-job.jsonl"
     lines = (
@@ -381,24 +429,37 @@ def measure_chat(opts: Options, work_dir: Path) -> dict[str, Any]:
         for i in range(4000)
     )
     write_jsonl(job, lines)
-    with start_server("chat", chat_entry(work_dir), work_dir) as server:
-        server.wait_ready(timeout_s=300)
-        api = BatchApi(server.port)
-        try:
-            ttft_run(server.port, sentences, 1.0)  # warm-up, not counted
-            reps = [
-                chat_rep(server.port, api, job, sentences, opts.seconds)
-                for _ in range(opts.repeats)
-            ]
-        finally:
-            api.close()
-    idle = statistics.median(r["idle"]["p99_ms"] for r in reps if r["idle"]["p99_ms"])
-    soak = statistics.median(r["soak"]["p99_ms"] for r in reps if r["soak"]["p99_ms"])
+    entries = {n: chat_entry(work_dir, opts.chat_cap, is_capped=n == CHAT_MODEL) for n in names}
+    reps: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    with contextlib.ExitStack() as stack:
+        servers = {n: stack.enter_context(start_server(n, entries[n], work_dir)) for n in names}
+        apis = {n: BatchApi(servers[n].port) for n in names}
+        for name in names:
+            stack.callback(apis[name].close)
+            servers[name].wait_ready(timeout_s=300)
+            ttft_run(servers[name].port, sentences, 1.0)  # warm-up, not counted
+        for _ in range(opts.repeats):
+            for name in names:
+                rep = chat_rep(servers[name].port, apis[name], job, sentences, opts.seconds)
+                reps[name].append(rep)
+    return {name: chat_result(entries[name], reps[name]) for name in names}
+
+
+def chat_result(entry: dict[str, Any], reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One chat variant's repeats and their medians, with the goals' verdicts."""
+
+    def med(phase: str, key: str) -> float:
+        return float(statistics.median(r[phase][key] for r in reps if r[phase][key]))
+
+    idle, soak = med("idle", "p99_ms"), med("soak", "p99_ms")
     ratio = round(soak / idle, 3)
     progress = statistics.median(r["job_lines_per_s"] for r in reps)
     return {
         "reps": reps,
         "summary": {
+            "job_tokens_beside_online": entry.get("job_tokens_beside_online", default_cap()),
+            "idle_ttft_p50_ms": med("idle", "p50_ms"),
+            "soak_ttft_p50_ms": med("soak", "p50_ms"),
             "idle_ttft_p99_ms": idle,
             "soak_ttft_p99_ms": soak,
             "ttft_p99_ratio": ratio,
@@ -409,43 +470,55 @@ def measure_chat(opts: Options, work_dir: Path) -> dict[str, Any]:
     }
 
 
+def default_cap() -> int | None:
+    """The model's default cap on batch-job tokens a step beside online traffic."""
+    from conveyor.model_config import GenerateModelConfig
+
+    cap: int | None = GenerateModelConfig.model_fields["job_tokens_beside_online"].default
+    return cap
+
+
 # -- the run -------------------------------------------------------------------------------------
 def write_png(path: Path, result: dict[str, Any]) -> None:
-    """Online p99 idle, during the job and its limit; the job's share of the ceiling."""
+    """Online p99 idle, during the job and its limit; the job's share of the ceiling; chat
+    TTFT p99 idle and during a chat job."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = {n: c["summary"] for n, c in result["cases"].items() if "idle_p99_ms" in c["summary"]}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    xs = range(len(cases))
-    for offset, key, label in (
-        (-0.25, "idle_p99_ms", "idle"),
-        (0, "soak_p99_ms", "during job"),
-        (0.25, "soak_p99_limit_ms", "limit"),
-    ):
-        axes[0].bar(
-            [x + offset for x in xs], [c[key] or 0 for c in cases.values()], 0.25, label=label
-        )
-    axes[0].set_xticks(list(xs), list(cases))
-    axes[0].set_ylabel("online p99 (ms)")
-    axes[0].legend()
-    for offset, key, label in (
-        (-0.2, "job_alone_share", "job alone"),
-        (0.2, "job_beside_online_share", "beside online"),
-    ):
-        axes[1].bar(
-            [x + offset for x in xs], [c[key] or 0 for c in cases.values()], 0.4, label=label
-        )
+    summaries = {n: c["summary"] for n, c in result["cases"].items()}
+    embedding = {n: c for n, c in summaries.items() if "idle_p99_ms" in c}
+    chat = {n: c for n, c in summaries.items() if "idle_ttft_p99_ms" in c}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    bars(axes[0], embedding, [("idle_p99_ms", "idle"), ("soak_p99_ms", "during job"),
+                              ("soak_p99_limit_ms", "limit")], "online p99 (ms)")  # fmt: skip
+    bars(axes[1], embedding, [("job_alone_share", "job alone"),
+                              ("job_beside_online_share", "beside online")],
+         "job lines/s / model ceiling")  # fmt: skip
     axes[1].axhline(MIN_SHARE_ALONE, color="gray", linestyle="--")
     axes[1].axhline(MIN_SHARE_MIXED, color="gray", linestyle=":")
-    axes[1].set_xticks(list(xs), list(cases))
-    axes[1].set_ylabel("job lines/s / model ceiling")
-    axes[1].legend()
+    bars(axes[2], chat, [("idle_ttft_p99_ms", "idle"), ("soak_ttft_p99_ms", "during job")],
+         "chat TTFT p99 (ms)")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def bars(
+    axis: Any, cases: dict[str, dict[str, Any]], keys: list[tuple[str, str]], ylabel: str
+) -> None:
+    """One group of bars per case, one bar per (summary key, label)."""
+    xs = range(len(cases))
+    width = 0.8 / max(1, len(keys))
+    for k, (key, label) in enumerate(keys):
+        offset = (k - (len(keys) - 1) / 2) * width
+        values = [c.get(key) or 0 for c in cases.values()]
+        axis.bar([x + offset for x in xs], values, width, label=label)
+    axis.set_xticks(list(xs), list(cases))
+    axis.set_ylabel(ylabel)
+    if cases:
+        axis.legend()
 
 
 def main() -> None:
@@ -454,27 +527,48 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work_dir = Path(tmp)
         for name in opts.cases:
+            if name in (CHAT_MODEL, CHAT_UNCAPPED):
+                continue
             print(f"case {name}", flush=True)
-            if name == CHAT_MODEL:
-                results[name] = measure_chat(opts, work_dir)
-            else:
-                entry = synthetic_entry() if name == SYNTHETIC else minilm_entry()
-                results[name] = measure_embeddings(name, entry, opts, work_dir)
+            entry = synthetic_entry() if name == SYNTHETIC else minilm_entry()
+            results[name] = measure_embeddings(name, entry, opts, work_dir)
             print(json.dumps(results[name]["summary"]), flush=True)
-    result = {
+        chats = [name for name in opts.cases if name in (CHAT_MODEL, CHAT_UNCAPPED)]
+        if chats:
+            print(f"cases {', '.join(chats)}", flush=True)
+            for name, chat in measure_chats(opts, work_dir, chats).items():
+                results[name] = chat
+                print(name, json.dumps(chat["summary"]), flush=True)
+    run = {
         "options": {
             "seconds": opts.seconds,
             "repeats": opts.repeats,
             "online_rate_per_s": ONLINE_RATE_PER_S,
             "chat_rate_per_s": CHAT_RATE_PER_S,
         },
-        "cases": results,
         "machine": machine_info(),
         "versions": package_versions(),
     }
+    path = opts.out_dir / "soak.json"
+    result = {**run, "cases": results}
+    if opts.keep_other_cases and path.exists():
+        result = keep_other_cases(json.loads(path.read_text()), result)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(opts.out_dir / "soak.json", result)
+    write_json(path, result)
     write_png(opts.out_dir / "soak.png", result)
+
+
+def keep_other_cases(previous: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` plus the cases of ``previous`` it did not run; each case keeps the options,
+    machine and versions of the run that measured it (under ``run``)."""
+
+    def run_of(whole: dict[str, Any]) -> dict[str, Any]:
+        return {key: whole[key] for key in ("options", "machine", "versions") if key in whole}
+
+    cases = {name: {"run": case.get("run", run_of(previous)), **case}
+             for name, case in previous.get("cases", {}).items()}  # fmt: skip
+    cases.update({name: {"run": run_of(result), **case} for name, case in result["cases"].items()})
+    return {**result, "cases": cases}
 
 
 if __name__ == "__main__":

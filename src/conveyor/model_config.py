@@ -181,6 +181,11 @@ class GenerateModelConfig(Strict):
     )
     max_queue: int = Field(default=1024, ge=1)
     timeout_ms: float = Field(default=30_000, gt=0, description="Deadline for the first token.")
+    job_tokens_beside_online: int | None = Field(
+        default=32,
+        ge=1,
+        description="Batch-job tokens a step while online traffic is present (null: no cap).",
+    )
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
 
     _path_kind = field_validator("path", mode="before")(_model_path)

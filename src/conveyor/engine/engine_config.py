@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conveyor.engine.job_share import JobShareConfig
 from conveyor.engine.scheduler import SchedulerConfig
 
 
@@ -19,6 +20,12 @@ class EngineConfig:
     max_model_len: int
     num_kv_blocks: int
     block_size: int
+    # Batch-job tokens a step while online traffic is present (None: no cap).
+    job_tokens_beside_online: int | None = None
+
+    def job_share_config(self) -> JobShareConfig:
+        """The cap on batch-job tokens beside online traffic (validated there)."""
+        return JobShareConfig(self.job_tokens_beside_online)
 
     def scheduler_config(self) -> SchedulerConfig:
         """The scheduler's share of the limits (validated there)."""

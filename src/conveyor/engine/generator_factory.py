@@ -54,6 +54,7 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         max_model_len=max_model_len,
         num_kv_blocks=num_kv_blocks,
         block_size=config.block_size,
+        job_tokens_beside_online=config.job_tokens_beside_online,
     )
     tokenizer = Tokenizer(local_model_path(config.path))
     engine = LLMEngine(runner, tokenizer, engine_config, metrics=metrics, name=config.name)

@@ -26,6 +26,7 @@ from conveyor.engine.engine_config import EngineConfig, EngineStats
 from conveyor.engine.engine_metrics import publish_kv_usage, record_admission, record_finish
 from conveyor.engine.grammar import GrammarCompiler
 from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
+from conveyor.engine.job_share import JobShare
 from conveyor.engine.null_metrics import null_generator_metrics
 from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
 from conveyor.engine.request import GenerationRequest
@@ -90,7 +91,9 @@ class LLMEngine:
         self._tokenizer = tokenizer
         self._metrics = metrics if metrics is not None else null_generator_metrics()
         self._scheduler = Scheduler(
-            config.scheduler_config(), BlockManager(config.num_kv_blocks, config.block_size)
+            config.scheduler_config(),
+            BlockManager(config.num_kv_blocks, config.block_size),
+            JobShare(config.job_share_config()),
         )
         self._sampler = Sampler()
         eos = set(runner.eos_token_ids)

@@ -17,6 +17,10 @@ Policy, kept deliberately simple:
   free blocks allow.  So an online prompt takes the step's token budget before
   any batch-job prefill does.  A prompt longer than the remaining budget is
   prefilled in chunks over several steps.
+* Job share.  While online traffic is present, batch-job sequences take at most
+  a capped number of a step's tokens (see ``job_share``): job decodes past the
+  cap sit the step out keeping their blocks, job prefills are chunked to fit, so
+  the step an online request finds in flight stays short.
 * Preemption.  When a running sequence needs a block and none is free, the
   running sequence with the largest ``(priority, arrival)`` is preempted (its
   blocks are freed and its tokens, generated ones included, are recomputed
@@ -37,6 +41,7 @@ import bisect
 from dataclasses import dataclass
 
 from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.job_share import JobShare
 from conveyor.engine.sequence import Sequence, SequenceStatus, check_token_id
 from conveyor.engine.siblings import waits_for_sibling
 from conveyor.engine.step_plan import ScheduledSeq, SchedulerOutput, StepPlan
@@ -74,10 +79,16 @@ class SchedulerConfig:
 class Scheduler:
     """Decides each step's batch; see the module docstring for the policy."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        job_share: JobShare | None = None,
+    ) -> None:
         """Refuse a pool that cannot hold one sequence of ``max_model_len`` tokens.
 
-        That guarantee is what makes every admitted sequence able to run to
+        ``job_share`` caps batch-job tokens a step while online traffic is present (None:
+        no cap). That guarantee is what makes every admitted sequence able to run to
         completion (alone, if it must), so preemption can never livelock.
         """
         needed = block_manager.num_blocks_needed(config.max_model_len)
@@ -96,6 +107,7 @@ class Scheduler:
         self._token_budget = config.max_num_batched_tokens
         self._pending: SchedulerOutput | None = None
         self._num_batch_pauses = 0
+        self._job_share = job_share
 
     @property
     def config(self) -> SchedulerConfig:
@@ -203,7 +215,7 @@ class Scheduler:
         if self._length_capped:
             capped = ", ".join(sorted(self._length_capped))
             raise RuntimeError(f"finish() the sequences at max_model_len first: {capped}")
-        plan = StepPlan(self._token_budget)
+        plan = StepPlan(self._token_budget, self._job_token_cap())
         classes = self._classes_this_step()
         # Decodes first: one token each, and they hold the most latency-bound users.
         for seq in list(self._running):
@@ -237,6 +249,14 @@ class Scheduler:
         self._num_batch_pauses = 0
         return tuple(Priority)
 
+    def _job_token_cap(self) -> int | None:
+        """This step's cap on batch-job tokens (see ``job_share``); None: no cap."""
+        if self._job_share is None:
+            return None
+        is_online_waiting = bool(self._waiting) and self._waiting[0].priority is Priority.ONLINE
+        is_online_running = bool(self._running) and self._running[0].priority is Priority.ONLINE
+        return self._job_share.job_token_cap(is_online_waiting or is_online_running)
+
     def _has_online_prefill(self) -> bool:
         """An online sequence can be admitted now, or still has prompt tokens to compute."""
         if self._waiting and self._waiting[0].priority is Priority.ONLINE:
@@ -254,7 +274,7 @@ class Scheduler:
 
     def _schedule_running(self, seq: Sequence, plan: StepPlan) -> None:
         """Give a running sequence its next chunk, preempting others for blocks."""
-        if plan.budget_left == 0:
+        if plan.room_for(seq.priority) == 0:
             return
         while (room := self._block_manager.num_appendable_tokens(seq)) < 1:
             victim = self._running[-1]
@@ -263,7 +283,7 @@ class Scheduler:
             if victim is seq:
                 return
         # A prefill squeezed for blocks takes a shorter chunk instead of preempting.
-        num_new = min(seq.num_uncomputed_tokens, plan.budget_left, room)
+        num_new = min(seq.num_uncomputed_tokens, plan.room_for(seq.priority), room)
         self._block_manager.append(seq, num_new)
         plan.add(ScheduledSeq(seq, num_new))
 
@@ -283,13 +303,15 @@ class Scheduler:
         The queue head blocks everything behind it, whatever their class.
         """
         manager = self._block_manager
-        while self._waiting and plan.budget_left > 0:
+        while self._waiting and plan.room_for(priority) > 0:
             seq = self._waiting[0]
             if seq.priority is not priority:
                 return
             if waits_for_sibling(seq, self._running, manager.block_size):
                 return
-            num_new = min(seq.num_tokens - manager.num_cache_hit_tokens(seq), plan.budget_left)
+            num_new = min(
+                seq.num_tokens - manager.num_cache_hit_tokens(seq), plan.room_for(priority)
+            )
             if not self._fits(seq, num_new) and not self._make_room(seq, num_new, plan):
                 return
             self._waiting.pop(0)

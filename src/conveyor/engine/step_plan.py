@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from conveyor.engine.sequence import Sequence
 from conveyor.engine.step import SeqChunk
+from conveyor.priority import Priority
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,28 +78,48 @@ class SchedulerOutput:
 class StepPlan:
     """Mutable accumulator for one ``schedule`` call."""
 
-    __slots__ = ("budget_left", "is_short", "num_batched_tokens", "preempted", "scheduled")
+    __slots__ = (
+        "budget_left",
+        "is_short",
+        "job_budget_left",
+        "num_batched_tokens",
+        "preempted",
+        "scheduled",
+    )
 
-    def __init__(self, token_budget: int) -> None:
+    def __init__(self, token_budget: int, job_token_cap: int | None = None) -> None:
+        """``job_token_cap``: the most tokens batch-job sequences may take (None: no cap)."""
         self.scheduled: dict[str, ScheduledSeq] = {}
         self.preempted: list[Sequence] = []
         # Running sequences were short of blocks: nobody is admitted this step.
         self.is_short = False
         self.budget_left = token_budget
+        self.job_budget_left = job_token_cap
         self.num_batched_tokens = 0
+
+    def room_for(self, priority: Priority) -> int:
+        """Tokens a sequence of ``priority`` may still take this step."""
+        if priority is Priority.ONLINE or self.job_budget_left is None:
+            return self.budget_left
+        return min(self.budget_left, self.job_budget_left)
 
     def add(self, scheduled: ScheduledSeq) -> None:
         """Schedule a sequence and charge its tokens to the budget."""
         self.scheduled[scheduled.seq.seq_id] = scheduled
-        self.budget_left -= scheduled.num_new_tokens
-        self.num_batched_tokens += scheduled.num_new_tokens
+        self._charge(scheduled, scheduled.num_new_tokens)
 
     def drop(self, seq: Sequence) -> None:
         """Unschedule ``seq`` (it was preempted later in the step) and refund it."""
         scheduled = self.scheduled.pop(seq.seq_id, None)
         if scheduled is not None:
-            self.budget_left += scheduled.num_new_tokens
-            self.num_batched_tokens -= scheduled.num_new_tokens
+            self._charge(scheduled, -scheduled.num_new_tokens)
+
+    def _charge(self, scheduled: ScheduledSeq, num_tokens: int) -> None:
+        """Take ``num_tokens`` (negative: refund) from the budgets that apply."""
+        self.budget_left -= num_tokens
+        self.num_batched_tokens += num_tokens
+        if self.job_budget_left is not None and scheduled.seq.priority is not Priority.ONLINE:
+            self.job_budget_left -= num_tokens
 
     def to_output(self) -> SchedulerOutput:
         """Freeze the plan into the public output."""

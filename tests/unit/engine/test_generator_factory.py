@@ -41,3 +41,17 @@ def test_a_cpu_model_without_a_kv_cache_size_gets_the_default_size(llama_path: P
         assert generator.max_model_len == checkpoint_limit(llama_path)
     finally:
         generator.stop()
+
+
+@pytest.mark.parametrize(("configured", "expected"), [({}, 32), ({"job_tokens_beside_online": 8}, 8),
+                                                      ({"job_tokens_beside_online": None}, None)])  # fmt: skip
+def test_the_job_token_cap_beside_online_traffic_reaches_the_engine(
+    llama_path: Path, configured: dict[str, object], expected: int | None
+) -> None:
+    generator = load_generator(
+        model_config(llama_path, **configured), Metrics().for_generator("tiny")
+    )
+    try:
+        assert generator.engine.config.job_tokens_beside_online == expected
+    finally:
+        generator.stop()

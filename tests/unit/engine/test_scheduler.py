@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.job_share import JobShare
 from conveyor.engine.scheduler import Scheduler, SchedulerConfig
 from conveyor.engine.sequence import Priority, Sequence, SequenceStatus
 from conveyor.engine.step_plan import ScheduledSeq, SchedulerOutput
@@ -157,11 +158,12 @@ def make_harness(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 64,
     max_model_len: int = 64,
+    job_share: JobShare | None = None,
 ) -> Harness:
     """A harness with small defaults; tests override what they exercise."""
     manager = BlockManager(num_blocks, block_size)
     config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len)
-    return Harness(Scheduler(config, manager), FakeRunner(manager))
+    return Harness(Scheduler(config, manager, job_share), FakeRunner(manager))
 
 
 def check_invariants(harness: Harness, output: SchedulerOutput) -> None:
