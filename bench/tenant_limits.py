@@ -25,7 +25,7 @@ import secrets
 import statistics
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,18 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the results")
     parser.add_argument("--smoke", action="store_true", help="tiny run (seconds) for tests")
+    parser.add_argument("--seconds", type=float, help="seconds a run lasts (default 5)")
+    parser.add_argument("--clients", type=int, help="closed-loop clients (default 64)")
+    parser.add_argument("--rounds", type=int, help="counted rounds of each mode (default 5)")
+    parser.add_argument("--warmups", type=int, help="rounds run first and dropped (default 1)")
     args = parser.parse_args(argv)
     if args.smoke:
-        return Options(args.out, True, seconds=1.0, num_clients=8, rounds=1, warmups=0)
-    return Options(args.out, False, seconds=5.0, num_clients=64, rounds=5, warmups=1)
+        opts = Options(args.out, True, seconds=1.0, num_clients=8, rounds=1, warmups=0)
+    else:
+        opts = Options(args.out, False, seconds=5.0, num_clients=64, rounds=5, warmups=1)
+    given = {"seconds": args.seconds, "num_clients": args.clients, "rounds": args.rounds,
+             "warmups": args.warmups}  # fmt: skip
+    return replace(opts, **{k: v for k, v in given.items() if v is not None})
 
 
 def limits_config(mode: str, prefix: str) -> dict[str, Any]:
