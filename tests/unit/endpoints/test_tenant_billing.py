@@ -19,7 +19,8 @@ from conveyor.api.app import create_app
 from conveyor.config import ServerConfig
 from conveyor.testing import build_tiny_cross_encoder
 
-pytestmark = pytest.mark.anyio
+# Each test starts a tiny Llama and a cross-encoder (the first also imports transformers).
+pytestmark = [pytest.mark.anyio, pytest.mark.model, pytest.mark.timeout(60)]
 
 KEY = "sk-test-tenant-acme"
 AUTH = {"Authorization": f"Bearer {KEY}"}
