@@ -20,7 +20,15 @@ from conveyor.config import (
     ServerConfig,
     SyntheticModelConfig,
 )
-from conveyor.errors import ConveyorError, InvalidRequest, ModelNotFound, ServiceUnavailable
+from conveyor.errors import (
+    ConveyorError,
+    InvalidRequest,
+    ModelNotFound,
+    RateLimitBackendDown,
+    RateLimited,
+    ServiceUnavailable,
+    TokensExceedLimit,
+)
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.model_cache import CacheFull, ModelCache
 from conveyor.models.base import (
@@ -432,6 +440,8 @@ def counted_outcome(metrics: ModelMetrics) -> Iterator[None]:
     except asyncio.CancelledError:
         metrics.requests["client_gone"].inc()
         raise
+    except (RateLimited, TokensExceedLimit, RateLimitBackendDown):
+        raise  # the tenant's limits refused it (counted there), not the model
     except ConveyorError as exc:
         metrics.requests[outcome_of(exc.status_code)].inc()
         raise

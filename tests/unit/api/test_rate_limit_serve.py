@@ -55,3 +55,8 @@ async def test_a_request_over_the_exact_limit_is_400_and_costs_nothing(
     assert answers[3].json()["error"]["code"] == "rate_limit_exceeded"
     assert answers[3].headers["x-ratelimit-remaining-requests"] == "0"
     assert int(answers[3].headers["retry-after"]) >= 1
+    # Tenant refusals are not the model's outcomes (a full queue would read as overload).
+    metrics = (await http.get("/metrics")).text
+    assert 'model="syn",outcome="rejected_queue_full"} 0.0' in metrics
+    assert 'model="syn",outcome="input_error"} 0.0' in metrics  # nor is the 400 above
+    assert 'model="syn",outcome="ok"} 3.0' in metrics
