@@ -4,7 +4,7 @@ Two ways to admit. A gateway has no tokenizer: it reads the request body (alread
 the body limit), estimates its tokens (`tenants.estimate`), reserves the tenant's buckets
 and passes the body on. `serve` counts exactly: the middleware only puts an
 `AdmissionTicket` in the request's state, and the service admits it once the request is
-tokenized (`online_payer` hands it over), so the body is neither read nor parsed here.
+tokenized (the route hands it over in the payer), so the body is neither read nor parsed here.
 
 Either way the answer gets OpenAI's `x-ratelimit-*` headers, and the request is settled
 when the answer ends: on `serve` by the service's billing (exact), else from the `usage`

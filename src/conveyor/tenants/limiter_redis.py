@@ -191,7 +191,10 @@ class RedisRateLimiter:
         self._queue.append(settle_op(self._key(key, name), capacity, delta, now_s))
         if self._is_sending or self._timer is not None:
             return
-        loop = asyncio.get_running_loop()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # off the event loop: it goes with the next admission
+            return
         self._timer = loop.call_later(self._settle_delay_s, self._on_timer)
 
     @property
