@@ -21,19 +21,11 @@ if TYPE_CHECKING:
     from conveyor.service import HostedModel
 
 
-async def submit_inputs(
-    hosted: HostedModel,
-    inputs: Sequence[EmbeddingInput],
-    priority: Priority,
-    timeout_ms: float | None,
-    truncate: bool,
-) -> tuple[list[WorkItem], int]:
-    """Encode and admit every input (all or none); returns the items and token count.
-
-    Tokenizing a large request runs off the event loop (``run_sized``).
-    """
-    encoded = await run_sized(input_bytes(inputs), hosted.model.encode, inputs, truncate=truncate)
-    return admit_encoded(hosted, encoded, priority, timeout_ms)
+async def encode_inputs(
+    hosted: HostedModel, inputs: Sequence[EmbeddingInput], truncate: bool
+) -> list[EncodedInput]:
+    """Tokenize every input once (off the event loop when large, ``run_sized``)."""
+    return await run_sized(input_bytes(inputs), hosted.model.encode, inputs, truncate=truncate)
 
 
 def admit_encoded(

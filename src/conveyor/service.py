@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from conveyor.admission import admit_encoded, check_inputs, gather_items, submit_inputs
+from conveyor.admission import admit_encoded, check_inputs, encode_inputs, gather_items
 from conveyor.batching.batcher import Batcher, BatcherSettings
 from conveyor.config import (
     EmbeddingModelConfig,
@@ -20,7 +20,15 @@ from conveyor.config import (
     ServerConfig,
     SyntheticModelConfig,
 )
-from conveyor.errors import ConveyorError, InvalidRequest, ModelNotFound, ServiceUnavailable
+from conveyor.errors import (
+    ConveyorError,
+    InvalidRequest,
+    ModelNotFound,
+    RateLimitBackendDown,
+    RateLimited,
+    ServiceUnavailable,
+    TokensExceedLimit,
+)
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.model_cache import CacheFull, ModelCache
 from conveyor.models.base import (
@@ -35,7 +43,7 @@ from conveyor.observability.context import note_model
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
 from conveyor.tenants.ledger import UsageLedger
-from conveyor.tenants.usage import Payer, UsageEvent, cost_usd
+from conveyor.tenants.usage import Admission, Payer, UsageEvent, cost_usd
 
 if TYPE_CHECKING:
     from conveyor.engine.generator import HostedGenerator
@@ -339,9 +347,10 @@ class Service:
         with counted_outcome(self.model_metrics(model)):
             async with self.using(model) as hosted:
                 check_inputs(hosted, inputs, dimensions)
-                items, num_tokens = await submit_inputs(
-                    hosted, inputs, priority, timeout_ms, truncate
-                )
+                encoded = await encode_inputs(hosted, inputs, truncate)
+                if payer is not None:
+                    await payer.admit(model, sum(enc.num_tokens for enc in encoded), 0)
+                items, num_tokens = admit_encoded(hosted, encoded, priority, timeout_ms)
                 vectors = await gather_items(hosted.batcher, items)
                 if dimensions is not None and dimensions < hosted.model.dim:
                     vectors = shorten_vectors(vectors, dimensions)
@@ -356,10 +365,11 @@ class Service:
         priority: Priority = Priority.ONLINE,
         timeout_ms: float | None = None,
         truncate: bool = False,
+        payer: Payer | None = None,
     ) -> EmbedResult:
         """Score (query, document) pairs with a rerank model, each batched like an input.
 
-        The rerank twin of ``embed``: same admission, deadlines and outcome metrics.
+        The rerank twin of ``embed``: same admission, deadlines, outcome metrics and billing.
         """
         with counted_outcome(self.model_metrics(model)):
             async with self.using(model) as hosted:
@@ -371,13 +381,17 @@ class Service:
                 check_inputs(hosted, pairs, None)
                 num_chars = sum(len(q) + len(d) for q, d in pairs)
                 encoded = await run_sized(num_chars, encode, pairs, truncate=truncate)
+                if payer is not None:
+                    await payer.admit(model, sum(enc.num_tokens for enc in encoded), 0)
                 items, num_tokens = admit_encoded(hosted, encoded, priority, timeout_ms)
                 scores = await gather_items(hosted.batcher, items)
+        self.bill(payer, model, num_tokens, 0, sum(item.model_s for item in items))
         return EmbedResult(scores, num_tokens)
 
-    def online_payer(self, tenant: str) -> Payer:
-        """The payer of an online request of `tenant`: its usage goes to the ledger."""
-        return Payer(tenant, self.ledger)
+    def online_payer(self, tenant: str, admission: Admission | None = None) -> Payer:
+        """The payer of an online request of `tenant`: its usage goes to the ledger, and
+        `admission` (rate limits) is admitted once its tokens are counted."""
+        return Payer(tenant, self.ledger, admission)
 
     def bill(
         self, payer: Payer | None, model: str, input_tokens: int, output_tokens: int,
@@ -386,6 +400,8 @@ class Service:
         """Count one finished request's usage and hand it to the payer's recorder."""
         if payer is None:
             return
+        if payer.admission is not None:
+            payer.admission.settle(input_tokens, output_tokens)
         cost = cost_usd(model_s, self.config.gpu_hour_usd(model))
         event = UsageEvent(payer.tenant, model, input_tokens, output_tokens, model_s, cost)
         self.metrics.usage.count(payer.tenant, model, input_tokens, output_tokens, model_s, cost)
@@ -424,6 +440,8 @@ def counted_outcome(metrics: ModelMetrics) -> Iterator[None]:
     except asyncio.CancelledError:
         metrics.requests["client_gone"].inc()
         raise
+    except (RateLimited, TokensExceedLimit, RateLimitBackendDown):
+        raise  # the tenant's limits refused it (counted there), not the model
     except ConveyorError as exc:
         metrics.requests[outcome_of(exc.status_code)].inc()
         raise

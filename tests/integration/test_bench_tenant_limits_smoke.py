@@ -20,11 +20,13 @@ def test_smoke_reports_serve_and_gateway_with_limits_on_and_off(tmp_path: Path) 
     with unique_prefix():  # skips without Redis
         out_dir = run_smoke("bench.tenant_limits", tmp_path)
     result = json.loads((out_dir / "tenant_limits.json").read_text())
+    assert (out_dir / "tenant_limits.png").stat().st_size > 0
     assert result["inputs"]["is_smoke"] is True
     for kind in ("serve", "gateway"):
         summary = result[kind]["summary"]
         assert all(v > 0 for v in summary["throughput_per_s"].values()), summary
         assert summary["num_errors"] == {"off": 0, "on": 0}
+        assert all(v > 0 for v in summary["server_cpu_us_per_request"].values()), summary
         assert isinstance(summary["cost_passed"], bool)
 
 

@@ -91,6 +91,7 @@ def create_app(
         owns_key_store=True,
         registry=service.metrics.registry,
         with_rate_limits=with_rate_limits,
+        counts_tokens=True,
         tracer_provider=tracer_provider,
     )
     app.add_middleware(HttpMetricsMiddleware, counter=service.metrics.http_requests)  # outermost

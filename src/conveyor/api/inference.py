@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
 from conveyor.api.responses import json_response
 from conveyor.api.sse import serve_generation
@@ -42,7 +43,7 @@ async def create_embeddings(request: Request) -> Response:
     timeout_ms = timeout_from_headers(request)
     watcher = DisconnectWatcher(request.receive, cancel_current_task())
     try:
-        payer = service.online_payer(tenant_of(request))
+        payer = service.online_payer(tenant_of(request), admission_of(request))
         result = await run_embeddings(service, body, timeout_ms=timeout_ms, payer=payer)
     except asyncio.CancelledError:
         if not watcher.is_gone:
@@ -83,13 +84,17 @@ async def detokenize(request: Request) -> Response:
 async def rerank(request: Request) -> Response:
     """Cohere/Jina-style rerank: documents scored against a query by a cross-encoder."""
     body = await request.body()
+    service: Service = request.app.state.service
+    payer = service.online_payer(tenant_of(request), admission_of(request))
     timeout_ms = timeout_from_headers(request)
-    return json_response(await run_rerank(request.app.state.service, body, timeout_ms=timeout_ms))
+    return json_response(await run_rerank(service, body, timeout_ms=timeout_ms, payer=payer))
 
 
 @router.post("/v1/score")
 async def score(request: Request) -> Response:
     """vLLM-style score: text pairs scored by a cross-encoder."""
     body = await request.body()
+    service: Service = request.app.state.service
+    payer = service.online_payer(tenant_of(request), admission_of(request))
     timeout_ms = timeout_from_headers(request)
-    return json_response(await run_score(request.app.state.service, body, timeout_ms=timeout_ms))
+    return json_response(await run_score(service, body, timeout_ms=timeout_ms, payer=payer))

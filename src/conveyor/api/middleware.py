@@ -47,14 +47,17 @@ class EdgeGuards:
             await self.gate.limiter.close()
 
 
-def build_limiter(config: RateLimitsConfig) -> RateLimiter:
+def build_limiter(config: RateLimitsConfig, metrics: TenantMetrics) -> RateLimiter:
     """The configured bucket backend (Redis imported only when used)."""
     if config.backend == "memory":
         return MemoryRateLimiter()
     from conveyor.tenants.limiter_redis import RedisRateLimiter
 
     return RedisRateLimiter(
-        config.redis_url, prefix=config.redis_prefix, timeout_s=config.redis_timeout_s
+        config.redis_url,
+        prefix=config.redis_prefix,
+        timeout_s=config.redis_timeout_s,
+        on_lost_settlements=metrics.backend_errors.labels("settle").inc,
     )
 
 
@@ -66,6 +69,7 @@ def install_middleware(
     owns_key_store: bool = False,
     registry: CollectorRegistry | None = None,
     with_rate_limits: bool = True,
+    counts_tokens: bool = False,
     service_name: str = "conveyor-serve",
     tracer_provider: TracerProvider | None = None,
 ) -> EdgeGuards:
@@ -74,6 +78,7 @@ def install_middleware(
     Keys are the config's plus, with `key_store`, the stored ones (read once now, then
     reread by the key ring the returned guards start and stop with the app). Rate limits
     are added only when some tenant has an online limit; their metrics go to `registry`.
+    With `counts_tokens` (`serve`) the app admits each request once it is tokenized.
     Traces go to ``tracer_provider`` when given (tests), else to the config's OTLP endpoint.
     """
     keyring = KeyRing(static_principals(config.api_keys), key_store, owns_store=owns_key_store)
@@ -82,8 +87,8 @@ def install_middleware(
     tenancy = config.tenancy
     if with_rate_limits and tenancy.has_online_limits:
         metrics = TenantMetrics(registry or CollectorRegistry())
-        gate = RateLimitGate(tenancy, build_limiter(tenancy.rate_limits), metrics)
-        app.add_middleware(RateLimitMiddleware, gate=gate)
+        gate = RateLimitGate(tenancy, build_limiter(tenancy.rate_limits, metrics), metrics)
+        app.add_middleware(RateLimitMiddleware, gate=gate, counts_tokens=counts_tokens)
     if with_rate_limits and tenancy.budgets_usd:
         app.add_middleware(BudgetMiddleware)  # outside the limiter: a refusal spends no tokens
     guards = EdgeGuards(keyring, gate)

@@ -1,28 +1,43 @@
 """Tenant rate limits on the inference routes: a pure ASGI middleware.
 
-It reads the request body (already capped by the body limit), reserves the tenant's
-buckets, passes the body on, adds OpenAI's `x-ratelimit-*` headers to the answer, and settles
-when the answer ends: from the `usage` the model reports (JSON bodies and streams that ask
-for usage), else a stream settles at the chunks it sent, a failed request at nothing.
-A cancelled or disconnected request settles at what it produced too (in a `finally`).
+Two ways to admit. A gateway has no tokenizer: it reads the request body (already capped by
+the body limit), estimates its tokens (`tenants.estimate`), reserves the tenant's buckets
+and passes the body on. `serve` counts exactly: the middleware only puts an
+`AdmissionTicket` in the request's state, and the service admits it once the request is
+tokenized (the route hands it over in the payer), so the body is neither read nor parsed here.
+
+Either way the answer gets OpenAI's `x-ratelimit-*` headers, and the request is settled
+when the answer ends: on `serve` by the service's billing (exact), else from the `usage`
+the model reports (JSON bodies and streams that ask for usage), a stream at the chunks it
+sent, a failed request at nothing. A cancelled or disconnected request settles at what it
+produced too (in a `finally`). Settling never waits on the limiter.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.api.errors import error_response
 from conveyor.errors import ConveyorError
 from conveyor.tenants.estimate import LIMITED_PATHS, parse_ask
 from conveyor.tenants.gate import RateLimitGate, Reservation, rate_limit_headers
+from conveyor.tenants.ticket import AdmissionTicket
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 TAIL_BYTES = 2048
+TICKET_KEY = "rate_limit_ticket"  # in the request's scope state, on `serve`
+
+
+def admission_of(request: Request) -> AdmissionTicket | None:
+    """The request's admission ticket (on `serve` under rate limits), for its payer."""
+    ticket: AdmissionTicket | None = request.scope.get("state", {}).get(TICKET_KEY)
+    return ticket
 
 
 @dataclass(slots=True)
@@ -95,11 +110,13 @@ async def read_body(receive: Receive) -> tuple[bytes, Receive]:
 
 
 class RateLimitMiddleware:
-    """Reserve before, settle after, headers on every answer of a limited route."""
+    """Reserve (here, or where the tokens are counted), headers on every answer, settle."""
 
-    def __init__(self, app: ASGIApp, gate: RateLimitGate) -> None:
+    def __init__(self, app: ASGIApp, gate: RateLimitGate, *, counts_tokens: bool = False) -> None:
+        """`counts_tokens`: the app admits each request itself once tokenized (`serve`)."""
         self.app = app
         self.gate = gate
+        self.counts_tokens = counts_tokens
         self.default_max_tokens = gate.tenancy.rate_limits.default_max_output_tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -107,12 +124,33 @@ class RateLimitMiddleware:
         if not is_limited or scope["path"] not in LIMITED_PATHS:
             await self.app(scope, receive, send)
             return
+        state = scope.setdefault("state", {})
+        tenant = state.get("tenant", "default")
+        if self.counts_tokens:
+            ticket = state[TICKET_KEY] = AdmissionTicket(self.gate, tenant)
+            await self._with_ticket(scope, receive, send, ticket)
+        else:
+            await self._at_door(scope, receive, send, tenant)
+
+    async def _with_ticket(
+        self, scope: Scope, receive: Receive, send: Send, ticket: AdmissionTicket
+    ) -> None:
+        """The app admits the ticket once it has counted the tokens and settles it when it
+        bills; what it did not settle (a failure, a cancel) is settled from the answer."""
+
+        def finish(meter: UsageMeter) -> None:
+            if ticket.reservation is not None and not ticket.is_settled:
+                ticket.settle(*meter.used(ticket.reservation))
+
+        await self._run(scope, receive, send, lambda: ticket.reservation, finish)
+
+    async def _at_door(self, scope: Scope, receive: Receive, send: Send, tenant: str) -> None:
+        """Admit on the body's estimated tokens before the app; settle from the answer."""
         try:
             body, replay = await read_body(receive)
         except ConnectionError:
             return
         ask = parse_ask(body, scope["path"], self.default_max_tokens)
-        tenant = scope.get("state", {}).get("tenant", "default")
         try:
             res = await self.gate.admit(tenant, ask) if ask is not None else None
         except ConveyorError as exc:
@@ -121,17 +159,31 @@ class RateLimitMiddleware:
         if res is None:
             await self.app(scope, replay, send)
             return
-        await self._run(scope, replay, send, res)
+        admitted = res  # bound for the closures' sake
 
-    async def _run(self, scope: Scope, receive: Receive, send: Send, res: Reservation) -> None:
-        """Call the app with headers added; settle however it ends."""
+        def finish(meter: UsageMeter) -> None:
+            self.gate.settle(admitted, *meter.used(admitted))
+
+        await self._run(scope, replay, send, lambda: admitted, finish)
+
+    async def _run(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        reservation: Callable[[], Reservation | None],
+        finish: Callable[[UsageMeter], None],
+    ) -> None:
+        """Call the app with headers added; `finish` settles however it ends."""
         meter = UsageMeter()
-        headers = rate_limit_headers(res.decision.views) if res.decision else []
 
         async def metered(message: Message) -> None:
             if message["type"] == "http.response.start":
                 meter.on_start(message)
-                message = {**message, "headers": [*message.get("headers", []), *headers]}
+                res = reservation()
+                if res is not None and res.decision is not None:
+                    headers = rate_limit_headers(res.decision.views)
+                    message = {**message, "headers": [*message.get("headers", []), *headers]}
             elif message["type"] == "http.response.body":
                 meter.on_body(message.get("body", b""))
             await send(message)
@@ -139,5 +191,4 @@ class RateLimitMiddleware:
         try:
             await self.app(scope, receive, metered)
         finally:
-            num_input, num_output = meter.used(res)
-            await asyncio.shield(self.gate.settle(res, num_input, num_output))
+            finish(meter)

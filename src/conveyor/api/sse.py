@@ -19,6 +19,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
 from conveyor.api.responses import json_response
 from conveyor.api.timeouts import timeout_from_headers
@@ -62,7 +63,8 @@ async def serve_generation(
     raw = await request.body()
     timeout_ms = timeout_from_headers(request)
     body, prepared = await run_sized(len(raw), _parse_and_prepare, service, raw, parse, prepare)
-    payer = service.online_payer(tenant_of(request))
+    payer = service.online_payer(tenant_of(request), admission_of(request))
+    await payer.admit(prepared.model, *prepared.token_ask())  # rate limits, exact tokens
     run = prepared.launch(service, priority=Priority.ONLINE, timeout_ms=timeout_ms, payer=payer)
     return await respond(
         request,

@@ -44,7 +44,9 @@ async def execute(
     if endpoint == CHAT_COMPLETIONS:
         return await run_chat(service, body, priority=priority, timeout_ms=timeout_ms, payer=payer)
     if endpoint == RERANK:
-        return await run_rerank(service, body, priority=priority, timeout_ms=timeout_ms)
+        return await run_rerank(
+            service, body, priority=priority, timeout_ms=timeout_ms, payer=payer
+        )
     raise InvalidRequest(f"unsupported endpoint {endpoint!r}", param="url")
 
 

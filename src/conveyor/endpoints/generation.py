@@ -334,6 +334,17 @@ class PreparedRun:
     tool_names: tuple[str, ...] = ()
     prefixes: tuple[str, ...] = ()
 
+    def token_ask(self) -> tuple[int, int]:
+        """Exact input tokens, and the most output tokens the run may produce (each
+        prompt's `max_tokens`, capped by the context room its prompt leaves)."""
+        params = self.params if isinstance(self.params, list) else [self.params] * len(self.prompts)
+        room = self.generator.max_model_len
+        num_output = sum(
+            min(p.max_tokens, room - len(prompt))
+            for prompt, p in zip(self.prompts, params, strict=True)
+        )
+        return sum(len(prompt) for prompt in self.prompts), num_output
+
     def launch(
         self,
         service: Service,

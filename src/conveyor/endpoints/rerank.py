@@ -11,6 +11,7 @@ from conveyor.endpoints.rerank_schemas import RerankRequest, ScoreRequest
 from conveyor.errors import InvalidRequest
 from conveyor.priority import Priority
 from conveyor.service import Service
+from conveyor.tenants.usage import Payer
 
 
 async def run_rerank(
@@ -19,13 +20,14 @@ async def run_rerank(
     *,
     priority: Priority = Priority.ONLINE,
     timeout_ms: float | None = None,
+    payer: Payer | None = None,
 ) -> dict[str, Any]:
     """``{id, model, results: [{index, relevance_score, document?}], usage}``, best first."""
     request = parse_body(RerankRequest, body)
     texts = request.texts()
     result = await service.score_pairs(
         request.model, [(request.query, text) for text in texts],
-        priority=priority, timeout_ms=timeout_ms, truncate=request.truncate,
+        priority=priority, timeout_ms=timeout_ms, truncate=request.truncate, payer=payer,
     )  # fmt: skip
     scores = [float(vector[0]) for vector in result.vectors]
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: request.top_n]
@@ -49,6 +51,7 @@ async def run_score(
     *,
     priority: Priority = Priority.ONLINE,
     timeout_ms: float | None = None,
+    payer: Payer | None = None,
 ) -> dict[str, Any]:
     """vLLM's score list: ``data`` of ``{index, object: "score", score}`` in pair order."""
     request = parse_body(ScoreRequest, body)
@@ -57,8 +60,9 @@ async def run_score(
     except ValueError as exc:
         raise InvalidRequest(str(exc), param="text_2") from None
     result = await service.score_pairs(
-        request.model, pairs, priority=priority, timeout_ms=timeout_ms, truncate=request.truncate
-    )
+        request.model, pairs, priority=priority, timeout_ms=timeout_ms,
+        truncate=request.truncate, payer=payer,
+    )  # fmt: skip
     return {
         "id": f"score-{uuid.uuid4().hex}",
         "object": "list",

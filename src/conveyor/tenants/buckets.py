@@ -63,9 +63,9 @@ def seconds_until(level: float, amount: int, capacity: int) -> float:
 
 def view(name: str, level: float, capacity: int) -> BucketView:
     """The headers' view of a bucket at `level`."""
-    return BucketView(
-        name, capacity, max(0, math.floor(level)), seconds_until(level, capacity, capacity)
-    )
+    remaining = math.floor(level) if level > 0 else 0
+    reset_s = (capacity - level) * REFILL_WINDOW_S / capacity if level < capacity else 0.0
+    return BucketView(name, capacity, remaining, reset_s)
 
 
 def take(
@@ -76,19 +76,21 @@ def take(
     """Take `amount` from every `(name, capacity, amount)` bucket, or from none.
 
     `states` is updated in place on admission. Refused, `retry_after_s` is the wait until
-    every bucket holds its amount.
+    every bucket holds its amount, and `refused_by` the bucket that waits longest.
     """
-    levels = {name: level_at(states.get(name), cap, now_s) for name, cap, _ in specs}
-    waits = {name: seconds_until(levels[name], amount, cap) for name, cap, amount in specs}
-    short = [name for name, wait in waits.items() if wait > 0]
-    if short:
-        views = tuple(view(name, levels[name], cap) for name, cap, _ in specs)
-        refused_by = max(short, key=lambda name: waits[name])
-        return Decision(False, max(waits.values()), views, refused_by)
-    for name, _, amount in specs:
-        levels[name] -= amount
-        states[name] = BucketState(levels[name], now_s)
-    return Decision(True, 0.0, tuple(view(name, levels[name], cap) for name, cap, _ in specs))
+    levels = [level_at(states.get(name), cap, now_s) for name, cap, _ in specs]
+    wait_s, refused_by = 0.0, None
+    for (name, cap, amount), level in zip(specs, levels, strict=True):
+        if amount > level and (amount - level) / refill_per_s(cap) > wait_s:
+            wait_s, refused_by = (amount - level) / refill_per_s(cap), name
+    if refused_by is None:
+        for i, (name, _, amount) in enumerate(specs):
+            levels[i] -= amount
+            states[name] = BucketState(levels[i], now_s)
+    views = tuple(
+        view(name, level, cap) for (name, cap, _), level in zip(specs, levels, strict=True)
+    )
+    return Decision(refused_by is None, wait_s, views, refused_by)
 
 
 def settle(

@@ -1,8 +1,11 @@
 """What an inference request asks of the token buckets, read from its JSON body.
 
+A gateway admits on this (it has no tokenizer; `serve` counts exactly, `tenants.ticket`).
 Input tokens are estimated from the text (about 4 bytes a token, as OpenAI's own limiter
-estimates; token-id inputs are counted exactly) and corrected at settlement by the exact
-`usage` the model reports. Output tokens reserve `max_tokens` (or the default) per choice.
+estimates; token-id inputs are counted exactly; a rerank or score pair counts both texts)
+and corrected at settlement by the exact `usage` the model reports. Output tokens reserve
+`max_tokens` per choice, else `rate_limits.default_max_output_tokens`: a gateway does not
+know the model's context length (`serve` reserves the context the prompt leaves).
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 EMBEDDINGS_PATH = "/v1/embeddings"
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
-LIMITED_PATHS = frozenset({EMBEDDINGS_PATH, COMPLETIONS_PATH, CHAT_PATH})
+RERANK_PATH = "/v1/rerank"
+SCORE_PATH = "/v1/score"
+# Paths that produce no output tokens (nothing is reserved for output).
+ONE_SHOT_PATHS = frozenset({EMBEDDINGS_PATH, RERANK_PATH, SCORE_PATH})
+LIMITED_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH, *ONE_SHOT_PATHS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +73,7 @@ def _positive_int(value: Any, default: int) -> int:
 
 def output_reserve(body: dict[str, Any], path: str, default_max_tokens: int) -> int:
     """Output tokens to reserve: max tokens per choice, times choices and prompts."""
-    if path == EMBEDDINGS_PATH:
+    if path in ONE_SHOT_PATHS:
         return 0
     if path == COMPLETIONS_PATH:
         per_choice = _positive_int(body.get("max_tokens"), COMPLETIONS_DEFAULT_MAX_TOKENS)
@@ -93,8 +100,23 @@ def parse_ask(body: bytes, path: str, default_max_tokens: int) -> TokenAsk | Non
     return TokenAsk(parsed["model"], num_input, output_reserve(parsed, path, default_max_tokens))
 
 
+def pair_tokens(first: Any, second: Any) -> int:
+    """Tokens of scored pairs: one text against many (repeated for each), or pairwise."""
+    firsts = [first] if isinstance(first, str) else first if isinstance(first, list) else []
+    seconds = [second] if isinstance(second, str) else second if isinstance(second, list) else []
+    if len(firsts) == 1:
+        return len(seconds) * input_tokens(firsts[0]) + input_tokens(seconds)
+    return input_tokens(firsts) + input_tokens(seconds)
+
+
 def body_input_tokens(body: dict[str, Any], path: str) -> int:
     """About how many input tokens a request body to `path` holds."""
     if path == CHAT_PATH:
         return message_tokens(body.get("messages"))
+    if path == RERANK_PATH:
+        docs = body.get("documents")
+        texts = [d.get("text", "") if isinstance(d, dict) else d for d in docs or []]
+        return pair_tokens(body.get("query"), texts)
+    if path == SCORE_PATH:
+        return pair_tokens(body.get("text_1"), body.get("text_2"))
     return input_tokens(body.get("input" if path == EMBEDDINGS_PATH else "prompt"))

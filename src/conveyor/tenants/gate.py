@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 REQUESTS, INPUT, OUTPUT = "requests", "input_tokens", "output_tokens"
 _LIMIT_NAMES = {REQUESTS: "rpm", INPUT: "input_tpm", OUTPUT: "output_tpm"}
+MAX_KEPT_LIMITS = 10_000  # (tenant, model) pairs whose limits are kept worked out
 
 
 @dataclass(slots=True)
@@ -94,15 +95,25 @@ class RateLimitGate:
         self.metrics = metrics
         self._clock = clock
         self._on_error: Literal["allow", "deny"] = tenancy.rate_limits.on_backend_error
+        self._limits: dict[tuple[str, str], tuple[ModelLimits, str]] = {}
+
+    def _limits_of(self, tenant: str, model: str) -> tuple[ModelLimits, str]:
+        """The tenant's limits on `model` and its bucket key, worked out once and kept."""
+        found = self._limits.get((tenant, model))
+        if found is None:
+            if len(self._limits) >= MAX_KEPT_LIMITS:  # unknown model names must not pile up
+                self._limits.clear()
+            found = (self.tenancy.limits_for(tenant, model), f"{tenant}\x1f{model}")
+            self._limits[(tenant, model)] = found
+        return found
 
     async def admit(self, tenant: str, ask: TokenAsk) -> Reservation | None:
         """Reserve the request's buckets (None: no limit applies). Raises 400, 429 or 503."""
-        limits = self.tenancy.limits_for(tenant, ask.model)
+        limits, key = self._limits_of(tenant, ask.model)
         asks = bucket_asks(limits, ask)
         if not asks:
             return None
         check_fits(asks)
-        key = f"{tenant}\x1f{ask.model}"
         try:
             decision = await self.limiter.take(key, asks, self._clock())
         except LimiterUnavailable:
@@ -120,21 +131,19 @@ class RateLimitGate:
             key, tenant, ask.model, limits, ask.input_tokens, ask.output_tokens, decision
         )
 
-    async def settle(self, res: Reservation, input_tokens: int, output_tokens: int) -> None:
-        """Refund what was reserved but not used (or charge what was under-estimated)."""
+    def settle(self, res: Reservation, input_tokens: int, output_tokens: int) -> None:
+        """Refund what was reserved but not used (or charge what was under-estimated).
+
+        Never waits: the limiter applies it now or sends it with its next call.
+        """
         now_s = self._clock()
-        deltas = [
+        deltas = (
             (INPUT, res.limits.input_tpm, res.input_tokens - input_tokens),
             (OUTPUT, res.limits.output_tpm, res.output_tokens - output_tokens),
-        ]
+        )
         for name, capacity, delta in deltas:
-            if capacity is None or delta == 0:
-                continue
-            try:
-                await self.limiter.settle(res.key, name, capacity, delta, now_s)
-            except LimiterUnavailable:
-                self.metrics.backend_errors.labels("settle").inc()
-                log.warning("rate limit backend unreachable; settlement of %s lost", name)
+            if capacity is not None and delta != 0:
+                self.limiter.settle(res.key, name, capacity, delta, now_s)
 
 
 def format_reset(seconds: float) -> str:
@@ -147,21 +156,24 @@ def format_reset(seconds: float) -> str:
     return f"{int(minutes)}m{round(rest):d}s"
 
 
+_EXTRA_NAMES = {INPUT: b"x-ratelimit-remaining-input-tokens",
+                OUTPUT: b"x-ratelimit-remaining-output-tokens"}  # fmt: skip
+
+
 def rate_limit_headers(views: tuple[BucketView, ...]) -> list[tuple[bytes, bytes]]:
     """OpenAI's `x-ratelimit-*` headers; the tokens ones show the fuller-used token bucket."""
-    by_name = {v.name: v for v in views}
     headers: list[tuple[bytes, bytes]] = []
-    requests = by_name.get(REQUESTS)
-    if requests is not None:
-        headers += _triple(b"requests", requests)
-    token_views = [v for v in (by_name.get(INPUT), by_name.get(OUTPUT)) if v is not None]
+    token_views = []
+    for v in views:
+        if v.name == REQUESTS:
+            headers += _triple(b"requests", v)
+        else:
+            token_views.append(v)
     if token_views:
         tightest = min(token_views, key=lambda v: v.remaining / v.capacity)
         headers += _triple(b"tokens", tightest)
     for v in token_views:  # both kinds, beyond OpenAI's set
-        headers.append(
-            (f"x-ratelimit-remaining-{v.name.replace('_', '-')}".encode(), b"%d" % v.remaining)
-        )
+        headers.append((_EXTRA_NAMES[v.name], b"%d" % v.remaining))
     return headers
 
 

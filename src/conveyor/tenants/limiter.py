@@ -1,8 +1,11 @@
 """Where token buckets live: one process's memory, or Redis shared by every gateway.
 
-Both backends take from several buckets at once or from none and settle one bucket, with
-the arithmetic of `tenants.buckets`. A backend that cannot be reached raises
-`LimiterUnavailable`; what then happens (allow or deny) is the gate's rule.
+Both backends take from several buckets at once or from none, and settle one bucket, with
+the arithmetic of `tenants.buckets`. Admission waits for the backend's answer; settlement
+never does (a request's end must not wait on the limiter): the memory backend settles at
+once, the Redis backend queues the settlement and sends it with the next admissions. A
+backend that cannot be reached raises `LimiterUnavailable` from `take`; what then happens
+(allow or deny) is the gate's rule.
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ class RateLimiter(Protocol):
         """Take every amount or none; raises LimiterUnavailable."""
         ...
 
-    async def settle(self, key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
-        """Give `delta` back to one bucket (negative: take more); raises LimiterUnavailable."""
+    def settle(self, key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
+        """Give `delta` back to one bucket (negative: take more), now or soon; never raises."""
         ...
 
     async def close(self) -> None:
-        """Release connections."""
+        """Send what is still queued (best effort) and release connections."""
         ...
 
 
@@ -47,8 +50,8 @@ class MemoryRateLimiter:
         """Take every amount or none."""
         return take(self._buckets.setdefault(key, {}), asks, now_s)
 
-    async def settle(self, key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
-        """Give `delta` back to one bucket."""
+    def settle(self, key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
+        """Give `delta` back to one bucket, at once."""
         settle(self._buckets.setdefault(key, {}), name, capacity, delta, now_s)
 
     async def close(self) -> None:

@@ -43,12 +43,34 @@ class UsageRecorder(Protocol):
         ...
 
 
+class Admission(Protocol):
+    """A request's admission against its tenant's rate limits (see `tenants.ticket`)."""
+
+    async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
+        """Reserve exact input tokens and an output reserve (raises 400, 429 or 503)."""
+        ...
+
+    def settle(self, input_tokens: int, output_tokens: int) -> None:
+        """Settle at what the request used."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Payer:
-    """Who a request is billed to, and the recorder its usage goes to (None: metrics only)."""
+    """Who a request is billed to, and the recorder its usage goes to (None: metrics only).
+
+    `admission`, on `serve`'s online requests under rate limits, is admitted once the
+    request's tokens are counted and settled when it is billed (None: no limits apply).
+    """
 
     tenant: str
     recorder: UsageRecorder | None = None
+    admission: Admission | None = None
+
+    async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
+        """Admit against the rate limits, if any apply."""
+        if self.admission is not None:
+            await self.admission.admit(model, input_tokens, output_tokens)
 
 
 def cost_usd(model_s: float, gpu_hour_usd: float) -> float:

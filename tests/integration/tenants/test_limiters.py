@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from conveyor.tenants.limiter import LimiterUnavailable, MemoryRateLimiter, RateLimiter
-from conveyor.tenants.limiter_redis import RedisRateLimiter
+from conveyor.tenants.limiter_redis import BatchOp, RedisRateLimiter
 from tests.redis_server import REDIS_HOST, REDIS_PORT, REDIS_URL
 from tests.tcp_proxy import ProxyMode, TcpProxy
 
@@ -43,10 +43,10 @@ async def test_takes_refill_and_refusals_match_the_reference(limiter: RateLimite
 
 async def test_settlement_refunds_and_debts(limiter: RateLimiter) -> None:
     await limiter.take("k", [("output_tokens", 100, 80)], 0.0)
-    await limiter.settle("k", "output_tokens", 100, 50, 0.0)
+    limiter.settle("k", "output_tokens", 100, 50, 0.0)
     after = await limiter.take("k", [("output_tokens", 100, 0)], 0.0)
     assert [v.remaining for v in after.views] == [70]
-    await limiter.settle("k", "output_tokens", 100, -120, 0.0)
+    limiter.settle("k", "output_tokens", 100, -120, 0.0)
     refused = await limiter.take("k", [("output_tokens", 100, 0)], 0.0)
     assert not refused.is_admitted and refused.retry_after_s == pytest.approx(30)
 
@@ -96,3 +96,66 @@ async def test_an_unreachable_redis_raises_and_recovers(redis_prefix: str) -> No
                 assert decision.is_admitted
         finally:
             await backend.close()
+
+
+class CountingLimiter(RedisRateLimiter):
+    """Counts the script calls (batches) it makes."""
+
+    num_calls = 0
+
+    async def _send(self, batch: list[BatchOp]) -> None:
+        self.num_calls += 1
+        await super()._send(batch)
+
+
+async def test_concurrent_admissions_share_round_trips(redis_prefix: str) -> None:
+    backend = CountingLimiter(REDIS_URL, prefix=redis_prefix, timeout_s=2.0)
+    try:
+        outcomes = await asyncio.gather(
+            *(backend.take(f"k{i % 3}", [("requests", 10, 1)], 0.0) for i in range(60))
+        )
+    finally:
+        await backend.close()
+    assert sum(d.is_admitted for d in outcomes) == 30  # 10 per key, each in order
+    assert backend.num_calls < 10  # the first alone, the rest together
+
+
+async def test_a_settlement_goes_soon_without_an_admission_and_on_close(
+    redis_prefix: str,
+) -> None:
+    first = RedisRateLimiter(REDIS_URL, prefix=redis_prefix, timeout_s=1.0, settle_delay_s=0.05)
+    second = RedisRateLimiter(REDIS_URL, prefix=redis_prefix, timeout_s=1.0)
+    try:
+        await first.take("k", [("output_tokens", 100, 80)], 0.0)
+        first.settle("k", "output_tokens", 100, 50, 0.0)
+        await asyncio.sleep(0.3)  # no admission on `first`: the delay sends it
+        seen = await second.take("k", [("output_tokens", 100, 0)], 0.0)
+        assert [v.remaining for v in seen.views] == [70]
+        first.settle("k", "output_tokens", 100, 20, 0.0)
+    finally:
+        await first.close()  # sends the queued settlement
+    try:
+        seen = await second.take("k", [("output_tokens", 100, 0)], 0.0)
+        assert [v.remaining for v in seen.views] == [90]
+    finally:
+        await second.close()
+
+
+async def test_settlements_a_down_redis_loses_are_counted(redis_prefix: str) -> None:
+    lost: list[int] = []
+    with TcpProxy(REDIS_HOST, REDIS_PORT) as proxy:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        backend = RedisRateLimiter(
+            url, prefix=redis_prefix, timeout_s=0.2, on_lost_settlements=lost.append
+        )
+        try:
+            assert (await backend.take("k", [("requests", 10, 1)], 0.0)).is_admitted
+            proxy.set_mode(ProxyMode.REFUSE)
+            backend.settle("k", "requests", 10, 1, 0.0)
+            with pytest.raises(LimiterUnavailable):  # sent together with the settlement
+                await backend.take("k", [("requests", 10, 1)], 0.0)
+            proxy.set_mode(ProxyMode.PASS)
+            assert (await backend.take("k", [("requests", 10, 1)], 0.0)).is_admitted
+        finally:
+            await backend.close()
+    assert lost == [1]

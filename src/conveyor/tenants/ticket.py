@@ -1,0 +1,41 @@
+"""Admission where the tokens are counted: `serve` admits a request after tokenizing it.
+
+`serve` has every model's tokenizer, so its requests are admitted with their exact input
+tokens, from the ids the model then runs (tokenized once), and an output reserve of
+`max_tokens` or the model's remaining context. The rate-limit middleware gives each
+request a ticket; the service calls `admit` once the ids are in hand, before queueing, and
+`settle` when it bills the request. The middleware settles a ticket the service did not
+(a request that failed or was cancelled) when the answer ends.
+"""
+
+from __future__ import annotations
+
+from conveyor.tenants.estimate import TokenAsk
+from conveyor.tenants.gate import RateLimitGate, Reservation
+
+
+class AdmissionTicket:
+    """One request's admission against its tenant's limits, taken when its tokens are known."""
+
+    __slots__ = ("gate", "is_settled", "reservation", "tenant")
+
+    def __init__(self, gate: RateLimitGate, tenant: str) -> None:
+        """Not admitted yet."""
+        self.gate = gate
+        self.tenant = tenant
+        self.reservation: Reservation | None = None
+        self.is_settled = False
+
+    async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
+        """Reserve the buckets (raises 400, 429 or 503 as `RateLimitGate.admit`)."""
+        if self.reservation is not None:
+            raise RuntimeError("a request is admitted once")
+        ask = TokenAsk(model, input_tokens, output_tokens)
+        self.reservation = await self.gate.admit(self.tenant, ask)
+
+    def settle(self, input_tokens: int, output_tokens: int) -> None:
+        """Settle at what the request used (once; later calls do nothing)."""
+        if self.reservation is None or self.is_settled:
+            return
+        self.is_settled = True
+        self.gate.settle(self.reservation, input_tokens, output_tokens)

@@ -1,0 +1,62 @@
+"""Rate limits on `serve`: requests are admitted on their exact token counts after
+tokenizing (the synthetic model's tokens are whitespace words), not on a byte estimate."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conveyor.api.app import create_app
+from conveyor.config import ServerConfig
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def http(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    config = ServerConfig.model_validate({
+        "data_dir": str(tmp_path),
+        "models": [{"name": "syn", "kind": "synthetic", "batch_latency_ms": 0}],
+        "default_tenant_limits": {"rpm": 3, "input_tpm": 600},
+    })  # fmt: skip
+    app = create_app(config)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            yield client
+
+
+async def test_input_tokens_are_counted_exactly_at_admission(http: httpx.AsyncClient) -> None:
+    # 3 words, 35 bytes: the 4-bytes-a-token estimate would say 9.
+    text = "incomprehensibilities extraordinary x"
+    answer = await http.post("/v1/embeddings", json={"model": "syn", "input": text})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] == 3
+    assert answer.headers["x-ratelimit-remaining-input-tokens"] == "597"
+    assert answer.headers["x-ratelimit-remaining-requests"] == "2"
+
+
+async def test_a_request_over_the_exact_limit_is_400_and_costs_nothing(
+    http: httpx.AsyncClient,
+) -> None:
+    words = " ".join(["w"] * 40)  # 80 bytes: the estimate (20) would fit; 40 x 16 = 640 not
+    too_big = await http.post("/v1/embeddings", json={"model": "syn", "input": [words] * 16})
+    assert too_big.status_code == 400, too_big.text
+    assert too_big.json()["error"]["code"] == "tokens_exceed_rate_limit"
+    bad = await http.post("/v1/embeddings", json={"model": "syn", "input": 7})
+    assert bad.status_code == 400  # refused before counting: no reservation, no headers
+    assert "x-ratelimit-remaining-requests" not in bad.headers
+    answers = [await http.post("/v1/embeddings", json={"model": "syn", "input": "a"})
+               for _ in range(4)]  # fmt: skip
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert answers[3].json()["error"]["code"] == "rate_limit_exceeded"
+    assert answers[3].headers["x-ratelimit-remaining-requests"] == "0"
+    assert int(answers[3].headers["retry-after"]) >= 1
+    # Tenant refusals are not the model's outcomes (a full queue would read as overload).
+    metrics = (await http.get("/metrics")).text
+    assert 'model="syn",outcome="rejected_queue_full"} 0.0' in metrics
+    assert 'model="syn",outcome="input_error"} 0.0' in metrics  # nor is the 400 above
+    assert 'model="syn",outcome="ok"} 3.0' in metrics
