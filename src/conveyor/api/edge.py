@@ -36,7 +36,8 @@ from conveyor.observability.context import (
     REQUEST_ID_HEADER,
     RequestContext,
     accept_request_id,
-    request_scope,
+    enter_request,
+    leave_request,
 )
 from conveyor.observability.middleware import QUIET_PATHS, WORK_PREFIX, request_fields, request_log
 from conveyor.observability.tracing import server_span
@@ -74,6 +75,9 @@ class Edge:
         self.counter = counter
         self.tracer = tracer
         self.log_level = log_level
+        # The counter's children by labels: a dict lookup instead of ``labels()`` (a lock and
+        # a label check) per request. Bounded: methods, route templates and statuses.
+        self._counted: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -109,9 +113,9 @@ class Edge:
             await send(message)
 
         started_s = time.perf_counter()
+        token = enter_request(context)
         try:
-            with request_scope(context):
-                await self._serve(context, scope, receive, edge_send)
+            await self._serve(context, scope, receive, edge_send)
         except Exception:
             if is_started and not is_complete:
                 raise
@@ -122,8 +126,17 @@ class Edge:
                 )
             # Else answered (and logged) by the app's own crash handler: the connection stays.
         finally:
-            self.counter.labels(scope["method"], route_label(scope), str(status)).inc()
+            leave_request(token)
+            self._count(scope["method"], route_label(scope), status)
             self._log(context, scope, status, time.perf_counter() - started_s, is_work)
+
+    def _count(self, method: str, route: str, status: int) -> None:
+        """One more request with these labels."""
+        key = (method, route, status)
+        child = self._counted.get(key)
+        if child is None:
+            child = self._counted[key] = self.counter.labels(method, route, str(status))
+        child.inc()
 
     def _log(
         self, context: RequestContext, scope: Scope, status: int, total_s: float, is_work: bool
