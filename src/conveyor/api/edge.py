@@ -231,6 +231,19 @@ class EdgeApp(FastAPI):
 
     edge: Callable[[ASGIApp], ASGIApp] | None = None
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """HTTP requests go straight to the edge: what FastAPI's and Starlette's ``__call__``
+        add per request (the telemetry checks, which Conveyor turns off) is skipped."""
+        if self.edge is None or scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        if self.root_path:
+            scope["root_path"] = self.root_path
+        scope["app"] = self
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
+        await self.middleware_stack(scope, receive, send)
+
     def build_middleware_stack(self) -> ASGIApp:
         """FastAPI's stack, inside the edge."""
         full = super().build_middleware_stack()
