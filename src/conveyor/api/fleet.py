@@ -256,7 +256,7 @@ async def _forward(
         deadline=asyncio.get_running_loop().time() + timeout_ms / 1000,
     )
     gateway.num_in_flight += 1
-    watcher = DisconnectWatcher(receive, cancel_current_task())
+    watcher = DisconnectWatcher(receive, cancel_current_task(), scope)
     try:
         return await gateway.proxy.forward(outbound)
     except asyncio.CancelledError:

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from conveyor.api.disconnect import DISCONNECT_HOOK, DisconnectHook
 from conveyor.errors import RequestTimeout
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,8 @@ class SlowClientProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Start the clock for the first request head at connect time."""
         super().connection_made(transport)  # type: ignore[arg-type]
+        # The disconnect hooks of requests not yet answered, oldest first.
+        self._hooks: deque[DisconnectHook] = deque()
         self._set_deadline(self.timeouts.header_timeout_s, self._on_header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -77,6 +82,8 @@ class SlowClientProtocol(HttpToolsProtocol):
             self._read_timer.cancel()
             self._read_timer = None
         super().connection_lost(exc)
+        while self._hooks:
+            self._hooks.popleft().fire()
 
     def on_message_begin(self) -> None:
         """A later request's first byte starts its own header clock."""
@@ -86,10 +93,21 @@ class SlowClientProtocol(HttpToolsProtocol):
             self._set_deadline(self.timeouts.header_timeout_s, self._on_header_timeout)
 
     def on_headers_complete(self) -> None:
-        """The head is in: from now on the body must keep moving."""
+        """The head is in: from now on the body must keep moving. The request's scope gets
+        a `DisconnectHook`, so a handler learns of a lost connection without a task."""
         self._is_reading_head = False
         self._set_deadline(self.timeouts.body_timeout_s, self._on_body_timeout)
+        hook = DisconnectHook()
+        scope = cast(dict[str, Any], self.scope)  # uvicorn types extensions narrowly
+        scope["extensions"] = {**scope.get("extensions", {}), DISCONNECT_HOOK: hook}
+        self._hooks.append(hook)
         super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        """Answers go out in request order: the oldest request's hook retires."""
+        if self._hooks:
+            self._hooks.popleft()
+        super().on_response_complete()
 
     def on_body(self, body: bytes) -> None:
         """Each chunk of body restarts the body clock."""

@@ -11,6 +11,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
+from conveyor.api.disconnect import DISCONNECT_HOOK, DisconnectHook
 from conveyor.api.slow_clients import (
     ReadTimeouts,
     SlowClientProtocol,
@@ -213,3 +214,30 @@ def test_timeout_response_is_complete_http() -> None:
 def test_timeouts_must_be_positive() -> None:
     with pytest.raises(ValueError, match="must be > 0"):
         ReadTimeouts(header_timeout_s=0, body_timeout_s=1)
+
+
+def _hook(protocol: SlowClientProtocol) -> DisconnectHook:
+    hook = protocol.scope["extensions"][DISCONNECT_HOOK]
+    assert isinstance(hook, DisconnectHook)
+    return hook
+
+
+async def test_a_lost_connection_fires_the_hook_of_the_request_in_flight() -> None:
+    protocol, _, _ = connect()
+    protocol.data_received(HEAD + b"\r\nab")  # the body is not complete: no answer yet
+    hook = _hook(protocol)
+    calls: list[str] = []
+    hook.watch(lambda: calls.append("gone"))
+    protocol.connection_lost(None)
+    assert calls == ["gone"] and hook.is_fired
+    await apps_done(protocol)
+
+
+async def test_an_answered_request_retires_its_hook() -> None:
+    protocol, _, _ = connect()
+    protocol.data_received(HEAD + b"\r\nabcd")
+    hook = _hook(protocol)
+    hook.watch(lambda: pytest.fail("an answered request is not told of a later disconnect"))
+    await apps_done(protocol)
+    protocol.connection_lost(None)
+    assert not hook.is_fired
