@@ -73,6 +73,7 @@ class Options:
     failover_seconds: float
     overhead_rounds: int = 3
     overhead_warmups: int = 1
+    gateway_only: bool = False
 
 
 def parse_options(argv: Sequence[str] | None = None) -> Options:
@@ -80,13 +81,24 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the results")
     parser.add_argument("--smoke", action="store_true", help="tiny run (seconds) for tests")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each run")
+    parser.add_argument("--clients", type=int, default=64, help="closed-loop connections")
+    parser.add_argument("--repeats", type=int, default=3, help="counted gateway-cost rounds")
+    parser.add_argument(
+        "--gateway-only", action="store_true",
+        help="only the gateway's cost (direct vs 1 and 2 gateway processes)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.smoke:
         return Options(
             args.out, True, seconds=1.5, num_clients=16, failover_seconds=3.0,
-            overhead_rounds=1, overhead_warmups=0,
+            overhead_rounds=1, overhead_warmups=0, gateway_only=args.gateway_only,
         )  # fmt: skip
-    return Options(args.out, False, seconds=5.0, num_clients=64, failover_seconds=9.0)
+    return Options(
+        args.out, False, seconds=args.seconds, num_clients=args.clients,
+        failover_seconds=max(3.0, 1.8 * args.seconds), overhead_rounds=args.repeats,
+        gateway_only=args.gateway_only,
+    )  # fmt: skip
 
 
 @contextmanager
@@ -289,12 +301,33 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def write_gateway_png(path: Path, result: dict[str, Any]) -> None:
+    """The gateway-cost panel alone (``--gateway-only``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    gateway_panel(ax, result["gateway_overhead"])
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def run_benchmark(opts: Options) -> dict[str, Any]:
     """Every measurement, in one fresh database and one work folder."""
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     work_dir = opts.out_dir / "fleet-work"
     work_dir.mkdir(exist_ok=True)
     bodies = write_bodies(work_dir / "bodies.json")
+    if opts.gateway_only:
+        with fresh_database() as store_url:
+            overhead = measure_overhead(opts, store_url, work_dir, bodies)
+        return {"inputs": {"is_smoke": opts.is_smoke, "seconds": opts.seconds,
+                           "num_clients": opts.num_clients, "gateway_only": True},
+                "machine": machine_info(), "versions": package_versions(),
+                "gateway_overhead": overhead}  # fmt: skip
     with fresh_database() as store_url:
         runs = measure_scaling(opts, store_url, work_dir, bodies)
         summary = evaluate(runs)
@@ -319,6 +352,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run, write fleet.json and fleet.png, print the summary."""
     opts = parse_options(argv)
     result = run_benchmark(opts)
+    if opts.gateway_only:
+        write_json(opts.out_dir / "fleet_gateway.json", result)
+        write_gateway_png(opts.out_dir / "fleet_gateway.png", result)
+        print(json.dumps(result["gateway_overhead"]["summary"], indent=2))
+        return
     write_json(opts.out_dir / "fleet.json", result)
     write_png(opts.out_dir / "fleet.png", result)
     print(json.dumps({"summary": result["summary"], "failover": {

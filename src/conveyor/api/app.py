@@ -7,13 +7,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
-
 import conveyor
 from conveyor.api import batches, dashboard, files, inference, meta, usage
+from conveyor.api.edge import EdgeApp, direct_routes
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
-from conveyor.api.http_metrics import HttpMetricsMiddleware
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
@@ -26,10 +24,13 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
 
-def _add_routes(app: FastAPI) -> None:
+# Run straight from the edge's guards, past FastAPI's middleware, routing and request
+# machinery (dependency solving, body and response models): the handler parses and answers.
+DIRECT_PATHS = frozenset({"/v1/embeddings"})
+
+
+def _add_routes(app: EdgeApp) -> None:
     """Every route ``serve`` answers, and their documentation."""
-    # The hot path skips FastAPI's per-request machinery (dependency solving,
-    # body and response models): the handler parses and answers itself.
     app.add_route("/v1/embeddings", inference.create_embeddings, methods=["POST"])
     app.include_router(inference.router)
     app.include_router(meta.router)
@@ -48,7 +49,7 @@ def create_app(
     key_store_url: str | None = None,
     with_rate_limits: bool = True,
     tracer_provider: TracerProvider | None = None,
-) -> FastAPI:
+) -> EdgeApp:
     """The HTTP app; the service's models load during ASGI lifespan start-up.
 
     With `key_store_url`, the API keys stored there (``conveyor keys``) are accepted too.
@@ -59,7 +60,7 @@ def create_app(
     jobs = jobs or jobs_for_service(service)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: EdgeApp) -> AsyncIterator[None]:
         await guards.start()
         await service.start()
         await jobs.start()
@@ -76,7 +77,7 @@ def create_app(
             await service.stop()
             await guards.stop()
 
-    app = FastAPI(
+    app = EdgeApp(
         title="Conveyor", version=conveyor.__version__, lifespan=lifespan, **fastapi_options()
     )
     app.state.service = service
@@ -87,6 +88,8 @@ def create_app(
     guards = install_middleware(
         app,
         config,
+        counter=service.metrics.http_requests,
+        shortcut=direct_routes(app, DIRECT_PATHS),
         key_store=key_store,
         owns_key_store=True,
         registry=service.metrics.registry,
@@ -94,5 +97,4 @@ def create_app(
         counts_tokens=True,
         tracer_provider=tracer_provider,
     )
-    app.add_middleware(HttpMetricsMiddleware, counter=service.metrics.http_requests)  # outermost
     return app

@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -165,22 +166,19 @@ def is_proxied(scope: Scope) -> bool:
     return path.startswith("/v1/") and not path.startswith(JOB_PREFIXES)
 
 
-class ProxyShortcut:
+def proxy_shortcut(gateway: Gateway) -> Callable[[Scope], ASGIApp | None]:
     """Sends online requests straight to the proxy, past FastAPI's routing and request objects.
 
-    Installed inside the API-key and body-cap middleware (they still run first); every
-    other request, Files and Batches included, goes on to the app's routes.
+    Every other request, Files and Batches included, goes on to the app's routes.
     """
 
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
-        self.app = app
-        self.gateway = gateway
+    async def to_proxy(scope: Scope, receive: Receive, send: Send) -> None:
+        await proxy(gateway, scope, receive, send)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if is_proxied(scope):
-            await proxy(self.gateway, scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
+    def shortcut(scope: Scope) -> ASGIApp | None:
+        return to_proxy if is_proxied(scope) else None
+
+    return shortcut
 
 
 class _ProxyRoute:
@@ -258,7 +256,7 @@ async def _forward(
         deadline=asyncio.get_running_loop().time() + timeout_ms / 1000,
     )
     gateway.num_in_flight += 1
-    watcher = DisconnectWatcher(receive, cancel_current_task())
+    watcher = DisconnectWatcher(receive, cancel_current_task(), scope)
     try:
         return await gateway.proxy.forward(outbound)
     except asyncio.CancelledError:

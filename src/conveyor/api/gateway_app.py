@@ -6,17 +6,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
-
 import conveyor
 from conveyor.api import batches as batch_routes
 from conveyor.api import dashboard as dashboard_routes
 from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
 from conveyor.api import usage as usage_routes
+from conveyor.api.edge import EdgeApp
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
-from conveyor.api.http_metrics import HttpMetricsMiddleware
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
@@ -35,7 +33,7 @@ def create_gateway_app(
     *,
     store: WorkerRegistryStore | None = None,
     tracer_provider: TracerProvider | None = None,
-) -> FastAPI:
+) -> EdgeApp:
     """The gateway's HTTP app; API keys come from ``config`` (its models are ignored).
 
     ``tracer_provider`` replaces the one the config's ``tracing`` section would build.
@@ -46,7 +44,7 @@ def create_gateway_app(
     jobs = gateway_jobs(gateway, config)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: EdgeApp) -> AsyncIterator[None]:
         await guards.start()
         await gateway.start()
         await jobs.start()
@@ -57,7 +55,7 @@ def create_gateway_app(
             await guards.stop()  # before the gateway closes the store it reads keys from
             await gateway.stop()
 
-    app = FastAPI(
+    app = EdgeApp(
         title="Conveyor gateway",
         version=conveyor.__version__,
         lifespan=lifespan,
@@ -73,16 +71,16 @@ def create_gateway_app(
     app.include_router(usage_routes.router)
     app.include_router(fleet_routes.router)
     install_openapi(app)
-    # Innermost: the API keys, limits and the body cap still run before a request is proxied.
-    app.add_middleware(fleet_routes.ProxyShortcut, gateway=gateway)
     key_store = registry_store if isinstance(registry_store, ApiKeyStore) else None
     guards = install_middleware(
         app,
         config,
+        counter=gateway.metrics.http_requests,
+        # Online requests go straight to the proxy once the keys, limits and body cap passed.
+        shortcut=fleet_routes.proxy_shortcut(gateway),
         key_store=key_store,
         registry=gateway.metrics.registry,
         service_name="conveyor-gateway",
         tracer_provider=tracer_provider,
     )
-    app.add_middleware(HttpMetricsMiddleware, counter=gateway.metrics.http_requests)  # outermost
     return app

@@ -41,7 +41,7 @@ async def create_embeddings(request: Request) -> Response:
     raw = await request.body()
     body = await run_sized(len(raw), parse_embedding_request, raw)
     timeout_ms = timeout_from_headers(request)
-    watcher = DisconnectWatcher(request.receive, cancel_current_task())
+    watcher = DisconnectWatcher(request.receive, cancel_current_task(), request.scope)
     try:
         payer = service.online_payer(tenant_of(request), admission_of(request))
         result = await run_embeddings(service, body, timeout_ms=timeout_ms, payer=payer)

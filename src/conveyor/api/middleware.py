@@ -1,23 +1,23 @@
-"""The middleware every Conveyor app wears, in one place: CORS, request ids, API keys, the
-body cap, rate limits."""
+"""The layers every Conveyor app wears in front of its routes, in one place: the edge
+(request ids, HTTP metrics, crash guard), CORS, API keys, the body cap, budgets, rate limits."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp
 
 from conveyor.api.auth import ApiKeyMiddleware, static_principals
 from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.budget import BudgetMiddleware
+from conveyor.api.edge import Dispatch, Edge, EdgeApp, Shortcut
 from conveyor.api.rate_limit import RateLimitMiddleware
 from conveyor.config import ServerConfig
 from conveyor.metrics import TenantMetrics
-from conveyor.observability.middleware import RequestObserver
 from conveyor.observability.tracing import build_provider, tracer_of
 from conveyor.stores.protocols import ApiKeyStore
 from conveyor.tenants.config import RateLimitsConfig
@@ -62,9 +62,11 @@ def build_limiter(config: RateLimitsConfig, metrics: TenantMetrics) -> RateLimit
 
 
 def install_middleware(
-    app: FastAPI,
+    app: EdgeApp,
     config: ServerConfig,
     *,
+    counter: Any,
+    shortcut: Shortcut | None = None,
     key_store: ApiKeyStore | None = None,
     owns_key_store: bool = False,
     registry: CollectorRegistry | None = None,
@@ -73,7 +75,9 @@ def install_middleware(
     service_name: str = "conveyor-serve",
     tracer_provider: TracerProvider | None = None,
 ) -> EdgeGuards:
-    """Add request ids (outermost), API keys, the body cap, then tenant rate limits.
+    """Put the edge and the guards in front of ``app``'s own stack, outermost first: the
+    edge (request ids, HTTP metrics on `counter`, crash guard), CORS when configured, API
+    keys, the body cap, budgets, tenant rate limits, then `shortcut`'s direct routes.
 
     Keys are the config's plus, with `key_store`, the stored ones (read once now, then
     reread by the key ring the returned guards start and stop with the app). Rate limits
@@ -88,30 +92,34 @@ def install_middleware(
     if with_rate_limits and tenancy.has_online_limits:
         metrics = TenantMetrics(registry or CollectorRegistry())
         gate = RateLimitGate(tenancy, build_limiter(tenancy.rate_limits, metrics), metrics)
-        app.add_middleware(RateLimitMiddleware, gate=gate, counts_tokens=counts_tokens)
-    if with_rate_limits and tenancy.budgets_usd:
-        app.add_middleware(BudgetMiddleware)  # outside the limiter: a refusal spends no tokens
     guards = EdgeGuards(keyring, gate)
     app.state.guards = guards
-    app.add_middleware(
-        BodyLimitMiddleware, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
-    )
-    app.add_middleware(ApiKeyMiddleware, keyring=keyring, is_metrics_open=not config.metrics_auth)
     provider = tracer_provider or build_provider(config.tracing, service_name)
-    # Outermost, so a 401 or 413 carries a request id too.
-    app.add_middleware(
-        RequestObserver,
-        tracer=tracer_of(provider),
-        log_level=logging.INFO if config.log_format == "json" else logging.DEBUG,
-    )
-    if config.cors_origins:
-        # Outermost (added last) so a browser's preflight OPTIONS, which carries no key, is
-        # answered before the key check, and error responses carry the CORS headers too.
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=config.cors_origins,
-            allow_methods=["*"],
-            allow_headers=["*"],
-            expose_headers=["Retry-After"],
+    has_budgets = with_rate_limits and bool(tenancy.budgets_usd)
+
+    def edge(full: ASGIApp) -> ASGIApp:
+        inner: ASGIApp = Dispatch(full, shortcut)
+        if gate is not None:
+            inner = RateLimitMiddleware(inner, gate=gate, counts_tokens=counts_tokens)
+        if has_budgets:
+            inner = BudgetMiddleware(inner)  # outside the limiter: a refusal spends no tokens
+        inner = BodyLimitMiddleware(
+            inner, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
         )
+        inner = ApiKeyMiddleware(inner, keyring=keyring, is_metrics_open=not config.metrics_auth)
+        if config.cors_origins:
+            # Outside the key check, so a browser's preflight OPTIONS, which carries no
+            # key, is answered, and error responses carry the CORS headers too.
+            inner = CORSMiddleware(
+                inner,
+                allow_origins=config.cors_origins,
+                allow_methods=["*"],
+                allow_headers=["*"],
+                expose_headers=["Retry-After"],
+            )
+        # Outermost, so a 401 or 413 carries a request id and is counted too.
+        level = logging.INFO if config.log_format == "json" else logging.DEBUG
+        return Edge(inner, counter=counter, tracer=tracer_of(provider), log_level=level)
+
+    app.edge = edge
     return guards

@@ -7,7 +7,6 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp
 
-from conveyor.api.crash_guard import CrashGuard
 from conveyor.api.slow_clients import ReadTimeouts, slow_client_protocol
 from conveyor.config import ServerConfig
 
@@ -15,13 +14,13 @@ from conveyor.config import ServerConfig
 def uvicorn_config(
     app: ASGIApp, config: ServerConfig, *, host: str, port: int, **options: Any
 ) -> uvicorn.Config:
-    """uvicorn settings for ``app``: the crash guard outermost, httptools with read
-    timeouts, the connection cap, no access log.
+    """uvicorn settings for ``app``: httptools with read timeouts, the connection cap, no
+    access log (the app's own edge guards against crashes and logs requests).
 
     ``options`` are passed on to ``uvicorn.Config`` (a keep-alive or shutdown timeout).
     """
     return uvicorn.Config(
-        CrashGuard(app),
+        app,
         host=host,
         port=port,
         http=slow_client_protocol(

@@ -96,7 +96,7 @@ async def respond(
     chunks: AsyncIterator[dict[str, Any]],
 ) -> Response:
     """Wait for the first output (stream) or the whole result (JSON), watching the caller."""
-    watcher = DisconnectWatcher(request.receive, cancel_current_task())
+    watcher = DisconnectWatcher(request.receive, cancel_current_task(), request.scope)
     try:
         if is_stream:
             await run.first()

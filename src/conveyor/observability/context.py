@@ -9,8 +9,8 @@ and trace without knowing about HTTP.
 from __future__ import annotations
 
 import contextvars
+import random
 import re
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,19 +66,39 @@ def note_model(model: str) -> None:
         context.model = model
 
 
+RequestToken = contextvars.Token[RequestContext | None]
+
+
+def enter_request(context: RequestContext) -> RequestToken:
+    """Make ``context`` current (and for the tasks created meanwhile) until ``leave_request``.
+
+    ``request_scope`` without a generator's cost, for the edge's per-request path.
+    """
+    return _current.set(context)
+
+
+def leave_request(token: RequestToken) -> None:
+    """Undo ``enter_request``."""
+    _current.reset(token)
+
+
 @contextmanager
 def request_scope(context: RequestContext) -> Iterator[RequestContext]:
     """Make ``context`` current for the block (and the tasks it creates)."""
-    token = _current.set(context)
+    token = enter_request(context)
     try:
         yield context
     finally:
-        _current.reset(token)
+        leave_request(token)
 
 
 def new_request_id() -> str:
-    """A fresh request id."""
-    return f"req-{uuid.uuid4().hex}"
+    """A fresh request id: 128 random bits as 32 hex digits.
+
+    Python's generator, not ``uuid4``: no system call per request. The id correlates log
+    lines and traces; it guards nothing. (``random`` reseeds itself in a forked child.)
+    """
+    return f"req-{random.getrandbits(128):032x}"
 
 
 def accept_request_id(header: bytes | str | None) -> str:

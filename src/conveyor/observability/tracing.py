@@ -8,7 +8,7 @@ a trace from the gateway to the worker.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from conveyor.observability.context import REQUEST_ID_HEADER, current_request
@@ -60,15 +60,16 @@ def server_span(
         yield span
 
 
-@contextmanager
-def child_span(name: str, **attributes: Any) -> Iterator[Span | None]:
-    """A span under the current one when the current request is traced; else nothing."""
+_UNTRACED: AbstractContextManager[None] = nullcontext()
+
+
+def child_span(name: str, **attributes: Any) -> AbstractContextManager[Span | None]:
+    """A span under the current one when the current request is traced; else nothing (a
+    shared no-op context, so an untraced request pays no generator for it)."""
     context = current_request()
     if context is None or context.tracer is None:
-        yield None
-        return
-    with context.tracer.start_as_current_span(name, attributes=attributes) as span:
-        yield span
+        return _UNTRACED
+    return context.tracer.start_as_current_span(name, attributes=attributes)
 
 
 def outbound_headers() -> list[tuple[str, str]]:
