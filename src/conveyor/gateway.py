@@ -144,6 +144,7 @@ class Gateway:
             self.metrics,
             wall_clock=time.time,
         )
+        await asyncio.to_thread(self.hints.preload)
         try:
             await self.registry.refresh()
             self.on_refresh()

@@ -257,7 +257,7 @@ async def _forward(
         body=body,
         model=model,
         deadline=asyncio.get_running_loop().time() + timeout_ms / 1000,
-        affinity=_affinity(gateway, scope, body, model),
+        affinity=await _affinity(gateway, scope, body, model),
     )
     gateway.num_in_flight += 1
     watcher = DisconnectWatcher(receive, cancel_current_task())
@@ -272,11 +272,12 @@ async def _forward(
         gateway.num_in_flight -= 1
 
 
-def _affinity(gateway: Gateway, scope: Scope, body: bytes, model: str) -> Affinity | None:
+async def _affinity(gateway: Gateway, scope: Scope, body: bytes, model: str) -> Affinity | None:
     """The request's prefix and session hint, when the gateway routes by affinity."""
     if gateway.router.affinity is None:
         return None
-    return gateway.hints.affinity(scope["path"], scope["headers"], body, model)
+    sizes = {h.block_size for v in gateway.registry.views if (h := v.prefixes.get(model))}
+    return await gateway.hints.read(scope["path"], scope["headers"], body, model, sizes)
 
 
 def _without_digests(load: dict[str, Any]) -> dict[str, Any]:

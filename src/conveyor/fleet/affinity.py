@@ -4,8 +4,8 @@ Given the routable workers for a model, a request's prompt key and session hint,
 load function, :func:`choose_by_affinity` picks
 
 1. among workers whose load is within ``load_bound`` of the least loaded, the one holding
-   the longest run of the prompt's leading blocks (ties: the less loaded), when any holds
-   at least one block;
+   the longest run of the prompt's leading blocks (ties: the session's worker, then the
+   less loaded), when any holds at least one block;
 2. else, with a session hint, the first worker within the bound in the session's
    rendezvous order (highest-random-weight hashing: a consistent hash, so a worker joining
    or leaving moves only the sessions it gains or held);
@@ -143,29 +143,34 @@ def choose_by_affinity(
     loads = {w.worker_id: load(w) for w in workers}
     ceiling = min(loads.values()) + settings.load_bound
     within = [w for w in workers if loads[w.worker_id] <= ceiling]
-    if settings.use_prefix and affinity.prompt is not None:
-        best = _longest_prefix(within, model, affinity.prompt, loads)
-        if best is not None:
-            return best, AffinityReason.PREFIX
+    owner = None
     if settings.use_session and affinity.session:
         ids = {w.worker_id for w in within}
         owner = next(w for w in rendezvous_order(affinity.session, workers) if w.worker_id in ids)
-        return owner, AffinityReason.SESSION
-    return None
+    if settings.use_prefix and affinity.prompt is not None:
+        best = _longest_prefix(within, model, affinity.prompt, loads, owner)
+        if best is not None:
+            return best, AffinityReason.PREFIX
+    return (owner, AffinityReason.SESSION) if owner is not None else None
 
 
 def _longest_prefix(
-    workers: Sequence[W], model: str, prompt: PromptKey, loads: dict[str, int]
+    workers: Sequence[W], model: str, prompt: PromptKey, loads: dict[str, int], owner: W | None
 ) -> W | None:
-    """The worker holding the most leading blocks (at least one), ties to the less loaded."""
+    """The worker holding the most leading blocks (at least one).
+
+    Ties (a shared system prompt every worker holds) go to the session's worker, so new
+    sessions spread by their hash, then to the less loaded.
+    """
     best: W | None = None
-    best_rank = (0, 0)
+    best_rank = (0, False, 0)
+    owner_id = owner.worker_id if owner is not None else None
     for worker in workers:
         holdings = worker.prefixes.get(model)
         if holdings is None:
             continue
         rank = (matched_blocks(prompt.keys(holdings.block_size), holdings),
-                -loads[worker.worker_id])  # fmt: skip
+                worker.worker_id == owner_id, -loads[worker.worker_id])  # fmt: skip
         if rank[0] > 0 and (best is None or rank > best_rank):
             best, best_rank = worker, rank
     return best

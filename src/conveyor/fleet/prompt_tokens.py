@@ -94,7 +94,7 @@ class GatewayTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """A completion prompt's ids (special tokens such as BOS added, as the engine does)."""
-        return list(self._backend.encode(text, add_special_tokens=True).ids)
+        return self._encode(text, add_special_tokens=True)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """A conversation's ids through the chat template, with the generation prompt."""
@@ -107,4 +107,9 @@ class GatewayTokenizer:
             add_generation_prompt=True,
             **self._special,
         )
-        return list(self._backend.encode(text, add_special_tokens=False).ids)
+        return self._encode(text, add_special_tokens=False)
+
+    def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """Ids of ``text``; the batch call releases the GIL for the whole encoding."""
+        (encoding,) = self._backend.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(encoding.ids)

@@ -9,8 +9,9 @@ per model; ``fleet.prompt_tokens``), loaded on first use. Only ``/v1/chat/comple
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -85,6 +86,37 @@ class HintReader:
                 log.warning("no prefix routing for %s: tokenizer in %s: %s", model, directory, exc)
                 self._tokenizers[model] = None
         return self._tokenizers[model]
+
+    def preload(self) -> None:
+        """Load every configured tokenizer now (blocking: call off the event loop)."""
+        for model in self._dirs:
+            self.tokenizer(model)
+
+    async def read(
+        self,
+        path: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        model: str,
+        block_sizes: Collection[int] = (),
+    ) -> Affinity | None:
+        """``affinity`` without blocking the event loop on tokenizing and hashing.
+
+        Requests that need the tokenizer run on a thread (``tokenizers`` releases the GIL
+        while it encodes), with their prompt keys hashed there for ``block_sizes``.
+        """
+        needs_tokens = path in (_CHAT_PATH, _COMPLETION_PATH) and self._settings.use_prefix
+        if not needs_tokens or self.tokenizer(model) is None:
+            return self.affinity(path, headers, body, model)
+
+        def compute() -> Affinity | None:
+            hint = self.affinity(path, headers, body, model)
+            if hint is not None and hint.prompt is not None:
+                for block_size in block_sizes:
+                    hint.prompt.keys(block_size)
+            return hint
+
+        return await asyncio.to_thread(compute)
 
     def affinity(
         self, path: str, headers: Sequence[tuple[bytes, bytes]], body: bytes, model: str

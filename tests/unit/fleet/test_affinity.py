@@ -199,3 +199,12 @@ def test_without_affinity_settings_hints_are_ignored() -> None:
     r = router(None)
     assert r.choose(workers, M, now=100, affinity=Affinity(PromptKey(PROMPT))) == workers[1]
     assert r.num_routed == {"load": 1}
+
+
+def test_equal_matches_go_to_the_sessions_worker_first() -> None:
+    workers = [view("a", 4), view("b", 4), view("c", 4)]
+    for session in ("s-1", "s-2", "s-3", "s-4"):
+        owner = rendezvous_order(session, workers)[0]
+        loads = {w.worker_id: (2 if w is owner else 0) for w in workers}
+        picked = pick(workers, Affinity(PromptKey(PROMPT), session=session), loads)
+        assert picked == (owner, AffinityReason.PREFIX)

@@ -99,3 +99,19 @@ def test_a_bad_tokenizer_directory_turns_prefix_routing_off(tmp_path: Path) -> N
     reader = HintReader({"m": str(tmp_path / "missing")}, AffinitySettings())
     assert reader.tokenizer("m") is None
     assert reader.affinity(CHAT, [], body(messages=MESSAGES), "m") is None
+
+
+@pytest.mark.anyio
+async def test_read_tokenizes_off_the_loop_and_prehashes_the_block_sizes(
+    reader: HintReader,
+) -> None:
+    reader.preload()
+    hint = await reader.read(CHAT, [], body(messages=MESSAGES), "m", {4, 16})
+    direct = reader.affinity(CHAT, [], body(messages=MESSAGES), "m")
+    assert hint is not None and hint.prompt is not None
+    assert direct is not None and direct.prompt is not None
+    assert hint.prompt.token_ids == direct.prompt.token_ids
+    assert set(hint.prompt._keys) == {4, 16}  # hashed on the thread, not on the loop
+    session_only = await reader.read(CHAT, [(b"x-conveyor-session", b"s")], b"{}", "x")
+    assert session_only is not None and session_only.session == "s"
+    assert await reader.read("/v1/embeddings", [], b"{}", "m") is None
