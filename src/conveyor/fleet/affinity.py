@@ -4,8 +4,8 @@ Given the routable workers for a model, a request's prompt key and session hint,
 load function, :func:`choose_by_affinity` picks
 
 1. among workers whose load is within ``load_bound`` of the least loaded, the one holding
-   the longest run of the prompt's leading blocks (ties: the session's worker, then the
-   less loaded), when any holds at least one block;
+   the longest run of the prompt's leading blocks (ties: the less loaded, then the
+   session's worker), when any holds at least one block;
 2. else, with a session hint, the first worker within the bound in the session's
    rendezvous order (highest-random-weight hashing: a consistent hash, so a worker joining
    or leaving moves only the sessions it gains or held);
@@ -159,18 +159,19 @@ def _longest_prefix(
 ) -> W | None:
     """The worker holding the most leading blocks (at least one).
 
-    Ties (a shared system prompt every worker holds) go to the session's worker, so new
-    sessions spread by their hash, then to the less loaded.
+    Ties (a shared system prompt several workers hold) go to the less loaded, which
+    spreads new sessions evenly (hashing a few dozen sessions onto a few workers is
+    lumpy), then to the session's worker.
     """
     best: W | None = None
-    best_rank = (0, False, 0)
+    best_rank = (0, 0, False)
     owner_id = owner.worker_id if owner is not None else None
     for worker in workers:
         holdings = worker.prefixes.get(model)
         if holdings is None:
             continue
         rank = (matched_blocks(prompt.keys(holdings.block_size), holdings),
-                worker.worker_id == owner_id, -loads[worker.worker_id])  # fmt: skip
+                -loads[worker.worker_id], worker.worker_id == owner_id)  # fmt: skip
         if rank[0] > 0 and (best is None or rank > best_rank):
             best, best_rank = worker, rank
     return best

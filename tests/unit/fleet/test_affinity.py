@@ -201,10 +201,13 @@ def test_without_affinity_settings_hints_are_ignored() -> None:
     assert r.num_routed == {"load": 1}
 
 
-def test_equal_matches_go_to_the_sessions_worker_first() -> None:
+def test_equal_matches_and_loads_go_to_the_sessions_worker() -> None:
     workers = [view("a", 4), view("b", 4), view("c", 4)]
     for session in ("s-1", "s-2", "s-3", "s-4"):
         owner = rendezvous_order(session, workers)[0]
-        loads = {w.worker_id: (2 if w is owner else 0) for w in workers}
-        picked = pick(workers, Affinity(PromptKey(PROMPT), session=session), loads)
+        picked = pick(workers, Affinity(PromptKey(PROMPT), session=session))
         assert picked == (owner, AffinityReason.PREFIX)
+        # Load comes first: a busier owner loses the tie to an idle holder.
+        loads = {w.worker_id: (2 if w is owner else 0) for w in workers}
+        busy = pick(workers, Affinity(PromptKey(PROMPT), session=session), loads)
+        assert busy is not None and busy[0] is not owner

@@ -7,6 +7,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+# Loaded at collection, not inside a test's short timeout (transformers' import is slow).
+from transformers import AutoTokenizer
+
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.fleet.affinity import AffinitySettings
 from conveyor.fleet.prompt_tokens import GatewayTokenizer
@@ -48,6 +51,7 @@ def test_the_gateway_tokenizer_matches_the_engines(tokenizer_dir: Path) -> None:
     assert gateway.encode_chat(plain) == engine.apply_chat_template(plain)
     text = "Numbers 0 1 2 and naïve text"
     assert gateway.encode(text) == engine.encode(text)
+    assert gateway.encode(text) == AutoTokenizer.from_pretrained(str(tokenizer_dir)).encode(text)
 
 
 def test_a_chat_gets_its_prompt_key(reader: HintReader, tokenizer_dir: Path) -> None:
@@ -115,3 +119,12 @@ async def test_read_tokenizes_off_the_loop_and_prehashes_the_block_sizes(
     session_only = await reader.read(CHAT, [(b"x-conveyor-session", b"s")], b"{}", "x")
     assert session_only is not None and session_only.session == "s"
     assert await reader.read("/v1/embeddings", [], b"{}", "m") is None
+
+
+def test_prefix_tokenizer_pairs_are_parsed_strictly() -> None:
+    from conveyor.gateway import parse_model_dirs
+
+    assert parse_model_dirs(["a=/m/a", "b=/m/b=c"]) == {"a": "/m/a", "b": "/m/b=c"}
+    for bad in ("a", "=/m", "a="):
+        with pytest.raises(ValueError, match="MODEL=DIR"):
+            parse_model_dirs([bad])
