@@ -370,9 +370,11 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
         f"request share per worker (bound {summary['load_bound']}; mean in-flight gap "
         f"{summary['prefix']['mean_in_flight_gap']})", fontsize=9)  # fmt: skip
     inputs = result["inputs"]
+    machine = "busy machine" if summary.get("machine_was_busy") else "quiet machine"
     fig.suptitle(
         f"{inputs['num_sessions']} sessions x {inputs['num_turns']} turns on "
-        f"{inputs['num_workers']} workers (busy machine unless noted)", fontsize=10)  # fmt: skip
+        f"{inputs['num_workers']} workers, medians of {inputs['repeats']} ({machine})",
+        fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
