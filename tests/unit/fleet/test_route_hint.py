@@ -16,6 +16,8 @@ from conveyor.fleet.prompt_tokens import GatewayTokenizer
 from conveyor.fleet.route_hint import HintReader, chat_messages
 from conveyor.testing import build_tiny_tokenizer
 
+pytestmark = pytest.mark.model  # builds a tokenizer with transformers: not in mutation runs
+
 CHAT = "/v1/chat/completions"
 MESSAGES = [
     {"role": "system", "content": "Be brief. Café 🙂"},

@@ -11,9 +11,9 @@ from conveyor.engine.sampling_params import SamplingParams
 from conveyor.fleet.affinity import AffinitySettings, matched_blocks
 from conveyor.fleet.route_hint import HintReader
 from conveyor.prefix.report import parse_prefix_report, prefix_report
-from tests.unit.engine_loop.helpers import collect, engine_config, running_engine, submit, wait_idle
+from tests.unit.model_helpers import collect, engine_config, running_engine, submit, wait_idle
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
 MESSAGES = [
     {"role": "system", "content": "You are a batching server. Answer in one line."},
