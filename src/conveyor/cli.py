@@ -239,6 +239,16 @@ def gateway(
     require_api_keys: Annotated[
         bool, typer.Option(help="Refuse to start without API keys (an open gateway).")
     ] = False,
+    affinity: Annotated[
+        bool, typer.Option(help="Route generation by cached prefix and session hint.")
+    ] = True,
+    affinity_load_bound: Annotated[
+        int, typer.Option(min=0, help="How much busier than the least loaded affinity may go.")
+    ] = 4,
+    prefix_tokenizer: Annotated[
+        list[str] | None,
+        typer.Option(help="MODEL=DIR: hash MODEL's prompts with DIR's tokenizer (repeatable)."),
+    ] = None,
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
@@ -246,7 +256,8 @@ def gateway(
 ) -> None:
     """Route online requests to the fleet's workers; holds no model."""
     from conveyor.api.gateway_app import create_gateway_app
-    from conveyor.gateway import GatewaySettings
+    from conveyor.fleet.affinity import AffinitySettings
+    from conveyor.gateway import GatewaySettings, parse_model_dirs
 
     settings = _load_or_exit(
         config, host=host, port=port, max_connections=max_connections,
@@ -261,6 +272,8 @@ def gateway(
             store_url=store, objects_url=objects, stale_after_s=stale_after_s,
             reap_after_s=max(60.0, 20 * stale_after_s), refresh_s=refresh_s,
             max_attempts=max_attempts, target_utilisation=target_utilisation,
+            affinity=AffinitySettings(load_bound=affinity_load_bound) if affinity else None,
+            prefix_tokenizers=parse_model_dirs(prefix_tokenizer or []),
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(str(exc), err=True)

@@ -16,14 +16,17 @@ import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.config import ServerConfig
 from conveyor.errors import ServiceUnavailable
+from conveyor.fleet.affinity import AffinitySettings
 from conveyor.fleet.proxy import Proxy, ProxySettings
 from conveyor.fleet.registry import FleetRegistry, model_loads
 from conveyor.fleet.registry_store import WorkerRegistryStore
+from conveyor.fleet.route_hint import HintReader
 from conveyor.fleet.router import Ejections, Router, WorkerView
 from conveyor.fleet.scaling import ModelDemand, RateMeter, desired_replicas
 from conveyor.fleet.upstream import PoolLimits, UpstreamPool
@@ -58,6 +61,10 @@ class GatewaySettings:
     max_idle_per_worker: int = 64
     target_utilisation: float = 0.7
     arrival_window_s: float = 10.0
+    # Prefix and session affinity for generation requests (None: load alone decides).
+    affinity: AffinitySettings | None = field(default_factory=AffinitySettings)
+    # Model name -> checkpoint directory whose tokenizer hashes prompts for prefix routing.
+    prefix_tokenizers: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Reject settings that would make the gateway route badly or never."""
@@ -71,6 +78,17 @@ class GatewaySettings:
             raise ValueError("target_utilisation must be in (0, 1]")
         if self.default_timeout_ms <= 0 or self.arrival_window_s <= 0:
             raise ValueError("default_timeout_ms and arrival_window_s must be > 0")
+
+
+def parse_model_dirs(pairs: list[str]) -> dict[str, str]:
+    """``MODEL=DIR`` pairs (``--prefix-tokenizer``) as a mapping; a bad pair is a ValueError."""
+    result: dict[str, str] = {}
+    for pair in pairs:
+        model, sep, directory = pair.partition("=")
+        if not sep or not model or not directory:
+            raise ValueError(f"--prefix-tokenizer takes MODEL=DIR, got {pair!r}")
+        result[model] = directory
+    return result
 
 
 class Gateway:
@@ -91,7 +109,12 @@ class Gateway:
         self.registry = FleetRegistry(
             store, stale_after_s=settings.stale_after_s, reap_after_s=settings.reap_after_s
         )
-        self.router = Router(rng or random.Random(), Ejections(settings.ejection_cooldown_s))
+        self.router = Router(
+            rng or random.Random(),
+            Ejections(settings.ejection_cooldown_s),
+            affinity=settings.affinity,
+        )
+        self.hints = HintReader(settings.prefix_tokenizers, settings.affinity or AffinitySettings())
         self.num_in_flight = 0
         self._arrivals: dict[str, RateMeter] = {}
         self._upstream: UpstreamPool | None = None
@@ -121,6 +144,7 @@ class Gateway:
             self.metrics,
             wall_clock=time.time,
         )
+        await asyncio.to_thread(self.hints.preload)
         try:
             await self.registry.refresh()
             self.on_refresh()

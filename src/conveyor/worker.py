@@ -37,6 +37,7 @@ from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.metrics import Metrics
+from conveyor.prefix.report import prefix_report
 from conveyor.service import Service
 from conveyor.stores import StoreError, open_job_store
 
@@ -140,9 +141,13 @@ def service_load(service: Service, gate: DrainGate) -> dict[str, Any]:
     # gateways prefer a worker that has it loaded.
     for unloaded in service.unloaded_models():
         models[unloaded.name] = {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": False}
-    # Generative models run their own scheduler; they are listed so gateways route to them.
-    for name in service.generators:
-        models.setdefault(name, {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": True})
+    # Generative models run their own scheduler; they are listed so gateways route to them,
+    # with a digest of their prefix cache for prefix-aware routing.
+    for name, generator in service.generators.items():
+        entry = models.setdefault(name, {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": True})
+        engine = generator.engine
+        digest = prefix_report(engine.config.block_size, engine.prefix_digest.hashes)
+        models[name] = {**entry, "prefix": digest}
     return {"in_flight": gate.num_in_flight, "is_draining": gate.is_draining, "models": models}
 
 

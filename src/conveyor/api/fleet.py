@@ -21,6 +21,7 @@ from conveyor.api.errors import error_response
 from conveyor.api.responses import find_model, json_response, version_body
 from conveyor.api.timeouts import TIMEOUT_HEADER, timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
+from conveyor.fleet.affinity import Affinity
 from conveyor.fleet.proxy import OutboundRequest, ProxiedResponse, forwardable_headers
 from conveyor.fleet.scaling import desired_replicas
 from conveyor.openai_paths import PROXIED_ENDPOINTS
@@ -254,6 +255,7 @@ async def _forward(
         body=body,
         model=model,
         deadline=asyncio.get_running_loop().time() + timeout_ms / 1000,
+        affinity=await _affinity(gateway, scope, body, model),
     )
     gateway.num_in_flight += 1
     watcher = DisconnectWatcher(receive, cancel_current_task(), scope)
@@ -268,6 +270,28 @@ async def _forward(
         gateway.num_in_flight -= 1
 
 
+async def _affinity(gateway: Gateway, scope: Scope, body: bytes, model: str) -> Affinity | None:
+    """The request's prefix and session hint, when the gateway routes by affinity."""
+    if gateway.router.affinity is None:
+        return None
+    sizes = {h.block_size for v in gateway.registry.views if (h := v.prefixes.get(model))}
+    return await gateway.hints.read(scope["path"], scope["headers"], body, model, sizes)
+
+
+def _without_digests(load: dict[str, Any]) -> dict[str, Any]:
+    """A heartbeat's load minus the prefix digests (``prefix_blocks`` counts them)."""
+    models = load.get("models")
+    if not isinstance(models, dict):
+        return load
+    trimmed = {
+        name: {k: v for k, v in entry.items() if k != "prefix"}
+        if isinstance(entry, dict)
+        else entry
+        for name, entry in models.items()
+    }
+    return {**load, "models": trimmed}
+
+
 def fleet_document(gateway: Gateway) -> dict[str, Any]:
     """``GET /v1/fleet``: every worker with its models, load and heartbeat age."""
     now = time.time()
@@ -280,7 +304,8 @@ def fleet_document(gateway: Gateway) -> dict[str, Any]:
                 "models": list(record.models),
                 "loaded_models": sorted(view.loaded_models),
                 "capacity": record.capacity,
-                "load": record.load,
+                "load": _without_digests(record.load),
+                "prefix_blocks": {m: len(h.keys) for m, h in view.prefixes.items()},
                 "gateway_in_flight": gateway.router.in_flight(record.worker_id),
                 "heartbeat_age_s": round(now - record.last_heartbeat_at, 3),
                 "is_stale": view.is_stale,
@@ -299,4 +324,5 @@ def fleet_document(gateway: Gateway) -> dict[str, Any]:
         }
         for d in gateway.demands()
     }
-    return {"object": "fleet", "workers": workers, "models": models}
+    routed = dict(gateway.router.num_routed)
+    return {"object": "fleet", "workers": workers, "models": models, "routed_by": routed}

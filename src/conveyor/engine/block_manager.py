@@ -13,26 +13,13 @@ holds the blocks its computed chunks need.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from conveyor.engine.sequence import Sequence
+from conveyor.prefix.hashing import hash_block
 
-_HASH_DIGEST_BYTES = 16
-
-
-def hash_block(parent_hash: bytes, token_ids: list[int]) -> bytes:
-    """Content hash of one full block, chained to the hash of the block before it.
-
-    Deterministic across processes (no ``hash()``): blake2b over the parent
-    hash and the token ids packed as little-endian unsigned 64-bit integers.
-    Use ``b""`` as the parent of a sequence's first block.
-    """
-    digest = hashlib.blake2b(parent_hash, digest_size=_HASH_DIGEST_BYTES)
-    digest.update(struct.pack(f"<{len(token_ids)}Q", *token_ids))
-    return digest.digest()
+__all__ = ["BlockManager", "hash_block"]
 
 
 @dataclass(slots=True)
@@ -101,6 +88,22 @@ class BlockManager:
         if not 0 <= block_id < len(self._blocks):
             raise ValueError(f"block id {block_id} is outside the pool of {len(self._blocks)}")
         return self._blocks[block_id].ref_count
+
+    def cached_hashes(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` hashes of blocks the cache can serve, the most useful first.
+
+        Blocks sequences hold come first, then free cached blocks from the most recently
+        freed (the last to be evicted). For the heartbeat's prefix digest.
+        """
+        held = [b.content_hash for b in self._blocks if b.ref_count > 0 and b.content_hash]
+        hashes = held[:limit]
+        for block_id in reversed(self._free_cached):
+            if len(hashes) >= limit:
+                break
+            digest = self._blocks[block_id].content_hash
+            if digest is not None:
+                hashes.append(digest)
+        return hashes
 
     def is_allocated(self, seq: Sequence) -> bool:
         """Whether ``seq`` currently holds an allocation from this manager."""

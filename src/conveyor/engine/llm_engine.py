@@ -29,6 +29,7 @@ from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
 from conveyor.engine.job_share import JobShare
 from conveyor.engine.null_metrics import null_generator_metrics
 from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
+from conveyor.engine.prefix_digest import PrefixDigest
 from conveyor.engine.request import GenerationRequest
 from conveyor.engine.sampling import Sampler
 from conveyor.engine.sampling_mask import MaskComputer
@@ -110,6 +111,7 @@ class LLMEngine:
         self._inbox = Inbox()
         self._spans = StepTracer(name)
         self._thread: threading.Thread | None = None
+        self.prefix_digest = PrefixDigest()
         self._publish()  # the gauges show the empty pool before the first request
 
     # -- any thread ---------------------------------------------------------------
@@ -436,3 +438,4 @@ class LLMEngine:
         metrics.running.set(scheduler.num_running)
         metrics.waiting.set(scheduler.num_waiting)
         publish_kv_usage(metrics, manager)
+        self.prefix_digest.refresh(manager, force=not scheduler.has_unfinished)

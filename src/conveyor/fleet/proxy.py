@@ -20,6 +20,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from conveyor.errors import DeadlineExceeded, ServiceUnavailable
+from conveyor.fleet.affinity import Affinity
 from conveyor.fleet.router import Router, WorkerView
 from conveyor.fleet.upstream import UpstreamError, UpstreamTimeout
 from conveyor.metrics import GatewayMetrics
@@ -112,6 +113,7 @@ class OutboundRequest:
     body: bytes
     model: str
     deadline: float  # on the event loop's clock
+    affinity: Affinity | None = None  # where its prefix or session would run best
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +193,9 @@ class Proxy:
             if remaining_s < MIN_ATTEMPT_S:
                 raise DeadlineExceeded("the deadline passed before any worker answered")
             worker = self._router.choose(
-                self._workers(), request.model, self._wall_clock(), exclude=tried
-            )
+                self._workers(), request.model, self._wall_clock(), exclude=tried,
+                affinity=request.affinity,
+            )  # fmt: skip
             if worker is None:
                 break
             tried.add(worker.worker_id)

@@ -12,6 +12,7 @@ from typing import Any
 from conveyor.fleet.registry_store import AsyncWorkerRegistry, WorkerRegistryStore
 from conveyor.fleet.router import WorkerView
 from conveyor.observability.logs import log_event
+from conveyor.prefix.report import PrefixHoldings, parse_prefix_report
 from conveyor.stores.errors import StoreError
 from conveyor.stores.records import WorkerRecord
 
@@ -53,7 +54,20 @@ def view_from_record(record: WorkerRecord) -> WorkerView:
         last_heartbeat_at=record.last_heartbeat_at,
         is_stale=record.is_stale,
         is_draining=bool(record.load.get("is_draining", False)),
+        prefixes=_prefix_holdings(record),
     )
+
+
+def _prefix_holdings(record: WorkerRecord) -> dict[str, PrefixHoldings]:
+    """Per model, the prefix digest the worker's heartbeat carried (when it carried one)."""
+    raw: Mapping[str, Any] = record.load.get("models", {})
+    holdings = {}
+    for name in record.models:
+        entry: Any = raw.get(name, {})
+        parsed = parse_prefix_report(entry.get("prefix") if isinstance(entry, Mapping) else None)
+        if parsed is not None:
+            holdings[name] = parsed
+    return holdings
 
 
 def _log_joined(before: list[WorkerRecord], after: list[WorkerRecord]) -> None:

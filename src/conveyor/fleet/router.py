@@ -11,7 +11,9 @@ import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from conveyor.fleet.affinity import Affinity, AffinityReason, AffinitySettings, choose_by_affinity
 from conveyor.observability.logs import log_event
+from conveyor.prefix.report import PrefixHoldings
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,8 @@ class WorkerView:
     last_heartbeat_at: float = 0.0
     is_stale: bool = False
     is_draining: bool = False
+    # Per model: the prefix blocks its engine's cache holds (generative models only).
+    prefixes: Mapping[str, PrefixHoldings] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Reject views that could never come from a real heartbeat."""
@@ -96,11 +100,16 @@ class Router:
         rng: random.Random,
         ejections: Ejections,
         policy: RoutingPolicy | None = None,
+        affinity: AffinitySettings | None = None,
     ) -> None:
         self._rng = rng
         self.ejections = ejections
         self.policy = policy or RoutingPolicy()
+        # None: requests' prefix and session hints are ignored (load alone decides).
+        self.affinity = affinity
         self._in_flight: dict[str, int] = {}
+        # How many choices each reason made (``AffinityReason``), for ``/v1/fleet``.
+        self.num_routed: dict[str, int] = {}
 
     def in_flight(self, worker_id: str) -> int:
         """Requests this gateway has outstanding on ``worker_id``."""
@@ -150,16 +159,25 @@ class Router:
         model: str,
         now: float,
         exclude: Collection[str] = (),
+        affinity: Affinity | None = None,
     ) -> WorkerView | None:
         """The worker for the next request of ``model``, or None when no worker can take it.
 
-        Two random workers that already have the model loaded are compared on load; when
-        even the better one is busier than ``cold_penalty``, one worker without the model
-        loaded competes too, its load raised by the penalty (the cost of loading it).
+        With affinity settings and a hint, the worker holding the request's longest cached
+        prefix, else its session's worker, wins while within the load bound (see
+        ``fleet.affinity``). Otherwise two random workers that already have the model
+        loaded are compared on load; when even the better one is busier than
+        ``cold_penalty``, one worker without the model loaded competes too, its load
+        raised by the penalty (the cost of loading it).
         """
         candidates = self.candidates(workers, model, now, exclude)
         if not candidates:
             return None
+        if affinity is not None and self.affinity is not None:
+            picked = self._by_affinity(candidates, model, affinity, self.affinity)
+            if picked is not None:
+                return picked
+        self._count(AffinityReason.LOAD)
         warm = [w for w in candidates if model in w.loaded_models]
         cold = [w for w in candidates if model not in w.loaded_models]
         best = self._two_choices(warm, model) if warm else None
@@ -170,6 +188,26 @@ class Router:
             return challenger
         challenger_load = self.load(challenger, model) + self.policy.cold_penalty
         return challenger if challenger_load < self.load(best, model) else best
+
+    def _by_affinity(
+        self,
+        candidates: Sequence[WorkerView],
+        model: str,
+        affinity: Affinity,
+        settings: AffinitySettings,
+    ) -> WorkerView | None:
+        """The affinity choice among workers with the model loaded (all, if none has)."""
+        warm = [w for w in candidates if model in w.loaded_models] or candidates
+        choice = choose_by_affinity(
+            warm, model, affinity, lambda worker: self.load(worker, model), settings
+        )
+        if choice is None:
+            return None
+        self._count(choice[1])
+        return choice[0]
+
+    def _count(self, reason: AffinityReason) -> None:
+        self.num_routed[reason.value] = self.num_routed.get(reason.value, 0) + 1
 
     def _two_choices(self, pool: Sequence[WorkerView], model: str) -> WorkerView:
         """The less loaded of two distinct random members of ``pool`` (ties: the first)."""

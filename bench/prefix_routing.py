@@ -1,0 +1,432 @@
+"""Prefix-aware routing benchmark: multi-turn chats on 3 workers, prefix-aware vs load-only.
+
+Three worker processes serve one small random Llama (a tiny-shape model, widened so a
+prefill costs real time) behind one gateway, with a PostgreSQL registry. Sessions chat
+concurrently; each turn re-sends the whole conversation (a shared system prompt, every
+earlier turn and reply, and a new user message), as chat clients and agents do. The same
+run measures, with fresh workers for each:
+
+- ``load_only``: the gateway routes by load alone (``--no-affinity``);
+- ``prefix``: the gateway hashes each prompt with the model's tokenizer and prefers the
+  worker holding its longest cached prefix, within ``--load-bound`` of the least loaded.
+
+Reported per mode: the prefix-cache hit rate (cached prompt tokens / prompt tokens, from
+the workers' counters), time to first token p50/p99 (streamed, measured by the client),
+each worker's share of the requests, and the requests in flight per worker, sampled from
+the gateway every 20 ms during the run: the gap between the busiest and the idlest
+worker's mean must stay within ``--load-bound``.
+
+Each mode starts with a warm-up request straight to each worker and a wait for a quiet
+machine (noted in the result when it never came). Turns are closed-loop per session, as a
+chat is: the next turn waits for the reply.
+
+Needs PostgreSQL (CONVEYOR_TEST_PG_URL, default the local server's ``test`` database).
+
+    python -m bench.prefix_routing                  # 20 sessions x 8 turns, 1 repeat
+    python -m bench.prefix_routing --sessions 8 --turns 4 --repeats 3
+    python -m bench.prefix_routing --smoke --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.common import (
+    RESULTS_DIR,
+    ServerProcess,
+    http_get,
+    machine_info,
+    package_versions,
+    python_argv,
+    wait_until_quiet,
+    write_json,
+)
+from bench.fleet import fresh_database, wait_routable
+from bench.prefix_traffic import SessionScript, TurnResult, run_sessions, session_scripts
+
+MODEL = "llama"
+MODES = ("load_only", "prefix")
+# Tiny-Llama's layout, wider: a 500-token prefill takes tens of ms on one core, so the
+# prefix cache's savings show in TTFT, and 160 turns still fit in minutes on 2 cores.
+MODEL_SHAPE = {
+    "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2,
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Traffic shape, routing knobs and run size."""
+
+    out_dir: Path
+    is_smoke: bool
+    num_sessions: int
+    num_turns: int
+    num_workers: int
+    max_tokens: int
+    load_bound: int
+    repeats: int
+    seed: int
+
+
+def parse_options(argv: Sequence[str] | None = None) -> Options:
+    """Command-line options; ``--smoke`` shrinks everything to seconds."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the results")
+    parser.add_argument("--smoke", action="store_true", help="tiny run for tests")
+    parser.add_argument("--sessions", type=int, default=20, help="concurrent chat sessions")
+    parser.add_argument("--turns", type=int, default=8, help="turns per session")
+    parser.add_argument("--workers", type=int, default=3, help="worker processes")
+    parser.add_argument("--max-tokens", type=int, default=16, help="reply length")
+    parser.add_argument("--load-bound", type=int, default=4, help="gateway affinity bound")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each mode, alternating")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sessions, args.turns, args.max_tokens, args.repeats = 4, 3, 4, 1
+    return Options(
+        args.out, args.smoke, args.sessions, args.turns, args.workers, args.max_tokens,
+        args.load_bound, args.repeats, args.seed,
+    )  # fmt: skip
+
+
+class Fleet:
+    """Workers and a gateway on one store; every process is stopped on exit."""
+
+    def __init__(self, store_url: str, work_dir: Path, stack: ExitStack) -> None:
+        self.store_url = store_url
+        self.work_dir = work_dir
+        self._stack = stack
+        self.workers: dict[str, ServerProcess] = {}
+
+    def _spawn(self, name: str, argv: Any) -> ServerProcess:
+        proc = self._stack.enter_context(
+            ServerProcess(name, argv, log_path=self.work_dir / f"{name}.log")
+        )
+        proc.start()
+        return proc
+
+    def add_workers(self, names: Sequence[str], checkpoint: Path) -> None:
+        """Start the workers together (they load in parallel), then wait for each."""
+        model = {
+            "name": MODEL, "kind": "generate", "path": str(checkpoint), "device": "cpu",
+            "max_num_seqs": 32, "max_num_batched_tokens": 1024, "kv_cache_tokens": 32768,
+            "block_size": 16, "max_model_len": 1024, "threads": 1, "timeout_ms": 120000,
+        }  # fmt: skip
+        config = self.work_dir / "worker.yaml"
+        config.write_text(yaml.safe_dump({"models": [model], "log_level": "warning"}))
+        for name in names:
+            argv = lambda port, name=name: python_argv(  # noqa: E731
+                "-m", "conveyor", "worker", "--config", str(config), "--store", self.store_url,
+                "--listen", f"127.0.0.1:{port}", "--worker-id", name, "--heartbeat-s", "0.2",
+            )  # fmt: skip
+            self.workers[name] = self._spawn(name, argv)
+        for proc in self.workers.values():
+            proc.wait_ready()
+
+    def add_gateway(self, mode: str, checkpoint: Path, load_bound: int) -> ServerProcess:
+        """A gateway routing by ``mode``."""
+        routing = (
+            ["--prefix-tokenizer", f"{MODEL}={checkpoint}", "--affinity-load-bound",
+             str(load_bound)] if mode == "prefix" else ["--no-affinity"]
+        )  # fmt: skip
+        config = self.work_dir / "gateway.yaml"
+        config.write_text(yaml.safe_dump({"log_level": "warning"}))
+        argv = lambda port: python_argv(  # noqa: E731
+            "-m", "conveyor", "gateway", "--config", str(config), "--store", self.store_url,
+            "--port", str(port), "--stale-after-s", "2.0", "--refresh-s", "0.1", *routing,
+        )  # fmt: skip
+        gateway = self._spawn(f"gateway-{mode}", argv)
+        gateway.wait_ready()
+        return gateway
+
+
+def worker_counters(worker: ServerProcess) -> dict[str, float]:
+    """The worker's prompt, cache-hit and request counters for the model."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, body = http_get(worker.port, "/metrics", timeout_s=10)
+    wanted = {
+        "conveyor_prompt_tokens_total": "prompt_tokens",
+        "conveyor_prefix_cache_hit_tokens_total": "hit_tokens",
+        "conveyor_request_prompt_tokens_count": "requests",
+    }
+    counters = dict.fromkeys(wanted.values(), 0.0)
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name in wanted and sample.labels.get("model") == MODEL:
+                counters[wanted[sample.name]] += sample.value
+    return counters
+
+
+class GapSampler:
+    """Samples the gateway's in-flight count per worker on a thread while the run lasts."""
+
+    def __init__(self, gateway: ServerProcess, interval_s: float = 0.02) -> None:
+        self._gateway = gateway
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self.samples: list[dict[str, int]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> GapSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                _, body = http_get(self._gateway.port, "/v1/fleet", timeout_s=2)
+            except OSError:
+                continue
+            loads = {w["id"]: w["gateway_in_flight"] for w in json.loads(body)["workers"]}
+            if loads:
+                self.samples.append(loads)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile (0..1) by nearest rank; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def summarize(
+    opts: Options,
+    results: list[TurnResult],
+    before: dict[str, dict[str, float]],
+    after: dict[str, dict[str, float]],
+    samples: list[dict[str, int]],
+) -> dict[str, Any]:
+    """One mode's figures from the client's timings, the workers' counters and the
+    gateway's in-flight samples."""
+    delta = {w: {k: after[w][k] - before[w][k] for k in after[w]} for w in after}
+    prompt = sum(d["prompt_tokens"] for d in delta.values())
+    hits = sum(d["hit_tokens"] for d in delta.values())
+    requests = {w: d["requests"] for w, d in delta.items()}
+    total = sum(requests.values()) or 1.0
+    ttft = [r.ttft_s for r in results if r.ok]
+    follow_ups = [r.ttft_s for r in results if r.ok and r.turn > 0]
+    return {
+        "num_requests": len(results),
+        "num_failed": sum(1 for r in results if not r.ok),
+        "prefix_cache_hit_rate": round(hits / prompt, 4) if prompt else 0.0,
+        "prompt_tokens": prompt,
+        "hit_tokens": hits,
+        "ttft_ms": {"p50": round(1000 * percentile(ttft, 0.5), 1),
+                    "p99": round(1000 * percentile(ttft, 0.99), 1),
+                    "mean": round(1000 * statistics.fmean(ttft), 1) if ttft else 0.0},
+        "ttft_follow_up_ms": {"p50": round(1000 * percentile(follow_ups, 0.5), 1),
+                              "p99": round(1000 * percentile(follow_ups, 0.99), 1)},
+        "request_share": {w: round(n / total, 3) for w, n in sorted(requests.items())},
+        "worst_share": round(max(requests.values()) / total, 3) if requests else 0.0,
+        "in_flight": in_flight_figures(samples),
+    }  # fmt: skip
+
+
+def in_flight_figures(samples: list[dict[str, int]]) -> dict[str, Any]:
+    """Mean requests in flight per worker, and the busiest-minus-idlest gap.
+
+    The mean gap is the load-share figure the bound speaks to; the instant gap also moves
+    when one worker's requests happen to finish together, under any routing.
+    """
+    workers = sorted({w for sample in samples for w in sample})
+    means = {w: statistics.fmean(s.get(w, 0) for s in samples) if samples else 0.0
+             for w in workers}  # fmt: skip
+    gaps = [max(s.values()) - min(s.values()) for s in samples]
+    return {
+        "mean_per_worker": {w: round(m, 2) for w, m in means.items()},
+        "mean_gap": round(max(means.values()) - min(means.values()), 2) if means else 0.0,
+        "instant_gap": {"p50": percentile(gaps, 0.5), "p99": percentile(gaps, 0.99),
+                        "max": max(gaps, default=0)},
+        "num_samples": len(samples),
+    }  # fmt: skip
+
+
+def run_mode(
+    opts: Options, mode: str, store_url: str, work_dir: Path, checkpoint: Path,
+    scripts: list[SessionScript],
+) -> dict[str, Any]:  # fmt: skip
+    """Fresh workers and a gateway for ``mode``; the whole traffic; its summary."""
+    names = [f"w{i}" for i in range(opts.num_workers)]
+    with ExitStack() as stack:
+        fleet = Fleet(store_url, work_dir, stack)
+        fleet.add_workers(names, checkpoint)
+        gateway = fleet.add_gateway(mode, checkpoint, opts.load_bound)
+        wait_routable(gateway, set(names))
+        for proc in fleet.workers.values():
+            warm_up(proc)  # the first step's one-off costs are not counted
+        quiet = wait_until_quiet()
+        before = {n: worker_counters(p) for n, p in fleet.workers.items()}
+        started = time.monotonic()
+        with GapSampler(gateway) as sampler:
+            results = asyncio.run(run_sessions(gateway.port, MODEL, scripts, opts.max_tokens))
+        elapsed_s = time.monotonic() - started
+        time.sleep(0.3)  # the last requests' counters
+        after = {n: worker_counters(p) for n, p in fleet.workers.items()}
+        _, doc = http_get(gateway.port, "/v1/fleet")
+        routed_by = json.loads(doc).get("routed_by", {})
+        # A worker gone from the registry is not in the next mode's fresh database rows.
+        for proc in fleet.workers.values():
+            proc.stop()
+    summary = summarize(opts, results, before, after, sampler.samples)
+    return {**summary, "seconds": round(elapsed_s, 2), "routed_by": routed_by,
+            "quiet": quiet.to_dict()}  # fmt: skip
+
+
+def warm_up(worker: ServerProcess) -> None:
+    """One short completion straight to the worker (its token ids share no prompt block)."""
+    import httpx
+
+    body = {"model": MODEL, "prompt": [3, 4, 5], "max_tokens": 2, "temperature": 0}
+    response = httpx.post(f"http://127.0.0.1:{worker.port}/v1/completions", json=body, timeout=120)
+    response.raise_for_status()
+
+
+def evaluate(runs: dict[str, list[dict[str, Any]]], load_bound: int) -> dict[str, Any]:
+    """Medians over repeats per mode, and prefix-aware against load-only."""
+
+    def median(mode: str, *path: str) -> float:
+        values = []
+        for run in runs[mode]:
+            value: Any = run
+            for key in path:
+                value = value[key]
+            values.append(float(value))
+        return round(statistics.median(values), 4)
+
+    modes = {
+        mode: {
+            "prefix_cache_hit_rate": median(mode, "prefix_cache_hit_rate"),
+            "ttft_p50_ms": median(mode, "ttft_ms", "p50"),
+            "ttft_p99_ms": median(mode, "ttft_ms", "p99"),
+            "worst_share": median(mode, "worst_share"),
+            "mean_in_flight_gap": max(r["in_flight"]["mean_gap"] for r in runs[mode]),
+        }
+        for mode in MODES
+    }
+    aware, blind = modes["prefix"], modes["load_only"]
+    return {
+        **modes,
+        "ttft_p50_ratio": round(aware["ttft_p50_ms"] / blind["ttft_p50_ms"], 3)
+        if blind["ttft_p50_ms"] else None,
+        "ttft_p99_ratio": round(aware["ttft_p99_ms"] / blind["ttft_p99_ms"], 3)
+        if blind["ttft_p99_ms"] else None,
+        "load_bound": load_bound,
+        "gap_within_bound": aware["mean_in_flight_gap"] <= load_bound,
+    }  # fmt: skip
+
+
+def write_png(path: Path, result: dict[str, Any]) -> None:
+    """Three panels: hit rate, TTFT p50/p99, and each worker's share, per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = result["summary"]
+    fig, (hit_ax, ttft_ax, share_ax) = plt.subplots(1, 3, figsize=(13, 4.2))
+    colors = {"load_only": "tab:gray", "prefix": "tab:blue"}
+    hit_ax.bar(MODES, [summary[m]["prefix_cache_hit_rate"] for m in MODES],
+               color=[colors[m] for m in MODES])  # fmt: skip
+    hit_ax.set_ylim(0, 1)
+    hit_ax.set_title("prefix-cache hit rate (prompt tokens)", fontsize=9)
+    width = 0.38
+    for i, mode in enumerate(MODES):
+        values = [summary[mode]["ttft_p50_ms"], summary[mode]["ttft_p99_ms"]]
+        ttft_ax.bar([x + (i - 0.5) * width for x in (0, 1)], values, width, label=mode,
+                    color=colors[mode])  # fmt: skip
+    ttft_ax.set_xticks([0, 1], ["p50", "p99"])
+    ttft_ax.set_ylabel("ms")
+    ttft_ax.set_title("time to first token", fontsize=9)
+    ttft_ax.legend(fontsize=8)
+    last = {mode: result["runs"][mode][-1]["request_share"] for mode in MODES}
+    workers = sorted(last["prefix"])
+    for i, mode in enumerate(MODES):
+        share_ax.bar([x + (i - 0.5) * width for x in range(len(workers))],
+                     [last[mode].get(w, 0) for w in workers], width, label=mode,
+                     color=colors[mode])  # fmt: skip
+    share_ax.axhline(1 / len(workers), color="k", linestyle="--", linewidth=1)
+    share_ax.set_xticks(range(len(workers)), workers)
+    share_ax.set_title(
+        f"request share per worker (bound {summary['load_bound']}; mean in-flight gap "
+        f"{summary['prefix']['mean_in_flight_gap']})", fontsize=9)  # fmt: skip
+    inputs = result["inputs"]
+    machine = "busy machine" if summary.get("machine_was_busy") else "quiet machine"
+    fig.suptitle(
+        f"{inputs['num_sessions']} sessions x {inputs['num_turns']} turns on "
+        f"{inputs['num_workers']} workers, medians of {inputs['repeats']} ({machine})",
+        fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_benchmark(opts: Options) -> dict[str, Any]:
+    """Both modes, ``repeats`` times each in alternating order, in one fresh database."""
+    from conveyor.testing import build_tiny_llama
+
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = opts.out_dir / "prefix-routing-work"
+    work_dir.mkdir(exist_ok=True)
+    checkpoint = build_tiny_llama(work_dir / "llama", **MODEL_SHAPE)
+    scripts = session_scripts(opts.num_sessions, opts.num_turns, random.Random(opts.seed))
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    with fresh_database() as store_url:
+        for repeat in range(opts.repeats):
+            order = MODES if repeat % 2 == 0 else MODES[::-1]
+            for mode in order:
+                runs[mode].append(run_mode(opts, mode, store_url, work_dir, checkpoint, scripts))
+                _forget_workers(store_url)
+    return {
+        "inputs": {**{k: v for k, v in asdict(opts).items() if k != "out_dir"},
+                   "model_shape": MODEL_SHAPE, "block_size": 16},
+        "machine": machine_info(),
+        "versions": package_versions(),
+        "runs": runs,
+        "summary": {**evaluate(runs, opts.load_bound), "machine_was_busy": any(
+            run["quiet"]["is_busy"] for mode_runs in runs.values() for run in mode_runs)},
+    }  # fmt: skip
+
+
+def _forget_workers(store_url: str) -> None:
+    """Drop the stopped workers' rows so the next mode's gateway sees only its own."""
+    from conveyor.stores import open_job_store
+
+    store: Any = open_job_store(store_url)
+    try:
+        for record in store.list_workers(time.time(), 1.0):
+            store.remove_worker(record.worker_id)
+    finally:
+        store.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run, write prefix_routing.json and prefix_routing.png, print the summary."""
+    opts = parse_options(argv)
+    result = run_benchmark(opts)
+    write_json(opts.out_dir / "prefix_routing.json", result)
+    write_png(opts.out_dir / "prefix_routing.png", result)
+    print(json.dumps(result["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

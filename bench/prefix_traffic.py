@@ -1,0 +1,124 @@
+"""Multi-turn chat traffic for ``bench.prefix_routing``: scripted sessions, streamed turns.
+
+Every session shares one system prompt and sends its turns one after another, each with the
+whole conversation so far (earlier replies included, as the server wrote them), streamed,
+so the client sees when the first token arrives. The session id goes in ``user``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+
+SYSTEM_PROMPT = (
+    "You are the assistant of a batching server. Answer briefly; explain paged attention, "
+    "continuous batching and prefix caching when asked, and say so when you do not know."
+)
+# Words the tiny test tokenizer was trained on: about two tokens each.
+_WORD_TEXT = (
+    "the quick brown fox jumps over lazy dog batching server groups requests accelerator "
+    "stays busy each request streams tokens back sampled continuous admits new sequences "
+    "between decode steps paged attention stores keys values fixed size blocks table maps "
+    "logical positions physical memory never fragmented hello there help story numbers"
+)
+_WORDS = _WORD_TEXT.split()
+# Sessions start this far apart, so first turns do not all arrive in one burst.
+_STAGGER_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class SessionScript:
+    """One session: its id and the user message of each turn."""
+
+    session_id: str
+    user_messages: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """One turn as the client saw it."""
+
+    session_id: str
+    turn: int
+    ttft_s: float
+    ok: bool
+
+
+def session_scripts(num_sessions: int, num_turns: int, rng: random.Random) -> list[SessionScript]:
+    """Reproducible sessions of ``num_turns`` user messages of 15-25 words each."""
+    return [
+        SessionScript(
+            f"session-{index}",
+            tuple(
+                " ".join(rng.choice(_WORDS) for _ in range(rng.randint(15, 25)))
+                for _ in range(num_turns)
+            ),
+        )
+        for index in range(num_sessions)
+    ]
+
+
+async def _turn(
+    client: httpx.AsyncClient, url: str, body: dict[str, object]
+) -> tuple[float, str, bool]:
+    """Stream one chat turn: (time to first event, the reply's text, success)."""
+    started = time.perf_counter()
+    ttft_s = 0.0
+    pieces: list[str] = []
+    async with client.stream("POST", url, json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return time.perf_counter() - started, "", False
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if not ttft_s:
+                ttft_s = time.perf_counter() - started
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices", []):
+                pieces.append(choice.get("delta", {}).get("content") or "")
+    return ttft_s, "".join(pieces), ttft_s > 0
+
+
+async def _session(
+    client: httpx.AsyncClient, url: str, model: str, script: SessionScript, max_tokens: int
+) -> list[TurnResult]:
+    """Every turn of one session, in order, each carrying the conversation so far."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM_PROMPT}]
+    results = []
+    for turn, text in enumerate(script.user_messages):
+        messages.append({"role": "user", "content": text})
+        body = {
+            "model": model, "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True, "user": script.session_id,
+        }  # fmt: skip
+        try:
+            ttft_s, reply, ok = await _turn(client, url, body)
+        except httpx.HTTPError:
+            ttft_s, reply, ok = 0.0, "", False
+        results.append(TurnResult(script.session_id, turn, ttft_s, ok))
+        messages.append({"role": "assistant", "content": reply})
+    return results
+
+
+async def run_sessions(
+    port: int, model: str, scripts: list[SessionScript], max_tokens: int
+) -> list[TurnResult]:
+    """All sessions concurrently through the gateway on ``port``; every turn's result."""
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    limits = httpx.Limits(max_connections=len(scripts) + 4)
+    async with httpx.AsyncClient(limits=limits, timeout=300) as client:
+
+        async def staggered(index: int, script: SessionScript) -> list[TurnResult]:
+            await asyncio.sleep(index * _STAGGER_S)
+            return await _session(client, url, model, script, max_tokens)
+
+        per_session = await asyncio.gather(
+            *(staggered(i, script) for i, script in enumerate(scripts))
+        )
+    return [result for results in per_session for result in results]

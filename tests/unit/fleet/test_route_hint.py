@@ -1,0 +1,132 @@
+"""What the gateway reads from a request for affinity: session hint and prompt tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+# Loaded at collection, not inside a test's short timeout (transformers' import is slow).
+from transformers import AutoTokenizer
+
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.fleet.affinity import AffinitySettings
+from conveyor.fleet.prompt_tokens import GatewayTokenizer
+from conveyor.fleet.route_hint import HintReader, chat_messages
+from conveyor.testing import build_tiny_tokenizer
+
+pytestmark = pytest.mark.model  # builds a tokenizer with transformers: not in mutation runs
+
+CHAT = "/v1/chat/completions"
+MESSAGES = [
+    {"role": "system", "content": "Be brief. Café 🙂"},
+    {"role": "user", "content": "hello there, tell me a story about 日本語"},
+    {"role": "assistant", "content": "once upon a time"},
+    {
+        "role": "user",
+        "content": [{"type": "text", "text": "more, "}, {"type": "text", "text": "please"}],
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tokenizer")
+    build_tiny_tokenizer(directory)
+    return directory
+
+
+@pytest.fixture
+def reader(tokenizer_dir: Path) -> HintReader:
+    return HintReader({"m": str(tokenizer_dir)}, AffinitySettings())
+
+
+def body(**fields: object) -> bytes:
+    return orjson.dumps({"model": "m", **fields})
+
+
+def test_the_gateway_tokenizer_matches_the_engines(tokenizer_dir: Path) -> None:
+    engine, gateway = Tokenizer(tokenizer_dir), GatewayTokenizer(tokenizer_dir)
+    plain = chat_messages({"messages": MESSAGES})
+    assert plain is not None and plain[3]["content"] == "more, please"
+    assert gateway.encode_chat(plain) == engine.apply_chat_template(plain)
+    text = "Numbers 0 1 2 and naïve text"
+    assert gateway.encode(text) == engine.encode(text)
+    assert gateway.encode(text) == AutoTokenizer.from_pretrained(str(tokenizer_dir)).encode(text)
+
+
+def test_a_chat_gets_its_prompt_key(reader: HintReader, tokenizer_dir: Path) -> None:
+    hint = reader.affinity(CHAT, [], body(messages=MESSAGES), "m")
+    assert hint is not None and hint.prompt is not None and hint.session is None
+    plain = chat_messages({"messages": MESSAGES})
+    assert plain is not None
+    assert list(hint.prompt.token_ids) == Tokenizer(tokenizer_dir).apply_chat_template(plain)
+
+
+def test_completions_take_text_or_token_ids(reader: HintReader) -> None:
+    text = reader.affinity("/v1/completions", [], body(prompt="the quick brown fox"), "m")
+    assert text is not None and text.prompt is not None and text.prompt.token_ids[0] == 1  # BOS
+    ids = reader.affinity("/v1/completions", [], body(prompt=[[5, 6, 7, 8]]), "m")
+    assert ids is not None and ids.prompt is not None and ids.prompt.token_ids == (5, 6, 7, 8)
+    many = reader.affinity("/v1/completions", [], body(prompt=["a", "b"]), "m")
+    assert many is None  # several prompts: no single prefix to follow
+
+
+def test_the_session_header_wins_over_user(reader: HintReader) -> None:
+    headers = [(b"x-conveyor-session", b"abc")]
+    hint = reader.affinity(CHAT, headers, body(messages=MESSAGES, user="u1"), "m")
+    assert hint is not None and hint.session == "abc"
+    hint = reader.affinity(CHAT, [], body(messages=MESSAGES, user="u1"), "m")
+    assert hint is not None and hint.session == "u1"
+
+
+def test_without_a_tokenizer_only_the_session_counts(reader: HintReader) -> None:
+    assert reader.affinity(CHAT, [], body(model="x", messages=MESSAGES), "x") is None
+    hint = reader.affinity(CHAT, [], body(messages=MESSAGES, user="u1"), "x")
+    assert hint is not None and hint.prompt is None and hint.session == "u1"
+
+
+def test_tool_conversations_and_other_paths_get_no_prompt_key(reader: HintReader) -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert reader.affinity(CHAT, [], body(messages=MESSAGES, tools=tools), "m") is None
+    calls = [*MESSAGES, {"role": "tool", "content": "42", "tool_call_id": "c"}]
+    assert reader.affinity(CHAT, [], body(messages=calls), "m") is None
+    assert reader.affinity("/v1/embeddings", [(b"x-conveyor-session", b"s")], b"{}", "m") is None
+
+
+def test_unreadable_bodies_give_no_hint_not_an_error(reader: HintReader) -> None:
+    assert reader.affinity(CHAT, [], b"{not json", "m") is None
+    assert reader.affinity(CHAT, [], b"[1, 2]", "m") is None
+    assert reader.affinity(CHAT, [], body(messages="hi"), "m") is None
+
+
+def test_a_bad_tokenizer_directory_turns_prefix_routing_off(tmp_path: Path) -> None:
+    reader = HintReader({"m": str(tmp_path / "missing")}, AffinitySettings())
+    assert reader.tokenizer("m") is None
+    assert reader.affinity(CHAT, [], body(messages=MESSAGES), "m") is None
+
+
+@pytest.mark.anyio
+async def test_read_tokenizes_off_the_loop_and_prehashes_the_block_sizes(
+    reader: HintReader,
+) -> None:
+    reader.preload()
+    hint = await reader.read(CHAT, [], body(messages=MESSAGES), "m", {4, 16})
+    direct = reader.affinity(CHAT, [], body(messages=MESSAGES), "m")
+    assert hint is not None and hint.prompt is not None
+    assert direct is not None and direct.prompt is not None
+    assert hint.prompt.token_ids == direct.prompt.token_ids
+    assert set(hint.prompt._keys) == {4, 16}  # hashed on the thread, not on the loop
+    session_only = await reader.read(CHAT, [(b"x-conveyor-session", b"s")], b"{}", "x")
+    assert session_only is not None and session_only.session == "s"
+    assert await reader.read("/v1/embeddings", [], b"{}", "m") is None
+
+
+def test_prefix_tokenizer_pairs_are_parsed_strictly() -> None:
+    from conveyor.gateway import parse_model_dirs
+
+    assert parse_model_dirs(["a=/m/a", "b=/m/b=c"]) == {"a": "/m/a", "b": "/m/b=c"}
+    for bad in ("a", "=/m", "a="):
+        with pytest.raises(ValueError, match="MODEL=DIR"):
+            parse_model_dirs([bad])
