@@ -317,6 +317,7 @@ def run_conveyor(
     """One pattern through the (already warm) engine; the pool's peak use and events."""
     stats = engine.stats
     before = (stats.num_preemptions, stats.num_prefix_cache_hit_tokens, stats.num_steps)
+    phases_before = dict(stats.step_phase_s)
     stats.max_num_used_blocks = 0
     stats.max_num_running = 0
     timings = asyncio.run(_conveyor_requests(engine, requests))
@@ -332,8 +333,25 @@ def run_conveyor(
         "num_prefix_cache_hit_tokens": stats.num_prefix_cache_hit_tokens - before[1],
         "num_steps": stats.num_steps - before[2],
         "kv_blocks_used_after": engine.num_used_blocks,
+        "step_phases": step_phases(stats.step_phase_s, phases_before, stats.num_steps - before[2]),
     }
     return timings, kv
+
+
+def step_phases(
+    after: dict[str, float], before: dict[str, float], num_steps: int
+) -> dict[str, dict[str, float]]:
+    """The engine thread's seconds per step phase over a run: total, per step, share."""
+    spent = {phase: after[phase] - before.get(phase, 0.0) for phase in after}
+    total = sum(spent.values()) or 1.0
+    return {
+        phase: {
+            "total_s": round(seconds, 3),
+            "ms_per_step": round(1000 * seconds / max(1, num_steps), 3),
+            "share": round(seconds / total, 4),
+        }
+        for phase, seconds in spent.items()
+    }
 
 
 # -- the run ---------------------------------------------------------------------
@@ -389,6 +407,8 @@ def run_all(settings: Settings, path: Path, log: Callable[[str], None]) -> list[
         for contender in settings.contenders:
             result = run_one(contender, pattern, requests, shared)
             log(f"{pattern:6} {contender:13} {format_summary(result.summary())}")
+            if "step_phases" in result.kv:
+                log(f"{'':20} step ms: {format_phases(result.kv['step_phases'])}")
             results.append(result)
             if pattern == BURST and contender == CONVEYOR and not rate:
                 rate = settings.steady_fraction * result.summary()["requests_per_s"]
@@ -419,6 +439,11 @@ def run_one(
         if engine is not None:
             engine.stop()
     return RunResult(contender, pattern, timings, kv, {} if quiet is None else quiet.to_dict())
+
+
+def format_phases(phases: dict[str, dict[str, float]]) -> str:
+    """``schedule 0.41 prepare 1.02 ...`` (ms per step)."""
+    return "  ".join(f"{phase} {times['ms_per_step']:.2f}" for phase, times in phases.items())
 
 
 def format_summary(summary: dict[str, Any]) -> str:

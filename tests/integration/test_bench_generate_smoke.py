@@ -15,9 +15,11 @@ from bench.generate import (
     RequestTiming,
     goals,
     percentile,
+    step_phases,
     with_rate,
 )
 
+from conveyor.metrics import STEP_PHASES
 from tests.bench_smoke import run_smoke
 
 SUMMARY_FIELDS = {
@@ -61,6 +63,15 @@ def test_smoke_accounts_for_the_kv_cache(smoke_result: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
+def test_smoke_splits_the_engine_step_into_phases(smoke_result: dict[str, Any]) -> None:
+    for pattern in PATTERNS:
+        phases = smoke_result["results"][pattern]["conveyor"]["kv"]["step_phases"]
+        assert list(phases) == list(STEP_PHASES)
+        assert phases["forward"]["total_s"] > 0
+        assert sum(times["share"] for times in phases.values()) == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.slow
 def test_smoke_evaluates_the_goals_and_writes_a_png(
     smoke_result: dict[str, Any], smoke_out: Path
 ) -> None:
@@ -84,6 +95,14 @@ def test_request_timing_and_percentiles() -> None:
     assert RequestTiming(0.0, [0.1]).tpot_s is None
     assert percentile([float(v) for v in range(1, 101)], 0.95) == 95.0
     assert percentile([], 0.5) is None
+
+
+def test_step_phases_are_the_run_s_difference_per_step_and_share() -> None:
+    before = {"schedule": 1.0, "forward": 2.0}
+    after = {"schedule": 1.5, "forward": 3.5}
+    phases = step_phases(after, before, num_steps=10)
+    assert phases["schedule"] == {"total_s": 0.5, "ms_per_step": 50.0, "share": 0.25}
+    assert phases["forward"] == {"total_s": 1.5, "ms_per_step": 150.0, "share": 0.75}
 
 
 def test_goals_compare_with_static_batching() -> None:

@@ -192,9 +192,18 @@ def test_single_request_matches_hf(model: _Model) -> None:
     _assert_matches_reference(model, [seq])
 
 
-@pytest.mark.parametrize("batch_decode", [True, False])
-def test_batch_of_mixed_lengths_matches_hf(model: _Model, batch_decode: bool) -> None:
-    driver = _Driver(model.runner(batch_decode=batch_decode))
+@pytest.mark.parametrize(
+    "runner_options",
+    [
+        {"batch_decode": False},
+        {"decode_bucket_cost_blocks": 1e9},  # one padded bucket for all decode rows
+        {"decode_bucket_cost_blocks": 0.0},  # a bucket per distinct length
+        {},
+    ],
+    ids=["per-row", "one-bucket", "bucket-per-length", "default"],
+)
+def test_batch_of_mixed_lengths_matches_hf(model: _Model, runner_options: dict[str, Any]) -> None:
+    driver = _Driver(model.runner(**runner_options))
     lengths = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 23, 31, 40, 6, 12]
     seqs = [driver.new_seq(p) for p in _random_prompts(lengths, driver.runner.vocab_size, 2)]
     driver.prefill(seqs)
