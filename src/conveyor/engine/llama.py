@@ -105,7 +105,7 @@ class LlamaDecoder(nn.Module):
         rope = rope_angles(step.positions, self.inv_freq, h.dtype)
         block_size = kv_caches[0][0].shape[1]
         masks = {
-            window: build_masks(step, window, h.device, block_size)
+            window: build_masks(step, window, block_size, h)
             for window in set(self.config.sliding_windows)
         }
         for layer, window, kv_cache in zip(

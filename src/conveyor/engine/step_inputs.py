@@ -88,16 +88,22 @@ class StepInput:
 
 @dataclass(slots=True)
 class AttentionMasks:
-    """Boolean attention masks (True = may attend) for one sliding-window setting."""
+    """Additive attention masks (0 = may attend, -inf = hidden) for one sliding-window setting.
+
+    Additive, in the model's dtype, and built once per step for all layers: SDPA on CPU
+    turns a boolean mask into this form on every call, which cost more than the attention.
+    """
 
     prefill: list[torch.Tensor | None]
     decode: list[torch.Tensor | None]
 
 
 def build_masks(
-    step: StepInput, window: int | None, device: torch.device, block_size: int
+    step: StepInput, window: int | None, block_size: int, like: torch.Tensor
 ) -> AttentionMasks:
-    """Masks for every group of the step; None where a plain causal mask does."""
+    """Masks for every group of the step (device and dtype of ``like``); None where a plain
+    causal mask does."""
+    device = like.device
     prefill: list[torch.Tensor | None] = []
     for seq in step.prefills:
         is_window_binding = window is not None and window < seq.end_pos
@@ -108,15 +114,22 @@ def build_masks(
         # the mask is causal aligned to the bottom right, not SDPA's top-left is_causal.
         query_pos = torch.arange(seq.start_pos, seq.end_pos, device=device)[:, None]
         key_pos = torch.arange(seq.end_pos, device=device)[None, :]
-        prefill.append(_causal_window_mask(query_pos, key_pos, window))
+        prefill.append(_additive(_causal_window_mask(query_pos, key_pos, window), like))
     decode: list[torch.Tensor | None] = []
     for bucket in step.decode.buckets if step.decode is not None else ():
         query_pos = bucket.query_positions[:, None]
         num_keys = bucket.block_tables.shape[1] * block_size
         key_pos = torch.arange(num_keys, device=device)[None, :]
         # [b, L] -> [b, 1 (heads), 1 (query), L]; padding keys lie past the query position.
-        decode.append(_causal_window_mask(query_pos, key_pos, window)[:, None, None, :])
+        visible = _causal_window_mask(query_pos, key_pos, window)[:, None, None, :]
+        decode.append(_additive(visible, like))
     return AttentionMasks(prefill=prefill, decode=decode)
+
+
+def _additive(visible: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """0 where ``visible``, -inf elsewhere, in ``like``'s dtype (every row sees its query)."""
+    zeros = torch.zeros(visible.shape, dtype=like.dtype, device=like.device)
+    return zeros.masked_fill_(~visible, float("-inf"))
 
 
 def _causal_window_mask(
