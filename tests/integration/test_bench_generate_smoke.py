@@ -77,6 +77,7 @@ def test_smoke_evaluates_the_goals_and_writes_a_png(
 ) -> None:
     assert {goal["name"] for goal in smoke_result["goals"]} == {
         "burst.throughput_over_static",
+        "burst.cpu_throughput_over_static",
         *(f"{pattern}.ttft_p95_below_static" for pattern in PATTERNS),
     }
     assert all(isinstance(goal["passed"], bool) for goal in smoke_result["goals"])
@@ -110,8 +111,12 @@ def test_goals_compare_with_static_batching() -> None:
         return {"output_tokens_per_s": tok_per_s, "ttft_p95_ms": ttft_p95_ms}
 
     runs = {"conveyor": summary(300.0, 50.0), "hf_static": summary(100.0, 60.0)}
+    runs["conveyor"]["output_tokens_per_cpu_s"] = 200.0
+    runs["hf_static"]["output_tokens_per_cpu_s"] = 100.0
     found = {goal["name"]: goal for goal in goals({"burst": runs, "steady": runs})}
     assert found["burst.throughput_over_static"]["passed"]
     assert found["burst.throughput_over_static"]["value"] == 3.0
     assert found["steady.ttft_p95_below_static"]["passed"]
+    assert found["burst.cpu_throughput_over_static"]["value"] == 2.0
+    assert not found["burst.cpu_throughput_over_static"]["passed"]
     assert "steady.throughput_over_static" not in found  # a fixed offered rate: not compared
