@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine_info(),
         "weight_bytes": num_bytes,
         "bandwidth_tb_s": args.bandwidth_tb_s,
-        "bound_ms": round(bound_ms, 4),
+        "bound_ms": round(bound_ms, 6),
         "result": found,
         "goals": [
             {
