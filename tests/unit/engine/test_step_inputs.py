@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conveyor.engine.step_inputs import (
@@ -11,6 +12,8 @@ from conveyor.engine.step_inputs import (
     StepInput,
     build_masks,
 )
+
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
 LIKE = torch.empty(0)  # masks in float32 on the CPU
 

@@ -29,6 +29,8 @@ from conveyor.testing import (
     torch_threads,
 )
 
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
 DEVICE = device_under_test()  # CONVEYOR_TEST_DEVICE: cpu unless the GPU check sets cuda
 BLOCK_SIZE = 4
 NUM_KV_BLOCKS = 512

@@ -1,4 +1,8 @@
-"""Tiny checkpoints shared by the engine-loop tests, and one torch thread throughout."""
+"""Tiny checkpoints for the tests that run a real model, and one torch thread throughout.
+
+Imported by the ``conftest.py`` of ``tests/unit/engine`` and ``tests/unit/endpoints``, so each
+of those packages builds its checkpoints once.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.testing import build_tiny_llama, build_tiny_qwen3, torch_threads
-from tests.unit.engine_loop.helpers import HFReference
+from tests.unit.model_helpers import HFReference
 
 
 @pytest.fixture(autouse=True, scope="package")
