@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint mutate bench-online clean
+.PHONY: serve test lint mutate bench-online device-wheels clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ export MUTATION_SCORE
 
 bench-online: $(BIN)/.installed
 	$(BIN)/python -m bench.online
+
+# Wheels that bench/device_check.sh installs on a CUDA image (README: "On a GPU").
+device-wheels: $(BIN)/.installed  ## conveyor and the few deps a CUDA PyTorch image lacks, into wheels/
+	PYTHON=$(BIN)/python bench/device_wheels.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants mutants.log .coverage .coverage.*

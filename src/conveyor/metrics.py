@@ -46,6 +46,8 @@ def outcome_of(status_code: int) -> str:
 CLOSE_REASONS = ("full", "tokens", "wait")
 # Why a generation request ended: OpenAI's finish reasons, a caller's abort, an engine error.
 FINISH_REASONS = ("stop", "length", "abort", "error")
+# Where an engine step's time goes (see llm_engine.LLMEngine._step).
+STEP_PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
 LENGTH_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072 tokens
 
 
@@ -102,6 +104,7 @@ class GeneratorMetrics:
     prompt_length: Any
     generation_length: Any
     queue_time_s: Any
+    step_phase_s: dict[str, Any]
 
 
 class DistributionMetrics:
@@ -263,6 +266,11 @@ class Metrics:
             "conveyor_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache",
             ["model"], registry=reg,
         )  # fmt: skip
+        self.step_phase_s = Counter(
+            "conveyor_engine_step_seconds_total",
+            "Engine-thread seconds in each phase of a step (schedule, prepare, forward, "
+            "sample, postprocess)", ["model", "phase"], registry=reg,
+        )  # fmt: skip
 
     def _add_generation_request_families(self, reg: CollectorRegistry) -> None:
         """Per-request families of generative models, after vLLM's (see the README)."""
@@ -333,6 +341,7 @@ class Metrics:
             prompt_length=self.prompt_length.labels(model),
             generation_length=self.generation_length.labels(model),
             queue_time_s=self.queue_time_s.labels(model),
+            step_phase_s={p: self.step_phase_s.labels(model, p) for p in STEP_PHASES},
         )
 
 

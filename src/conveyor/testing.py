@@ -8,6 +8,7 @@ engine can load it like a real model.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,10 +24,32 @@ __all__ = [
     "build_tiny_qwen2",
     "build_tiny_qwen3",
     "build_tiny_tokenizer",
+    "device_under_test",
+    "dtype_under_test",
     "torch_threads",
 ]
 
 ModelSize = Literal["tiny", "bench"]
+
+# Where the engine's model tests run: "cpu" unless set (the GPU device check sets "cuda").
+TEST_DEVICE_ENV = "CONVEYOR_TEST_DEVICE"
+# Their dtype: "float32" unless set; greedy parity with HF holds token for token in float32.
+TEST_DTYPE_ENV = "CONVEYOR_TEST_DTYPE"
+
+
+def device_under_test() -> str:
+    """The device the engine's model tests use (``CONVEYOR_TEST_DEVICE``, default "cpu")."""
+    return os.environ.get(TEST_DEVICE_ENV, "cpu")
+
+
+def dtype_under_test() -> torch.dtype:
+    """The dtype of those tests (``CONVEYOR_TEST_DTYPE``: float32, bfloat16 or float16)."""
+    name = os.environ.get(TEST_DTYPE_ENV, "float32")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"{TEST_DTYPE_ENV} must be one of {sorted(dtypes)}, got {name!r}")
+    return dtypes[name]
+
 
 BOS_TOKEN = "<s>"
 EOS_TOKEN = "</s>"

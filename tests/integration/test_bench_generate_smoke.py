@@ -15,9 +15,11 @@ from bench.generate import (
     RequestTiming,
     goals,
     percentile,
+    step_phases,
     with_rate,
 )
 
+from conveyor.metrics import STEP_PHASES
 from tests.bench_smoke import run_smoke
 
 SUMMARY_FIELDS = {
@@ -61,11 +63,21 @@ def test_smoke_accounts_for_the_kv_cache(smoke_result: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
+def test_smoke_splits_the_engine_step_into_phases(smoke_result: dict[str, Any]) -> None:
+    for pattern in PATTERNS:
+        phases = smoke_result["results"][pattern]["conveyor"]["kv"]["step_phases"]
+        assert list(phases) == list(STEP_PHASES)
+        assert phases["forward"]["total_s"] > 0
+        assert sum(times["share"] for times in phases.values()) == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.slow
 def test_smoke_evaluates_the_goals_and_writes_a_png(
     smoke_result: dict[str, Any], smoke_out: Path
 ) -> None:
     assert {goal["name"] for goal in smoke_result["goals"]} == {
         "burst.throughput_over_static",
+        "burst.cpu_throughput_over_static",
         *(f"{pattern}.ttft_p95_below_static" for pattern in PATTERNS),
     }
     assert all(isinstance(goal["passed"], bool) for goal in smoke_result["goals"])
@@ -86,13 +98,25 @@ def test_request_timing_and_percentiles() -> None:
     assert percentile([], 0.5) is None
 
 
+def test_step_phases_are_the_run_s_difference_per_step_and_share() -> None:
+    before = {"schedule": 1.0, "forward": 2.0}
+    after = {"schedule": 1.5, "forward": 3.5}
+    phases = step_phases(after, before, num_steps=10)
+    assert phases["schedule"] == {"total_s": 0.5, "ms_per_step": 50.0, "share": 0.25}
+    assert phases["forward"] == {"total_s": 1.5, "ms_per_step": 150.0, "share": 0.75}
+
+
 def test_goals_compare_with_static_batching() -> None:
     def summary(tok_per_s: float, ttft_p95_ms: float) -> dict[str, Any]:
         return {"output_tokens_per_s": tok_per_s, "ttft_p95_ms": ttft_p95_ms}
 
     runs = {"conveyor": summary(300.0, 50.0), "hf_static": summary(100.0, 60.0)}
+    runs["conveyor"]["output_tokens_per_cpu_s"] = 200.0
+    runs["hf_static"]["output_tokens_per_cpu_s"] = 100.0
     found = {goal["name"]: goal for goal in goals({"burst": runs, "steady": runs})}
     assert found["burst.throughput_over_static"]["passed"]
     assert found["burst.throughput_over_static"]["value"] == 3.0
     assert found["steady.ttft_p95_below_static"]["passed"]
+    assert found["burst.cpu_throughput_over_static"]["value"] == 2.0
+    assert not found["burst.cpu_throughput_over_static"]["passed"]
     assert "steady.throughput_over_static" not in found  # a fixed offered rate: not compared

@@ -20,6 +20,7 @@ from conveyor.engine.step import StepExecutor
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.priority import Priority
+from conveyor.testing import device_under_test, dtype_under_test
 
 FIRST_ORDINARY_TOKEN = 3  # ids 0..2 are pad, BOS and EOS in the tiny tokenizer
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -40,9 +41,13 @@ def engine_config(**overrides: int) -> EngineConfig:
 
 
 def make_runner(path: Path, config: EngineConfig) -> ModelRunner:
-    """A CPU runner whose pool matches ``config``."""
+    """A runner (CPU unless CONVEYOR_TEST_DEVICE says otherwise) whose pool matches ``config``."""
     return ModelRunner(
-        path, num_kv_blocks=config.num_kv_blocks, block_size=config.block_size, device="cpu"
+        path,
+        num_kv_blocks=config.num_kv_blocks,
+        block_size=config.block_size,
+        device=device_under_test(),
+        dtype=dtype_under_test(),
     )
 
 
@@ -131,7 +136,8 @@ class HFReference:
     """Hugging Face greedy ``generate`` of one checkpoint, memoised per prompt and length."""
 
     def __init__(self, checkpoint: Path) -> None:
-        self.model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint))
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype_under_test())
+        self.model: Any = model.to(device_under_test())
         self._cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
@@ -140,8 +146,10 @@ class HFReference:
         if key not in self._cache:
             with torch.no_grad():
                 out = self.model.generate(
-                    torch.tensor([list(prompt)]),
-                    attention_mask=torch.ones((1, len(prompt)), dtype=torch.int64),
+                    torch.tensor([list(prompt)], device=self.model.device),
+                    attention_mask=torch.ones(
+                        (1, len(prompt)), dtype=torch.int64, device=self.model.device
+                    ),
                     do_sample=False,
                     max_new_tokens=max_new_tokens,
                 )

@@ -5,10 +5,11 @@ Torch-free, so callers can size and describe an engine without loading a model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from conveyor.engine.job_share import JobShareConfig
 from conveyor.engine.scheduler import SchedulerConfig
+from conveyor.metrics import STEP_PHASES
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,3 +56,7 @@ class EngineStats:
     max_num_running: int = 0
     # Seconds the engine thread waited for grammar masks after the forward pass.
     grammar_wait_s: float = 0.0
+    # Engine-thread seconds per phase of a step: schedule (plan the step, start grammar
+    # masks), prepare (pack the step's inputs onto the device), forward (the model),
+    # sample (wait for masks, sample), postprocess (advance sequences, detokenize, deliver).
+    step_phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PHASES, 0.0))

@@ -5,8 +5,29 @@ from __future__ import annotations
 import time
 
 from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.engine_config import EngineStats
 from conveyor.engine.request import GenerationRequest
+from conveyor.engine.step import PrepareTimed, StepExecutor
 from conveyor.metrics import GeneratorMetrics
+
+
+class StepPhases:
+    """Adds engine-thread seconds to the step phases, in the stats and the metrics."""
+
+    def __init__(self, stats: EngineStats, metrics: GeneratorMetrics) -> None:
+        self._totals = stats.step_phase_s
+        self._counters = metrics.step_phase_s
+
+    def count(self, phase: str, seconds: float) -> None:
+        """Add ``seconds`` to ``phase`` (one of ``metrics.STEP_PHASES``)."""
+        self._totals[phase] += seconds
+        self._counters[phase].inc(seconds)
+
+    def count_run(self, run_s: float, runner: StepExecutor) -> None:
+        """Split a runner's ``execute`` time into preparing inputs and the forward pass."""
+        prepare_s = runner.last_prepare_s if isinstance(runner, PrepareTimed) else 0.0
+        self.count("prepare", prepare_s)
+        self.count("forward", max(0.0, run_s - prepare_s))
 
 
 def record_admission(

@@ -103,8 +103,9 @@ class LlamaDecoder(nn.Module):
         """Run one step; returns logits [len(step.logits_indices), vocab] in the model dtype."""
         h = self.model.embed_tokens(step.input_ids)
         rope = rope_angles(step.positions, self.inv_freq, h.dtype)
+        block_size = kv_caches[0][0].shape[1]
         masks = {
-            window: build_masks(step, window, h.device)
+            window: build_masks(step, window, block_size, h)
             for window in set(self.config.sliding_windows)
         }
         for layer, window, kv_cache in zip(

@@ -23,7 +23,12 @@ import torch
 
 from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.engine_config import EngineConfig, EngineStats
-from conveyor.engine.engine_metrics import publish_kv_usage, record_admission, record_finish
+from conveyor.engine.engine_metrics import (
+    StepPhases,
+    publish_kv_usage,
+    record_admission,
+    record_finish,
+)
 from conveyor.engine.grammar import GrammarCompiler
 from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
 from conveyor.engine.job_share import JobShare
@@ -91,6 +96,7 @@ class LLMEngine:
         self._runner = runner
         self._tokenizer = tokenizer
         self._metrics = metrics if metrics is not None else null_generator_metrics()
+        self._phases = StepPhases(self.stats, self._metrics)
         self._scheduler = Scheduler(
             config.scheduler_config(),
             BlockManager(config.num_kv_blocks, config.block_size),
@@ -215,10 +221,14 @@ class LLMEngine:
             while (
                 commands := self._inbox.take(has_work=self._scheduler.has_unfinished)
             ) is not None:
+                started_s = time.perf_counter()
                 self._apply(commands)
+                self._phases.count("schedule", time.perf_counter() - started_s)
                 if self._scheduler.has_unfinished:
                     self._step()
+                started_s = time.perf_counter()
                 self._publish()
+                self._phases.count("postprocess", time.perf_counter() - started_s)
         except Exception:
             log.exception("engine %s crashed", self.name)
             self._inbox.stop()  # refuse new requests from now on
@@ -261,6 +271,7 @@ class LLMEngine:
 
     def _step(self) -> None:
         """Plan, run, sample and account for one step."""
+        scheduled_s = time.perf_counter()
         output = self._scheduler.schedule()
         self._note_preemptions(output)
         if output.is_empty:
@@ -274,6 +285,7 @@ class LLMEngine:
         )
         chunks = output.to_chunks()
         started_s = time.perf_counter()
+        self._phases.count("schedule", started_s - scheduled_s)
         try:
             logits = self._runner.execute(chunks)
         except ModelOutOfMemory as exc:
@@ -284,17 +296,19 @@ class LLMEngine:
             self._fail_step(output, ModelFault(f"the model failed on this step: {exc}"))
             return
         finally:
+            ran_s = time.perf_counter()
             # Always joined: a matcher must not advance while its mask is being filled.
             allowed = None if pending is None else pending.wait()
         if pending is not None:
             self.stats.grammar_wait_s += pending.wait_s
         self.stats.num_steps += 1
-        self._charge(output, chunks, time.perf_counter() - started_s)
+        self._phases.count_run(ran_s - started_s, self._runner)
+        self._charge(output, chunks, ran_s - started_s)
         self._note_admissions(output)
         if self._spans.num_live:  # some request is traced: its spans go out before its answer
             seq_ids = [scheduled.seq.seq_id for scheduled in output.scheduled]
             self._spans.stepped(seq_ids, output.num_batched_tokens, started_s, self._entries)
-        self._finish_step(output, sampling, logits, allowed)
+        self._finish_step(output, sampling, logits, allowed, sample_from_s=ran_s)
 
     def _charge(self, output: SchedulerOutput, chunks: list[SeqChunk], step_s: float) -> None:
         """Give each scheduled request its share of the step's time, by tokens computed."""
@@ -341,8 +355,13 @@ class LLMEngine:
         sampling: list[_Entry],
         logits: torch.Tensor,
         allowed: torch.Tensor | None,
+        *,
+        sample_from_s: float,
     ) -> None:
-        """Sample, advance the scheduler, check stops, hand outputs to the streams."""
+        """Sample, advance the scheduler, check stops, hand outputs to the streams.
+
+        The sample phase counts from ``sample_from_s`` (the end of the forward pass).
+        """
         result = self._sampler.sample(
             logits,
             [entry.request.params for entry in sampling],
@@ -350,6 +369,8 @@ class LLMEngine:
             histories=[entry.request.history() for entry in sampling],
             allowed=allowed,
         )
+        sampled_s = time.perf_counter()
+        self._phases.count("sample", sampled_s - sample_from_s)
         sampled = {
             entry.request.request_id: token
             for entry, token in zip(sampling, result.token_ids, strict=True)
@@ -369,6 +390,7 @@ class LLMEngine:
                 deliveries.append((capped_entry.stream, last))
                 self._retire(capped_entry)
         deliver_threadsafe(deliveries)
+        self._phases.count("postprocess", time.perf_counter() - sampled_s)
 
     def _take_token(
         self, entry: _Entry, token_id: int, logprobs: TokenLogprobs | None, now_s: float

@@ -9,16 +9,18 @@ for them. Out-of-memory errors come back as :class:`StepOutOfMemory` /
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from conveyor.engine.decode_buckets import plan_decode_buckets
 from conveyor.engine.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
 from conveyor.engine.llama import LlamaDecoder
 from conveyor.engine.step import SeqChunk
-from conveyor.engine.step_inputs import DecodeBatch, PrefillSpan, StepInput
+from conveyor.engine.step_inputs import DecodeBatch, DecodeBucket, PrefillSpan, StepInput
 from conveyor.engine.weight_loader import count_checkpoint_params, load_weights
 from conveyor.errors import ModelOutOfMemory
 
@@ -43,6 +45,12 @@ _CPU_OOM_MESSAGE = "DefaultCPUAllocator: can't allocate memory"
 
 # Headroom kept free for a step's activations when sizing the cache from a memory fraction.
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * 1024**3
+
+# The fixed cost of one more decode-attention call, in KV blocks read (see decode_buckets).
+# On CPU a call costs about as much as reading 32 blocks (measured); on a GPU, where
+# reading a block takes nanoseconds and launching kernels microseconds, far more (a guess,
+# not yet measured on a GPU).
+DECODE_BUCKET_COST_BLOCKS = {"cpu": 32.0, "cuda": 2048.0}
 
 
 class StepOutOfMemory(ModelOutOfMemory):
@@ -149,8 +157,9 @@ class ModelRunner:
     ``num_kv_blocks`` blocks of ``block_size`` tokens are allocated per layer for K and for
     V, shaped ``[num_kv_blocks, block_size, num_kv_heads, head_dim]`` (see
     :func:`num_kv_blocks_for_tokens` / :func:`num_kv_blocks_for_memory_fraction` to size
-    it). ``batch_decode`` attends all single-token (decode) chunks of a step in one padded
-    call instead of one call each.
+    it). ``batch_decode`` attends the single-token (decode) chunks of a step together,
+    bucketed by context length, instead of one call each; ``decode_bucket_cost_blocks``
+    is a bucket's fixed cost in blocks read (default: by device, see ``decode_buckets``).
     """
 
     def __init__(
@@ -162,6 +171,7 @@ class ModelRunner:
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
         batch_decode: bool = True,
+        decode_bucket_cost_blocks: float | None = None,
     ) -> None:
         if num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
@@ -175,7 +185,11 @@ class ModelRunner:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.batch_decode = batch_decode
+        if decode_bucket_cost_blocks is None:
+            decode_bucket_cost_blocks = DECODE_BUCKET_COST_BLOCKS.get(self.device.type, 2048.0)
+        self.decode_bucket_cost_blocks = decode_bucket_cost_blocks
         self.eos_token_ids = read_eos_token_ids(self.checkpoint_dir, raw_config)
+        self.last_prepare_s = 0.0  # of the last execute (see step.PrepareTimed)
         self.model = self._load_model()
         self.kv_caches = self._allocate_kv_cache()
 
@@ -209,9 +223,15 @@ class ModelRunner:
             self._check_chunk(chunk)
         try:
             with torch.inference_mode():
+                started_s = time.perf_counter()
                 step = self._prepare(chunks)
-                logits: torch.Tensor = self.model(step, self.kv_caches)
-                return logits.to(torch.float32)
+                self.last_prepare_s = time.perf_counter() - started_s
+                logits: torch.Tensor = self.model(step, self.kv_caches).to(torch.float32)
+            if self.device.type == "cuda":
+                # Sampling waits for the logits anyway; waiting here puts the model's time
+                # in the step's forward phase, not in whatever reads the logits first.
+                torch.cuda.synchronize(self.device)
+            return logits
         except RuntimeError as error:
             if not _is_out_of_memory(error):
                 raise
@@ -297,18 +317,14 @@ class ModelRunner:
         """Build the step's index tensors on the host, then move them in one copy each."""
         plan = self._plan_on_cpu(chunks)
         to_device = self._to_device
-        prefill_slots = [
-            self._context_slots(chunk) if chunk.start_pos > 0 else None
-            for _, chunk in plan.prefill_chunks
-        ]
         prefills = tuple(
             PrefillSpan(
                 token_start=token_start,
                 token_end=token_start + len(chunk.token_ids),
                 start_pos=chunk.start_pos,
-                context_slots=None if slots is None else to_device(slots),
+                context_blocks=None if chunk.start_pos == 0 else to_device(self._blocks(chunk)),
             )
-            for (token_start, chunk), slots in zip(plan.prefill_chunks, prefill_slots, strict=True)
+            for token_start, chunk in plan.prefill_chunks
         )
         return StepInput(
             input_ids=to_device(torch.tensor(plan.input_ids, dtype=torch.int64)),
@@ -323,34 +339,35 @@ class ModelRunner:
         """Copy a host index tensor to the model's device."""
         return tensor.to(self.device, non_blocking=True)
 
-    def _context_slots(self, chunk: SeqChunk) -> torch.Tensor:
-        """Cache slots of positions ``0 .. end_pos - 1`` of one sequence."""
-        positions = torch.arange(chunk.end_pos)
+    def _blocks(self, chunk: SeqChunk) -> torch.Tensor:
+        """The blocks holding positions ``0 .. end_pos - 1`` of one sequence."""
         num_blocks = math.ceil(chunk.end_pos / self.block_size)
-        table = torch.tensor(chunk.block_table[:num_blocks], dtype=torch.int64)
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+        return torch.tensor(chunk.block_table[:num_blocks], dtype=torch.int64)
 
     def _decode_batch(self, decode_chunks: list[tuple[int, SeqChunk]]) -> DecodeBatch | None:
-        """Padded context slots for all single-token chunks; None when there are none."""
+        """Single-token chunks ordered by context length and cut into buckets; None if none."""
         if not decode_chunks:
             return None
-        max_len = max(chunk.end_pos for _, chunk in decode_chunks)
-        max_blocks = math.ceil(max_len / self.block_size)
-        # Short tables are padded with block 0: those slots lie past each sequence's own
-        # context, so the mask gives them zero weight.
-        tables = torch.zeros((len(decode_chunks), max_blocks), dtype=torch.int64)
-        for row, (_, chunk) in enumerate(decode_chunks):
-            blocks = chunk.block_table[: math.ceil(chunk.end_pos / self.block_size)]
-            tables[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
-        positions = torch.arange(max_len)
-        slots = tables[:, positions // self.block_size] * self.block_size
-        slots += positions % self.block_size
-        return DecodeBatch(
-            token_indices=self._to_device(
-                torch.tensor([start for start, _ in decode_chunks], dtype=torch.int64)
-            ),
-            context_slots=self._to_device(slots),
-            query_positions=self._to_device(
-                torch.tensor([chunk.start_pos for _, chunk in decode_chunks], dtype=torch.int64)
-            ),
-        )
+        block_size = self.block_size
+        rows = sorted(decode_chunks, key=lambda row: row[1].end_pos)
+        num_blocks = [-(-chunk.end_pos // block_size) for _, chunk in rows]
+        buckets = []
+        for start, end in plan_decode_buckets(num_blocks, self.decode_bucket_cost_blocks):
+            width = num_blocks[end - 1]
+            # Short tables are padded with block 0: its keys lie past each row's own
+            # context, so the mask gives them zero weight.
+            tables = [
+                [*chunk.block_table[: num_blocks[row]], *[0] * (width - num_blocks[row])]
+                for row, (_, chunk) in enumerate(rows[start:end], start)
+            ]
+            positions = [chunk.start_pos for _, chunk in rows[start:end]]
+            buckets.append(
+                DecodeBucket(
+                    row_start=start,
+                    row_end=end,
+                    block_tables=self._to_device(torch.tensor(tables, dtype=torch.int64)),
+                    query_positions=self._to_device(torch.tensor(positions, dtype=torch.int64)),
+                )
+            )
+        token_indices = torch.tensor([start for start, _ in rows], dtype=torch.int64)
+        return DecodeBatch(token_indices=self._to_device(token_indices), buckets=tuple(buckets))

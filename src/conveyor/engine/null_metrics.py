@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from conveyor.metrics import FINISH_REASONS, OUTCOMES, GeneratorMetrics
+from conveyor.metrics import FINISH_REASONS, OUTCOMES, STEP_PHASES, GeneratorMetrics
 
 __all__ = ["null_generator_metrics"]
 
@@ -32,10 +32,11 @@ def null_generator_metrics() -> GeneratorMetrics:
     children = {
         field.name: noop
         for field in dataclasses.fields(GeneratorMetrics)
-        if field.name not in ("requests", "finished")
+        if field.name not in ("requests", "finished", "step_phase_s")
     }
     return GeneratorMetrics(
         **children,
         requests=dict.fromkeys(OUTCOMES, noop),
         finished=dict.fromkeys(FINISH_REASONS, noop),
+        step_phase_s=dict.fromkeys(STEP_PHASES, noop),
     )

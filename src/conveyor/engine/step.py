@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # named in annotations only
     import torch
 
-__all__ = ["SeqChunk", "StepExecutor"]
+__all__ = ["PrepareTimed", "SeqChunk", "StepExecutor"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -48,3 +48,12 @@ class StepExecutor(Protocol):
 
     def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
         """Run one step; logits [chunks needing logits, vocab] in chunk order."""
+
+
+@runtime_checkable
+class PrepareTimed(Protocol):
+    """An executor that says how much of its last ``execute`` went to packing inputs."""
+
+    @property
+    def last_prepare_s(self) -> float:
+        """Seconds the last ``execute`` spent building its inputs, before the model ran."""

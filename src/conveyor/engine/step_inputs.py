@@ -2,8 +2,10 @@
 
 A step packs every sequence's new tokens into one ``[T]`` row of token ids. Prefilling
 sequences are attended one by one (``PrefillSpan``); single-token decodes are attended
-together over padded contexts (``DecodeBatch``). The slot of position ``p`` of a sequence
-is ``block_table[p // block_size] * block_size + p % block_size``.
+in buckets of similar context length (``DecodeBatch``), each bucket padded only to its own
+longest context (see ``decode_buckets``). Attention reads the cache a whole block at a
+time: position ``p`` of a sequence lives in block ``block_table[p // block_size]`` at
+offset ``p % block_size`` (its slot is ``block * block_size + offset``).
 """
 
 from __future__ import annotations
@@ -12,21 +14,28 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AttentionMasks", "DecodeBatch", "PrefillSpan", "StepInput", "build_masks"]
+__all__ = [
+    "AttentionMasks",
+    "DecodeBatch",
+    "DecodeBucket",
+    "PrefillSpan",
+    "StepInput",
+    "build_masks",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillSpan:
     """One sequence attended on its own: its tokens are ``[token_start, token_end)`` of the step.
 
-    ``context_slots`` holds the cache slots of positions ``0 .. end_pos - 1``; it is None
+    ``context_blocks`` holds the cache blocks of positions ``0 .. end_pos - 1``; it is None
     when ``start_pos == 0``, since then the keys are exactly this step's new tokens.
     """
 
     token_start: int
     token_end: int
     start_pos: int
-    context_slots: torch.Tensor | None
+    context_blocks: torch.Tensor | None
 
     @property
     def query_len(self) -> int:
@@ -40,17 +49,29 @@ class PrefillSpan:
 
 
 @dataclass(frozen=True, slots=True)
-class DecodeBatch:
-    """Sequences with one new token each, attended together with padded contexts.
+class DecodeBucket:
+    """Decode rows ``[row_start, row_end)`` of a ``DecodeBatch``, attended in one call.
 
-    ``token_indices`` [B] picks their tokens out of the step; ``context_slots`` [B, L] holds
-    each one's cache slots padded to the longest context; ``query_positions`` [B] is each
-    new token's position (its context length minus one).
+    ``block_tables`` [b, n] holds each row's blocks, padded to the bucket's longest row
+    (``n`` blocks); ``query_positions`` [b] is each new token's position (its context
+    length minus one): keys past it are padding.
+    """
+
+    row_start: int
+    row_end: int
+    block_tables: torch.Tensor
+    query_positions: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    """Sequences with one new token each, ordered by context length and cut into buckets.
+
+    ``token_indices`` [B] picks row ``i``'s token out of the step.
     """
 
     token_indices: torch.Tensor
-    context_slots: torch.Tensor
-    query_positions: torch.Tensor
+    buckets: tuple[DecodeBucket, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +88,22 @@ class StepInput:
 
 @dataclass(slots=True)
 class AttentionMasks:
-    """Boolean attention masks (True = may attend) for one sliding-window setting."""
+    """Additive attention masks (0 = may attend, -inf = hidden) for one sliding-window setting.
+
+    Additive, in the model's dtype, and built once per step for all layers: SDPA on CPU
+    turns a boolean mask into this form on every call, which cost more than the attention.
+    """
 
     prefill: list[torch.Tensor | None]
-    decode: torch.Tensor | None
+    decode: list[torch.Tensor | None]
 
 
-def build_masks(step: StepInput, window: int | None, device: torch.device) -> AttentionMasks:
-    """Masks for every group of the step; None where a plain causal mask does."""
+def build_masks(
+    step: StepInput, window: int | None, block_size: int, like: torch.Tensor
+) -> AttentionMasks:
+    """Masks for every group of the step (device and dtype of ``like``); None where a plain
+    causal mask does."""
+    device = like.device
     prefill: list[torch.Tensor | None] = []
     for seq in step.prefills:
         is_window_binding = window is not None and window < seq.end_pos
@@ -85,14 +114,22 @@ def build_masks(step: StepInput, window: int | None, device: torch.device) -> At
         # the mask is causal aligned to the bottom right, not SDPA's top-left is_causal.
         query_pos = torch.arange(seq.start_pos, seq.end_pos, device=device)[:, None]
         key_pos = torch.arange(seq.end_pos, device=device)[None, :]
-        prefill.append(_causal_window_mask(query_pos, key_pos, window))
-    decode = None
-    if step.decode is not None:
-        query_pos = step.decode.query_positions[:, None]
-        key_pos = torch.arange(step.decode.context_slots.shape[1], device=device)[None, :]
-        # [B, L] -> [B, 1 (heads), 1 (query), L]; padding keys lie past the query position.
-        decode = _causal_window_mask(query_pos, key_pos, window)[:, None, None, :]
+        prefill.append(_additive(_causal_window_mask(query_pos, key_pos, window), like))
+    decode: list[torch.Tensor | None] = []
+    for bucket in step.decode.buckets if step.decode is not None else ():
+        query_pos = bucket.query_positions[:, None]
+        num_keys = bucket.block_tables.shape[1] * block_size
+        key_pos = torch.arange(num_keys, device=device)[None, :]
+        # [b, L] -> [b, 1 (heads), 1 (query), L]; padding keys lie past the query position.
+        visible = _causal_window_mask(query_pos, key_pos, window)[:, None, None, :]
+        decode.append(_additive(visible, like))
     return AttentionMasks(prefill=prefill, decode=decode)
+
+
+def _additive(visible: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """0 where ``visible``, -inf elsewhere, in ``like``'s dtype (every row sees its query)."""
+    zeros = torch.zeros(visible.shape, dtype=like.dtype, device=like.device)
+    return zeros.masked_fill_(~visible, float("-inf"))
 
 
 def _causal_window_mask(

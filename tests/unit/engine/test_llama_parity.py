@@ -24,11 +24,14 @@ from conveyor.testing import (
     build_tiny_mistral,
     build_tiny_qwen2,
     build_tiny_qwen3,
+    device_under_test,
+    dtype_under_test,
     torch_threads,
 )
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
+DEVICE = device_under_test()  # CONVEYOR_TEST_DEVICE: cpu unless the GPU check sets cuda
 BLOCK_SIZE = 4
 NUM_KV_BLOCKS = 512
 MAX_NEW_TOKENS = 10
@@ -128,7 +131,8 @@ class _Reference:
 
     def __init__(self, checkpoint: Path) -> None:
         # from_pretrained returns the model in eval mode already.
-        self.model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint))
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype_under_test())
+        self.model: Any = model.to(device_under_test())
         self._cache: dict[tuple[int, ...], list[int]] = {}
 
     def generate(self, prompt: Sequence[int]) -> list[int]:
@@ -136,7 +140,9 @@ class _Reference:
         if key not in self._cache:
             with torch.no_grad():
                 out = self.model.generate(
-                    torch.tensor([prompt]), do_sample=False, max_new_tokens=MAX_NEW_TOKENS
+                    torch.tensor([prompt], device=self.model.device),
+                    do_sample=False,
+                    max_new_tokens=MAX_NEW_TOKENS,
                 )
             self._cache[key] = out[0, len(prompt) :].tolist()
         return self._cache[key]
@@ -150,9 +156,8 @@ class _Model:
     reference: _Reference
 
     def runner(self, **kwargs: Any) -> ModelRunner:
-        return ModelRunner(
-            self.path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, device="cpu", **kwargs
-        )
+        options = {"device": device_under_test(), "dtype": dtype_under_test(), **kwargs}
+        return ModelRunner(self.path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, **options)
 
 
 def _model(
@@ -180,7 +185,7 @@ def test_tiny_checkpoints_give_varied_well_separated_greedy_output(model: _Model
     # logits nearly tie, would make "matches HF" weak or flaky.
     prompt = _random_prompts([16], 512, seed=7)[0]
     with torch.no_grad():
-        logits = model.reference.model(torch.tensor([prompt])).logits[0]
+        logits = model.reference.model(torch.tensor([prompt], device=DEVICE)).logits[0]
     top2 = logits.topk(2, dim=-1).values
     assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-3
     assert len(set(model.reference.generate(prompt))) > MAX_NEW_TOKENS // 2
@@ -194,9 +199,18 @@ def test_single_request_matches_hf(model: _Model) -> None:
     _assert_matches_reference(model, [seq])
 
 
-@pytest.mark.parametrize("batch_decode", [True, False])
-def test_batch_of_mixed_lengths_matches_hf(model: _Model, batch_decode: bool) -> None:
-    driver = _Driver(model.runner(batch_decode=batch_decode))
+@pytest.mark.parametrize(
+    "runner_options",
+    [
+        {"batch_decode": False},
+        {"decode_bucket_cost_blocks": 1e9},  # one padded bucket for all decode rows
+        {"decode_bucket_cost_blocks": 0.0},  # a bucket per distinct length
+        {},
+    ],
+    ids=["per-row", "one-bucket", "bucket-per-length", "default"],
+)
+def test_batch_of_mixed_lengths_matches_hf(model: _Model, runner_options: dict[str, Any]) -> None:
+    driver = _Driver(model.runner(**runner_options))
     lengths = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 23, 31, 40, 6, 12]
     seqs = [driver.new_seq(p) for p in _random_prompts(lengths, driver.runner.vocab_size, 2)]
     driver.prefill(seqs)
@@ -260,9 +274,12 @@ def test_logits_only_for_chunks_that_ask_in_order(model: _Model) -> None:
     ]
     logits = runner.execute(chunks)
     with torch.no_grad():
-        expected = [model.reference.model(torch.tensor([prompts[i]])).logits[0, -1] for i in (0, 2)]
+        expected = [
+            model.reference.model(torch.tensor([prompts[i]], device=DEVICE)).logits[0, -1]
+            for i in (0, 2)
+        ]
     assert logits.shape == (2, runner.vocab_size)
-    torch.testing.assert_close(logits, torch.stack(expected), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, torch.stack(expected).float(), rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------- architecture variants

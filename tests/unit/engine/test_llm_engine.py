@@ -4,6 +4,7 @@ model faults, seeded sampling, shutdown, and the hosted model's queue bound and 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from conveyor.errors import (
     QueueFull,
     ServiceUnavailable,
 )
-from conveyor.metrics import Metrics
+from conveyor.metrics import STEP_PHASES, Metrics
 from tests.unit.model_helpers import (
     GREEDY,
     HFReference,
@@ -312,3 +313,17 @@ async def test_an_engine_bug_fails_everything_and_refuses_new_work(
             submit(engine, PROMPT, GREEDY, request_id="after")
     finally:
         engine.stop()
+
+
+async def test_step_phases_add_up_to_the_engine_threads_step_time(llama_path: Path) -> None:
+    config = engine_config()
+    with running_engine(llama_path, config) as engine:
+        started_s = time.perf_counter()
+        await generate(engine, random_prompts([9, 14], VOCAB_SIZE, seed=3), [GREEDY, GREEDY])
+        await wait_idle(engine)
+        elapsed_s = time.perf_counter() - started_s
+        phases = dict(engine.stats.step_phase_s)
+    assert set(phases) == set(STEP_PHASES)
+    assert all(seconds > 0 for seconds in phases.values()), phases
+    # Every phase is engine-thread time inside the run, counted once.
+    assert sum(phases.values()) <= elapsed_s

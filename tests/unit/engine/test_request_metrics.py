@@ -74,6 +74,11 @@ async def test_generation_and_http_metrics_after_a_few_requests(
     assert value(found, "conveyor_http_requests_total", **route, status="200") == 2
     assert value(found, "conveyor_http_requests_total", **route, status="400") == 1
     assert value(found, "process_cpu_seconds_total") > 0
+    phases = {
+        phase: value(found, "conveyor_engine_step_seconds_total", model="tiny", phase=phase)
+        for phase in ("schedule", "prepare", "forward", "sample", "postprocess")
+    }
+    assert all(seconds > 0 for seconds in phases.values()), phases
 
 
 async def test_unmatched_paths_share_one_route_label(client: httpx.AsyncClient) -> None:

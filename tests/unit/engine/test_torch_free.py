@@ -11,6 +11,8 @@ import sys
 
 TORCH_FREE_MODULES = (
     "conveyor.engine.block_manager",
+    "conveyor.engine.decode_buckets",
+    "conveyor.engine.engine_config",
     "conveyor.engine.generator",
     "conveyor.engine.hf_config",
     "conveyor.engine.inbox",

@@ -2,7 +2,9 @@
 
 Each layer's cache is a pair of tensors ``[num_blocks, block_size, num_kv_heads,
 head_dim]``; attention writes the step's keys and values into their slots first, then
-reads each sequence's whole context back out of them.
+reads each sequence's context back out of them a whole block at a time (one contiguous
+copy per block, not one per token). Decode rows are read in buckets of similar context
+length, so each row costs about its own context, not the step's longest.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from conveyor.engine.hf_config import DecoderConfig
 from conveyor.engine.layers.linear import Linear
 from conveyor.engine.layers.norm import RMSNorm
 from conveyor.engine.layers.rotary import apply_rope
-from conveyor.engine.step_inputs import AttentionMasks, DecodeBatch, PrefillSpan, StepInput
+from conveyor.engine.step_inputs import (
+    AttentionMasks,
+    DecodeBatch,
+    DecodeBucket,
+    PrefillSpan,
+    StepInput,
+)
 
 __all__ = ["Attention", "grouped_attention"]
 
@@ -98,16 +106,27 @@ class Attention(nn.Module):
         # Write first: a chunk's own keys must be visible to its own queries.
         k_slots.index_copy_(0, step.slot_mapping, k)
         v_slots.index_copy_(0, step.slot_mapping, v)
+        # One row per block: a block number gathers a whole block in one copy.
+        blocks = (kv_cache[0].flatten(1), kv_cache[1].flatten(1))
         out = torch.empty_like(q)
         for seq, mask in zip(step.prefills, masks.prefill, strict=True):
-            out[seq.token_start : seq.token_end] = self._attend_prefill(
-                q, k, v, seq, mask, k_slots, v_slots
-            )
-        if step.decode is not None and masks.decode is not None:
-            decoded = self._attend_decode(q, step.decode, masks.decode, k_slots, v_slots)
+            out[seq.token_start : seq.token_end] = self._attend_prefill(q, k, v, seq, mask, blocks)
+        if step.decode is not None:
+            decoded = self._attend_decode(q, step.decode, masks.decode, blocks)
             out.index_copy_(0, step.decode.token_indices, decoded)
         projected: torch.Tensor = self.o_proj(out.view(num_tokens, self.num_heads * self.head_dim))
         return projected
+
+    def _gather(
+        self, blocks: tuple[torch.Tensor, torch.Tensor], tables: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of block tables [..., n] as [..., kv_heads, n * block_size, dim]."""
+        shape = (*tables.shape[:-1], -1, self.num_kv_heads, self.head_dim)
+        flat = tables.reshape(-1)
+        # index_select copies whole rows; plain indexing is far slower on CPU.
+        keys = blocks[0].index_select(0, flat).view(shape)
+        values = blocks[1].index_select(0, flat).view(shape)
+        return keys.transpose(-3, -2), values.transpose(-3, -2)
 
     def _attend_prefill(
         self,
@@ -116,22 +135,21 @@ class Attention(nn.Module):
         v: torch.Tensor,
         seq: PrefillSpan,
         mask: torch.Tensor | None,
-        k_slots: torch.Tensor,
-        v_slots: torch.Tensor,
+        blocks: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         """One sequence's chunk against its whole context; returns [q_len, heads, head_dim]."""
-        if seq.context_slots is None:
-            keys = k[seq.token_start : seq.token_end]
-            values = v[seq.token_start : seq.token_end]
+        if seq.context_blocks is None:
+            # [len, heads, dim] -> [heads, len, dim]
+            keys = k[seq.token_start : seq.token_end].transpose(0, 1)
+            values = v[seq.token_start : seq.token_end].transpose(0, 1)
         else:
-            # index_select copies whole rows; plain indexing is far slower on CPU.
-            keys = k_slots.index_select(0, seq.context_slots)
-            values = v_slots.index_select(0, seq.context_slots)
-        # [len, heads, dim] -> [1, heads, len, dim] as SDPA expects.
+            keys, values = self._gather(blocks, seq.context_blocks)
+            keys, values = keys[:, : seq.end_pos], values[:, : seq.end_pos]
+        # [heads, len, dim] -> [1, heads, len, dim] as SDPA expects.
         out = grouped_attention(
             q[seq.token_start : seq.token_end].transpose(0, 1).unsqueeze(0),
-            keys.transpose(0, 1).unsqueeze(0),
-            values.transpose(0, 1).unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
             mask,
         )
         return out[0].transpose(0, 1)
@@ -140,20 +158,26 @@ class Attention(nn.Module):
         self,
         q: torch.Tensor,
         decode: DecodeBatch,
-        mask: torch.Tensor,
-        k_slots: torch.Tensor,
-        v_slots: torch.Tensor,
+        masks: list[torch.Tensor | None],
+        blocks: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        """All single-token sequences at once; returns [B, heads, head_dim]."""
-        batch, max_len = decode.context_slots.shape
-        flat_slots = decode.context_slots.view(-1)
-        # [B * L, kv_heads, dim] -> [B, kv_heads, L, dim]
-        keys = k_slots.index_select(0, flat_slots).view(batch, max_len, self.num_kv_heads, -1)
-        values = v_slots.index_select(0, flat_slots).view(batch, max_len, self.num_kv_heads, -1)
-        out = grouped_attention(
-            q.index_select(0, decode.token_indices).unsqueeze(2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            mask,
-        )
+        """All single-token sequences, a bucket per call; returns [B, heads, head_dim]."""
+        # [B, heads, dim] -> [B, heads, 1 (query), dim]
+        queries = q.index_select(0, decode.token_indices).unsqueeze(2)
+        out = torch.empty_like(queries)
+        for bucket, mask in zip(decode.buckets, masks, strict=True):
+            out[bucket.row_start : bucket.row_end] = self._attend_bucket(
+                queries, bucket, mask, blocks
+            )
         return out.squeeze(2)
+
+    def _attend_bucket(
+        self,
+        queries: torch.Tensor,
+        bucket: DecodeBucket,
+        mask: torch.Tensor | None,
+        blocks: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """One bucket of decode rows over their padded block tables."""
+        keys, values = self._gather(blocks, bucket.block_tables)
+        return grouped_attention(queries[bucket.row_start : bucket.row_end], keys, values, mask)
