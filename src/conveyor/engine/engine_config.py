@@ -19,6 +19,8 @@ class EngineConfig:
     max_model_len: int
     num_kv_blocks: int
     block_size: int
+    # Distinct LoRA adapters per step (the device-resident slots); None: no adapters.
+    max_loras_per_batch: int | None = None
 
     def scheduler_config(self) -> SchedulerConfig:
         """The scheduler's share of the limits (validated there)."""
@@ -26,6 +28,7 @@ class EngineConfig:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            max_loras_per_batch=self.max_loras_per_batch,
         )
 
 

@@ -48,6 +48,8 @@ class GenerationRequest:
     index: int = 0
     # Shared by requests with the same prompt in one call (n choices); see ``Sequence``.
     prefix_group: str | None = None
+    # The LoRA adapter to run with (0: the base model alone).
+    adapter_id: int = 0
     seq: Sequence = field(init=False)
     generator: torch.Generator | None = field(init=False)
     detokenizer: Detokenizer = field(init=False)
@@ -75,6 +77,7 @@ class GenerationRequest:
             self.prompt_token_ids,
             priority=self.priority,
             prefix_group=self.prefix_group,
+            adapter_id=self.adapter_id,
         )
         self.generator = None if self.params.seed is None else new_generator(self.params.seed)
         self.detokenizer = self.tokenizer.detokenizer(
