@@ -141,8 +141,9 @@ def service_load(service: Service, gate: DrainGate) -> dict[str, Any]:
     for unloaded in service.unloaded_models():
         models[unloaded.name] = {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": False}
     # Generative models run their own scheduler; they are listed so gateways route to them.
-    for name in service.generators:
-        models.setdefault(name, {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": True})
+    for name, generator in service.generators.items():
+        for served in [name, *generator.adapter_names()]:  # LoRA adapters route like models
+            models.setdefault(served, {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": True})
     return {"in_flight": gate.num_in_flight, "is_draining": gate.is_draining, "models": models}
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 import conveyor
-from conveyor.api import batches, dashboard, files, inference, meta, usage
+from conveyor.api import batches, dashboard, files, inference, lora, meta, usage
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.http_metrics import HttpMetricsMiddleware
@@ -37,6 +37,7 @@ def _add_routes(app: FastAPI) -> None:
     app.include_router(batches.router)
     app.include_router(dashboard.router)
     app.include_router(usage.router)
+    app.include_router(lora.router)
     install_openapi(app)
 
 

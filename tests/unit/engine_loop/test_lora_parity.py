@@ -8,7 +8,6 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,11 +20,11 @@ from conveyor.engine.model_runner import ModelRunner
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import build_lora_adapter
 from tests.unit.engine_loop.helpers import (
     HFReference,
     collect,
     engine_config,
+    merged_reference,
     random_prompts,
     wait_idle,
 )
@@ -35,32 +34,6 @@ pytestmark = pytest.mark.anyio
 VOCAB_SIZE = 512
 NUM_ADAPTERS = 4
 MAX_TOKENS = 10
-
-
-@pytest.fixture(scope="module")
-def adapter_dirs(llama_path: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """Four adapters: different ranks, targets and scalings (rsLoRA on one)."""
-    root = tmp_path_factory.mktemp("adapters")
-    specs: list[dict[str, Any]] = [
-        {"rank": 8, "alpha": 16},
-        {"rank": 4, "alpha": 8, "target_modules": ("q_proj", "v_proj")},
-        {"rank": 16, "alpha": 16, "use_rslora": True},
-        {"rank": 2, "alpha": 4, "target_modules": ("gate_proj", "down_proj", "o_proj")},
-    ]
-    return [
-        build_lora_adapter(llama_path, root / f"a{index}", seed=index + 1, **spec)
-        for index, spec in enumerate(specs)
-    ]
-
-
-def merged_reference(base: Path, adapter: Path) -> HFReference:
-    """PEFT's merged model (``merge_and_unload``) of ``adapter`` as an HF reference."""
-    from peft import PeftModel
-
-    reference = HFReference(base)
-    merged: Any = PeftModel.from_pretrained(reference.model, str(adapter))
-    reference.model = merged.merge_and_unload().eval()
-    return reference
 
 
 @contextmanager
