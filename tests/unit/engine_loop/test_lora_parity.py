@@ -29,7 +29,8 @@ from tests.unit.engine_loop.helpers import (
     wait_idle,
 )
 
-pytestmark = pytest.mark.anyio
+# Building PEFT adapters (peft's first import included) takes seconds on a busy machine.
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 VOCAB_SIZE = 512
 NUM_ADAPTERS = 4

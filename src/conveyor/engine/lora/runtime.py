@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from conveyor.engine.hf_config import DecoderConfig
-from conveyor.engine.lora.peft_format import LoraWeights, load_peft_adapter
+from conveyor.engine.lora.peft_format import LoraWeights, ModuleKey, load_peft_adapter
 from conveyor.engine.lora.registry import LoraRegistry
 from conveyor.engine.step import SeqChunk
 
@@ -36,11 +36,28 @@ _TARGETS = (
 )
 
 
+# A step of at most this many tokens with several adapters takes the stacked path.
+STACKED_MAX_TOKENS = 64
+
+# Per projection: every step adapter's A stacked [sum of ranks, in], their B side by side
+# [out, sum of ranks], and which adapter (its index in the step's list) owns each rank.
+Stack = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass(slots=True)
+class StackedStep:
+    """A small step's adapters stacked: each token keeps only its own adapter's ranks."""
+
+    token_slots: torch.Tensor  # [T, 1]: the token's adapter index, -1 for the base
+    stacks: dict[ModuleKey, Stack]
+
+
 @dataclass(slots=True)
 class LoraStepState:
-    """The current step's adapter groups: (adapter weights, token rows using them)."""
+    """The current step's adapters, as groups (weights, token rows) or stacked."""
 
     groups: list[tuple[LoraWeights, torch.Tensor]] = field(default_factory=list)
+    stacked: StackedStep | None = None
 
 
 class LoraLinear(nn.Module):
@@ -55,6 +72,15 @@ class LoraLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``base(x)``, then each adapter group's delta added into its rows."""
         out: torch.Tensor = self.base(x)
+        stacked = self.state.stacked
+        if stacked is not None:
+            stack = stacked.stacks.get(self.key)
+            if stack is not None:
+                a, b, owner = stack
+                # All adapters' ranks at once; each token's row keeps its own adapter's.
+                low = (x @ a.T) * (owner == stacked.token_slots)
+                out.addmm_(low, b.T)
+            return out
         for weights, rows in self.state.groups:
             pair = weights.modules.get(self.key)
             if pair is None:
@@ -84,6 +110,8 @@ class LoraRuntime:
         self.dtype = dtype
         self.state = LoraStepState()
         self._resident: OrderedDict[int, LoraWeights] = OrderedDict()
+        self._stacks_key: tuple[int, ...] = ()
+        self._stacks: dict[ModuleKey, Stack] = {}
         self.num_device_loads = 0
 
     @property
@@ -111,14 +139,36 @@ class LoraRuntime:
                 rows.setdefault(chunk.adapter_id, []).extend(range(start, end))
             start = end
         resident = self._activate(set(rows))
+        if len(rows) > 1 and start <= STACKED_MAX_TOKENS:
+            self.state.stacked = self._stacked_step(chunks, resident)
+            return
         self.state.groups = [
             (resident[adapter_id], torch.tensor(ids, dtype=torch.int64).to(self.device))
             for adapter_id, ids in rows.items()
         ]
 
     def end_step(self) -> None:
-        """Forget the step's groups."""
+        """Forget the step's adapters."""
         self.state.groups = []
+        self.state.stacked = None
+
+    def _stacked_step(
+        self, chunks: Sequence[SeqChunk], resident: dict[int, LoraWeights]
+    ) -> StackedStep:
+        """Stacks of the step's adapters (kept while the set is unchanged) and token slots.
+
+        Few tokens and several adapters: a few large matmuls beat a few small ones per
+        adapter, whose fixed cost dominates then (the extra work is the other adapters'
+        ranks, multiplied by zero).
+        """
+        key = tuple(sorted(resident))
+        if self._stacks_key != key:
+            self._stacks = _stack([resident[adapter_id] for adapter_id in key])
+            self._stacks_key = key
+        slot_of = {adapter_id: index for index, adapter_id in enumerate(key)}
+        slots = [slot_of.get(chunk.adapter_id, -1) for chunk in chunks for _ in chunk.token_ids]
+        token_slots = torch.tensor(slots, dtype=torch.int64).to(self.device)[:, None]
+        return StackedStep(token_slots, self._stacks)
 
     def _activate(self, adapter_ids: set[int]) -> dict[int, LoraWeights]:
         """Bring every adapter of the step onto the device, evicting others (LRU)."""
@@ -156,3 +206,18 @@ def new_lora_runtime(
 
     registry: LoraRegistry[LoraWeights] = LoraRegistry(load, max_cpu_loras=max_cpu_loras)
     return LoraRuntime(registry, slots=slots, device=device, dtype=dtype)
+
+
+def _stack(adapters: list[LoraWeights]) -> dict[ModuleKey, Stack]:
+    """Per projection, the adapters' A and B side by side and each rank's adapter index."""
+    keys = sorted({key for weights in adapters for key in weights.modules})
+    stacks: dict[ModuleKey, Stack] = {}
+    for key in keys:
+        present = [(i, w.modules[key]) for i, w in enumerate(adapters) if key in w.modules]
+        a = torch.cat([pair[0] for _, pair in present])
+        b = torch.cat([pair[1] for _, pair in present], dim=1)
+        owner = torch.cat(
+            [torch.full((pair[0].shape[0],), i, dtype=torch.int64) for i, pair in present]
+        ).to(a.device)
+        stacks[key] = (a, b.contiguous(), owner)
+    return stacks
