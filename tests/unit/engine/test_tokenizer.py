@@ -10,6 +10,8 @@ from transformers import AutoTokenizer
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.testing import build_tiny_tokenizer
 
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
 TEXT = "Café 🙂 naïve 日本語 and the quick brown fox ✨ done."
 
 

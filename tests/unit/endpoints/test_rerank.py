@@ -18,7 +18,8 @@ from conveyor.priority import Priority
 from conveyor.service import Service
 from conveyor.testing import build_tiny_cross_encoder
 
-pytestmark = pytest.mark.anyio
+# `model`: runs a real (tiny) torch model, so mutation runs leave it out.
+pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
 QUERY = "what is the capital of france"
 DOCUMENTS = ["paris is the capital of france", "the cat sat on the mat",

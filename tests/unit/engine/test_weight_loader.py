@@ -16,6 +16,8 @@ from conveyor.engine.step import SeqChunk
 from conveyor.engine.weight_loader import count_checkpoint_params, load_weights
 from conveyor.testing import build_tiny_llama, torch_threads
 
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread() -> Iterator[None]:

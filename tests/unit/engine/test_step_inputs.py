@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conveyor.engine.step_inputs import DecodeBatch, PrefillSpan, StepInput, build_masks
+
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
 CPU = torch.device("cpu")
 

@@ -21,7 +21,8 @@ from conveyor.errors import InvalidRequest
 from conveyor.priority import Priority
 from conveyor.service import Service
 
-pytestmark = pytest.mark.anyio
+# `model`: runs a real (tiny) torch model, so mutation runs leave it out.
+pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
 NUM_SCHEMAS = 50
 SCHEMA_SEED = 20240612

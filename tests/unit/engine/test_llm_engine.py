@@ -26,7 +26,7 @@ from conveyor.errors import (
     ServiceUnavailable,
 )
 from conveyor.metrics import Metrics
-from tests.unit.engine_loop.helpers import (
+from tests.unit.model_helpers import (
     GREEDY,
     HFReference,
     collect,
@@ -39,7 +39,8 @@ from tests.unit.engine_loop.helpers import (
     wait_idle,
 )
 
-pytestmark = pytest.mark.anyio
+# `model`: runs a real (tiny) torch model, so mutation runs leave it out.
+pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
 VOCAB_SIZE = 512
 PROMPT = random_prompts([9], VOCAB_SIZE, seed=11)[0]

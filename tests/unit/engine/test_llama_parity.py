@@ -27,6 +27,8 @@ from conveyor.testing import (
     torch_threads,
 )
 
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
 BLOCK_SIZE = 4
 NUM_KV_BLOCKS = 512
 MAX_NEW_TOKENS = 10

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from conveyor.engine.hf_config import RopeSpec
 from conveyor.engine.layers.rotary import inverse_frequencies
+
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
 
 def test_llama3_scaling_keeps_high_and_divides_low_frequencies() -> None:

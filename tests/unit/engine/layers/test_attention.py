@@ -9,6 +9,8 @@ import torch
 
 from conveyor.engine.layers.attention import grouped_attention
 
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
 
 def _reference_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor

@@ -23,6 +23,8 @@ from conveyor.engine.step import SeqChunk
 from conveyor.errors import ModelOutOfMemory
 from conveyor.testing import build_tiny_llama, torch_threads
 
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
 NUM_KV_BLOCKS = 16
 BLOCK_SIZE = 4
 

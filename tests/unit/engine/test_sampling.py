@@ -14,6 +14,8 @@ from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.step import SeqChunk
 from conveyor.testing import build_tiny_llama, torch_threads
 
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
 VOCAB_SIZE = 50
 
 

@@ -18,7 +18,7 @@ from conveyor.engine.step import SeqChunk
 from conveyor.testing import build_lora_adapter, build_tiny_llama
 
 # Building PEFT adapters (peft's first import included) takes seconds on a busy machine.
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
 
 PREFIX = "base_model.model.model.layers"
 

@@ -16,7 +16,8 @@ from conveyor.api.app import create_app
 from conveyor.config import ServerConfig
 from conveyor.service import Service
 
-pytestmark = pytest.mark.anyio
+# `model`: runs a real (tiny) torch model, so mutation runs leave it out.
+pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
 
 @pytest.fixture

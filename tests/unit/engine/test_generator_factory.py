@@ -12,6 +12,8 @@ from conveyor.engine.hf_config import DecoderConfig, load_hf_config
 from conveyor.errors import ConfigError
 from conveyor.metrics import Metrics
 
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
 
 def model_config(path: Path, **kw: object) -> GenerateModelConfig:
     return GenerateModelConfig(kind="generate", name="tiny", path=path, device="cpu", **kw)

@@ -13,7 +13,8 @@ from conveyor.config import ServerConfig
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.service import Service
 
-pytestmark = pytest.mark.anyio
+# `model`: runs a real (tiny) torch model, so mutation runs leave it out.
+pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
 MAX_MODEL_LEN = 96
 

@@ -20,7 +20,7 @@ from conveyor.engine.model_runner import ModelRunner
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
-from tests.unit.engine_loop.helpers import (
+from tests.unit.model_helpers import (
     HFReference,
     collect,
     engine_config,
@@ -30,7 +30,7 @@ from tests.unit.engine_loop.helpers import (
 )
 
 # Building PEFT adapters (peft's first import included) takes seconds on a busy machine.
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.anyio, pytest.mark.model, pytest.mark.timeout(120)]
 
 VOCAB_SIZE = 512
 NUM_ADAPTERS = 4

@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.engine.llm_engine import EngineConfig
 from conveyor.engine.sampling_params import SamplingParams
-from tests.unit.engine_loop.helpers import (
+from tests.unit.model_helpers import (
     HFReference,
     Result,
     engine_config,
@@ -22,7 +22,8 @@ from tests.unit.engine_loop.helpers import (
     wait_idle,
 )
 
-pytestmark = pytest.mark.anyio
+# `model`: runs a real (tiny) torch model, so mutation runs leave it out.
+pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
 VOCAB_SIZE = 512
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conveyor.engine.sampling import Sampler, new_generator
 from conveyor.engine.sampling_logits import TokenHistory
 from conveyor.engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
 GREEDY = SamplingParams(temperature=0.0)
 

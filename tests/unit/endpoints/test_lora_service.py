@@ -26,10 +26,10 @@ from conveyor.openai_paths import COMPLETIONS
 from conveyor.priority import Priority
 from conveyor.service import Service
 from conveyor.testing import build_lora_adapter
-from tests.unit.engine_loop.helpers import HFReference, merged_reference, random_prompts
+from tests.unit.model_helpers import HFReference, merged_reference, random_prompts
 
 # Building PEFT adapters (peft's first import included) takes seconds on a busy machine.
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.anyio, pytest.mark.model, pytest.mark.timeout(120)]
 
 
 def config_of(llama_path: Path, adapters: dict[str, str], max_rank: int = 8) -> ServerConfig:

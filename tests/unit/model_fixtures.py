@@ -1,4 +1,8 @@
-"""Tiny checkpoints shared by the engine-loop tests, and one torch thread throughout."""
+"""Tiny checkpoints for the tests that run a real model, and one torch thread throughout.
+
+Imported by the ``conftest.py`` of ``tests/unit/engine`` and ``tests/unit/endpoints``, so each
+of those packages builds its checkpoints once.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any
 import pytest
 
 from conveyor.testing import build_lora_adapter, build_tiny_llama, build_tiny_qwen3, torch_threads
-from tests.unit.engine_loop.helpers import HFReference
+from tests.unit.model_helpers import HFReference
 
 
 @pytest.fixture(autouse=True, scope="package")
@@ -35,7 +39,7 @@ def llama_reference(llama_path: Path) -> HFReference:
 
 @pytest.fixture(scope="package")
 def adapter_dirs(llama_path: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """Four adapters: different ranks, targets and scalings (rsLoRA on one)."""
+    """Four PEFT adapters of the tiny Llama: different ranks, targets and scalings."""
     root = tmp_path_factory.mktemp("adapters")
     specs: list[dict[str, Any]] = [
         {"rank": 8, "alpha": 16},

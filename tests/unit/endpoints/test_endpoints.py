@@ -20,9 +20,10 @@ from conveyor.errors import InvalidRequest, ModelNotFound
 from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS
 from conveyor.priority import Priority
 from conveyor.service import Service
-from tests.unit.engine_loop.helpers import HFReference, random_prompts, wait_idle
+from tests.unit.model_helpers import HFReference, random_prompts, wait_idle
 
-pytestmark = pytest.mark.anyio
+# `model`: runs a real (tiny) torch model, so mutation runs leave it out.
+pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
 MAX_MODEL_LEN = 128
 
