@@ -157,13 +157,3 @@ def merged_reference(base: Path, adapter: Path) -> HFReference:
     merged: Any = PeftModel.from_pretrained(reference.model, str(adapter))
     reference.model = merged.merge_and_unload().eval()
     return reference
-
-
-def merged_reference(base: Path, adapter: Path) -> HFReference:
-    """PEFT's merged model (``merge_and_unload``) of ``adapter`` as an HF reference."""
-    from peft import PeftModel
-
-    reference = HFReference(base)
-    merged: Any = PeftModel.from_pretrained(reference.model, str(adapter))
-    reference.model = merged.merge_and_unload().eval()
-    return reference
