@@ -21,6 +21,7 @@ def test_smoke_reports_every_case_and_writes_a_png(tmp_path: Path) -> None:
         summary = result["summary"][case]
         assert summary["num_output_tokens"] == 8 * 8  # every request made max_tokens tokens
         assert summary["output_tokens_per_s"] > 0
+        assert summary["best_output_tokens_per_s"] >= summary["output_tokens_per_s"]
     assert result["summary"]["base"]["over_base"] == 1.0
     assert (out / "lora.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
