@@ -126,6 +126,15 @@ class DistributionMetrics:
         self.pulls_in_progress = Gauge(
             "conveyor_model_pulls_in_progress", "Model pulls running now", registry=registry
         )
+        # One child per pull running now (removed when it ends): bytes held and needed.
+        self.pull_bytes = Gauge(
+            "conveyor_model_pull_bytes", "Bytes of a running pull, by state (held|total)",
+            ["model", "state"], registry=registry,
+        )  # fmt: skip
+        self.pull_started = Gauge(
+            "conveyor_model_pull_started_seconds", "Unix time a running pull started",
+            ["model"], registry=registry,
+        )  # fmt: skip
 
 
 class Metrics:
@@ -377,7 +386,8 @@ class TenantMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         reg = registry
         self.rate_limited = Counter(
-            "conveyor_rate_limited_total", "Requests refused by a tenant limit",
+            "conveyor_rate_limited_total",
+            "Requests refused by a tenant limit, by limit (rpm|input_tpm|output_tpm)",
             ["tenant", "model", "limit"], registry=reg,
         )  # fmt: skip
         self.backend_errors = Counter(

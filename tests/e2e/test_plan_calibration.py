@@ -1,8 +1,7 @@
 """`conveyor plan --calibrate` checked against measurement on this machine.
 
 Each test calibrates a running model, then runs the load the plan predicts for and checks
-that throughput (and, for the one-shot model, p99) lands within 20 % of the plan. Loads
-last about two seconds each.
+that throughput and p99 land within 20 % of the plan. Loads last two to four seconds each.
 """
 
 from __future__ import annotations
@@ -27,6 +26,8 @@ pytestmark = pytest.mark.slow
 
 TOLERANCE = 0.20
 LOAD_S = 2.0
+# The generative p99 needs more requests than two seconds give (p99 of 80 is the maximum).
+POISSON_LOAD_S = 4.0
 ATTEMPTS = 3
 SYN = {"name": "syn", "kind": "synthetic", "max_batch_size": 16, "max_wait_ms": 5,
        "batch_latency_ms": 100, "per_item_ms": 2, "dim": 4, "max_queue": 4096}  # fmt: skip
@@ -79,6 +80,28 @@ async def open_loop(url: str, path: str, body: Body, rate_per_s: float) -> list[
         for i in range(int(rate_per_s * LOAD_S)):
             await asyncio.sleep(max(0.0, start + i / rate_per_s - time.perf_counter()))
             tasks.append(asyncio.create_task(one(client)))
+        await asyncio.gather(*tasks)
+    return latencies
+
+
+async def poisson_loop(url: str, path: str, body: Body, rate_per_s: float) -> list[float]:
+    """Requests arriving at random (Poisson, seeded) at ``rate_per_s`` for POISSON_LOAD_S."""
+    latencies: list[float] = []
+    gaps = random.Random(7)
+
+    async def one(client: httpx.AsyncClient) -> None:
+        started = time.perf_counter()
+        (await client.post(path, json=body())).raise_for_status()
+        latencies.append(time.perf_counter() - started)
+
+    limits = httpx.Limits(max_connections=256)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+        tasks = []
+        start = due = time.perf_counter()
+        while due < start + POISSON_LOAD_S:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            tasks.append(asyncio.create_task(one(client)))
+            due += gaps.expovariate(rate_per_s)
         await asyncio.gather(*tasks)
     return latencies
 
@@ -138,14 +161,16 @@ def test_a_tiny_llama_meets_its_calibrated_plan(
                 "temperature": 0}  # fmt: skip
 
     def attempt() -> list[str]:
-        plan = run_plan("--calibrate", server.url, "--served-model", "llama", "--qps", "5",
+        # 40 requests/s: about half of what a replica carries, so the plan puts one replica
+        # at a real utilisation and predicts the whole request's p99 there.
+        plan = run_plan("--calibrate", server.url, "--served-model", "llama", "--qps", "40",
                         "--prompt-tokens", "16", "--output-tokens", "32", "--max-batch", "8")  # fmt: skip
         assert plan["kind"] == "generative" and plan["max_batch"] == 8
         latencies = asyncio.run(closed_loop(server.url, "/v1/completions", body, 8))
         tokens_per_s = len(latencies) * 32 / LOAD_S
-        # Throughput only: on this shared 2-core machine a 1 ms decode step's tail is the
-        # neighbours' doing (measured p99 about 2x the plan's mean request time, p50 on it).
-        return misses(plan, tokens_per_s, "tokens_per_s_per_replica", None, None)
+        rate = plan["per_replica_qps"]
+        p99_ms = p99(asyncio.run(poisson_loop(server.url, "/v1/completions", body, rate))) * 1000
+        return misses(plan, tokens_per_s, "tokens_per_s_per_replica", p99_ms, "predicted_p99_ms")
 
     check_with_retries(attempt)
 

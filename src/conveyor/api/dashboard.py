@@ -18,12 +18,14 @@ from starlette.responses import FileResponse, Response
 
 from conveyor.api.request_state import is_admin, jobs_of, tenant_of
 from conveyor.api.responses import json_response
+from conveyor.dashboard.metrics_read import MetricReader
 from conveyor.dashboard.state import (
     USAGE_WINDOW_S,
     document,
     gateway_models,
     job_row,
-    service_models,
+    model_pulls,
+    tenant_limits,
     tenant_usage,
     viewer,
 )
@@ -67,16 +69,42 @@ async def dashboard_state(request: Request) -> Response:
     guards = getattr(state, "guards", None)
     who = viewer(tenant, guards is not None and guards.keyring.is_enforced)
     jobs = await _jobs(request, tenant)
-    usage = await _usage(request, None if who["scope"] == "all" or is_admin(request) else tenant)
+    only = None if who["scope"] == "all" or is_admin(request) else tenant
+    usage = await _usage(request, only)
+    limits = _limits(request, only)
     gateway = getattr(state, "gateway", None)
     if gateway is not None:
         from conveyor.api.fleet import fleet_document
 
         fleet = fleet_document(gateway)
         models = gateway_models(gateway)
-        return json_response(document("gateway", who, models, jobs, fleet, usage))
-    models = service_models(state.service)
-    return json_response(document("serve", who, models, jobs, None, usage))
+        return json_response(document("gateway", who, models, jobs, fleet, usage, limits))
+    from conveyor.dashboard.serve_state import service_models
+
+    service = state.service
+    models = service_models(service)
+    pulls = model_pulls(MetricReader(service.metrics.registry), time.time())
+    return json_response(document("serve", who, models, jobs, None, usage, limits, pulls))
+
+
+def _limits(request: Request, only: str | None) -> list[dict[str, Any]]:
+    """429s per tenant by limit (rate limits and monthly budgets), and budgets against cost."""
+    state = request.app.state
+    gate = getattr(getattr(state, "guards", None), "gate", None)
+    refusals: list[tuple[str, str, float]] = []
+    if gate is not None:
+        for family in gate.metrics.rate_limited.collect():
+            refusals += [
+                (s.labels["tenant"], s.labels["limit"], s.value)
+                for s in family.samples
+                if s.name.endswith("_total")
+            ]
+    jobs = getattr(state, "jobs", None)
+    budgets = getattr(jobs, "budgets", None)
+    if budgets is None:
+        return tenant_limits(refusals, {}, {}, only)
+    known = {t: (usd, budgets.known_cost_usd(t)) for t, usd in budgets.budgets_usd.items()}
+    return tenant_limits(refusals, budgets.num_refused, known, only)
 
 
 async def _usage(request: Request, tenant: str | None) -> list[dict[str, Any]] | None:

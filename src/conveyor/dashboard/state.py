@@ -11,13 +11,12 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from conveyor.dashboard.metrics_read import MetricReader, jsonable
+from conveyor.dashboard.metrics_read import MetricReader
 from conveyor.stores.records import BatchRecord
 from conveyor.stores.tenant_records import UsageRow
 
 if TYPE_CHECKING:
     from conveyor.gateway import Gateway
-    from conveyor.service import Service
 
 USAGE_WINDOW_S = 3600
 TENANTS_NOTE = (
@@ -31,52 +30,7 @@ def viewer(tenant: str, has_keys: bool) -> dict[str, Any]:
     return {"tenant": tenant, "scope": "tenant" if has_keys else "all"}
 
 
-def one_shot_model(reader: MetricReader, service: Service, name: str) -> dict[str, Any]:
-    """A one-shot model's queues, batches, outcomes, latency and its own capacity estimate."""
-    hosted = next((h for h in service.models() if h.config.name == name), None)
-    state = _common(reader, name, "one-shot")
-    state.update({
-        "running": reader.value("conveyor_in_flight", name),
-        "kv_blocks": None,
-        "config": None if hosted is None else {
-            "max_batch_size": hosted.config.max_batch_size,
-            "max_wait_ms": hosted.config.max_wait_ms,
-        },
-        "plan": None if hosted is None else _batcher_plan(hosted),
-    })  # fmt: skip
-    return state
-
-
-def _batcher_plan(hosted: Any) -> dict[str, Any] | None:
-    """Capacity at full batches from the batch times this model has measured itself."""
-    timing, cap = hosted.batcher.timing, hosted.config.max_batch_size
-    if not timing.is_warm:
-        return None
-    return {
-        "inputs_per_s_per_replica": jsonable(round(timing.service_rate(cap), 3)),
-        "batch_ms_at_max": jsonable(round(timing.seconds_for(cap) * 1000, 3)),
-    }
-
-
-def generative_model(reader: MetricReader, name: str) -> dict[str, Any]:
-    """A generative model's sequences, KV blocks, tokens, TTFT and TPOT."""
-    state = _common(reader, name, "generative")
-    state.update({
-        "running": reader.value("conveyor_running_sequences", name),
-        "kv_blocks": {
-            "used": reader.value("conveyor_kv_blocks_used", name),
-            "free": reader.value("conveyor_kv_blocks_free", name),
-        },
-        "config": None,
-        "plan": None,
-    })  # fmt: skip
-    state["queue_depth"]["waiting"] = reader.value("conveyor_waiting_sequences", name)
-    state["histograms"]["ttft_s"] = reader.histogram("conveyor_time_to_first_token_seconds", name)
-    state["histograms"]["tpot_s"] = reader.histogram("conveyor_time_per_output_token_seconds", name)
-    return state
-
-
-def _common(reader: MetricReader, name: str, kind: str) -> dict[str, Any]:
+def common_figures(reader: MetricReader, name: str, kind: str) -> dict[str, Any]:
     """Figures every served model has."""
     return {
         "name": name,
@@ -92,14 +46,6 @@ def _common(reader: MetricReader, name: str, kind: str) -> dict[str, Any]:
         },
         "histograms": {"latency_s": reader.histogram("conveyor_request_latency_seconds", name)},
     }
-
-
-def service_models(service: Service) -> list[dict[str, Any]]:
-    """Every model ``conveyor serve`` (or a worker) hosts."""
-    reader = MetricReader(service.metrics.registry)
-    models = [one_shot_model(reader, service, h.config.name) for h in service.models()]
-    models += [generative_model(reader, name) for name in sorted(service.generators)]
-    return models
 
 
 def gateway_models(gateway: Gateway) -> list[dict[str, Any]]:
@@ -161,6 +107,55 @@ def tenant_usage(rows: Iterable[UsageRow]) -> list[dict[str, Any]]:
     return sorted(totals.values(), key=lambda t: (-t["cost_usd"], t["tenant"]))
 
 
+def model_pulls(reader: MetricReader, now_s: float) -> list[dict[str, Any]]:
+    """Model pulls running in this process: bytes held of the total, and since when."""
+    pulls = []
+    for model in sorted(reader.values.get("conveyor_model_pull_bytes", {})):
+        total = reader.value("conveyor_model_pull_bytes", model, "total")
+        held = min(total, reader.value("conveyor_model_pull_bytes", model, "held"))
+        started = reader.value("conveyor_model_pull_started_seconds", model)
+        pulls.append({
+            "model": model, "held_bytes": held, "total_bytes": total,
+            "progress": held / total if total > 0 else None,
+            "running_s": round(max(0.0, now_s - started), 3) if started > 0 else None,
+        })  # fmt: skip
+    return pulls
+
+
+def tenant_limits(
+    refusals: Iterable[tuple[str, str, float]],
+    budget_refusals: dict[str, int],
+    budgets: dict[str, tuple[float, float | None]],
+    only: str | None = None,
+) -> list[dict[str, Any]]:
+    """Limits hit per tenant: 429s by limit (``rpm``, ``input_tpm``, ``output_tpm``,
+    ``monthly_budget``) since the process started, and each budget against the month's cost.
+
+    ``refusals`` are ``(tenant, limit, count)``; ``budgets`` map a tenant to its budget and
+    the month's cost as last read. ``only`` keeps one tenant (a tenant key's view).
+    """
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(tenant: str) -> dict[str, Any]:
+        budget = budgets.get(tenant)
+        return rows.setdefault(tenant, {
+            "tenant": tenant, "refused": {}, "num_refused": 0,
+            "budget_usd": None if budget is None else budget[0],
+            "month_cost_usd": None if budget is None else budget[1],
+        })  # fmt: skip
+
+    hits = [*refusals, *((t, "monthly_budget", float(n)) for t, n in budget_refusals.items())]
+    for tenant, limit, count in hits:
+        if count > 0:
+            entry = row(tenant)
+            entry["refused"][limit] = entry["refused"].get(limit, 0) + int(count)
+            entry["num_refused"] += int(count)
+    for tenant in budgets:
+        row(tenant)
+    shown = [r for r in rows.values() if only is None or r["tenant"] == only]
+    return sorted(shown, key=lambda r: (-r["num_refused"], r["tenant"]))
+
+
 def document(
     role: str,
     who: dict[str, Any],
@@ -168,6 +163,8 @@ def document(
     jobs: list[dict[str, Any]] | None,
     fleet: dict[str, Any] | None,
     usage: list[dict[str, Any]] | None = None,
+    limits: list[dict[str, Any]] | None = None,
+    pulls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The whole state document."""
     return {
@@ -182,6 +179,8 @@ def document(
             "available": usage is not None,
             "window_s": USAGE_WINDOW_S,
             "usage": usage or [],
+            "limits": limits or [],
             "note": TENANTS_NOTE,
         },
+        "pulls": pulls,
     }

@@ -101,6 +101,7 @@ class ModelPuller:
             return self.cache.model_dir(manifest)
         started = time.perf_counter()
         self.metrics.pulls_in_progress.inc()
+        self._show_progress(manifest)
         try:
             for _ in range(MAX_ASSEMBLY_TRIES):
                 await _Pull(self, manifest).run()
@@ -115,6 +116,19 @@ class ModelPuller:
             raise ModelPullFailed(f"model {name!r}: local chunks keep failing verification")
         finally:
             self.metrics.pulls_in_progress.dec()
+            for state in ("held", "total"):
+                self.metrics.pull_bytes.remove(manifest.name, state)
+            self.metrics.pull_started.remove(manifest.name)
+
+    def _show_progress(self, manifest: Manifest) -> None:
+        """Start the running pull's gauges: bytes needed, bytes already held, start time."""
+        chunks = manifest.unique_chunks()
+        held = sum(c.size_bytes for c in chunks if self.cache.has_chunk(c.digest))
+        self.metrics.pull_bytes.labels(manifest.name, "total").set(
+            sum(c.size_bytes for c in chunks)
+        )
+        self.metrics.pull_bytes.labels(manifest.name, "held").set(held)
+        self.metrics.pull_started.labels(manifest.name).set(time.time())
 
     async def announce(self, digests: list[str], state: HolderState = HolderState.HAVE) -> None:
         """Record holds of these chunks in the tracker (when this process serves chunks)."""
@@ -237,6 +251,9 @@ class _Pull:
             self.missing.append(fetch.digest)
             return
         self.p.metrics.fetch_bytes.labels(source=source).inc(num_bytes)
+        self.p.metrics.pull_bytes.labels(self.name, "held").inc(
+            self.chunks[fetch.digest].size_bytes
+        )
         await self.p.announce([fetch.digest])
 
     def _failed(self, fetch: Fetch, exc: Exception) -> None:

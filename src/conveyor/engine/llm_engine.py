@@ -45,6 +45,8 @@ from conveyor.errors import (
     ServiceUnavailable,
 )
 from conveyor.metrics import GeneratorMetrics
+from conveyor.observability.context import current_request
+from conveyor.observability.engine_spans import StepTracer
 from conveyor.observability.logs import log_event
 from conveyor.priority import Priority
 from conveyor.tenants.usage import split_by_tokens
@@ -103,6 +105,7 @@ class LLMEngine:
         self._next_arrival = 0
         self._mean_run_s = 0.0
         self._inbox = Inbox()
+        self._spans = StepTracer(name)
         self._thread: threading.Thread | None = None
         self._publish()  # the gauges show the empty pool before the first request
 
@@ -157,6 +160,7 @@ class LLMEngine:
             index=index,
             prefix_group=prefix_group,
             adapter_id=adapter_id,
+            origin=current_request(),
         )
 
     def add_request(self, request: GenerationRequest, stream: GenerationStream) -> None:
@@ -240,6 +244,7 @@ class LLMEngine:
             deliver_threadsafe([(stream, InvalidRequest(str(exc)))])
             return
         self._entries[request.request_id] = _Entry(request, stream)
+        self._spans.queued(request.request_id, request.origin, request.arrival_s)
         self.stats.num_prompt_tokens += len(request.prompt_token_ids)
         self._metrics.prompt_tokens.inc(len(request.prompt_token_ids))
 
@@ -283,6 +288,9 @@ class LLMEngine:
         self.stats.num_steps += 1
         self._charge(output, chunks, time.perf_counter() - started_s)
         self._note_admissions(output)
+        if self._spans.num_live:  # some request is traced: its spans go out before its answer
+            seq_ids = [scheduled.seq.seq_id for scheduled in output.scheduled]
+            self._spans.stepped(seq_ids, output.num_batched_tokens, started_s, self._entries)
         self._finish_step(output, sampling, logits, allowed)
 
     def _charge(self, output: SchedulerOutput, chunks: list[SeqChunk], step_s: float) -> None:

@@ -19,6 +19,7 @@ from conveyor.engine.sampling_logits import TokenHistory
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.sequence import Sequence
 from conveyor.engine.tokenizer import Detokenizer, Tokenizer
+from conveyor.observability.context import RequestContext
 from conveyor.priority import Priority
 
 if TYPE_CHECKING:  # named in annotations only
@@ -50,6 +51,8 @@ class GenerationRequest:
     prefix_group: str | None = None
     # The LoRA adapter to run with (0: the base model alone).
     adapter_id: int = 0
+    # The HTTP request (or batch line) this came from: its trace gets the engine's spans.
+    origin: RequestContext | None = None
     seq: Sequence = field(init=False)
     generator: torch.Generator | None = field(init=False)
     detokenizer: Detokenizer = field(init=False)

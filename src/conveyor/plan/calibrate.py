@@ -8,7 +8,10 @@ The model should be otherwise idle. Figures come from the server's own ``/metric
   (inputs per batch, model seconds per batch);
 - generative models: n concurrent completions of the planned prompt and output length,
   n = 1, 2, 4, ...; each probe gives (n, mean time per output token), and n = 1 the prefill
-  (time to first token).
+  (time to first token). Before those, ``SOLO_REQUESTS`` completions one after another,
+  timed by the caller too: what a caller waits beyond the engine's own time (HTTP, parsing,
+  the answer), on average, is the request overhead, and how far the slowest of them lies
+  above their mean is the tail this host adds to a request with nothing else running.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -25,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conveyor.plan.curves import LinearCurve
 
 REPEATS = 3
+SOLO_REQUESTS = 30
 # Prompts are random ids in this range (every tokenizer has them), so that no probe is
 # answered from the prefix cache: a real workload's prompts differ.
 TOKEN_IDS = range(3, 100)
@@ -47,6 +52,26 @@ class GenerativeCalibration:
     prefill_s: float
     max_batch: int
     points: list[tuple[float, float]]
+    overhead_s: float = 0.0
+    tail_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SoloTimes:
+    """Lone requests: caller-side seconds each, and the engine's mean seconds per request."""
+
+    caller_s: list[float]
+    engine_s: float
+
+    @property
+    def overhead_s(self) -> float:
+        """What a caller waits beyond the engine's time, on average (never below 0)."""
+        return max(0.0, statistics.fmean(self.caller_s) - self.engine_s)
+
+    @property
+    def tail_s(self) -> float:
+        """How far the slowest lone request lies above the mean."""
+        return max(self.caller_s) - statistics.fmean(self.caller_s)
 
 
 Samples = dict[tuple[str, str], float]
@@ -129,10 +154,27 @@ async def calibrate_one_shot(
     return OneShotCalibration(LinearCurve.fit(points), max_batch, points)
 
 
+async def solo_times(probe: Probe, prompt_tokens: int, output_tokens: int) -> SoloTimes:
+    """``SOLO_REQUESTS`` completions one at a time, timed by the caller and by the engine."""
+    before = await probe.samples()
+    caller_s: list[float] = []
+    for _ in range(SOLO_REQUESTS):
+        started = time.perf_counter()
+        await probe.complete(prompt_tokens, output_tokens)
+        caller_s.append(time.perf_counter() - started)
+    after = await probe.samples()
+    # Arrival to first token, plus every gap after it: arrival to the last token.
+    engine_s = probe.delta(before, after, "conveyor_time_to_first_token_seconds_sum")
+    engine_s += probe.delta(before, after, "conveyor_time_per_output_token_seconds_sum")
+    num = probe.delta(before, after, "conveyor_time_to_first_token_seconds_count")
+    return SoloTimes(caller_s, engine_s / max(1.0, num))
+
+
 async def calibrate_generative(
     probe: Probe, prompt_tokens: int, output_tokens: int, max_probe: int
 ) -> GenerativeCalibration:
     """Mean time per output token at 1, 2, 4... running sequences; prefill at one."""
+    solo = await solo_times(probe, prompt_tokens, output_tokens)
     points: list[tuple[float, float]] = []
     ttfts: list[float] = []
     size = 1
@@ -154,7 +196,9 @@ async def calibrate_generative(
     step = LinearCurve.fit(points)
     # The first token comes out of the prefill pass itself: TTFT alone is the prefill.
     prefill = statistics.median(ttfts) if ttfts else 0.0
-    return GenerativeCalibration(step, prefill, size // 2, points)
+    return GenerativeCalibration(
+        step, prefill, size // 2, points, overhead_s=solo.overhead_s, tail_s=solo.tail_s
+    )
 
 
 async def calibrate(

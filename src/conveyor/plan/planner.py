@@ -18,6 +18,7 @@ from conveyor.plan.sizing import (
     BANDWIDTH_EFFICIENCY,
     Workload,
     batch_for_p99,
+    generative_latency_s,
     kv_budget_bytes,
     max_batch_for_kv,
     max_batch_for_tpot,
@@ -40,6 +41,9 @@ class GenerativeCosts:
     prefill_s: float
     source: str
     max_batch: int | None = None  # a ceiling the measurement could vouch for
+    # Measured only: a caller's wait beyond the engine's time, and a lone request's tail.
+    overhead_s: float = 0.0
+    tail_s: float = 0.0
 
 
 def roofline_costs(shape: ModelShape, gpu: GpuSpec, workload: Workload) -> GenerativeCosts:
@@ -88,6 +92,8 @@ def plan_generative(
         "max_batch": max_batch,
         "prefill_ms": _ms(costs.prefill_s),
         "decode_step_ms": _ms(costs.step.at(max_batch)),
+        "decode_step_ms_fixed": _ms(costs.step.fixed_s),
+        "decode_step_ms_per_seq": _ms(costs.step.per_item_s),
         "predicted_ttft_ms": _ms(ttft_s),
         "meets_p99_ttft": None if target is None else _ms(ttft_s) <= target,
         "tokens_per_s_per_replica": round(tokens_per_s, 3),
@@ -98,7 +104,29 @@ def plan_generative(
         "usd_per_million_output_tokens": _round(usd_per_million(
             replicas.total, workload.gpu_hour_usd, workload.qps * workload.output_tokens)),
     })  # fmt: skip
+    plan.update(_generative_latency(costs, workload, max_batch, replicas.with_headroom))
     return plan
+
+
+def _generative_latency(
+    costs: GenerativeCosts, workload: Workload, max_batch: int, replicas: int
+) -> Plan:
+    """A caller's whole-request mean and p99 at the load each replica carries (with
+    headroom): the engine's queueing arithmetic, plus the measured request overhead, plus
+    (p99) the measured tail of a lone request."""
+    per_replica = workload.qps / replicas
+    mean_s, p99_s = generative_latency_s(
+        costs.step, costs.prefill_s, max(1, workload.output_tokens), per_replica, max_batch
+    )
+    mean_s += costs.overhead_s
+    p99_s += costs.overhead_s + costs.tail_s
+    return {
+        "per_replica_qps": round(per_replica, 3),
+        "request_overhead_ms": _ms(costs.overhead_s),
+        "lone_request_tail_ms": _ms(costs.tail_s),
+        "predicted_mean_ms": None if math.isinf(mean_s) else _ms(mean_s),
+        "predicted_p99_ms": None if math.isinf(p99_s) else _ms(p99_s),
+    }
 
 
 def plan_one_shot(

@@ -20,6 +20,8 @@ from conveyor.plan.curves import LinearCurve
 BANDWIDTH_EFFICIENCY = 0.7
 FLOPS_EFFICIENCY = 0.5
 MEMORY_FRACTION = 0.9
+# The standard normal's 99th percentile: Poisson counts' p99 is about mean + Z_P99 x sqrt(mean).
+Z_P99 = 2.326
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,33 @@ def output_tokens_per_s(batch: int, step: LinearCurve, prefill: float, output_to
         return 0.0
     per_request_s = prefill + output_tokens * step.at(batch) / batch
     return output_tokens / per_request_s
+
+
+def generative_latency_s(
+    step: LinearCurve, prefill: float, output_tokens: int, rate_per_s: float, ceiling: int
+) -> tuple[float, float]:
+    """Mean and p99 seconds of a whole request at ``rate_per_s`` (Poisson) on one replica.
+
+    A request takes its own prefill (which yields the first token), then ``output_tokens - 1``
+    decode steps beside the ``k`` others running; every request arriving meanwhile slows one
+    of those steps by its prefill's marginal cost (``prefill - fixed``). Poisson arrivals see
+    the time average, so ``k`` and the arrivals during a request are both ``rate x W``
+    (Little's law), solved for the mean ``W`` in closed form. p99: both counts at their
+    Poisson 99th percentile (the batch capped at ``ceiling``). Infinite when the replica
+    cannot carry the rate, or its seats would all be taken (requests then queue for them).
+    """
+    decode = max(0, output_tokens - 1)
+    extra = max(0.0, prefill - step.fixed_s)
+    busy = 1.0 - rate_per_s * (decode * step.per_item_s + extra)
+    if busy <= 0:
+        return math.inf, math.inf
+    mean_s = (prefill + decode * step.at(1)) / busy
+    others = rate_per_s * mean_s
+    if 1 + others > ceiling:
+        return mean_s, math.inf
+    tail = others + Z_P99 * math.sqrt(others)
+    p99_s = prefill + decode * step.at(min(float(ceiling), 1 + tail)) + extra * tail
+    return mean_s, max(mean_s, p99_s)
 
 
 def steady_batch(curve: LinearCurve, rate_per_s: float, max_wait_s: float, ceiling: int) -> float:

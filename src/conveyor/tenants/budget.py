@@ -58,6 +58,8 @@ class MonthlyBudgets:
         self._store: UsageStore | None = None
         self._costs: dict[str, _Cost] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Requests refused for a spent budget since start, by tenant (the dashboard shows it).
+        self.num_refused: dict[str, int] = {}
 
     @property
     def has_budgets(self) -> bool:
@@ -80,10 +82,18 @@ class MonthlyBudgets:
     async def check(self, tenant: str) -> None:
         """Raise `InsufficientQuota` (429) when the tenant's monthly budget is spent."""
         if await self.is_over(tenant):
+            self.num_refused[tenant] = self.num_refused.get(tenant, 0) + 1
             raise InsufficientQuota(
                 f"tenant {tenant!r} has spent its monthly budget of "
                 f"${self.budgets_usd[tenant]:g}; ask an administrator to raise it"
             )
+
+    def known_cost_usd(self, tenant: str) -> float | None:
+        """The tenant's cost this month as last read (None: not read yet); reads nothing."""
+        entry = self._costs.get(tenant)
+        if entry is None or entry.month_s != month_start_s(self._clock()):
+            return None
+        return entry.cost_usd
 
     async def month_cost_usd(self, tenant: str) -> float | None:
         """The tenant's cost this month: cached when fresh, else read (None: unknown)."""

@@ -113,7 +113,8 @@ class RateLimitGate:
             decision = None
         if decision is not None and not decision.is_admitted:
             error = refusal(decision)
-            self.metrics.rate_limited.labels(tenant, ask.model, error.error_type).inc()
+            limit = _LIMIT_NAMES[decision.refused_by or REQUESTS]
+            self.metrics.rate_limited.labels(tenant, ask.model, limit).inc()
             raise error
         return Reservation(
             key, tenant, ask.model, limits, ask.input_tokens, ask.output_tokens, decision

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -14,8 +15,12 @@ from conveyor.api.app import create_app
 from conveyor.api.gateway_app import create_gateway_app
 from conveyor.config import ServerConfig
 from conveyor.dashboard.metrics_read import MetricReader
+from conveyor.dashboard.plans import generative_plan, one_shot_plan, preset_for
+from conveyor.dashboard.state import model_pulls, tenant_limits
 from conveyor.gateway import GatewaySettings
+from conveyor.metrics import Metrics
 from conveyor.stores import open_job_store
+from tests.unit.plan.test_sizing import LLAMA2_7B
 
 pytestmark = pytest.mark.anyio
 
@@ -48,6 +53,10 @@ async def test_the_state_shows_what_the_model_did(tmp_path: Path) -> None:
     assert model["config"] == {"max_batch_size": 32, "max_wait_ms": 1.0}
     assert model["histograms"]["latency_s"][-1] == [None, 4]
     assert model["plan"]["inputs_per_s_per_replica"] > 0
+    assert model["plan"]["source"] == "measured batch-time curve"
+    assert model["plan"]["predicted_p99_ms"] > 0 and model["plan"]["max_batch"] == 32
+    assert state["pulls"] == []
+    assert state["tenants"]["limits"] == []
     assert state["jobs"] == [] and state["fleet"] is None
     assert state["tenants"]["available"] is True
     (usage,) = state["tenants"]["usage"]
@@ -87,3 +96,81 @@ def test_histograms_read_back_with_an_infinite_top() -> None:
     histogram = Histogram("x_seconds", "x", ["model"], buckets=(0.1, 1.0), registry=registry)
     histogram.labels("m").observe(0.5)
     assert MetricReader(registry).histogram("x_seconds", "m") == [[0.1, 0], [1.0, 1], [None, 1]]
+
+
+async def test_a_tenant_that_hits_its_rpm_limit_is_listed_by_limit(tmp_path: Path) -> None:
+    tenants = [{"name": "default", "limits": {"syn": {"rpm": 2}}}]
+    app = create_app(_config(tmp_path, tenants=tenants))
+    async with app.router.lifespan_context(app), _client(app) as client:
+        codes = [
+            (await client.post("/v1/embeddings", json={"model": "syn", "input": "a"})).status_code
+            for _ in range(5)
+        ]
+        state = (await client.get("/v1/dashboard/state")).json()
+    assert codes.count(429) == 3
+    (row,) = state["tenants"]["limits"]
+    assert row["tenant"] == "default" and row["refused"] == {"rpm": 3} and row["num_refused"] == 3
+
+
+def test_limits_merge_rate_limits_and_budgets_and_filter_by_tenant() -> None:
+    refusals = [("a", "rpm", 2.0), ("a", "output_tpm", 1.0), ("b", "rpm", 0.0)]
+    rows = tenant_limits(refusals, {"b": 4}, {"b": (10.0, 12.5), "c": (5.0, None)})
+    assert [r["tenant"] for r in rows] == ["b", "a", "c"]
+    assert rows[0]["refused"] == {"monthly_budget": 4} and rows[0]["month_cost_usd"] == 12.5
+    assert rows[1]["refused"] == {"rpm": 2, "output_tpm": 1} and rows[1]["budget_usd"] is None
+    assert rows[2]["num_refused"] == 0 and rows[2]["budget_usd"] == 5.0
+    assert [r["tenant"] for r in tenant_limits(refusals, {"b": 4}, {}, only="a")] == ["a"]
+
+
+def test_running_pulls_show_bytes_and_progress() -> None:
+    metrics = Metrics()
+    gauges = metrics.distribution
+    gauges.pull_bytes.labels("m", "total").set(1000)
+    gauges.pull_bytes.labels("m", "held").set(250)
+    gauges.pull_started.labels("m").set(100.0)
+    (pull,) = model_pulls(MetricReader(metrics.registry), now_s=104.0)
+    assert pull == {"model": "m", "held_bytes": 250, "total_bytes": 1000, "progress": 0.25,
+                    "running_s": 4.0}  # fmt: skip
+
+
+def test_a_one_shot_plan_comes_from_the_measured_curve() -> None:
+    plan = one_shot_plan(0.010, 0.001, 16, 5.0)
+    assert plan["source"] == "measured batch-time curve"
+    assert plan["batch_ms_at_max"] == 26.0
+    assert plan["inputs_per_s_per_replica"] == round(16 / 0.026, 3)
+    assert plan["per_replica_qps"] == pytest.approx(0.7 * 16 / 0.026, rel=1e-3)
+
+
+def test_a_generative_plan_comes_from_the_config_and_the_cpu_preset(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "llama"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(LLAMA2_7B.read_text())
+    hosted = _FakeHosted(checkpoint)
+    metrics = Metrics()
+    plan = generative_plan(MetricReader(metrics.registry), hosted)  # type: ignore[arg-type]
+    assert plan is not None and plan["source"] == "preset cpu from config.json"
+    assert plan["lengths"] == "assumed" and plan["weight_bytes"] == 6738415616 * 2
+    assert plan["tokens_per_s_per_replica"] > 0 and plan["predicted_p99_ms"] > 0
+    assert plan["max_batch"] == 1600 // (256 + 128)  # the served KV cache, below max_num_seqs
+    metrics.for_generator("tiny").prompt_length.observe(40)
+    metrics.for_generator("tiny").generation_length.observe(10)
+    served = generative_plan(MetricReader(metrics.registry), hosted)  # type: ignore[arg-type]
+    assert served is not None
+    assert (served["prompt_tokens"], served["output_tokens"], served["lengths"]) == (
+        40,
+        10,
+        "served",
+    )
+    assert preset_for("mps") is None
+
+
+class _FakeHosted:
+    """What the plan reads of a hosted generator: its config and its KV cache's size."""
+
+    def __init__(self, path: Path) -> None:
+        from conveyor.model_config import GenerateModelConfig
+
+        self.config = GenerateModelConfig(
+            kind="generate", name="tiny", path=path, device="cpu", max_num_seqs=16
+        )
+        self.engine = SimpleNamespace(num_kv_blocks=100, config=SimpleNamespace(block_size=16))

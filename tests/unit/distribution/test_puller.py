@@ -137,3 +137,39 @@ async def test_a_chunk_coming_from_the_origin_elsewhere_is_awaited_then_taken(
     puller, registry = puller_for(store, objects, tmp_path / "cache")
     await puller.pull("m")
     assert fetched(registry, "origin") == len(WEIGHTS)
+
+
+async def test_a_running_pull_shows_its_bytes_and_drops_them_when_done(
+    pushed: Pushed, tmp_path: Path
+) -> None:
+    store, objects, manifest = pushed
+    cache = ChunkCache(tmp_path / "cache")
+    for chunk in manifest.unique_chunks()[:4]:
+        cache.write_chunk(
+            chunk.digest, chunk.size_bytes, [objects.objects[chunk_key(chunk.digest)]]
+        )
+    puller, registry = puller_for(store, objects, tmp_path / "cache")
+    seen: list[tuple[float | None, float | None, float | None]] = []
+
+    async def announce(digests: list[str], state: HolderState = HolderState.HAVE) -> None:
+        held = registry.get_sample_value(
+            "conveyor_model_pull_bytes", {"model": "m", "state": "held"}
+        )
+        total = registry.get_sample_value(
+            "conveyor_model_pull_bytes", {"model": "m", "state": "total"}
+        )
+        started = registry.get_sample_value("conveyor_model_pull_started_seconds", {"model": "m"})
+        seen.append((held, total, started))
+
+    puller.announce = announce  # type: ignore[method-assign]
+    await puller.pull("m")
+    helds = [held for held, _, _ in seen]
+    assert helds[0] == 4 * 1024 and helds[-1] == len(WEIGHTS)
+    assert helds == sorted(helds)
+    assert {total for _, total, _ in seen} == {len(WEIGHTS)}
+    assert all(started is not None and started > 0 for _, _, started in seen)
+    assert (
+        registry.get_sample_value("conveyor_model_pull_bytes", {"model": "m", "state": "held"})
+        is None
+    )
+    assert registry.get_sample_value("conveyor_model_pull_started_seconds", {"model": "m"}) is None

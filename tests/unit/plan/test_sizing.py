@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from conveyor.cli import app
+from conveyor.plan.calibrate import SoloTimes
 from conveyor.plan.curves import LinearCurve
 from conveyor.plan.gpus import GPUS, gpu_spec
-from conveyor.plan.planner import plan_generative, plan_one_shot, roofline_costs
+from conveyor.plan.planner import GenerativeCosts, plan_generative, plan_one_shot, roofline_costs
 from conveyor.plan.shape import load_shape, shape_from_hf
 from conveyor.plan.sizing import (
+    Z_P99,
     Workload,
     batch_for_p99,
+    generative_latency_s,
     kv_budget_bytes,
     max_batch_for_kv,
     one_shot_p99_s,
@@ -142,3 +146,49 @@ def test_json_output_has_the_documented_keys() -> None:
 def test_a_plan_without_model_or_calibration_is_refused() -> None:
     result = CliRunner().invoke(app, ["plan", "--qps", "1", "--prompt-tokens", "8"])
     assert result.exit_code == 2 and "--calibrate" in result.output
+
+
+def test_a_generative_request_alone_takes_its_prefill_and_its_decode_steps() -> None:
+    step = LinearCurve(0.001, 0.0001)
+    mean_s, p99_s = generative_latency_s(step, 0.004, 32, 1e-9, 8)
+    assert mean_s == pytest.approx(0.004 + 31 * step.at(1))
+    assert p99_s == pytest.approx(mean_s, rel=1e-3)
+
+
+def test_generative_latency_grows_with_load_and_the_p99_sits_above_the_mean() -> None:
+    step = LinearCurve(0.001, 0.0001)
+    figures = [generative_latency_s(step, 0.004, 32, rate, 8) for rate in (5, 20, 40)]
+    means = [mean for mean, _ in figures]
+    assert means == sorted(means) and all(p99 > mean for mean, p99 in figures)
+    # At 40/s: W = (p + 31 t(1)) / (1 - rate (31 c + p - a)); others running and arriving
+    # during it: rate x W each (Little's law), at their Poisson p99 for the tail.
+    expected_mean = (0.004 + 31 * 0.0011) / (1 - 40 * (31 * 0.0001 + 0.003))
+    assert figures[2][0] == pytest.approx(expected_mean)
+    tail = 40 * expected_mean + Z_P99 * math.sqrt(40 * expected_mean)
+    assert figures[2][1] == pytest.approx(0.004 + 31 * step.at(1 + tail) + 0.003 * tail)
+
+
+def test_generative_latency_is_unbounded_past_what_a_replica_carries() -> None:
+    step = LinearCurve(0.001, 0.0001)
+    assert generative_latency_s(step, 0.004, 32, 200, 8) == (math.inf, math.inf)
+    mean_s, p99_s = generative_latency_s(step, 0.004, 32, 150, 8)  # more than 8 seats
+    assert math.isfinite(mean_s) and p99_s == math.inf
+
+
+def test_lone_requests_give_the_overhead_beyond_the_engine_and_the_tail() -> None:
+    solo = SoloTimes(caller_s=[0.050, 0.050, 0.050, 0.090], engine_s=0.046)
+    assert solo.overhead_s == pytest.approx(0.014)
+    assert solo.tail_s == pytest.approx(0.030)
+    assert SoloTimes(caller_s=[0.01], engine_s=0.02).overhead_s == 0.0
+
+
+def test_a_calibrated_plan_adds_the_overhead_and_the_lone_tail_to_its_latency() -> None:
+    workload = Workload(qps=20, prompt_tokens=16, output_tokens=32)
+    step = LinearCurve(0.001, 0.0001)
+    bare = plan_generative(workload, GenerativeCosts(step, 0.004, "calibrated", 8), None, None)
+    costs = GenerativeCosts(step, 0.004, "calibrated", 8, overhead_s=0.003, tail_s=0.010)
+    measured = plan_generative(workload, costs, None, None)
+    assert measured["predicted_mean_ms"] == pytest.approx(bare["predicted_mean_ms"] + 3, abs=1e-3)
+    assert measured["predicted_p99_ms"] == pytest.approx(bare["predicted_p99_ms"] + 13, abs=1e-3)
+    assert (measured["request_overhead_ms"], measured["lone_request_tail_ms"]) == (3.0, 10.0)
+    assert bare["predicted_p99_ms"] > bare["predicted_mean_ms"]

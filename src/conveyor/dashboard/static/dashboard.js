@@ -92,12 +92,13 @@ function card(model) {
   entry.card.append(el("h3", { class: "model-name" }, model.name));
   const stats = el("div", { class: "stats" });
   for (const [key, label] of [["throughput", unit(model)], ["p50", "p50 ms"], ["p99", "p99 ms"],
-                              ["queue", "queued"], ["running", "running"], ["plan", "plan"]]) {
+                              ["queue", "queued"], ["running", "running"]]) {
     const item = el("span", {}, label + " ");
     item.append(el("b", { "data-stat": key }, "–"));
     stats.append(item);
   }
   entry.card.append(stats);
+  entry.card.append(el("table", { class: "plan" }));
   const charts = el("div", { class: "charts" });
   entry.card.append(charts);
   for (const spec of CHARTS) {
@@ -132,8 +133,29 @@ function showStats(entry, model, figures) {
   put("p99", fmt(figures.p99));
   put("queue", fmt(figures.queue, 0));
   put("running", fmt(figures.running, 0));
+  showPlan(entry.card.querySelector("table.plan"), model, figures);
+}
+
+// The plan's figures beside what the model measures now.
+function showPlan(node, model, figures) {
   const plan = model.plan;
-  put("plan", plan ? `${fmt(plan.inputs_per_s_per_replica)} inputs/s at full batches (${fmt(plan.batch_ms_at_max)} ms)` : "–");
+  if (model.kind === "fleet") { node.hidden = true; return; }
+  if (!plan || plan.error) {
+    table(node, ["plan", plan ? plan.error : "not yet: waiting for measured batches"], []);
+    return;
+  }
+  const rows = model.kind === "generative" ? [
+    ["tokens/s", fmt(plan.tokens_per_s_per_replica), "per replica at batch " + plan.max_batch, fmt(figures.throughput)],
+    ["p99 ms", fmt(plan.predicted_p99_ms), `at ${fmt(plan.per_replica_qps)} req/s`, fmt(figures.p99)],
+    ["TTFT ms", fmt(plan.predicted_ttft_ms), "at a full batch", fmt(figures.ttft)],
+    ["step ms", fmt(plan.decode_step_ms, 2), "decode at that batch", fmt(figures.tpot, 2)],
+  ] : [
+    ["inputs/s", fmt(plan.inputs_per_s_per_replica), "per replica at batch " + plan.max_batch, fmt(figures.throughput)],
+    ["p99 ms", fmt(plan.predicted_p99_ms), `at ${fmt(plan.per_replica_qps)} inputs/s`, fmt(figures.p99)],
+    ["batch ms", fmt(plan.batch_ms_at_max), "at the largest batch", "–"],
+  ];
+  table(node, [`plan (${plan.source})`, "planned", "", "measured"], rows);
+  node.dataset.source = plan.source;
 }
 
 function updateModels(state) {
@@ -197,10 +219,31 @@ function updateJobs(jobs, time) {
 
 function updateTenants(tenants) {
   $("tenants-note").textContent = tenants.note;
-  if (!tenants.available) { table($("tenants"), ["usage unavailable right now"], []); return; }
-  table($("tenants"), ["tenant", "requests", "input tokens", "output tokens", "model s", "cost $"],
+  if (!tenants.available) table($("tenants"), ["usage unavailable right now"], []);
+  else table($("tenants"), ["tenant", "requests", "input tokens", "output tokens", "model s", "cost $"],
     tenants.usage.map((t) => [t.tenant, t.requests, t.input_tokens, t.output_tokens,
       fmt(t.model_seconds), t.cost_usd.toFixed(4)]));
+  const limits = tenants.limits || [];
+  table($("limits"), ["tenant", "429s", "rpm", "input tpm", "output tpm", "budget", "month cost $ / budget $"],
+    limits.map((t) => {
+      const r = t.refused;
+      const budget = t.budget_usd === null ? "–" : `${fmt(t.month_cost_usd, 2)} / ${fmt(t.budget_usd, 2)}`;
+      return [t.tenant, t.num_refused, r.rpm || 0, r.input_tpm || 0, r.output_tpm || 0, r.monthly_budget || 0, budget];
+    }));
+}
+
+function mib(bytes) { return fmt(bytes / 1048576, 1); }
+
+function updatePulls(pulls) {
+  $("pulls-section").hidden = pulls === null || pulls === undefined;
+  if (!pulls) return;
+  table($("pulls"), ["model", "progress", "MiB held / total", "MiB/s", "ETA s"], pulls.map((p) => {
+    const perS = p.running_s > 0 ? p.held_bytes / p.running_s : null;
+    const eta = perS > 0 ? (p.total_bytes - p.held_bytes) / perS : null;
+    return [p.model, progress(p.progress || 0), `${mib(p.held_bytes)} / ${mib(p.total_bytes)}`,
+      perS === null ? "–" : mib(perS), fmt(eta, 0)];
+  }));
+  if (!pulls.length) table($("pulls"), ["no model pull running"], []);
 }
 
 function render(state) {
@@ -210,6 +253,7 @@ function render(state) {
   updateFleet(state.fleet);
   updateJobs(state.jobs, state.time);
   updateTenants(state.tenants);
+  updatePulls(state.pulls);
   previous = state;
 }
 
