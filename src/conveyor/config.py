@@ -196,9 +196,14 @@ class ServerConfig(_Strict):
         if not self.models:
             object.__setattr__(self, "models", [default_model_config()])
         names = [model.name for model in self.models]
+        for model in self.models:
+            if isinstance(model, GenerateModelConfig) and model.lora is not None:
+                names += list(model.lora.adapters)  # a request names an adapter as a model
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
-            raise ValueError(f"model names must be unique; repeated: {', '.join(duplicates)}")
+            raise ValueError(
+                f"model and adapter names must be unique; repeated: {', '.join(duplicates)}"
+            )
         digests = [api_key.digest for api_key in self.api_keys]
         if len(set(digests)) != len(digests):
             raise ValueError("api_keys must be unique")

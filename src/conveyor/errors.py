@@ -89,6 +89,14 @@ class AuthenticationFailed(ConveyorError):
     default_code = "invalid_api_key"
 
 
+class PermissionDenied(ConveyorError):
+    """The caller's key may not do this (an admin key may): 403."""
+
+    status_code = 403
+    error_type = "invalid_request_error"
+    default_code = "permission_denied"
+
+
 class NotFound(ConveyorError):
     """The named resource does not exist (or belongs to another tenant): 404."""
 

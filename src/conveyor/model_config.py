@@ -129,6 +129,7 @@ class EmbeddingModelConfig(BatchingConfig):
     device: str = "auto"
     max_input_tokens: int | None = Field(default=None, ge=1)
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
+    lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
 
     _path_kind = field_validator("path", mode="before")(_model_path)
     _path_exists = field_validator("path")(_local_dir_exists)
@@ -152,6 +153,29 @@ class RerankModelConfig(BatchingConfig):
     def _path_exists(cls, value: Path) -> Path:
         if not value.is_dir():
             raise ValueError(f"model directory {value} does not exist")
+        return value
+
+
+class LoraConfig(Strict):
+    """LoRA adapters served on a generative model's one copy of the base weights.
+
+    ``adapters`` maps a name (what requests put in ``model``) to a PEFT adapter
+    directory; more can be loaded at run time. ``max_loras_per_batch`` adapters are kept
+    on the device and may share a step; ``max_cpu_loras`` keep a host copy (the rest are
+    read from disk again when needed); adapters of rank above ``max_rank`` are refused.
+    """
+
+    adapters: dict[str, Path] = Field(default_factory=dict)
+    max_loras_per_batch: int = Field(default=8, ge=1, le=1024)
+    max_cpu_loras: int = Field(default=64, ge=1)
+    max_rank: int = Field(default=64, ge=1, le=4096)
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapter_names(cls, value: dict[str, Path]) -> dict[str, Path]:
+        for name in value:
+            if not re.match(_MODEL_NAME_PATTERN, name):
+                raise ValueError(f"adapter name {name!r} must match {_MODEL_NAME_PATTERN}")
         return value
 
 
@@ -187,6 +211,7 @@ class GenerateModelConfig(Strict):
         description="Batch-job tokens a step while online traffic is present (null: no cap).",
     )
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
+    lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
 
     _path_kind = field_validator("path", mode="before")(_model_path)
     _path_exists = field_validator("path")(_local_dir_exists)

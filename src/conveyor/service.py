@@ -299,6 +299,10 @@ class Service:
         generator = self.generators.get(name)
         if generator is not None:
             return generator
+        for base in self.generators.values():  # a LoRA adapter runs on its base's engine
+            adapter = base.for_adapter(name)
+            if adapter is not None:
+                return adapter
         self._check_failed(name)
         if name in self._models:
             raise InvalidRequest(

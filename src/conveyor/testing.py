@@ -17,8 +17,10 @@ from typing import Any, Literal
 import torch
 
 __all__ = [
+    "LORA_TARGET_MODULES",
     "TINY_CHAT_TEMPLATE",
     "ModelSize",
+    "build_lora_adapter",
     "build_tiny_llama",
     "build_tiny_mistral",
     "build_tiny_qwen2",
@@ -344,4 +346,47 @@ def build_tiny_cross_encoder(directory: str | Path, *, seed: int = 0) -> Path:
         model: Any = BertForSequenceClassification(config)
     model.eval()
     model.save_pretrained(str(path))
+    return path
+
+
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def build_lora_adapter(
+    base: str | Path,
+    directory: str | Path,
+    *,
+    rank: int = 8,
+    alpha: int = 16,
+    seed: int = 0,
+    target_modules: tuple[str, ...] = LORA_TARGET_MODULES,
+    use_rslora: bool = False,
+    scale: float = 0.1,
+) -> Path:
+    """Write a PEFT LoRA adapter for the checkpoint at ``base``; return its directory.
+
+    PEFT starts ``lora_B`` at zero (the adapter changes nothing); here every ``lora_A``
+    and ``lora_B`` is drawn from N(0, ``scale``^2) instead, so the adapter changes the
+    model's output and tests comparing with a merged model can fail.
+    """
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(str(base))
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=list(target_modules),
+        lora_dropout=0.0,
+        use_rslora=use_rslora,
+        task_type="CAUSAL_LM",
+    )
+    peft_model: Any = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    path = Path(directory)
+    peft_model.save_pretrained(str(path))
     return path

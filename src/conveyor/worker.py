@@ -142,12 +142,15 @@ def service_load(service: Service, gate: DrainGate) -> dict[str, Any]:
     for unloaded in service.unloaded_models():
         models[unloaded.name] = {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": False}
     # Generative models run their own scheduler; they are listed so gateways route to them,
-    # with a digest of their prefix cache for prefix-aware routing.
+    # with a digest of their prefix cache for prefix-aware routing. LoRA adapters route
+    # like models (no digest: their prefix blocks are keyed by adapter).
     for name, generator in service.generators.items():
         entry = models.setdefault(name, {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": True})
         engine = generator.engine
         digest = prefix_report(engine.config.block_size, engine.prefix_digest.hashes)
         models[name] = {**entry, "prefix": digest}
+        for adapter in generator.adapter_names():
+            models.setdefault(adapter, {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": True})
     return {"in_flight": gate.num_in_flight, "is_draining": gate.is_draining, "models": models}
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conveyor.testing import build_tiny_llama, build_tiny_qwen3, torch_threads
+from conveyor.testing import build_lora_adapter, build_tiny_llama, build_tiny_qwen3, torch_threads
 from tests.unit.model_helpers import HFReference
 
 
@@ -34,3 +35,19 @@ def qwen3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="package")
 def llama_reference(llama_path: Path) -> HFReference:
     return HFReference(llama_path)
+
+
+@pytest.fixture(scope="package")
+def adapter_dirs(llama_path: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Four PEFT adapters of the tiny Llama: different ranks, targets and scalings."""
+    root = tmp_path_factory.mktemp("adapters")
+    specs: list[dict[str, Any]] = [
+        {"rank": 8, "alpha": 16},
+        {"rank": 4, "alpha": 8, "target_modules": ("q_proj", "v_proj")},
+        {"rank": 16, "alpha": 16, "use_rslora": True},
+        {"rank": 2, "alpha": 4, "target_modules": ("gate_proj", "down_proj", "o_proj")},
+    ]
+    return [
+        build_lora_adapter(llama_path, root / f"a{index}", seed=index + 1, **spec)
+        for index, spec in enumerate(specs)
+    ]

@@ -155,3 +155,13 @@ class HFReference:
                 )
             self._cache[key] = out[0, len(prompt) :].tolist()
         return self._cache[key]
+
+
+def merged_reference(base: Path, adapter: Path) -> HFReference:
+    """PEFT's merged model (``merge_and_unload``) of ``adapter`` as an HF reference."""
+    from peft import PeftModel
+
+    reference = HFReference(base)
+    merged: Any = PeftModel.from_pretrained(reference.model, str(adapter))
+    reference.model = merged.merge_and_unload().eval()
+    return reference

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import conveyor
-from conveyor.api import batches, dashboard, files, inference, meta, usage
+from conveyor.api import batches, dashboard, files, inference, lora, meta, usage
 from conveyor.api.edge import EdgeApp, direct_routes
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
@@ -38,6 +38,7 @@ def _add_routes(app: EdgeApp) -> None:
     app.include_router(batches.router)
     app.include_router(dashboard.router)
     app.include_router(usage.router)
+    app.include_router(lora.router)
     install_openapi(app)
 
 

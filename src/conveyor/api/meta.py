@@ -7,6 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from conveyor.api.responses import find_model, json_response, version_body
+from conveyor.endpoints.lora_adapters import adapter_entries
 from conveyor.service import Service
 
 router = APIRouter()
@@ -18,10 +19,11 @@ def model_entries(service: Service) -> list[dict[str, object]]:
     # Under a memory budget a model not loaded yet is still hosted: it loads on first use.
     entries += [(m.name, service.started_at) for m in service.unloaded_models()]
     entries += [(g.config.name, g.created_at) for g in service.generators.values()]
-    return [
+    models: list[dict[str, object]] = [
         {"id": name, "object": "model", "created": created, "owned_by": "conveyor"}
         for name, created in entries
     ]
+    return models + adapter_entries(service)
 
 
 @router.get("/v1/models")

@@ -22,6 +22,14 @@ from conveyor.prefix.hashing import hash_block
 __all__ = ["BlockManager", "hash_block"]
 
 
+def adapter_hash_seed(adapter_id: int) -> bytes:
+    """Parent hash of a sequence's first block: ``b""`` for the base, else the adapter's.
+
+    Keys the prefix cache by LoRA adapter, so two adapters never share KV blocks.
+    """
+    return b"" if adapter_id == 0 else b"lora:%d" % adapter_id
+
+
 @dataclass(slots=True)
 class _Block:
     """One KV-cache block's bookkeeping."""
@@ -187,7 +195,7 @@ class BlockManager:
         hashes = seq.block_hashes
         while len(hashes) <= index:
             start = len(hashes) * block_size
-            parent = hashes[-1] if hashes else b""
+            parent = hashes[-1] if hashes else adapter_hash_seed(seq.adapter_id)
             hashes.append(hash_block(parent, seq.token_ids[start : start + block_size]))
         return hashes[index]
 

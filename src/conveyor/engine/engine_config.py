@@ -23,6 +23,8 @@ class EngineConfig:
     block_size: int
     # Batch-job tokens a step while online traffic is present (None: no cap).
     job_tokens_beside_online: int | None = None
+    # Distinct LoRA adapters per step (the device-resident slots); None: no adapters.
+    max_loras_per_batch: int | None = None
 
     def job_share_config(self) -> JobShareConfig:
         """The cap on batch-job tokens beside online traffic (validated there)."""
@@ -34,6 +36,7 @@ class EngineConfig:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            max_loras_per_batch=self.max_loras_per_batch,
         )
 
 

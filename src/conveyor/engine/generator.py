@@ -7,12 +7,14 @@ builds one from a ``kind: generate`` config entry.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.config import GenerateModelConfig
+from conveyor.engine.lora.registry import AdapterEntry, LoraRegistry
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.siblings import prefix_groups
 from conveyor.engine.stream import GenerationStream
@@ -37,6 +39,18 @@ class HostedGenerator:
     metrics: GeneratorMetrics
     vocab_size: int
     created_at: int
+    # The model's LoRA adapters (None: it serves none), and the one this view runs with.
+    lora: LoraRegistry[Any] | None = None
+    adapter: AdapterEntry | None = None
+
+    def for_adapter(self, name: str) -> HostedGenerator | None:
+        """This model as adapter ``name`` serves it; None if it has no such adapter."""
+        entry = None if self.lora is None else self.lora.get(name)
+        return None if entry is None else dataclasses.replace(self, adapter=entry)
+
+    def adapter_names(self) -> list[str]:
+        """The LoRA adapters this model serves now."""
+        return [] if self.lora is None else self.lora.names()
 
     @property
     def max_model_len(self) -> int:
@@ -75,6 +89,7 @@ class HostedGenerator:
                     priority=priority,
                     index=index,
                     prefix_group=groups[index],
+                    adapter_id=0 if self.adapter is None else self.adapter.adapter_id,
                 )
                 for index, (ids, choice) in enumerate(zip(prompts, per_prompt, strict=True))
             ]

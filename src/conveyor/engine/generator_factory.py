@@ -14,14 +14,16 @@ from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.limits import max_model_len_problem
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
+from conveyor.engine.lora.runtime import LoraRuntime, new_lora_runtime
 from conveyor.engine.model_runner import (
     ModelRunner,
     num_kv_blocks_for_memory_fraction,
     num_kv_blocks_for_tokens,
     resolve_device,
+    resolve_dtype,
 )
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.errors import ConfigError
+from conveyor.errors import ConfigError, ConveyorError
 from conveyor.metrics import GeneratorMetrics
 
 __all__ = ["DEFAULT_CPU_KV_CACHE_TOKENS", "load_generator"]
@@ -37,12 +39,14 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     num_kv_blocks = _num_kv_blocks(config, device.type)
+    lora = _lora_runtime(config, device)
     runner = ModelRunner(
         local_model_path(config.path),
         num_kv_blocks=num_kv_blocks,
         block_size=config.block_size,
         device=device,
         dtype=config.dtype,
+        lora=lora,
     )
     max_model_len = config.max_model_len or runner.max_model_len
     problem = max_model_len_problem(config.name, max_model_len, runner.max_model_len)
@@ -55,13 +59,38 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         num_kv_blocks=num_kv_blocks,
         block_size=config.block_size,
         job_tokens_beside_online=config.job_tokens_beside_online,
+        max_loras_per_batch=None if config.lora is None else config.lora.max_loras_per_batch,
     )
     tokenizer = Tokenizer(local_model_path(config.path))
     engine = LLMEngine(runner, tokenizer, engine_config, metrics=metrics, name=config.name)
     engine.start()
+    registry = None if lora is None else lora.registry
     return HostedGenerator(
-        config, engine, tokenizer, metrics, runner.vocab_size, created_at=int(time.time())
+        config, engine, tokenizer, metrics, runner.vocab_size, int(time.time()), registry
     )
+
+
+def _lora_runtime(config: GenerateModelConfig, device: torch.device) -> LoraRuntime | None:
+    """The adapters' runtime with the configured adapters loaded; None without ``lora``."""
+    if config.lora is None:
+        return None
+    path = local_model_path(config.path)
+    lora = new_lora_runtime(
+        DecoderConfig.from_hf(load_hf_config(path)),
+        slots=config.lora.max_loras_per_batch,
+        max_cpu_loras=config.lora.max_cpu_loras,
+        max_rank=config.lora.max_rank,
+        device=device,
+        dtype=resolve_dtype(config.dtype, device),
+    )
+    for name, adapter_path in config.lora.adapters.items():
+        try:
+            lora.registry.load(name, adapter_path)
+        except ConveyorError as exc:
+            raise ConfigError(
+                f"model {config.name}: LoRA adapter {name!r}: {exc.message}"
+            ) from None
+    return lora
 
 
 def _num_kv_blocks(config: GenerateModelConfig, device_type: str) -> int:

@@ -156,6 +156,7 @@ class LLMEngine:
         priority: Priority = Priority.ONLINE,
         index: int = 0,
         prefix_group: str | None = None,
+        adapter_id: int = 0,
     ) -> GenerationRequest:
         """Build a request for this engine; ValueError if it cannot run (too long, empty)."""
         return GenerationRequest(
@@ -169,6 +170,7 @@ class LLMEngine:
             priority=priority,
             index=index,
             prefix_group=prefix_group,
+            adapter_id=adapter_id,
             origin=current_request(),
         )
 

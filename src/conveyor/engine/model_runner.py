@@ -19,6 +19,7 @@ import torch
 from conveyor.engine.decode_buckets import plan_decode_buckets
 from conveyor.engine.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
 from conveyor.engine.llama import LlamaDecoder
+from conveyor.engine.lora.runtime import LoraRuntime
 from conveyor.engine.step import SeqChunk
 from conveyor.engine.step_inputs import DecodeBatch, DecodeBucket, PrefillSpan, StepInput
 from conveyor.engine.weight_loader import count_checkpoint_params, load_weights
@@ -172,6 +173,7 @@ class ModelRunner:
         dtype: str | torch.dtype = "auto",
         batch_decode: bool = True,
         decode_bucket_cost_blocks: float | None = None,
+        lora: LoraRuntime | None = None,
     ) -> None:
         if num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
@@ -191,6 +193,10 @@ class ModelRunner:
         self.eos_token_ids = read_eos_token_ids(self.checkpoint_dir, raw_config)
         self.last_prepare_s = 0.0  # of the last execute (see step.PrepareTimed)
         self.model = self._load_model()
+        # Multi-LoRA: chunks with an adapter_id get that adapter's delta (see engine/lora).
+        self.lora = lora
+        if lora is not None:
+            lora.attach(self.model)
         self.kv_caches = self._allocate_kv_cache()
 
     @property
@@ -226,7 +232,13 @@ class ModelRunner:
                 started_s = time.perf_counter()
                 step = self._prepare(chunks)
                 self.last_prepare_s = time.perf_counter() - started_s
-                logits: torch.Tensor = self.model(step, self.kv_caches).to(torch.float32)
+                if self.lora is not None:
+                    self.lora.begin_step(chunks)
+                try:
+                    logits: torch.Tensor = self.model(step, self.kv_caches).to(torch.float32)
+                finally:
+                    if self.lora is not None:
+                        self.lora.end_step()
             if self.device.type == "cuda":
                 # Sampling waits for the logits anyway; waiting here puts the model's time
                 # in the step's forward phase, not in whatever reads the logits first.
@@ -290,6 +302,8 @@ class ModelRunner:
         used_blocks = chunk.block_table[:num_blocks_needed]
         if min(used_blocks) < 0 or max(used_blocks) >= self.num_kv_blocks:
             raise ValueError(f"block ids must be in [0, {self.num_kv_blocks})")
+        if chunk.adapter_id and self.lora is None:
+            raise ValueError("this model serves no LoRA adapters")
         # Checked here because an out-of-range embedding index is a fatal device assert on CUDA.
         if min(chunk.token_ids) < 0 or max(chunk.token_ids) >= self.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.vocab_size})")

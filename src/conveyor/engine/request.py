@@ -49,6 +49,8 @@ class GenerationRequest:
     index: int = 0
     # Shared by requests with the same prompt in one call (n choices); see ``Sequence``.
     prefix_group: str | None = None
+    # The LoRA adapter to run with (0: the base model alone).
+    adapter_id: int = 0
     # The HTTP request (or batch line) this came from: its trace gets the engine's spans.
     origin: RequestContext | None = None
     seq: Sequence = field(init=False)
@@ -78,6 +80,7 @@ class GenerationRequest:
             self.prompt_token_ids,
             priority=self.priority,
             prefix_group=self.prefix_group,
+            adapter_id=self.adapter_id,
         )
         self.generator = None if self.params.seed is None else new_generator(self.params.seed)
         self.detokenizer = self.tokenizer.detokenizer(

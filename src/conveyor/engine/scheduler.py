@@ -28,6 +28,9 @@ Policy, kept deliberately simple:
   admits no one.  A waiting online request that lacks a seat or blocks which
   running batch-job sequences hold preempts those, newest first, as long as
   that makes it fit; it never evicts another online request.
+* LoRA adapters.  The running sequences never use more distinct adapters than
+  ``max_loras_per_batch`` (the slots resident on the device), so every step fits;
+  a waiting sequence of another adapter is stepped over until a slot frees.
 * Siblings.  A sequence waits, as if it did not fit, while a running sibling
   computes the prompt blocks it will share (see ``siblings``).
 * Two-phase steps.  ``schedule`` reserves blocks but does not advance any
@@ -63,12 +66,19 @@ class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    # Distinct LoRA adapters among running sequences (so in any step); None: no adapters.
+    max_loras_per_batch: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        loras = self.max_loras_per_batch
+        if loras is not None and (
+            isinstance(loras, bool) or not isinstance(loras, int) or loras < 1
+        ):
+            raise ValueError(f"max_loras_per_batch must be an int >= 1, got {loras!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
@@ -265,7 +275,8 @@ class Scheduler:
                 head.num_tokens - self._block_manager.num_cache_hit_tokens(head),
                 self._token_budget,
             )
-            if self._fits(head, num_new) or self._is_reclaimable(head, num_new):
+            fits = self._fits(head, num_new) or self._is_reclaimable(head, num_new)
+            if fits and self._adapter_fits(head):
                 return True
         return any(
             seq.priority is Priority.ONLINE and seq.num_uncomputed_tokens > 1
@@ -300,13 +311,18 @@ class Scheduler:
     def _admit_waiting(self, plan: StepPlan, priority: Priority) -> None:
         """Admit waiting sequences of ``priority`` in order while seats, budget, blocks allow.
 
-        The queue head blocks everything behind it, whatever their class.
+        The queue head blocks everything behind it, whatever their class, except a head
+        whose LoRA adapter would exceed ``max_loras_per_batch``: it is stepped over.
         """
         manager = self._block_manager
-        while self._waiting and plan.room_for(priority) > 0:
-            seq = self._waiting[0]
+        skipped = 0  # sequences left waiting because every adapter slot is taken
+        while len(self._waiting) > skipped and plan.room_for(priority) > 0:
+            seq = self._waiting[skipped]
             if seq.priority is not priority:
                 return
+            if not self._adapter_fits(seq):
+                skipped += 1
+                continue
             if waits_for_sibling(seq, self._running, manager.block_size):
                 return
             num_new = min(
@@ -314,7 +330,7 @@ class Scheduler:
             )
             if not self._fits(seq, num_new) and not self._make_room(seq, num_new, plan):
                 return
-            self._waiting.pop(0)
+            self._waiting.pop(skipped)
             manager.allocate(seq)
             manager.append(seq, num_new)
             seq.status = SequenceStatus.RUNNING
@@ -325,6 +341,14 @@ class Scheduler:
         """Whether ``seq`` can be admitted now with ``num_new`` tokens: a seat and blocks."""
         has_seat = len(self._running) < self._config.max_num_seqs
         return has_seat and self._block_manager.can_allocate(seq, num_new)
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """Whether admitting ``seq`` keeps the running adapters within the limit."""
+        limit = self._config.max_loras_per_batch
+        if limit is None or seq.adapter_id == 0:
+            return True
+        active = {other.adapter_id for other in self._running if other.adapter_id}
+        return seq.adapter_id in active or len(active) < limit
 
     def _make_room(self, seq: Sequence, num_new: int, plan: StepPlan) -> bool:
         """Preempt running batch-job sequences, newest first, until online ``seq`` fits.

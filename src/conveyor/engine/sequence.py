@@ -43,6 +43,9 @@ class Sequence:
     # Sequences of one group share their prompt (the n choices of a request): the scheduler
     # admits one, and the others once its prompt is cached, so they compute it only once.
     prefix_group: str | None = None
+    # The LoRA adapter this sequence runs with (0: the base model alone). Ids are never
+    # reused, so the KV blocks of one adapter are never served to another.
+    adapter_id: int = 0
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = field(init=False, default=0)
     block_table: list[int] = field(init=False, default_factory=list)
@@ -70,6 +73,10 @@ class Sequence:
             isinstance(self.prefix_group, str) and self.prefix_group
         ):
             raise ValueError(f"sequence {self.seq_id!r}: prefix_group must be a non-empty string")
+        if isinstance(self.adapter_id, bool) or not isinstance(self.adapter_id, int):
+            raise ValueError(f"sequence {self.seq_id!r}: adapter_id must be an int")
+        if self.adapter_id < 0:
+            raise ValueError(f"sequence {self.seq_id!r}: adapter_id must be >= 0")
         # Accepts plain ints too; raises ValueError for an unknown class.
         self.priority = Priority(self.priority)
         # Copies so later edits of the caller's list cannot change the request.

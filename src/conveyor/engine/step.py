@@ -32,6 +32,8 @@ class SeqChunk:
     start_pos: int
     block_table: tuple[int, ...]
     needs_logits: bool
+    # The sequence's LoRA adapter (0: the base model alone).
+    adapter_id: int = 0
 
     @property
     def end_pos(self) -> int:

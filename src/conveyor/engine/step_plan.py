@@ -54,6 +54,7 @@ class ScheduledSeq:
             start_pos=self.start_pos,
             block_table=tuple(self.seq.block_table),
             needs_logits=self.needs_logits,
+            adapter_id=self.seq.adapter_id,
         )
 
 

@@ -16,6 +16,7 @@ TORCH_FREE_MODULES = (
     "conveyor.engine.generator",
     "conveyor.engine.hf_config",
     "conveyor.engine.inbox",
+    "conveyor.engine.lora.registry",
     "conveyor.engine.outputs",
     "conveyor.engine.sampling_params",
     "conveyor.engine.scheduler",

@@ -1,0 +1,113 @@
+"""Loading and unloading LoRA adapters at run time (vLLM's ``/v1/load_lora_adapter`` shapes).
+
+No HTTP here: the route parses the body and checks the caller may do it. An adapter goes
+to the generative model that has ``lora`` configured (``base_model`` picks one when
+several do); reading it runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from conveyor.errors import InvalidRequest, ModelNotFound
+
+if TYPE_CHECKING:  # named in annotations only
+    from conveyor.engine.generator import HostedGenerator
+    from conveyor.service import Service
+
+__all__ = [
+    "LoadLoraAdapterRequest",
+    "UnloadLoraAdapterRequest",
+    "adapter_entries",
+    "load_adapter",
+    "unload_adapter",
+]
+
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """``{lora_name, lora_path}``; ``base_model`` only when several models take adapters."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: str = Field(min_length=1, max_length=200, pattern=_NAME_PATTERN)
+    lora_path: str = Field(min_length=1, max_length=4096)
+    base_model: str | None = None
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """``{lora_name}`` (vLLM also accepts ``lora_int_id``; it is ignored here)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: str = Field(min_length=1, max_length=200)
+
+
+def _lora_models(service: Service) -> list[HostedGenerator]:
+    """Generative models configured to serve adapters."""
+    return [g for g in service.generators.values() if g.lora is not None]
+
+
+def _target(service: Service, base_model: str | None) -> HostedGenerator:
+    """The model a new adapter goes to: the only one with ``lora``, or ``base_model``."""
+    candidates = _lora_models(service)
+    if base_model is not None:
+        candidates = [g for g in candidates if g.config.name == base_model]
+        if not candidates:
+            raise InvalidRequest(
+                f"the model {base_model!r} does not serve LoRA adapters", param="base_model"
+            )
+    if not candidates:
+        raise InvalidRequest("no model here serves LoRA adapters (configure lora: on one)")
+    if len(candidates) > 1:
+        names = ", ".join(sorted(g.config.name for g in candidates))
+        raise InvalidRequest(f"several models take adapters; name base_model ({names})")
+    return candidates[0]
+
+
+def _is_taken(service: Service, name: str) -> bool:
+    """Whether a model or an adapter already answers to ``name``."""
+    if service.config.model(name) is not None or name in service.generators:
+        return True
+    return any(name in g.adapter_names() for g in _lora_models(service))
+
+
+async def load_adapter(service: Service, body: LoadLoraAdapterRequest) -> str:
+    """Read and register an adapter; 400 for a taken name or an adapter that cannot run."""
+    target = _target(service, body.base_model)
+    if _is_taken(service, body.lora_name):
+        raise InvalidRequest(
+            f"the name {body.lora_name!r} is already a model or an adapter", param="lora_name"
+        )
+    assert target.lora is not None  # _target picks models with lora only
+    await asyncio.to_thread(target.lora.load, body.lora_name, Path(body.lora_path))
+    return f"Success: LoRA adapter '{body.lora_name}' added successfully."
+
+
+def unload_adapter(service: Service, body: UnloadLoraAdapterRequest) -> str:
+    """Forget an adapter (404 if none has that name); queued requests for it still run."""
+    for generator in _lora_models(service):
+        if generator.lora is not None and body.lora_name in generator.lora:
+            generator.lora.unload(body.lora_name)
+            return f"Success: LoRA adapter '{body.lora_name}' removed successfully."
+    raise ModelNotFound(f"no LoRA adapter named {body.lora_name!r} is loaded", param="lora_name")
+
+
+def adapter_entries(service: Service) -> list[dict[str, object]]:
+    """One OpenAI model object per adapter, with ``parent`` its base (as vLLM lists them)."""
+    return [
+        {
+            "id": name,
+            "object": "model",
+            "created": generator.created_at,
+            "owned_by": "conveyor",
+            "parent": generator.config.name,
+        }
+        for generator in _lora_models(service)
+        for name in generator.adapter_names()
+    ]
