@@ -31,12 +31,7 @@ from conveyor.errors import (
 )
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.model_cache import CacheFull, ModelCache
-from conveyor.models.base import (
-    EmbeddingInput,
-    EmbeddingModel,
-    Vector,
-    shorten_vectors,
-)
+from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector, shorten_vectors
 from conveyor.models.registry import build_embedding_model, build_generator
 from conveyor.models.text_tokenizer import TextTokenizer
 from conveyor.observability.context import note_model

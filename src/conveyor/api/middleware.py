@@ -61,6 +61,15 @@ def build_limiter(config: RateLimitsConfig, metrics: TenantMetrics) -> RateLimit
     )
 
 
+def build_gate(config: ServerConfig, registry: CollectorRegistry | None) -> RateLimitGate | None:
+    """The tenant rate-limit gate, or None when no tenant has an online limit."""
+    tenancy = config.tenancy
+    if not tenancy.has_online_limits:
+        return None
+    metrics = TenantMetrics(registry or CollectorRegistry())
+    return RateLimitGate(tenancy, build_limiter(tenancy.rate_limits, metrics), metrics)
+
+
 def install_middleware(
     app: EdgeApp,
     config: ServerConfig,
@@ -87,15 +96,11 @@ def install_middleware(
     """
     keyring = KeyRing(static_principals(config.api_keys), key_store, owns_store=owns_key_store)
     keyring.load()
-    gate = None
-    tenancy = config.tenancy
-    if with_rate_limits and tenancy.has_online_limits:
-        metrics = TenantMetrics(registry or CollectorRegistry())
-        gate = RateLimitGate(tenancy, build_limiter(tenancy.rate_limits, metrics), metrics)
+    gate = build_gate(config, registry) if with_rate_limits else None
     guards = EdgeGuards(keyring, gate)
     app.state.guards = guards
     provider = tracer_provider or build_provider(config.tracing, service_name)
-    has_budgets = with_rate_limits and bool(tenancy.budgets_usd)
+    has_budgets = with_rate_limits and bool(config.tenancy.budgets_usd)
 
     def edge(full: ASGIApp) -> ASGIApp:
         inner: ASGIApp = Dispatch(full, shortcut)

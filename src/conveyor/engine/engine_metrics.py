@@ -8,6 +8,7 @@ from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.engine_config import EngineStats
 from conveyor.engine.request import GenerationRequest
 from conveyor.engine.step import PrepareTimed, StepExecutor
+from conveyor.engine.step_plan import SchedulerOutput
 from conveyor.metrics import GeneratorMetrics
 
 
@@ -54,3 +55,30 @@ def publish_kv_usage(metrics: GeneratorMetrics, manager: BlockManager) -> None:
     metrics.kv_blocks_used.set(manager.num_used_blocks)
     metrics.kv_blocks_free.set(manager.num_free_blocks)
     metrics.kv_cache_usage.set(manager.num_used_blocks / max(1, manager.num_blocks))
+
+
+def note_preemptions(
+    stats: EngineStats, metrics: GeneratorMetrics, output: SchedulerOutput
+) -> None:
+    """Count sequences the scheduler evicted to make room."""
+    if output.preempted:
+        stats.num_preemptions += len(output.preempted)
+        metrics.preemptions.inc(len(output.preempted))
+
+
+def note_admissions(
+    stats: EngineStats,
+    metrics: GeneratorMetrics,
+    output: SchedulerOutput,
+    requests: list[GenerationRequest],
+) -> None:
+    """Count prefix-cache hits of (re)admitted sequences and split prefills; ``requests``
+    are the scheduled sequences' requests, in order."""
+    for scheduled, request in zip(output.scheduled, requests, strict=True):
+        seq = scheduled.seq
+        if request.num_admissions <= seq.num_preemptions:
+            record_admission(metrics, request, seq.num_tokens, seq.num_cached_tokens)
+            request.num_admissions += 1
+            stats.num_prefix_cache_hit_tokens += seq.num_cached_tokens
+        if not scheduled.needs_logits:
+            stats.num_partial_prefills += 1

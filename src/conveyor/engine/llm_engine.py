@@ -25,8 +25,9 @@ from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.engine_config import EngineConfig, EngineStats
 from conveyor.engine.engine_metrics import (
     StepPhases,
+    note_admissions,
+    note_preemptions,
     publish_kv_usage,
-    record_admission,
     record_finish,
 )
 from conveyor.engine.grammar import GrammarCompiler
@@ -275,7 +276,7 @@ class LLMEngine:
         """Plan, run, sample and account for one step."""
         scheduled_s = time.perf_counter()
         output = self._scheduler.schedule()
-        self._note_preemptions(output)
+        note_preemptions(self.stats, self._metrics, output)
         if output.is_empty:
             # Cannot happen with a pool that fits max_model_len; fail loudly, never spin.
             self._fail_everything(ModelFault("the scheduler could not place any sequence"))
@@ -306,7 +307,8 @@ class LLMEngine:
         self.stats.num_steps += 1
         self._phases.count_run(ran_s - started_s, self._runner)
         self._charge(output, chunks, ran_s - started_s)
-        self._note_admissions(output)
+        requests = [self._entries[item.seq.seq_id].request for item in output.scheduled]
+        note_admissions(self.stats, self._metrics, output, requests)
         if self._spans.num_live:  # some request is traced: its spans go out before its answer
             seq_ids = [scheduled.seq.seq_id for scheduled in output.scheduled]
             self._spans.stepped(seq_ids, output.num_batched_tokens, started_s, self._entries)
@@ -317,25 +319,6 @@ class LLMEngine:
         shares_s = split_by_tokens(step_s, [len(chunk.token_ids) for chunk in chunks])
         for scheduled, share_s in zip(output.scheduled, shares_s, strict=True):
             self._entries[scheduled.seq.seq_id].request.model_s += share_s
-
-    def _note_preemptions(self, output: SchedulerOutput) -> None:
-        """Count sequences the scheduler evicted to make room."""
-        if not output.preempted:
-            return
-        self.stats.num_preemptions += len(output.preempted)
-        self._metrics.preemptions.inc(len(output.preempted))
-
-    def _note_admissions(self, output: SchedulerOutput) -> None:
-        """Count prefix-cache hits of (re)admitted sequences and split prefills."""
-        for scheduled in output.scheduled:
-            seq = scheduled.seq
-            request = self._entries[seq.seq_id].request
-            if request.num_admissions <= seq.num_preemptions:
-                record_admission(self._metrics, request, seq.num_tokens, seq.num_cached_tokens)
-                request.num_admissions += 1
-                self.stats.num_prefix_cache_hit_tokens += seq.num_cached_tokens
-            if not scheduled.needs_logits:
-                self.stats.num_partial_prefills += 1
 
     def _on_out_of_memory(self, output: SchedulerOutput, exc: ModelOutOfMemory) -> None:
         """Halve the token budget and let the next iteration plan a smaller step."""
