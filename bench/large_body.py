@@ -42,10 +42,13 @@ def rss_mb(pid: int) -> float:
 
 
 def small_latencies_ms(url: str, until: threading.Event | None, count: int) -> list[float]:
-    """One-input embeddings requests back to back: ``count`` of them, or until ``until``."""
+    """One-input embeddings requests back to back: ``count`` of them, or until ``until``
+    (at least one: a large body refused at once may be done before the first is sent)."""
     latencies: list[float] = []
     with httpx.Client(timeout=120) as client:
-        while (until is None and len(latencies) < count) or (until and not until.is_set()):
+        while (until is None and len(latencies) < count) or (
+            until is not None and not (until.is_set() and latencies)
+        ):
             sent = time.perf_counter()
             response = client.post(f"{url}/v1/embeddings", json={"model": "syn", "input": "hi"})
             response.raise_for_status()
