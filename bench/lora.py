@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bench.common import RESULTS_DIR, machine_info, package_versions, write_json
+from bench.rounds import alternate_cases, median_per_case
 from conveyor.config import ServerConfig
 from conveyor.endpoints.dispatch import execute
 from conveyor.openai_paths import COMPLETIONS
@@ -136,21 +136,14 @@ async def measure(
     checkpoint: Path, adapters: dict[str, str], opts: argparse.Namespace
 ) -> dict[str, list[dict[str, float]]]:
     """Every round of every case, alternating, in one service."""
-    rounds: dict[str, list[dict[str, float]]] = {case: [] for case in CASES}
     async with Service(server_config(checkpoint, adapters, opts)) as service:
         await run_case(service, CASES[-1], opts)  # warm-up: every adapter used once
-        for _ in range(opts.rounds):
-            for case in CASES:
-                rounds[case].append(await run_case(service, case, opts))
-    return rounds
+        return await alternate_cases(CASES, opts.rounds, lambda c: run_case(service, c, opts))
 
 
 def summarise(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     """Median tokens/s per case and each case's ratio to the base alone."""
-    summary: dict[str, Any] = {
-        case: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-        for case, runs in rounds.items()
-    }
+    summary = median_per_case(rounds)
     base = summary["base"]["output_tokens_per_s"]
     # The best round too: on a shared machine it is the one least disturbed by others.
     best_base = max(r["output_tokens_per_s"] for r in rounds["base"])

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, machine_info, package_versions, write_json
+from bench.rounds import alternate_cases, median_per_case
 from conveyor.config import ServerConfig
 from conveyor.endpoints.chat import run_chat
 from conveyor.service import Service
@@ -107,21 +107,14 @@ async def measure(checkpoint: Path, opts: argparse.Namespace) -> dict[str, list[
             ]
         }
     )
-    rounds: dict[str, list[dict[str, float]]] = {case: [] for case in CASES}
     async with Service(config) as service:
         await run_case(service, "schema", opts)  # warm-up: builds the llguidance tokenizer
-        for _ in range(opts.rounds):
-            for case in CASES:
-                rounds[case].append(await run_case(service, case, opts))
-    return rounds
+        return await alternate_cases(CASES, opts.rounds, lambda c: run_case(service, c, opts))
 
 
 def summarise(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     """Medians per case and the schema/free throughput ratio."""
-    summary: dict[str, Any] = {
-        case: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-        for case, runs in rounds.items()
-    }
+    summary = median_per_case(rounds)
     free = summary["free"]["output_tokens_per_s"]
     summary["schema_over_free_throughput"] = summary["schema"]["output_tokens_per_s"] / free
     return summary
