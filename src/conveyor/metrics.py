@@ -396,7 +396,8 @@ class TenantMetrics:
         reg = registry
         self.rate_limited = Counter(
             "conveyor_rate_limited_total",
-            "Requests refused by a tenant limit, by limit (rpm|input_tpm|output_tpm)",
+            "Requests refused (429) by a tenant rate limit, by limit (rpm|input_tpm|output_tpm); "
+            "monthly budget refusals are not counted here",
             ["tenant", "model", "limit"], registry=reg,
         )  # fmt: skip
         self.backend_errors = Counter(

@@ -64,8 +64,7 @@ def seconds_until(level: float, amount: int, capacity: int) -> float:
 def view(name: str, level: float, capacity: int) -> BucketView:
     """The headers' view of a bucket at `level`."""
     remaining = math.floor(level) if level > 0 else 0
-    reset_s = (capacity - level) * REFILL_WINDOW_S / capacity if level < capacity else 0.0
-    return BucketView(name, capacity, remaining, reset_s)
+    return BucketView(name, capacity, remaining, seconds_until(level, capacity, capacity))
 
 
 def take(
@@ -81,8 +80,9 @@ def take(
     levels = [level_at(states.get(name), cap, now_s) for name, cap, _ in specs]
     wait_s, refused_by = 0.0, None
     for (name, cap, amount), level in zip(specs, levels, strict=True):
-        if amount > level and (amount - level) / refill_per_s(cap) > wait_s:
-            wait_s, refused_by = (amount - level) / refill_per_s(cap), name
+        wait = seconds_until(level, amount, cap)
+        if wait > wait_s:
+            wait_s, refused_by = wait, name
     if refused_by is None:
         for i, (name, _, amount) in enumerate(specs):
             levels[i] -= amount
