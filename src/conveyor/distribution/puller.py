@@ -121,13 +121,10 @@ class ModelPuller:
             self.metrics.pull_started.remove(manifest.name)
 
     def _show_progress(self, manifest: Manifest) -> None:
-        """Start the running pull's gauges: bytes needed, bytes already held, start time."""
-        chunks = manifest.unique_chunks()
-        held = sum(c.size_bytes for c in chunks if self.cache.has_chunk(c.digest))
-        self.metrics.pull_bytes.labels(manifest.name, "total").set(
-            sum(c.size_bytes for c in chunks)
-        )
-        self.metrics.pull_bytes.labels(manifest.name, "held").set(held)
+        """Start the running pull's gauges: bytes needed and start time (``_Pull`` keeps the
+        bytes held)."""
+        total = sum(c.size_bytes for c in manifest.unique_chunks())
+        self.metrics.pull_bytes.labels(manifest.name, "total").set(total)
         self.metrics.pull_started.labels(manifest.name).set(time.time())
 
     async def announce(self, digests: list[str], state: HolderState = HolderState.HAVE) -> None:
@@ -170,6 +167,9 @@ class _Pull:
         self.name = manifest.name
         self.chunks = {c.digest: c for c in manifest.unique_chunks()}
         self.missing = [d for d in self.chunks if not puller.cache.has_chunk(d)]
+        # Set afresh each pass: a chunk deleted as corrupt is fetched (and counted) again.
+        held_bytes = sum(c.size_bytes for d, c in self.chunks.items() if d not in self.missing)
+        puller.metrics.pull_bytes.labels(self.name, "held").set(held_bytes)
         self.tasks: dict[asyncio.Task[int], Fetch] = {}
         self.bad_peers: set[str] = set()
         self.not_at_origin: set[str] = set()

@@ -173,3 +173,24 @@ async def test_a_running_pull_shows_its_bytes_and_drops_them_when_done(
         is None
     )
     assert registry.get_sample_value("conveyor_model_pull_started_seconds", {"model": "m"}) is None
+
+
+async def test_a_chunk_fetched_again_after_corruption_is_not_counted_twice(
+    pushed: Pushed, tmp_path: Path
+) -> None:
+    store, objects, manifest = pushed
+    cache = ChunkCache(tmp_path / "cache")
+    damaged = manifest.unique_chunks()[0]
+    cache.chunk_path(damaged.digest).parent.mkdir(parents=True, exist_ok=True)
+    cache.chunk_path(damaged.digest).write_bytes(b"x" * damaged.size_bytes)  # held, but bad
+    puller, registry = puller_for(store, objects, tmp_path / "cache")
+    helds: list[float | None] = []
+
+    async def announce(digests: list[str], state: HolderState = HolderState.HAVE) -> None:
+        labels = {"model": "m", "state": "held"}
+        helds.append(registry.get_sample_value("conveyor_model_pull_bytes", labels))
+
+    puller.announce = announce  # type: ignore[method-assign]
+    await puller.pull("m")
+    assert fetched(registry, "origin") == len(WEIGHTS)  # the bad chunk was fetched again
+    assert max(h or 0.0 for h in helds) == len(WEIGHTS)
