@@ -276,7 +276,7 @@ class Scheduler:
                 self._token_budget,
             )
             fits = self._fits(head, num_new) or self._is_reclaimable(head, num_new)
-            if fits and self._adapter_fits(head):
+            if fits and self._adapter_fits(head, self._running_adapters()):
                 return True
         return any(
             seq.priority is Priority.ONLINE and seq.num_uncomputed_tokens > 1
@@ -316,11 +316,14 @@ class Scheduler:
         """
         manager = self._block_manager
         skipped = 0  # sequences left waiting because every adapter slot is taken
+        # Changes only when a sequence is admitted (or preempted to admit one): a long
+        # queue of stepped-over sequences must not rescan the running ones each.
+        active = self._running_adapters()
         while len(self._waiting) > skipped and plan.room_for(priority) > 0:
             seq = self._waiting[skipped]
             if seq.priority is not priority:
                 return
-            if not self._adapter_fits(seq):
+            if not self._adapter_fits(seq, active):
                 skipped += 1
                 continue
             if waits_for_sibling(seq, self._running, manager.block_size):
@@ -336,18 +339,24 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self._running, seq, key=_order_key)
             plan.add(ScheduledSeq(seq, num_new))
+            active = self._running_adapters()
 
     def _fits(self, seq: Sequence, num_new: int) -> bool:
         """Whether ``seq`` can be admitted now with ``num_new`` tokens: a seat and blocks."""
         has_seat = len(self._running) < self._config.max_num_seqs
         return has_seat and self._block_manager.can_allocate(seq, num_new)
 
-    def _adapter_fits(self, seq: Sequence) -> bool:
-        """Whether admitting ``seq`` keeps the running adapters within the limit."""
+    def _running_adapters(self) -> set[int]:
+        """The LoRA adapters of the running sequences (empty when adapters are not limited)."""
+        if self._config.max_loras_per_batch is None:
+            return set()
+        return {seq.adapter_id for seq in self._running if seq.adapter_id}
+
+    def _adapter_fits(self, seq: Sequence, active: set[int]) -> bool:
+        """Whether admitting ``seq`` keeps the running adapters (``active``) within the limit."""
         limit = self._config.max_loras_per_batch
         if limit is None or seq.adapter_id == 0:
             return True
-        active = {other.adapter_id for other in self._running if other.adapter_id}
         return seq.adapter_id in active or len(active) < limit
 
     def _make_room(self, seq: Sequence, num_new: int, plan: StepPlan) -> bool:

@@ -18,10 +18,10 @@ from torch import nn
 
 from conveyor.engine.hf_config import DecoderConfig
 
-__all__ = ["count_checkpoint_params", "load_weights"]
+__all__ = ["PACKED_SHARDS", "count_checkpoint_params", "load_weights"]
 
 # HF projections we pack into one matrix: name -> (packed module name, shard index).
-_PACKED_SHARDS: dict[str, tuple[str, int]] = {
+PACKED_SHARDS: dict[str, tuple[str, int]] = {
     "q_proj": ("qkv_proj", 0),
     "k_proj": ("qkv_proj", 1),
     "v_proj": ("qkv_proj", 2),
@@ -78,8 +78,8 @@ def _map_name(hf_name: str, config: DecoderConfig) -> tuple[str, int | None] | N
         return None  # some tied checkpoints still carry a copy
     parts = hf_name.split(".")
     for index, part in enumerate(parts):
-        if part in _PACKED_SHARDS:
-            packed, shard = _PACKED_SHARDS[part]
+        if part in PACKED_SHARDS:
+            packed, shard = PACKED_SHARDS[part]
             return ".".join([*parts[:index], packed, *parts[index + 1 :]]), shard
     return hf_name, None
 

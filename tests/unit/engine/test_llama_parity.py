@@ -8,14 +8,13 @@ blocks) and then all sequences decode together, one token per step.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from conveyor.engine.model_runner import ModelRunner
 from conveyor.engine.step import SeqChunk
@@ -23,11 +22,10 @@ from conveyor.testing import (
     build_tiny_llama,
     build_tiny_mistral,
     build_tiny_qwen2,
-    build_tiny_qwen3,
     device_under_test,
     dtype_under_test,
-    torch_threads,
 )
+from tests.unit.model_helpers import HFReference, random_prompts
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -35,13 +33,6 @@ DEVICE = device_under_test()  # CONVEYOR_TEST_DEVICE: cpu unless the GPU check s
 BLOCK_SIZE = 4
 NUM_KV_BLOCKS = 512
 MAX_NEW_TOKENS = 10
-FIRST_ORDINARY_TOKEN = 3  # ids 0..2 are pad, BOS and EOS in the tiny tokenizer
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    with torch_threads(1):
-        yield
 
 
 @dataclass
@@ -117,43 +108,12 @@ def _chunk_bounds(length: int, num_chunks: int) -> list[int]:
     return [length * index // num_chunks for index in range(num_chunks + 1)]
 
 
-def _random_prompts(lengths: Sequence[int], vocab_size: int, seed: int) -> list[list[int]]:
-    """Reproducible prompts of ordinary (non-special) token ids."""
-    generator = torch.Generator().manual_seed(seed)
-    return [
-        torch.randint(FIRST_ORDINARY_TOKEN, vocab_size, (length,), generator=generator).tolist()
-        for length in lengths
-    ]
-
-
-class _Reference:
-    """Hugging Face greedy generations of one checkpoint, memoised per prompt."""
-
-    def __init__(self, checkpoint: Path) -> None:
-        # from_pretrained returns the model in eval mode already.
-        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype_under_test())
-        self.model: Any = model.to(device_under_test())
-        self._cache: dict[tuple[int, ...], list[int]] = {}
-
-    def generate(self, prompt: Sequence[int]) -> list[int]:
-        key = tuple(prompt)
-        if key not in self._cache:
-            with torch.no_grad():
-                out = self.model.generate(
-                    torch.tensor([prompt], device=self.model.device),
-                    do_sample=False,
-                    max_new_tokens=MAX_NEW_TOKENS,
-                )
-            self._cache[key] = out[0, len(prompt) :].tolist()
-        return self._cache[key]
-
-
 @dataclass
 class _Model:
     """A checkpoint under test and its Hugging Face reference."""
 
     path: Path
-    reference: _Reference
+    reference: HFReference
 
     def runner(self, **kwargs: Any) -> ModelRunner:
         options = {"device": device_under_test(), "dtype": dtype_under_test(), **kwargs}
@@ -164,36 +124,39 @@ def _model(
     tmp_path_factory: pytest.TempPathFactory, build: Callable[..., Path], **kw: Any
 ) -> _Model:
     path = build(tmp_path_factory.mktemp("ckpt"), **kw)
-    return _Model(path, _Reference(path))
+    return _Model(path, HFReference(path))
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def model(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[_Model]:
-    build = {"llama": build_tiny_llama, "qwen3": build_tiny_qwen3}[request.param]
-    yield _model(tmp_path_factory, build)
+    request: pytest.FixtureRequest, llama_path: Path, qwen3_path: Path, llama_reference: HFReference
+) -> _Model:
+    if request.param == "llama":
+        return _Model(llama_path, llama_reference)
+    return _Model(qwen3_path, HFReference(qwen3_path))
 
 
 def _assert_matches_reference(model: _Model, seqs: Sequence[_Seq]) -> None:
     for seq in seqs:
-        assert seq.output == model.reference.generate(seq.prompt), f"prompt {seq.prompt}"
+        assert seq.output == model.reference.generate(seq.prompt, MAX_NEW_TOKENS), (
+            f"prompt {seq.prompt}"
+        )
 
 
 def test_tiny_checkpoints_give_varied_well_separated_greedy_output(model: _Model) -> None:
     # Guards the parity tests' power: a model that always repeats one token, or whose top
     # logits nearly tie, would make "matches HF" weak or flaky.
-    prompt = _random_prompts([16], 512, seed=7)[0]
+    prompt = random_prompts([16], 512, seed=7)[0]
     with torch.no_grad():
         logits = model.reference.model(torch.tensor([prompt], device=DEVICE)).logits[0]
     top2 = logits.topk(2, dim=-1).values
     assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-3
-    assert len(set(model.reference.generate(prompt))) > MAX_NEW_TOKENS // 2
+    assert len(set(model.reference.generate(prompt, MAX_NEW_TOKENS))) > MAX_NEW_TOKENS // 2
 
 
 def test_single_request_matches_hf(model: _Model) -> None:
     driver = _Driver(model.runner())
-    seq = driver.new_seq(_random_prompts([11], driver.runner.vocab_size, seed=1)[0])
+    seq = driver.new_seq(random_prompts([11], driver.runner.vocab_size, seed=1)[0])
     driver.prefill([seq])
     driver.decode_all([seq])
     _assert_matches_reference(model, [seq])
@@ -212,7 +175,7 @@ def test_single_request_matches_hf(model: _Model) -> None:
 def test_batch_of_mixed_lengths_matches_hf(model: _Model, runner_options: dict[str, Any]) -> None:
     driver = _Driver(model.runner(**runner_options))
     lengths = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 23, 31, 40, 6, 12]
-    seqs = [driver.new_seq(p) for p in _random_prompts(lengths, driver.runner.vocab_size, 2)]
+    seqs = [driver.new_seq(p) for p in random_prompts(lengths, driver.runner.vocab_size, 2)]
     driver.prefill(seqs)
     driver.decode_all(seqs)
     _assert_matches_reference(model, seqs)
@@ -220,7 +183,7 @@ def test_batch_of_mixed_lengths_matches_hf(model: _Model, runner_options: dict[s
 
 def test_prompt_prefilled_in_three_chunks_matches_hf(model: _Model) -> None:
     driver = _Driver(model.runner())
-    prompts = _random_prompts([19, 30, 9], driver.runner.vocab_size, seed=3)
+    prompts = random_prompts([19, 30, 9], driver.runner.vocab_size, seed=3)
     seqs = [driver.new_seq(p) for p in prompts]
     driver.prefill(seqs, num_chunks=3)
     driver.decode_all(seqs)
@@ -230,12 +193,12 @@ def test_prompt_prefilled_in_three_chunks_matches_hf(model: _Model) -> None:
 def test_prefix_reuse_of_full_blocks_matches_hf(model: _Model) -> None:
     driver = _Driver(model.runner())
     vocab_size = driver.runner.vocab_size
-    first_prompt = _random_prompts([3 * BLOCK_SIZE + 2], vocab_size, seed=4)[0]
+    first_prompt = random_prompts([3 * BLOCK_SIZE + 2], vocab_size, seed=4)[0]
     first = driver.new_seq(first_prompt)
     driver.prefill([first])
     num_shared_blocks = 3
     shared_len = num_shared_blocks * BLOCK_SIZE
-    suffix = _random_prompts([5], vocab_size, seed=5)[0]
+    suffix = random_prompts([5], vocab_size, seed=5)[0]
     second = driver.new_seq(
         first_prompt[:shared_len] + suffix, shared_blocks=first.block_table[:num_shared_blocks]
     )
@@ -252,7 +215,7 @@ def test_prefix_reuse_of_full_blocks_matches_hf(model: _Model) -> None:
 def test_requests_joining_while_others_decode_match_hf(model: _Model) -> None:
     # Continuous batching: new prompts prefill in the same steps as older sequences decode.
     driver = _Driver(model.runner())
-    prompts = _random_prompts([5, 14, 2, 21, 8, 11], driver.runner.vocab_size, seed=6)
+    prompts = random_prompts([5, 14, 2, 21, 8, 11], driver.runner.vocab_size, seed=6)
     seqs = [driver.new_seq(p) for p in prompts]
     running: list[_Seq] = []
     for seq in seqs:
@@ -267,7 +230,7 @@ def test_requests_joining_while_others_decode_match_hf(model: _Model) -> None:
 
 def test_logits_only_for_chunks_that_ask_in_order(model: _Model) -> None:
     runner = model.runner()
-    prompts = _random_prompts([6, 9, 4], runner.vocab_size, seed=8)
+    prompts = random_prompts([6, 9, 4], runner.vocab_size, seed=8)
     chunks = [
         SeqChunk(tuple(prompt), 0, tuple(range(10 * i, 10 * i + 10)), needs_logits=i != 1)
         for i, prompt in enumerate(prompts)
@@ -287,7 +250,7 @@ def test_logits_only_for_chunks_that_ask_in_order(model: _Model) -> None:
 
 def _greedy_batch_matches_hf(model: _Model, lengths: Sequence[int], *, num_chunks: int) -> None:
     driver = _Driver(model.runner())
-    seqs = [driver.new_seq(p) for p in _random_prompts(lengths, driver.runner.vocab_size, 9)]
+    seqs = [driver.new_seq(p) for p in random_prompts(lengths, driver.runner.vocab_size, 9)]
     driver.prefill(seqs, num_chunks=num_chunks)
     driver.decode_all(seqs)
     _assert_matches_reference(model, seqs)

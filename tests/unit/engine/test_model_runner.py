@@ -21,7 +21,7 @@ from conveyor.engine.model_runner import (
 )
 from conveyor.engine.step import SeqChunk
 from conveyor.errors import ModelOutOfMemory
-from conveyor.testing import build_tiny_llama, torch_threads
+from conveyor.testing import build_tiny_llama
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -29,20 +29,9 @@ NUM_KV_BLOCKS = 16
 BLOCK_SIZE = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    with torch_threads(1):
-        yield
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("ckpt"))
-
-
 @pytest.fixture
-def runner(checkpoint: Path) -> Iterator[ModelRunner]:
-    yield ModelRunner(checkpoint, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, device="cpu")
+def runner(llama_path: Path) -> Iterator[ModelRunner]:
+    yield ModelRunner(llama_path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, device="cpu")
 
 
 def test_properties_come_from_the_checkpoint(runner: ModelRunner) -> None:
@@ -108,10 +97,10 @@ def test_out_of_memory_in_a_step_becomes_step_out_of_memory(
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
 
 
-def test_kv_cache_that_does_not_fit_is_kv_out_of_memory(checkpoint: Path) -> None:
+def test_kv_cache_that_does_not_fit_is_kv_out_of_memory(llama_path: Path) -> None:
     # Far beyond any host's memory, so the allocator refuses at once.
     with pytest.raises(KVOutOfMemory):
-        ModelRunner(checkpoint, num_kv_blocks=10**12, block_size=4, device="cpu")
+        ModelRunner(llama_path, num_kv_blocks=10**12, block_size=4, device="cpu")
 
 
 def test_other_runtime_errors_are_not_called_out_of_memory(
@@ -135,13 +124,13 @@ def test_cache_sizing_helpers(runner: ModelRunner) -> None:
     assert kv_cache_bytes_per_token(runner.config, torch.bfloat16) == 2 * 2 * 2 * 16 * 2
 
 
-def test_memory_fraction_sizing_needs_cuda(checkpoint: Path) -> None:
+def test_memory_fraction_sizing_needs_cuda(llama_path: Path) -> None:
     with pytest.raises(ValueError, match="CUDA"):
         num_kv_blocks_for_memory_fraction(
-            checkpoint, block_size=16, memory_fraction=0.9, device="cpu"
+            llama_path, block_size=16, memory_fraction=0.9, device="cpu"
         )
     with pytest.raises(ValueError, match="memory_fraction"):
-        num_kv_blocks_for_memory_fraction(checkpoint, block_size=16, memory_fraction=1.5)
+        num_kv_blocks_for_memory_fraction(llama_path, block_size=16, memory_fraction=1.5)
 
 
 def test_dtype_resolution() -> None:
@@ -152,8 +141,8 @@ def test_dtype_resolution() -> None:
         resolve_dtype("int8", torch.device("cpu"))
 
 
-def test_bfloat16_runs_on_cpu_and_returns_float32(checkpoint: Path) -> None:
-    runner = ModelRunner(checkpoint, num_kv_blocks=4, block_size=4, device="cpu", dtype="bfloat16")
+def test_bfloat16_runs_on_cpu_and_returns_float32(llama_path: Path) -> None:
+    runner = ModelRunner(llama_path, num_kv_blocks=4, block_size=4, device="cpu", dtype="bfloat16")
     logits = runner.execute([SeqChunk((5, 6, 7), 0, (0,), True)])
     assert logits.dtype == torch.float32
     assert torch.isfinite(logits).all()

@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from conveyor.engine.hf_config import DecoderConfig
+from conveyor.engine.weight_loader import PACKED_SHARDS
 from conveyor.errors import InvalidRequest
 
 __all__ = ["AdapterError", "LoraWeights", "ModuleKey", "load_peft_adapter", "read_rank"]
@@ -32,14 +33,11 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 # (decoder layer index, packed projection name)
 ModuleKey = tuple[int, str]
 
-# PEFT projection -> (our packed projection, part index)
+# PEFT projection -> (our packed projection, part index): the checkpoint's packing, plus
+# the projections kept whole.
 _PARTS: dict[str, tuple[str, int]] = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
+    **PACKED_SHARDS,
     "o_proj": ("o_proj", 0),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
     "down_proj": ("down_proj", 0),
 }
 _KEY = re.compile(r"\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
