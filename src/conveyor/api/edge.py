@@ -106,6 +106,8 @@ class Edge:
                 if any(k.lower() == _ID_KEY for k, _ in headers):
                     headers = [(k, v) for k, v in headers if k.lower() != _ID_KEY]
                 message["headers"] = [*headers, id_header]
+                if context.response_headers is not None:
+                    message["headers"] += context.response_headers()
                 if context.span is not None:
                     context.span.set_attribute("http.response.status_code", status)
             elif message["type"] == "http.response.body" and not message.get("more_body"):

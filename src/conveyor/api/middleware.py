@@ -52,13 +52,15 @@ def build_limiter(config: RateLimitsConfig, metrics: TenantMetrics) -> RateLimit
     if config.backend == "memory":
         return MemoryRateLimiter()
     from conveyor.tenants.limiter_redis import RedisRateLimiter
+    from conveyor.tenants.limiter_shares import SharedRateLimiter
 
-    return RedisRateLimiter(
+    remote = RedisRateLimiter(
         config.redis_url,
         prefix=config.redis_prefix,
         timeout_s=config.redis_timeout_s,
         on_lost_settlements=metrics.backend_errors.labels("settle").inc,
     )
+    return SharedRateLimiter(remote) if config.local_shares else remote
 
 
 def build_gate(config: ServerConfig, registry: CollectorRegistry | None) -> RateLimitGate | None:

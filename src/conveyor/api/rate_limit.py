@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.api.errors import error_response
 from conveyor.errors import ConveyorError
+from conveyor.observability.context import current_request
 from conveyor.tenants.estimate import LIMITED_PATHS, parse_ask
 from conveyor.tenants.gate import RateLimitGate, Reservation, rate_limit_headers
 from conveyor.tenants.ticket import AdmissionTicket
@@ -128,7 +129,18 @@ class RateLimitMiddleware:
         tenant = state.get("tenant", "default")
         if self.counts_tokens:
             ticket = state[TICKET_KEY] = AdmissionTicket(self.gate, tenant)
-            await self._with_ticket(scope, receive, send, ticket)
+            context = current_request()
+            if context is None:  # no edge in front: headers and settlement from the answer
+                await self._with_ticket(scope, receive, send, ticket)
+                return
+            context.response_headers = ticket.headers
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                # The service bills (and so settles) every request that ran, a dropped
+                # stream at what it produced; one it did not bill failed or was cancelled
+                # before it ran, and used nothing.
+                ticket.settle(0, 0)
         else:
             await self._at_door(scope, receive, send, tenant)
 
@@ -174,16 +186,26 @@ class RateLimitMiddleware:
         reservation: Callable[[], Reservation | None],
         finish: Callable[[UsageMeter], None],
     ) -> None:
-        """Call the app with headers added; `finish` settles however it ends."""
+        """Call the app with headers added; `finish` settles however it ends.
+
+        The headers go through the edge's hook when there is one (no copy of the message)."""
         meter = UsageMeter()
+
+        def headers() -> list[tuple[bytes, bytes]]:
+            res = reservation()
+            if res is None or res.decision is None:
+                return []
+            return rate_limit_headers(res.decision)
+
+        context = current_request()
+        if context is not None:
+            context.response_headers = headers
 
         async def metered(message: Message) -> None:
             if message["type"] == "http.response.start":
                 meter.on_start(message)
-                res = reservation()
-                if res is not None and res.decision is not None:
-                    headers = rate_limit_headers(res.decision.views)
-                    message = {**message, "headers": [*message.get("headers", []), *headers]}
+                if context is None:
+                    message = {**message, "headers": [*message.get("headers", []), *headers()]}
             elif message["type"] == "http.response.body":
                 meter.on_body(message.get("body", b""))
             await send(message)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 REFILL_WINDOW_S = 60.0
+SHARE_FLOOR = 0.5  # a share is drawn only while its bucket stays at least this full
 
 
 @dataclass(slots=True)
@@ -33,14 +34,37 @@ class BucketView:
     reset_s: float
 
 
-@dataclass(frozen=True, slots=True)
 class Decision:
-    """An admission's outcome: taken or not, how long to wait, every bucket's view."""
+    """An admission's outcome: taken or not, how long to wait, every bucket's level after it.
 
-    is_admitted: bool
-    retry_after_s: float
-    views: tuple[BucketView, ...]
-    refused_by: str | None = None
+    `views` (what the headers show) are worked out only when asked for: most answers
+    are admitted, and the hot path should not build what only the headers read.
+    """
+
+    __slots__ = ("asks", "is_admitted", "levels", "refused_by", "retry_after_s")
+
+    def __init__(
+        self,
+        is_admitted: bool,
+        retry_after_s: float,
+        asks: Sequence[tuple[str, int, int]],
+        levels: Sequence[float],
+        refused_by: str | None = None,
+    ) -> None:
+        """`asks` are the `(name, capacity, amount)` buckets, `levels` theirs after the take."""
+        self.is_admitted = is_admitted
+        self.retry_after_s = retry_after_s
+        self.asks = asks
+        self.levels = levels
+        self.refused_by = refused_by
+
+    @property
+    def views(self) -> tuple[BucketView, ...]:
+        """Each bucket as the rate-limit headers show it."""
+        return tuple(
+            view(name, level, cap)
+            for (name, cap, _), level in zip(self.asks, self.levels, strict=True)
+        )
 
 
 def refill_per_s(capacity: int) -> float:
@@ -76,21 +100,56 @@ def take(
 
     `states` is updated in place on admission. Refused, `retry_after_s` is the wait until
     every bucket holds its amount, and `refused_by` the bucket that waits longest.
+    Written flat on purpose: every admission runs it.
     """
-    levels = [level_at(states.get(name), cap, now_s) for name, cap, _ in specs]
+    levels: list[float] = []
     wait_s, refused_by = 0.0, None
-    for (name, cap, amount), level in zip(specs, levels, strict=True):
-        wait = seconds_until(level, amount, cap)
-        if wait > wait_s:
-            wait_s, refused_by = wait, name
+    for name, cap, amount in specs:
+        state = states.get(name)
+        if state is None:
+            level = float(cap)
+        else:
+            elapsed_s = now_s - state.updated_at_s
+            level = state.level
+            if elapsed_s > 0:
+                level += elapsed_s * cap / REFILL_WINDOW_S
+            if level > cap:
+                level = float(cap)
+        if amount > level:
+            wait = (amount - level) * REFILL_WINDOW_S / cap
+            if wait > wait_s:
+                wait_s, refused_by = wait, name
+        levels.append(level)
     if refused_by is None:
         for i, (name, _, amount) in enumerate(specs):
             levels[i] -= amount
-            states[name] = BucketState(levels[i], now_s)
-    views = tuple(
-        view(name, level, cap) for (name, cap, _), level in zip(specs, levels, strict=True)
-    )
-    return Decision(refused_by is None, wait_s, views, refused_by)
+            state = states.get(name)
+            if state is None:
+                states[name] = BucketState(levels[i], now_s)
+            else:
+                state.level, state.updated_at_s = levels[i], now_s
+    return Decision(refused_by is None, wait_s, specs, levels, refused_by)
+
+
+def draw_shares(
+    states: dict[str, BucketState],
+    specs: Sequence[tuple[str, int, int]],
+    shares: Sequence[int],
+    now_s: float,
+) -> list[int]:
+    """After an admitted `take`, draw each bucket's share (tokens its caller will admit by
+    itself) whole, if that leaves the bucket at least `SHARE_FLOOR` full; else none of it.
+
+    Returns what was granted per bucket. Callers pass the take's `now_s`.
+    """
+    grants = [0] * len(specs)
+    for i, ((name, cap, _), share) in enumerate(zip(specs, shares, strict=True)):
+        state = states.get(name)
+        level = level_at(state, cap, now_s)
+        if share > 0 and level - share >= cap * SHARE_FLOOR:
+            grants[i] = share
+            states[name] = BucketState(level - share, now_s)
+    return grants
 
 
 def settle(

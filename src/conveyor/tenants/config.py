@@ -53,6 +53,11 @@ class RateLimitsConfig(_Strict):
     redis_prefix: str = Field(default="conveyor:rl:", min_length=1)
     redis_timeout_s: float = Field(default=0.25, gt=0, le=10)
     on_backend_error: Literal["allow", "deny"] = "allow"
+    local_shares: bool = Field(
+        default=True,
+        description="Redis backend: a busy process draws small shares of a bucket and "
+        "admits from them in memory (never above the limit; see tenants.limiter_shares).",
+    )
     default_max_output_tokens: int = Field(
         default=4096,
         ge=1,

@@ -17,7 +17,7 @@ from typing import Literal
 
 from conveyor.errors import RateLimitBackendDown, RateLimited, TokensExceedLimit
 from conveyor.metrics import TenantMetrics
-from conveyor.tenants.buckets import BucketView, Decision
+from conveyor.tenants.buckets import REFILL_WINDOW_S, Decision
 from conveyor.tenants.config import ModelLimits, TenancyConfig
 from conveyor.tenants.estimate import TokenAsk
 from conveyor.tenants.limiter import BucketAsk, LimiterUnavailable, RateLimiter
@@ -74,7 +74,7 @@ def refusal(decision: Decision) -> RateLimited:
         f"rate limit reached: {_LIMIT_NAMES[name]} {limit}; retry in {wait_s} s",
         kind="requests" if name == REQUESTS else "tokens",
         retry_after_s=wait_s,
-        extra_headers={k.decode(): v.decode() for k, v in rate_limit_headers(decision.views)},
+        extra_headers={k.decode(): v.decode() for k, v in rate_limit_headers(decision)},
     )
 
 
@@ -136,10 +136,14 @@ class RateLimitGate:
 
         Never waits: the limiter applies it now or sends it with its next call.
         """
+        input_delta = res.input_tokens - input_tokens
+        output_delta = res.output_tokens - output_tokens
+        if input_delta == 0 and output_delta == 0:  # exact (as on `serve` for embeddings)
+            return
         now_s = self._clock()
         deltas = (
-            (INPUT, res.limits.input_tpm, res.input_tokens - input_tokens),
-            (OUTPUT, res.limits.output_tpm, res.output_tokens - output_tokens),
+            (INPUT, res.limits.input_tpm, input_delta),
+            (OUTPUT, res.limits.output_tpm, output_delta),
         )
         for name, capacity, delta in deltas:
             if capacity is not None and delta != 0:
@@ -160,26 +164,33 @@ _EXTRA_NAMES = {INPUT: b"x-ratelimit-remaining-input-tokens",
                 OUTPUT: b"x-ratelimit-remaining-output-tokens"}  # fmt: skip
 
 
-def rate_limit_headers(views: tuple[BucketView, ...]) -> list[tuple[bytes, bytes]]:
-    """OpenAI's `x-ratelimit-*` headers; the tokens ones show the fuller-used token bucket."""
+def rate_limit_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """OpenAI's `x-ratelimit-*` headers; the tokens ones show the fuller-used token bucket.
+
+    Worked out from the decision's levels directly: every limited answer carries them.
+    """
     headers: list[tuple[bytes, bytes]] = []
-    token_views = []
-    for v in views:
-        if v.name == REQUESTS:
-            headers += _triple(b"requests", v)
-        else:
-            token_views.append(v)
-    if token_views:
-        tightest = min(token_views, key=lambda v: v.remaining / v.capacity)
-        headers += _triple(b"tokens", tightest)
-    for v in token_views:  # both kinds, beyond OpenAI's set
-        headers.append((_EXTRA_NAMES[v.name], b"%d" % v.remaining))
-    return headers
+    tightest: tuple[float, int, int, float] | None = None  # (fraction left, cap, left, level)
+    extras: list[tuple[bytes, bytes]] = []
+    for (name, cap, _), level in zip(decision.asks, decision.levels, strict=True):
+        remaining = int(level) if level > 0 else 0
+        if name == REQUESTS:
+            headers += _triple(b"requests", cap, remaining, level)
+            continue
+        if tightest is None or remaining / cap < tightest[0]:
+            tightest = (remaining / cap, cap, remaining, level)
+        extras.append((_EXTRA_NAMES[name], b"%d" % remaining))  # both kinds, beyond OpenAI's
+    if tightest is not None:
+        headers += _triple(b"tokens", *tightest[1:])
+    return headers + extras
 
 
-def _triple(kind: bytes, v: BucketView) -> list[tuple[bytes, bytes]]:
-    return [
-        (b"x-ratelimit-limit-" + kind, b"%d" % v.capacity),
-        (b"x-ratelimit-remaining-" + kind, b"%d" % v.remaining),
-        (b"x-ratelimit-reset-" + kind, format_reset(v.reset_s).encode()),
-    ]
+_NAMES = {kind: (b"x-ratelimit-limit-" + kind, b"x-ratelimit-remaining-" + kind,
+                 b"x-ratelimit-reset-" + kind) for kind in (b"requests", b"tokens")}  # fmt: skip
+
+
+def _triple(kind: bytes, cap: int, remaining: int, level: float) -> list[tuple[bytes, bytes]]:
+    limit_name, remaining_name, reset_name = _NAMES[kind]
+    reset_s = (cap - level) * REFILL_WINDOW_S / cap if level < cap else 0.0
+    reset = b"%dms" % math.ceil(reset_s * 1000) if reset_s < 1 else format_reset(reset_s).encode()
+    return [(limit_name, b"%d" % cap), (remaining_name, b"%d" % remaining), (reset_name, reset)]

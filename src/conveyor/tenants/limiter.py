@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from conveyor.tenants.buckets import BucketState, Decision, settle, take
+from conveyor.tenants.buckets import BucketState, Decision, draw_shares, level_at, settle, take
 
 # (bucket name, capacity, amount to take)
 BucketAsk = tuple[str, int, int]
+# An admission's answer where shares were asked for: its decision, and the share granted
+# per bucket (in ask order).
+Granted = tuple[Decision, list[int]]
 
 
 class LimiterUnavailable(Exception):
@@ -39,6 +42,16 @@ class RateLimiter(Protocol):
         ...
 
 
+class ShareSource(RateLimiter, Protocol):
+    """A shared limiter that can also hand out shares of its buckets (`limiter_shares`)."""
+
+    async def take_shares(
+        self, key: str, asks: Sequence[BucketAsk], now_s: float, shares: Sequence[int]
+    ) -> Granted:
+        """As `take`, and if admitted also draw up to `shares` per bucket."""
+        ...
+
+
 class MemoryRateLimiter:
     """Buckets in this process's memory: exact, but each process has its own."""
 
@@ -49,6 +62,18 @@ class MemoryRateLimiter:
     async def take(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision:
         """Take every amount or none."""
         return take(self._buckets.setdefault(key, {}), asks, now_s)
+
+    async def take_shares(
+        self, key: str, asks: Sequence[BucketAsk], now_s: float, shares: Sequence[int]
+    ) -> Granted:
+        """As `take`, drawing shares as the Redis script does (its reference)."""
+        states = self._buckets.setdefault(key, {})
+        decision = take(states, asks, now_s)
+        if not decision.is_admitted or not shares:
+            return decision, [0] * len(asks)
+        grants = draw_shares(states, asks, shares, now_s)
+        levels = [level_at(states.get(name), cap, now_s) for name, cap, _ in asks]
+        return Decision(True, 0.0, asks, levels), grants
 
     def settle(self, key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
         """Give `delta` back to one bucket, at once."""

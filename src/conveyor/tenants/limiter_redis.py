@@ -27,8 +27,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from conveyor.tenants.buckets import Decision, view
-from conveyor.tenants.limiter import BucketAsk, LimiterUnavailable
+from conveyor.tenants.buckets import SHARE_FLOOR, Decision
+from conveyor.tenants.limiter import BucketAsk, Granted, LimiterUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,11 @@ MAX_BATCH = 256  # requests per script call
 SETTLE_DELAY_S = 0.05  # a settlement waits at most this long for an admission to ride with
 
 # ARGV, per request in order: kind ('t' take, 's' settle), now, number of buckets n, then
-# capacity and amount (take) or delta (settle) per bucket; KEYS: the requests' buckets.
-# Returns, per take: refused bucket index (0: admitted), wait_s, level per bucket.
+# per bucket capacity, amount and share (take) or capacity, delta and 0 (settle); KEYS: the
+# requests' buckets. A take that is admitted also draws each bucket's share as
+# `buckets.draw_shares` does (the script mirrors it).
+# Returns, per take: refused bucket index (0: admitted), wait_s, level per bucket, share
+# granted per bucket.
 BATCH_LUA = """
 local function level_at(key, cap, now)
   local st = redis.call('HMGET', key, 'l', 't')
@@ -57,28 +60,35 @@ while a <= #ARGV do
     local cap, delta = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
     store(KEYS[k], math.min(cap, level_at(KEYS[k], cap, now) + delta), cap, now)
   else
-    local levels, wait, refused = {}, 0, 0
+    local levels, grants, wait, refused = {}, {}, 0, 0
     for i = 1, n do
-      local cap, amount = tonumber(ARGV[a + 2 * i - 2]), tonumber(ARGV[a + 2 * i - 1])
+      local cap, amount = tonumber(ARGV[a + 3 * i - 3]), tonumber(ARGV[a + 3 * i - 2])
       levels[i] = level_at(KEYS[k + i - 1], cap, now)
+      grants[i] = 0
       local w = (amount - levels[i]) / (cap / 60.0)
       if w > wait then wait, refused = w, i end
     end
     if refused == 0 then
       for i = 1, n do
-        local cap, amount = tonumber(ARGV[a + 2 * i - 2]), tonumber(ARGV[a + 2 * i - 1])
+        local cap, amount = tonumber(ARGV[a + 3 * i - 3]), tonumber(ARGV[a + 3 * i - 2])
+        local share = tonumber(ARGV[a + 3 * i - 1])
         levels[i] = levels[i] - amount
+        if share > 0 and levels[i] - share >= cap * FLOOR then
+          grants[i] = share
+          levels[i] = levels[i] - share
+        end
         store(KEYS[k + i - 1], levels[i], cap, now)
       end
     end
     out[#out + 1] = refused
     out[#out + 1] = tostring(wait)
     for i = 1, n do out[#out + 1] = tostring(levels[i]) end
+    for i = 1, n do out[#out + 1] = grants[i] end
   end
-  k, a = k + n, a + 2 * n
+  k, a = k + n, a + 3 * n
 end
 return out
-"""
+""".replace("FLOOR", repr(SHARE_FLOOR))
 
 
 @dataclass(slots=True)
@@ -88,7 +98,7 @@ class BatchOp:
     keys: list[str]
     args: list[str | int]
     asks: Sequence[BucketAsk] | None = None  # None: a settlement
-    future: asyncio.Future[Decision] | None = None
+    future: asyncio.Future[Granted] | None = None
 
     @property
     def is_abandoned(self) -> bool:
@@ -96,17 +106,20 @@ class BatchOp:
         return self.future is not None and self.future.done()
 
 
-def take_op(keys: list[str], asks: Sequence[BucketAsk], now_s: float) -> BatchOp:
-    """An admission's part of a batch (its future is attached by the caller)."""
+def take_op(
+    keys: list[str], asks: Sequence[BucketAsk], now_s: float, shares: Sequence[int] = ()
+) -> BatchOp:
+    """An admission's part of a batch, drawing `shares` too if given (its future is
+    attached by the caller)."""
     args: list[str | int] = ["t", repr(now_s), len(asks)]
-    for _, capacity, amount in asks:
-        args += [capacity, amount]
+    for i, (_, capacity, amount) in enumerate(asks):
+        args += [capacity, amount, shares[i] if shares else 0]
     return BatchOp(keys, args, asks)
 
 
 def settle_op(key: str, capacity: int, delta: int, now_s: float) -> BatchOp:
     """A settlement's part of a batch."""
-    return BatchOp([key], ["s", repr(now_s), 1, capacity, delta])
+    return BatchOp([key], ["s", repr(now_s), 1, capacity, delta, 0])
 
 
 def encode(batch: Sequence[BatchOp]) -> tuple[list[str], list[str | int]]:
@@ -119,23 +132,23 @@ def encode(batch: Sequence[BatchOp]) -> tuple[list[str], list[str | int]]:
     return keys, args
 
 
-def decode(batch: Sequence[BatchOp], reply: Sequence[Any]) -> list[Decision]:
-    """Each admission's decision, in batch order, from the script's flat reply."""
-    decisions: list[Decision] = []
+def decode(batch: Sequence[BatchOp], reply: Sequence[Any]) -> list[Granted]:
+    """Each admission's decision and granted shares, in batch order, from the flat reply."""
+    answers: list[Granted] = []
     at = 0
     for op in batch:
         if op.asks is None:
             continue
+        n = len(op.asks)
         refused, wait_s = int(reply[at]), float(reply[at + 1])
-        levels = reply[at + 2 : at + 2 + len(op.asks)]
-        at += 2 + len(op.asks)
-        views = tuple(
-            view(name, float(level), capacity)
-            for (name, capacity, _), level in zip(op.asks, levels, strict=True)
-        )
+        levels = [float(level) for level in reply[at + 2 : at + 2 + n]]
+        grants = [int(g) for g in reply[at + 2 + n : at + 2 + 2 * n]]
+        if len(levels) != n or len(grants) != n:
+            raise ValueError("the rate limit script's reply is short")
+        at += 2 + 2 * n
         refused_by = op.asks[refused - 1][0] if refused else None
-        decisions.append(Decision(refused_by is None, wait_s, views, refused_by))
-    return decisions
+        answers.append((Decision(refused_by is None, wait_s, op.asks, levels, refused_by), grants))
+    return answers
 
 
 class RedisRateLimiter:
@@ -175,8 +188,16 @@ class RedisRateLimiter:
 
         Waits for the call on its way (if any) and its own: at most twice a call's bound.
         """
-        op = take_op([self._key(key, name) for name, _, _ in asks], asks, now_s)
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        decision, _ = await self.take_shares(key, asks, now_s, ())
+        return decision
+
+    async def take_shares(
+        self, key: str, asks: Sequence[BucketAsk], now_s: float, shares: Sequence[int]
+    ) -> Granted:
+        """As `take`, and if admitted also draw up to `shares` (per bucket) for the caller
+        to admit locally: each is granted whole while its bucket stays half full, else 0."""
+        op = take_op([self._key(key, name) for name, _, _ in asks], asks, now_s, shares)
+        future: asyncio.Future[Granted] = asyncio.get_running_loop().create_future()
         op.future = future
         self._queue.append(op)
         self._start_sender()
@@ -225,14 +246,14 @@ class RedisRateLimiter:
         try:
             async with asyncio.timeout(self._call_bound_s):
                 reply = await self._script(keys=keys, args=args)
-            decisions = decode(batch, reply)
+            answers = decode(batch, reply)
         except (RedisError, OSError, TimeoutError, ValueError, IndexError) as exc:
             self._fail(batch, exc)
             return
         takes = [op for op in batch if op.asks is not None]
-        for op, decision in zip(takes, decisions, strict=True):
+        for op, answer in zip(takes, answers, strict=True):
             if op.future is not None and not op.future.done():
-                op.future.set_result(decision)
+                op.future.set_result(answer)
 
     def _fail(self, batch: list[BatchOp], exc: BaseException) -> None:
         """Every admission of a failed call raises LimiterUnavailable; settlements are lost."""

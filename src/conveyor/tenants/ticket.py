@@ -11,7 +11,7 @@ request a ticket; the service calls `admit` once the ids are in hand, before que
 from __future__ import annotations
 
 from conveyor.tenants.estimate import TokenAsk
-from conveyor.tenants.gate import RateLimitGate, Reservation
+from conveyor.tenants.gate import RateLimitGate, Reservation, rate_limit_headers
 
 
 class AdmissionTicket:
@@ -39,3 +39,10 @@ class AdmissionTicket:
             return
         self.is_settled = True
         self.gate.settle(self.reservation, input_tokens, output_tokens)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The answer's `x-ratelimit-*` headers (none before admission or without a decision)."""
+        res = self.reservation
+        if res is None or res.decision is None:
+            return []
+        return rate_limit_headers(res.decision)

@@ -10,6 +10,7 @@ import redis
 
 from conveyor.tenants.limiter import LimiterUnavailable, MemoryRateLimiter, RateLimiter
 from conveyor.tenants.limiter_redis import BatchOp, RedisRateLimiter
+from conveyor.tenants.limiter_shares import MAX_SHARE_DIVISOR, SharedRateLimiter
 from tests.redis_server import REDIS_HOST, REDIS_PORT, REDIS_URL
 from tests.tcp_proxy import ProxyMode, TcpProxy
 
@@ -159,3 +160,35 @@ async def test_settlements_a_down_redis_loses_are_counted(redis_prefix: str) -> 
         finally:
             await backend.close()
     assert lost == [1]
+
+
+async def test_shares_from_redis_match_the_memory_reference(redis_prefix: str) -> None:
+    backend = RedisRateLimiter(REDIS_URL, prefix=redis_prefix, timeout_s=1.0)
+    reference = MemoryRateLimiter()
+    asks = [("requests", 100, 1), ("input_tokens", 1000, 300)]
+    try:
+        for shares in ([3, 100], [40, 0], [3, 300]):
+            got = await backend.take_shares("k", asks, 0.0, shares)
+            want = await reference.take_shares("k", asks, 0.0, shares)
+            assert got[1] == want[1]
+            assert [v.remaining for v in got[0].views] == [v.remaining for v in want[0].views]
+    finally:
+        await backend.close()
+
+
+async def test_shared_limiters_on_redis_never_admit_beyond_the_rpm(redis_prefix: str) -> None:
+    limiters = [
+        SharedRateLimiter(RedisRateLimiter(REDIS_URL, prefix=redis_prefix, timeout_s=2.0))
+        for _ in range(2)
+    ]
+    outcomes = await asyncio.gather(
+        *(limiters[i % 2].take("k", [("requests", 100, 1)], 0.0) for i in range(300))
+    )
+    for backend in limiters:
+        await backend.close()  # gives back what shares are left
+    admitted = sum(d.is_admitted for d in outcomes)
+    assert 100 - 2 * 100 // MAX_SHARE_DIVISOR <= admitted <= 100
+    client = redis.Redis.from_url(REDIS_URL)
+    level = float(client.hget(f"{redis_prefix}k:requests", "l") or 0)
+    client.close()
+    assert level == 100 - admitted  # every share not used went back

@@ -123,6 +123,6 @@ async def test_an_unreachable_backend_allows_or_denies_and_is_counted(policy: st
 
 
 def test_headers_follow_openai_names_and_duration_style() -> None:
-    decision = Decision(True, 0.0, ())
-    assert rate_limit_headers(decision.views) == []
+    decision = Decision(True, 0.0, (), ())
+    assert rate_limit_headers(decision) == []
     assert [format_reset(s) for s in (0.25, 1.5, 6.0, 360.0)] == ["250ms", "1.5s", "6s", "6m0s"]

@@ -1,0 +1,250 @@
+"""Local shares of the Redis buckets: a busy process admits most requests without Redis.
+
+A process that admits many requests against one tenant and model draws a *share* of each
+bucket along with an admission (one script call: the admission, then the share, taken
+from the shared bucket like any other tokens) and then admits from that share in memory,
+renewing it in the background before it runs out. Redis still holds the truth: whatever a
+process may admit by itself was first taken from the shared bucket, so all gateways
+together never admit more than the limit. The cost is the other way: a share one process
+holds is not available to another until it is used or given back, so shares are kept small
+and only drawn while the bucket is comfortably full:
+
+- a share covers about `SHARE_S` of the key's recent demand at this process, and never
+  more than `1 / MAX_SHARE_DIVISOR` of the bucket's capacity (at rpm 100: 3 requests);
+- the script grants a share only while the bucket stays at least half full after it
+  (`buckets.SHARE_FLOOR`): close to a limit, every admission goes to Redis and is
+  exact, as without shares;
+- a share unused for `IDLE_RETURN_S` goes back to its bucket, and so does every share when
+  the process closes.
+
+Settlements (refunds, debts) go to the key's local share while it exists (a refund is
+reusable at once); the part a share cannot hold goes to Redis as before. A debt sent to
+Redis stops local admissions on that key until the next call to Redis has seen it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from conveyor.tenants.buckets import REFILL_WINDOW_S, Decision
+from conveyor.tenants.limiter import BucketAsk, LimiterUnavailable, ShareSource
+
+log = logging.getLogger(__name__)
+
+SHARE_S = 0.25  # a share covers about this long of the key's demand here
+MAX_SHARE_DIVISOR = 32  # a share is at most this fraction of its bucket's capacity
+MIN_DEMAND_WINDOW_S = 0.05  # demand is measured over at least this long
+IDLE_RETURN_S = 1.0  # an unused share goes back after this long
+
+
+@dataclass(slots=True)
+class Share:
+    """What this process may admit by itself on one key, bucket by bucket (ask order)."""
+
+    names: tuple[str, ...]
+    capacities: tuple[int, ...]
+    allowance: list[float]
+    remote_levels: list[float]  # the buckets in Redis after this process's last call
+    remote_at_s: float
+    targets: list[int] = field(default_factory=list)  # the shares last asked for and granted
+    demand: list[float] = field(default_factory=list)  # taken since `demand_since_s`
+    demand_since_s: float = 0.0
+    used_at_s: float = 0.0
+    is_renewing: bool = False
+    is_in_debt: bool = False  # a debt went to Redis: admit there until it has been seen
+
+    def covers(self, asks: Sequence[BucketAsk]) -> bool:
+        """Whether the share holds every amount (for the same buckets)."""
+        if self.is_in_debt or len(asks) != len(self.names):
+            return False
+        allowance = self.allowance
+        for i, (name, _, amount) in enumerate(asks):
+            if name != self.names[i] or amount > allowance[i]:
+                return False
+        return True
+
+    def draw(self, asks: Sequence[BucketAsk], now_s: float) -> Decision:
+        """Take the amounts from the share (`covers` said yes); levels for the headers."""
+        levels: list[float] = []
+        elapsed_s = max(0.0, now_s - self.remote_at_s)
+        for i, (_, cap, amount) in enumerate(asks):
+            self.allowance[i] -= amount
+            self.demand[i] += amount
+            remote = self.remote_levels[i] + elapsed_s * cap / REFILL_WINDOW_S
+            levels.append(min(float(cap), remote + self.allowance[i]))
+        self.used_at_s = now_s
+        return Decision(True, 0.0, asks, levels)
+
+    def wanted(self, asks: Sequence[BucketAsk], now_s: float) -> list[int]:
+        """The share to draw per bucket: about `SHARE_S` of recent demand, capped."""
+        window_s = max(MIN_DEMAND_WINDOW_S, now_s - self.demand_since_s)
+        return [
+            min(cap // MAX_SHARE_DIVISOR, int((taken + amount) * SHARE_S / window_s))
+            for (_, cap, amount), taken in zip(asks, self.demand, strict=True)
+        ]
+
+    def is_low(self) -> bool:
+        """A bucket holds under half its last granted share: renew in the background."""
+        return any(2 * a < t for a, t in zip(self.allowance, self.targets, strict=True))
+
+    def refresh(self, decision: Decision, grants: Sequence[int], now_s: float) -> None:
+        """A call to Redis answered: its levels, the shares granted, a new demand window."""
+        self.remote_levels = list(decision.levels)
+        self.remote_at_s = now_s
+        self.targets = list(grants) if grants else [0] * len(self.names)
+        for i, granted in enumerate(grants):
+            self.allowance[i] += granted
+        self.demand = [0.0] * len(self.names)
+        self.demand_since_s = now_s
+        self.is_in_debt = False
+
+    def levels_with_allowance(self, decision: Decision) -> list[float]:
+        """What the headers show: the bucket in Redis plus what this process still holds."""
+        return [
+            min(float(cap), level + a)
+            for level, a, cap in zip(decision.levels, self.allowance, self.capacities, strict=True)
+        ]
+
+
+def new_share(asks: Sequence[BucketAsk], decision: Decision, now_s: float) -> Share:
+    """An empty share for a key whose first admission Redis just answered."""
+    n = len(asks)
+    return Share(
+        names=tuple(name for name, _, _ in asks),
+        capacities=tuple(cap for _, cap, _ in asks),
+        allowance=[0.0] * n,
+        remote_levels=list(decision.levels),
+        remote_at_s=now_s,
+        targets=[0] * n,
+        demand=[float(amount) for _, _, amount in asks],
+        demand_since_s=now_s,
+        used_at_s=now_s,
+    )
+
+
+class SharedRateLimiter:
+    """`RedisRateLimiter` (or any `ShareSource`) with local shares in front (see the module)."""
+
+    def __init__(
+        self,
+        remote: ShareSource,
+        *,
+        clock: Callable[[], float] = time.time,
+        idle_return_s: float = IDLE_RETURN_S,
+    ) -> None:
+        """Admit through `remote`; `clock` (unix seconds, the gate's) times idle shares."""
+        self.remote = remote
+        self._clock = clock
+        self._idle_return_s = idle_return_s
+        self._shares: dict[str, Share] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._renewals: set[asyncio.Task[None]] = set()
+
+    async def take(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision:
+        """From the key's share when it holds every amount, else from Redis (drawing a
+        share along); raises LimiterUnavailable only when Redis is needed and down."""
+        share = self._shares.get(key)
+        if share is not None and share.covers(asks):
+            decision = share.draw(asks, now_s)
+            if not share.is_renewing and share.is_low():
+                self._renew(key, share, asks, now_s)
+            return decision
+        wanted = share.wanted(asks, now_s) if share is not None and not share.is_renewing else ()
+        decision, grants = await self.remote.take_shares(key, asks, now_s, wanted)
+        if not decision.is_admitted:
+            return decision
+        share = self._shares.get(key)
+        if share is None or len(share.names) != len(asks):
+            share = self._shares[key] = new_share(asks, decision, now_s)
+            self._start_sweeper()
+        share.refresh(decision, grants, now_s)
+        share.used_at_s = now_s
+        return Decision(True, 0.0, asks, share.levels_with_allowance(decision))
+
+    def _renew(self, key: str, share: Share, asks: Sequence[BucketAsk], now_s: float) -> None:
+        """Draw the next share in the background (nothing is admitted by it)."""
+        share.is_renewing = True
+        wanted = share.wanted([(name, cap, 0) for name, cap, _ in asks], now_s)
+        renewal = self._renewal(key, share, asks, wanted, now_s)
+        task = asyncio.get_running_loop().create_task(renewal)
+        self._renewals.add(task)
+        task.add_done_callback(self._renewals.discard)
+
+    async def _renewal(
+        self, key: str, share: Share, asks: Sequence[BucketAsk], wanted: list[int], now_s: float
+    ) -> None:
+        zero = [(name, cap, 0) for name, cap, _ in asks]
+        try:
+            decision, grants = await self.remote.take_shares(key, zero, now_s, wanted)
+        except LimiterUnavailable:
+            log.debug("rate limit share renewal failed; admissions go to Redis")
+            return
+        finally:
+            share.is_renewing = False
+        if self._shares.get(key) is share:
+            share.refresh(decision, grants, now_s)
+        else:  # given back meanwhile: so is this
+            self._give_back(key, share.names, share.capacities, grants, now_s)
+
+    def settle(self, key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
+        """Into the key's share while it exists (a refund is reusable here at once); what
+        the share cannot hold, or every delta without a share, goes to Redis."""
+        share = self._shares.get(key)
+        if share is None or name not in share.names:
+            self.remote.settle(key, name, capacity, delta, now_s)
+            return
+        i = share.names.index(name)
+        held = share.allowance[i] + delta
+        most = max(1, capacity // MAX_SHARE_DIVISOR)
+        kept = min(max(held, 0.0), float(most))
+        share.allowance[i] = kept
+        rest = round(held - kept)
+        if rest != 0:
+            share.is_in_debt = share.is_in_debt or rest < 0
+            self.remote.settle(key, name, capacity, rest, now_s)
+
+    def _start_sweeper(self) -> None:
+        if self._sweeper is None:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self._idle_return_s, self._sweep)
+
+    def _sweep(self) -> None:
+        """Give back the shares unused for a while; look again while any is left."""
+        self._sweeper = None
+        now_s = self._clock()
+        for key, share in list(self._shares.items()):
+            if now_s - share.used_at_s >= self._idle_return_s and not share.is_renewing:
+                del self._shares[key]
+                self._give_back(key, share.names, share.capacities, share.allowance, now_s)
+        if self._shares:
+            self._start_sweeper()
+
+    def _give_back(
+        self,
+        key: str,
+        names: Sequence[str],
+        capacities: Sequence[int],
+        amounts: Sequence[float],
+        now_s: float,
+    ) -> None:
+        for name, cap, amount in zip(names, capacities, amounts, strict=True):
+            whole = int(amount)
+            if whole > 0:
+                self.remote.settle(key, name, cap, whole, now_s)
+
+    async def close(self) -> None:
+        """Give every share back, then send what is queued and close Redis."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self._renewals:
+            await asyncio.gather(*self._renewals, return_exceptions=True)
+        now_s = self._clock()
+        for key, share in self._shares.items():
+            self._give_back(key, share.names, share.capacities, share.allowance, now_s)
+        self._shares.clear()
+        await self.remote.close()
