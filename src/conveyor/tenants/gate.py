@@ -42,15 +42,15 @@ class Reservation:
     decision: Decision | None  # None: admitted without the backend (allow on error)
 
 
-def bucket_asks(limits: ModelLimits, ask: TokenAsk) -> list[BucketAsk]:
+def bucket_asks(limits: ModelLimits, input_tokens: int, output_tokens: int) -> list[BucketAsk]:
     """The buckets a request takes from: only those its limits define."""
     asks: list[BucketAsk] = []
     if limits.rpm is not None:
         asks.append((REQUESTS, limits.rpm, 1))
     if limits.input_tpm is not None:
-        asks.append((INPUT, limits.input_tpm, ask.input_tokens))
+        asks.append((INPUT, limits.input_tpm, input_tokens))
     if limits.output_tpm is not None:
-        asks.append((OUTPUT, limits.output_tpm, ask.output_tokens))
+        asks.append((OUTPUT, limits.output_tpm, output_tokens))
     return asks
 
 
@@ -109,13 +109,22 @@ class RateLimitGate:
 
     async def admit(self, tenant: str, ask: TokenAsk) -> Reservation | None:
         """Reserve the request's buckets (None: no limit applies). Raises 400, 429 or 503."""
-        limits, key = self._limits_of(tenant, ask.model)
-        asks = bucket_asks(limits, ask)
+        return await self.admit_tokens(tenant, ask.model, ask.input_tokens, ask.output_tokens)
+
+    async def admit_tokens(
+        self, tenant: str, model: str, input_tokens: int, output_tokens: int
+    ) -> Reservation | None:
+        """`admit` without building a `TokenAsk` (the per-request path on `serve`)."""
+        limits, key = self._limits_of(tenant, model)
+        asks = bucket_asks(limits, input_tokens, output_tokens)
         if not asks:
             return None
         check_fits(asks)
+        now_s = self._clock()
         try:
-            decision = await self.limiter.take(key, asks, self._clock())
+            decision = self.limiter.take_now(key, asks, now_s)
+            if decision is None:
+                decision = await self.limiter.take(key, asks, now_s)
         except LimiterUnavailable:
             self.metrics.backend_errors.labels("admit").inc()
             log.warning("rate limit backend unreachable; %s", self._on_error)
@@ -125,11 +134,9 @@ class RateLimitGate:
         if decision is not None and not decision.is_admitted:
             error = refusal(decision)
             limit = _LIMIT_NAMES[decision.refused_by or REQUESTS]
-            self.metrics.rate_limited.labels(tenant, ask.model, limit).inc()
+            self.metrics.rate_limited.labels(tenant, model, limit).inc()
             raise error
-        return Reservation(
-            key, tenant, ask.model, limits, ask.input_tokens, ask.output_tokens, decision
-        )
+        return Reservation(key, tenant, model, limits, input_tokens, output_tokens, decision)
 
     def settle(self, res: Reservation, input_tokens: int, output_tokens: int) -> None:
         """Refund what was reserved but not used (or charge what was under-estimated).

@@ -29,6 +29,10 @@ class LimiterUnavailable(Exception):
 class RateLimiter(Protocol):
     """Token buckets keyed by `key` (a tenant and model) and bucket name."""
 
+    def take_now(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision | None:
+        """`take` answered at once from memory, where this limiter can (None: call `take`)."""
+        ...
+
     async def take(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision:
         """Take every amount or none; raises LimiterUnavailable."""
         ...
@@ -58,6 +62,10 @@ class MemoryRateLimiter:
     def __init__(self) -> None:
         """No bucket yet (a new bucket is full)."""
         self._buckets: dict[str, dict[str, BucketState]] = {}
+
+    def take_now(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision | None:
+        """Always at once: the buckets are here."""
+        return take(self._buckets.setdefault(key, {}), asks, now_s)
 
     async def take(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision:
         """Take every amount or none."""

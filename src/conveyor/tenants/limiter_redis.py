@@ -183,6 +183,10 @@ class RedisRateLimiter:
     def _key(self, key: str, name: str) -> str:
         return f"{self._prefix}{key}:{name}"
 
+    def take_now(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision | None:
+        """Never at once: every admission asks Redis."""
+        return None
+
     async def take(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision:
         """Take every amount or none, atomically across the buckets.
 

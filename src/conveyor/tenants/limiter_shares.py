@@ -57,25 +57,24 @@ class Share:
     is_renewing: bool = False
     is_in_debt: bool = False  # a debt went to Redis: admit there until it has been seen
 
-    def covers(self, asks: Sequence[BucketAsk]) -> bool:
-        """Whether the share holds every amount (for the same buckets)."""
-        if self.is_in_debt or len(asks) != len(self.names):
-            return False
+    def draw(self, asks: Sequence[BucketAsk], now_s: float) -> Decision | None:
+        """Take the amounts from the share if it holds every one (None: it does not);
+        the decision's levels are what the headers show. Flat: most admissions run it."""
         allowance = self.allowance
-        for i, (name, _, amount) in enumerate(asks):
-            if name != self.names[i] or amount > allowance[i]:
-                return False
-        return True
-
-    def draw(self, asks: Sequence[BucketAsk], now_s: float) -> Decision:
-        """Take the amounts from the share (`covers` said yes); levels for the headers."""
+        if self.is_in_debt or len(asks) != len(allowance):
+            return None
+        for i, (_, _, amount) in enumerate(asks):
+            if amount > allowance[i]:
+                return None
+        elapsed_s = now_s - self.remote_at_s if now_s > self.remote_at_s else 0.0
         levels: list[float] = []
-        elapsed_s = max(0.0, now_s - self.remote_at_s)
+        demand, remote = self.demand, self.remote_levels
         for i, (_, cap, amount) in enumerate(asks):
-            self.allowance[i] -= amount
-            self.demand[i] += amount
-            remote = self.remote_levels[i] + elapsed_s * cap / REFILL_WINDOW_S
-            levels.append(min(float(cap), remote + self.allowance[i]))
+            left = allowance[i] - amount
+            allowance[i] = left
+            demand[i] += amount
+            level = remote[i] + elapsed_s * cap / REFILL_WINDOW_S + left
+            levels.append(level if level < cap else float(cap))
         self.used_at_s = now_s
         return Decision(True, 0.0, asks, levels)
 
@@ -89,7 +88,11 @@ class Share:
 
     def is_low(self) -> bool:
         """A bucket holds under half its last granted share: renew in the background."""
-        return any(2 * a < t for a, t in zip(self.allowance, self.targets, strict=True))
+        allowance = self.allowance
+        for i, target in enumerate(self.targets):  # noqa: SIM110 (no generator: hot path)
+            if 2 * allowance[i] < target:
+                return True
+        return False
 
     def refresh(self, decision: Decision, grants: Sequence[int], now_s: float) -> None:
         """A call to Redis answered: its levels, the shares granted, a new demand window."""
@@ -144,15 +147,23 @@ class SharedRateLimiter:
         self._sweeper: asyncio.TimerHandle | None = None
         self._renewals: set[asyncio.Task[None]] = set()
 
+    def take_now(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision | None:
+        """From the key's share when it holds every amount (None: ask Redis with `take`)."""
+        share = self._shares.get(key)
+        if share is None:
+            return None
+        decision = share.draw(asks, now_s)
+        if decision is not None and not share.is_renewing and share.is_low():
+            self._renew(key, share, asks, now_s)
+        return decision
+
     async def take(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision:
         """From the key's share when it holds every amount, else from Redis (drawing a
         share along); raises LimiterUnavailable only when Redis is needed and down."""
-        share = self._shares.get(key)
-        if share is not None and share.covers(asks):
-            decision = share.draw(asks, now_s)
-            if not share.is_renewing and share.is_low():
-                self._renew(key, share, asks, now_s)
+        decision = self.take_now(key, asks, now_s)
+        if decision is not None:
             return decision
+        share = self._shares.get(key)
         wanted = share.wanted(asks, now_s) if share is not None and not share.is_renewing else ()
         decision, grants = await self.remote.take_shares(key, asks, now_s, wanted)
         if not decision.is_admitted:

@@ -10,7 +10,6 @@ request a ticket; the service calls `admit` once the ids are in hand, before que
 
 from __future__ import annotations
 
-from conveyor.tenants.estimate import TokenAsk
 from conveyor.tenants.gate import RateLimitGate, Reservation, rate_limit_headers
 
 
@@ -30,8 +29,9 @@ class AdmissionTicket:
         """Reserve the buckets (raises 400, 429 or 503 as `RateLimitGate.admit`)."""
         if self.reservation is not None:
             raise RuntimeError("a request is admitted once")
-        ask = TokenAsk(model, input_tokens, output_tokens)
-        self.reservation = await self.gate.admit(self.tenant, ask)
+        self.reservation = await self.gate.admit_tokens(
+            self.tenant, model, input_tokens, output_tokens
+        )
 
     def settle(self, input_tokens: int, output_tokens: int) -> None:
         """Settle at what the request used (once; later calls do nothing)."""

@@ -100,6 +100,9 @@ async def test_unlimited_tenants_pass_without_a_reservation() -> None:
 
 
 class DownLimiter(MemoryRateLimiter):
+    def take_now(self, key: str, asks: list[BucketAsk], now_s: float) -> Decision | None:  # type: ignore[override]
+        return None
+
     async def take(self, key: str, asks: list[BucketAsk], now_s: float) -> Decision:  # type: ignore[override]
         raise LimiterUnavailable("down")
 
