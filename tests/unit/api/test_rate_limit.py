@@ -10,11 +10,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from starlette.types import Receive, Scope, Send
 
+from conveyor.api.middleware import build_limiter
 from conveyor.api.rate_limit import RateLimitMiddleware
 from conveyor.metrics import TenantMetrics
-from conveyor.tenants.config import TenancyConfig
+from conveyor.tenants.config import RateLimitsConfig, TenancyConfig
 from conveyor.tenants.gate import RateLimitGate
 from conveyor.tenants.limiter import MemoryRateLimiter
+from conveyor.tenants.limiter_redis import RedisRateLimiter
+from conveyor.tenants.limiter_shares import SharedRateLimiter
 
 pytestmark = pytest.mark.anyio
 
@@ -82,3 +85,14 @@ async def test_other_routes_and_bad_bodies_pass_untouched() -> None:
         bad = await http.post("/v1/chat/completions", content=b"not json")
     assert "x-ratelimit-limit-requests" not in other.headers
     assert "x-ratelimit-limit-requests" not in bad.headers
+
+
+async def test_the_redis_backend_admits_through_local_shares_unless_turned_off() -> None:
+    metrics = TenantMetrics(CollectorRegistry())
+    shared = build_limiter(RateLimitsConfig(backend="redis"), metrics)
+    plain = build_limiter(RateLimitsConfig(backend="redis", local_shares=False), metrics)
+    assert isinstance(shared, SharedRateLimiter) and isinstance(shared.remote, RedisRateLimiter)
+    assert isinstance(plain, RedisRateLimiter)
+    assert isinstance(build_limiter(RateLimitsConfig(), metrics), MemoryRateLimiter)
+    for limiter in (shared, plain):
+        await limiter.close()
