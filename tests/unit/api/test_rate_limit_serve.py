@@ -19,7 +19,8 @@ pytestmark = pytest.mark.anyio
 async def http(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     config = ServerConfig.model_validate({
         "data_dir": str(tmp_path),
-        "models": [{"name": "syn", "kind": "synthetic", "batch_latency_ms": 0}],
+        "models": [{"name": "syn", "kind": "synthetic", "batch_latency_ms": 0,
+                    "fail_marker": "BOOM"}],
         "default_tenant_limits": {"rpm": 3, "input_tpm": 600},
     })  # fmt: skip
     app = create_app(config)
@@ -60,3 +61,14 @@ async def test_a_request_over_the_exact_limit_is_400_and_costs_nothing(
     assert 'model="syn",outcome="rejected_queue_full"} 0.0' in metrics
     assert 'model="syn",outcome="input_error"} 0.0' in metrics  # nor is the 400 above
     assert 'model="syn",outcome="ok"} 3.0' in metrics
+
+
+async def test_an_admitted_request_that_fails_gives_its_tokens_back(
+    http: httpx.AsyncClient,
+) -> None:
+    failed = await http.post("/v1/embeddings", json={"model": "syn", "input": "x y BOOM"})
+    assert failed.status_code >= 400, failed.text
+    assert failed.headers["x-ratelimit-remaining-input-tokens"] == "597"  # taken at admission
+    answer = await http.post("/v1/embeddings", json={"model": "syn", "input": "one"})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-ratelimit-remaining-input-tokens"] == "599"  # the 3 came back
