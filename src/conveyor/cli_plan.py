@@ -60,7 +60,7 @@ def plan(
             if isinstance(measured, GenerativeCalibration):
                 costs = GenerativeCosts(measured.step, measured.prefill_s, "calibrated",
                                         measured.max_batch, measured.overhead_s,
-                                        measured.tail_s)  # fmt: skip
+                                        measured.tail_s, measured.overlap_s)  # fmt: skip
                 result = plan_generative(workload, costs, shape, spec)
             else:
                 result = plan_one_shot(workload, measured.curve, measured.max_batch, max_wait_ms)

@@ -26,8 +26,9 @@ pytestmark = pytest.mark.slow
 
 TOLERANCE = 0.20
 LOAD_S = 2.0
-# The generative p99 needs more requests than two seconds give (p99 of 80 is the maximum).
-POISSON_LOAD_S = 4.0
+# The generative p99 needs more requests than two seconds give (p99 of 80 is the maximum);
+# at 40 requests/s, 8 s give about 320, so the p99 is not just the one slowest request.
+POISSON_LOAD_S = 8.0
 ATTEMPTS = 3
 SYN = {"name": "syn", "kind": "synthetic", "max_batch_size": 16, "max_wait_ms": 5,
        "batch_latency_ms": 100, "per_item_ms": 2, "dim": 4, "max_queue": 4096}  # fmt: skip
@@ -110,13 +111,11 @@ def within(measured: float, planned: float) -> bool:
     return abs(measured - planned) <= TOLERANCE * planned
 
 
-def check_with_retries(attempt: Callable[[], list[str]], known_gap: str | None = None) -> None:
+def check_with_retries(attempt: Callable[[], list[str]]) -> None:
     """Pass when one of ATTEMPTS calibrate-then-load rounds lands within the tolerance.
 
     This machine's cores are shared, so a stall elsewhere can spoil one round's p99; a plan
-    that is wrong fails every round. With ``known_gap``, a round whose every miss starts
-    with it makes the test an expected failure (reported, never a pass); a round with any
-    other miss never does.
+    that is wrong fails every round.
     """
     rounds: list[list[str]] = []
     for _ in range(ATTEMPTS):
@@ -125,22 +124,7 @@ def check_with_retries(attempt: Callable[[], list[str]], known_gap: str | None =
             return
         rounds.append(found)
     failures = [miss for found in rounds for miss in found]
-    if known_gap and any(all(miss.startswith(known_gap) for miss in found) for found in rounds):
-        pytest.xfail(f"only the known {known_gap} gap missed the plan: " + "; ".join(failures))
     pytest.fail("no round landed within 20 % of the plan:\n" + "\n".join(failures))
-
-
-def test_a_throughput_miss_is_never_taken_for_the_known_p99_gap() -> None:
-    both = ["throughput 1.0 vs planned 2", "p99 9.0 ms vs planned 5 ms"]
-    # An expected failure is a kind of failure to pytest: check the exact outcome.
-    with pytest.raises(pytest.fail.Exception) as failed:
-        check_with_retries(lambda: both, known_gap="p99")
-    assert failed.type is pytest.fail.Exception
-    with pytest.raises(pytest.xfail.Exception):
-        check_with_retries(lambda: both[1:], known_gap="p99")
-    with pytest.raises(pytest.fail.Exception) as failed:
-        check_with_retries(lambda: both[1:])
-    assert failed.type is pytest.fail.Exception
 
 
 def test_a_synthetic_model_meets_its_calibrated_plan(
@@ -190,10 +174,7 @@ def test_a_tiny_llama_meets_its_calibrated_plan(
         p99_ms = p99(asyncio.run(poisson_loop(server.url, "/v1/completions", body, rate))) * 1000
         return misses(plan, tokens_per_s, "tokens_per_s_per_replica", p99_ms, "predicted_p99_ms")
 
-    # Known gap (issue 13, README "Sizing a deployment"): under Poisson arrivals on this
-    # 2-core host the measured p99 runs 1.4-2x the plan's. Throughput must still land in a
-    # round; the p99 miss is reported as an expected failure, never as a pass.
-    check_with_retries(attempt, known_gap="p99")
+    check_with_retries(attempt)
 
 
 def misses(

@@ -12,6 +12,11 @@ The model should be otherwise idle. Figures come from the server's own ``/metric
   timed by the caller too: what a caller waits beyond the engine's own time (HTTP, parsing,
   the answer), on average, is the request overhead, and how far the slowest of them lies
   above their mean is the tail this host adds to a request with nothing else running.
+  Then ``OVERLAP_PAIRS`` pairs of completions, the second sent halfway through the first:
+  what one other request running alongside adds to a caller's time, all in (its prefill
+  and steps, and the server's and the caller's own work on its arrival and its answer,
+  which share the cores and the interpreter with the engine). Synchronous bursts do not
+  see that cost: their arrivals share one prefill and their answers one step.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from conveyor.plan.curves import LinearCurve
 
 REPEATS = 3
-SOLO_REQUESTS = 30
+SOLO_REQUESTS = 60
+OVERLAP_PAIRS = 12
 # Prompts are random ids in this range (every tokenizer has them), so that no probe is
 # answered from the prefix cache: a real workload's prompts differ.
 TOKEN_IDS = range(3, 100)
@@ -54,6 +60,7 @@ class GenerativeCalibration:
     points: list[tuple[float, float]]
     overhead_s: float = 0.0
     tail_s: float = 0.0
+    overlap_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +177,35 @@ async def solo_times(probe: Probe, prompt_tokens: int, output_tokens: int) -> So
     return SoloTimes(caller_s, engine_s / max(1.0, num))
 
 
+async def overlap_s(
+    probe: Probe, prompt_tokens: int, output_tokens: int, solo_mean_s: float
+) -> float:
+    """What one other request running alongside adds to a caller's time (median of pairs).
+
+    The second request of a pair starts halfway through the first: each sees half of the
+    other (its arrival, or its answer), so a whole overlap costs twice their excess over a
+    lone request.
+    """
+
+    async def timed(delay_s: float) -> float:
+        await asyncio.sleep(delay_s)
+        started = time.perf_counter()
+        await probe.complete(prompt_tokens, output_tokens)
+        return time.perf_counter() - started
+
+    excess = []
+    for _ in range(OVERLAP_PAIRS):
+        first, second = await asyncio.gather(timed(0.0), timed(solo_mean_s / 2))
+        excess.append((first + second) / 2 - solo_mean_s)
+    return max(0.0, 2 * statistics.median(excess))
+
+
 async def calibrate_generative(
     probe: Probe, prompt_tokens: int, output_tokens: int, max_probe: int
 ) -> GenerativeCalibration:
     """Mean time per output token at 1, 2, 4... running sequences; prefill at one."""
     solo = await solo_times(probe, prompt_tokens, output_tokens)
+    overlap = await overlap_s(probe, prompt_tokens, output_tokens, statistics.fmean(solo.caller_s))
     points: list[tuple[float, float]] = []
     ttfts: list[float] = []
     size = 1
@@ -197,8 +228,9 @@ async def calibrate_generative(
     # The first token comes out of the prefill pass itself: TTFT alone is the prefill.
     prefill = statistics.median(ttfts) if ttfts else 0.0
     return GenerativeCalibration(
-        step, prefill, size // 2, points, overhead_s=solo.overhead_s, tail_s=solo.tail_s
-    )
+        step, prefill, size // 2, points,
+        overhead_s=solo.overhead_s, tail_s=solo.tail_s, overlap_s=overlap,
+    )  # fmt: skip
 
 
 async def calibrate(

@@ -41,9 +41,11 @@ class GenerativeCosts:
     prefill_s: float
     source: str
     max_batch: int | None = None  # a ceiling the measurement could vouch for
-    # Measured only: a caller's wait beyond the engine's time, and a lone request's tail.
+    # Measured only: a caller's wait beyond the engine's time, a lone request's tail, and
+    # what one other request alongside adds to a caller's time.
     overhead_s: float = 0.0
     tail_s: float = 0.0
+    overlap_s: float = 0.0
 
 
 def roofline_costs(shape: ModelShape, gpu: GpuSpec, workload: Workload) -> GenerativeCosts:
@@ -116,14 +118,16 @@ def _generative_latency(
     (p99) the measured tail of a lone request."""
     per_replica = workload.qps / replicas
     mean_s, p99_s = generative_latency_s(
-        costs.step, costs.prefill_s, max(1, workload.output_tokens), per_replica, max_batch
-    )
+        costs.step, costs.prefill_s, max(1, workload.output_tokens), per_replica, max_batch,
+        per_other_s=costs.overlap_s,
+    )  # fmt: skip
     mean_s += costs.overhead_s
     p99_s += costs.overhead_s + costs.tail_s
     return {
         "per_replica_qps": round(per_replica, 3),
         "request_overhead_ms": _ms(costs.overhead_s),
         "lone_request_tail_ms": _ms(costs.tail_s),
+        "overlap_ms": _ms(costs.overlap_s),
         "predicted_mean_ms": None if math.isinf(mean_s) else _ms(mean_s),
         "predicted_p99_ms": None if math.isinf(p99_s) else _ms(p99_s),
     }

@@ -117,7 +117,13 @@ def output_tokens_per_s(batch: int, step: LinearCurve, prefill: float, output_to
 
 
 def generative_latency_s(
-    step: LinearCurve, prefill: float, output_tokens: int, rate_per_s: float, ceiling: int
+    step: LinearCurve,
+    prefill: float,
+    output_tokens: int,
+    rate_per_s: float,
+    ceiling: int,
+    *,
+    per_other_s: float = 0.0,
 ) -> tuple[float, float]:
     """Mean and p99 seconds of a whole request at ``rate_per_s`` (Poisson) on one replica.
 
@@ -126,8 +132,10 @@ def generative_latency_s(
     of those steps by its prefill's marginal cost (``prefill - fixed``). Poisson arrivals see
     the time average, so ``k`` and the arrivals during a request are both ``rate x W``
     (Little's law), solved for the mean ``W`` in closed form. p99: both counts at their
-    Poisson 99th percentile (the batch capped at ``ceiling``). Infinite when the replica
-    cannot carry the rate, or its seats would all be taken (requests then queue for them).
+    Poisson 99th percentile (the batch capped at ``ceiling``); each of those others costs
+    at least ``per_other_s`` when given (measured: what one other request alongside adds to
+    a whole request, beyond the engine's steps). Infinite when the replica cannot carry the
+    rate, or its seats would all be taken (requests then queue for them).
     """
     decode = max(0, output_tokens - 1)
     extra = max(0.0, prefill - step.fixed_s)
@@ -139,7 +147,8 @@ def generative_latency_s(
     if 1 + others > ceiling:
         return mean_s, math.inf
     tail = others + Z_P99 * math.sqrt(others)
-    p99_s = prefill + decode * step.at(min(float(ceiling), 1 + tail)) + extra * tail
+    engine = decode * (step.at(min(float(ceiling), 1 + tail)) - step.at(1)) + extra * tail
+    p99_s = prefill + decode * step.at(1) + max(engine, per_other_s * tail)
     return mean_s, max(mean_s, p99_s)
 
 

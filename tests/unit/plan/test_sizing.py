@@ -168,6 +168,17 @@ def test_generative_latency_grows_with_load_and_the_p99_sits_above_the_mean() ->
     assert figures[2][1] == pytest.approx(0.004 + 31 * step.at(1 + tail) + 0.003 * tail)
 
 
+def test_a_measured_overlap_sets_what_each_other_request_costs_the_p99() -> None:
+    step = LinearCurve(0.001, 0.0001)
+    mean_s, modelled = generative_latency_s(step, 0.004, 32, 40, 8)
+    same = generative_latency_s(step, 0.004, 32, 40, 8, per_other_s=0.0001)
+    assert same == (mean_s, modelled)  # below the engine's own cost per other: no change
+    _, measured = generative_latency_s(step, 0.004, 32, 40, 8, per_other_s=0.01)
+    tail = 40 * mean_s + Z_P99 * math.sqrt(40 * mean_s)
+    assert measured == pytest.approx(0.004 + 31 * step.at(1) + 0.01 * tail)
+    assert measured > modelled
+
+
 def test_generative_latency_is_unbounded_past_what_a_replica_carries() -> None:
     step = LinearCurve(0.001, 0.0001)
     assert generative_latency_s(step, 0.004, 32, 200, 8) == (math.inf, math.inf)
