@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -48,6 +49,9 @@ def create_gateway_app(
         await guards.start()
         await gateway.start()
         await jobs.start()
+        # As on `serve`: what start-up loaded lives as long as the process; frozen, full
+        # collections stop rescanning it and no longer stall the event loop under load.
+        gc.freeze()
         try:
             yield
         finally:
