@@ -174,30 +174,34 @@ _EXTRA_NAMES = {INPUT: b"x-ratelimit-remaining-input-tokens",
 def rate_limit_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
     """OpenAI's `x-ratelimit-*` headers; the tokens ones show the fuller-used token bucket.
 
-    Worked out from the decision's levels directly: every limited answer carries them.
+    Worked out from the decision's levels directly, flat: every limited answer carries them.
     """
     headers: list[tuple[bytes, bytes]] = []
-    tightest: tuple[float, int, int, float] | None = None  # (fraction left, cap, left, level)
     extras: list[tuple[bytes, bytes]] = []
+    tight_fraction, tight_cap, tight_left, tight_level = 2.0, 0, 0, 0.0
     for (name, cap, _), level in zip(decision.asks, decision.levels, strict=True):
-        remaining = int(level) if level > 0 else 0
+        left = int(level) if level > 0 else 0
         if name == REQUESTS:
-            headers += _triple(b"requests", cap, remaining, level)
-            continue
-        if tightest is None or remaining / cap < tightest[0]:
-            tightest = (remaining / cap, cap, remaining, level)
-        extras.append((_EXTRA_NAMES[name], b"%d" % remaining))  # both kinds, beyond OpenAI's
-    if tightest is not None:
-        headers += _triple(b"tokens", *tightest[1:])
-    return headers + extras
+            headers += _triple(_REQUEST_NAMES, cap, left, level)
+        else:
+            extras.append((_EXTRA_NAMES[name], b"%d" % left))  # both kinds, beyond OpenAI's
+            if left / cap < tight_fraction:
+                tight_fraction, tight_cap, tight_left, tight_level = left / cap, cap, left, level
+    if extras:
+        headers += _triple(_TOKEN_NAMES, tight_cap, tight_left, tight_level)
+        headers += extras
+    return headers
 
 
-_NAMES = {kind: (b"x-ratelimit-limit-" + kind, b"x-ratelimit-remaining-" + kind,
-                 b"x-ratelimit-reset-" + kind) for kind in (b"requests", b"tokens")}  # fmt: skip
+_REQUEST_NAMES = (b"x-ratelimit-limit-requests", b"x-ratelimit-remaining-requests",
+                  b"x-ratelimit-reset-requests")  # fmt: skip
+_TOKEN_NAMES = (b"x-ratelimit-limit-tokens", b"x-ratelimit-remaining-tokens",
+                b"x-ratelimit-reset-tokens")  # fmt: skip
 
 
-def _triple(kind: bytes, cap: int, remaining: int, level: float) -> list[tuple[bytes, bytes]]:
-    limit_name, remaining_name, reset_name = _NAMES[kind]
+def _triple(
+    names: tuple[bytes, bytes, bytes], cap: int, left: int, level: float
+) -> tuple[tuple[bytes, bytes], ...]:
     reset_s = (cap - level) * REFILL_WINDOW_S / cap if level < cap else 0.0
     reset = b"%dms" % math.ceil(reset_s * 1000) if reset_s < 1 else format_reset(reset_s).encode()
-    return [(limit_name, b"%d" % cap), (remaining_name, b"%d" % remaining), (reset_name, reset)]
+    return ((names[0], b"%d" % cap), (names[1], b"%d" % left), (names[2], reset))
