@@ -29,6 +29,13 @@ _LIMIT_NAMES = {REQUESTS: "rpm", INPUT: "input_tpm", OUTPUT: "output_tpm"}
 MAX_KEPT_LIMITS = 10_000  # (tenant, model) pairs whose limits are kept worked out
 
 
+class MustWait:
+    """`admit_at_once`'s answer when the limiter must be awaited."""
+
+
+MUST_WAIT = MustWait()
+
+
 @dataclass(slots=True)
 class Reservation:
     """What an admitted request took, to be settled when it ends."""
@@ -111,26 +118,52 @@ class RateLimitGate:
         """Reserve the request's buckets (None: no limit applies). Raises 400, 429 or 503."""
         return await self.admit_tokens(tenant, ask.model, ask.input_tokens, ask.output_tokens)
 
-    async def admit_tokens(
+    def admit_at_once(
         self, tenant: str, model: str, input_tokens: int, output_tokens: int
-    ) -> Reservation | None:
-        """`admit` without building a `TokenAsk` (the per-request path on `serve`)."""
+    ) -> Reservation | MustWait | None:
+        """`admit_tokens` without waiting, when the limiter can answer from memory (a local
+        share, the memory backend); `MUST_WAIT` when it cannot. Raises as `admit`."""
         limits, key = self._limits_of(tenant, model)
         asks = bucket_asks(limits, input_tokens, output_tokens)
         if not asks:
             return None
         check_fits(asks)
-        now_s = self._clock()
+        decision = self.limiter.take_now(key, asks, self._clock())
+        if decision is None:
+            return MUST_WAIT
+        return self._reserved(decision, key, tenant, model, limits, input_tokens, output_tokens)
+
+    async def admit_tokens(
+        self, tenant: str, model: str, input_tokens: int, output_tokens: int
+    ) -> Reservation | None:
+        """`admit` without building a `TokenAsk` (the per-request path on `serve`)."""
+        found = self.admit_at_once(tenant, model, input_tokens, output_tokens)
+        if not isinstance(found, MustWait):
+            return found
+        limits, key = self._limits_of(tenant, model)
+        asks = bucket_asks(limits, input_tokens, output_tokens)
         try:
-            decision = self.limiter.take_now(key, asks, now_s)
-            if decision is None:
-                decision = await self.limiter.take(key, asks, now_s)
+            decision: Decision | None = await self.limiter.take(key, asks, self._clock())
         except LimiterUnavailable:
             self.metrics.backend_errors.labels("admit").inc()
             log.warning("rate limit backend unreachable; %s", self._on_error)
             if self._on_error == "deny":
                 raise RateLimitBackendDown("the rate limit backend is unavailable") from None
             decision = None
+        return self._reserved(decision, key, tenant, model, limits, input_tokens, output_tokens)
+
+    def _reserved(
+        self,
+        decision: Decision | None,
+        key: str,
+        tenant: str,
+        model: str,
+        limits: ModelLimits,
+        input_tokens: int,
+        output_tokens: int,
+    ) -> Reservation:
+        """The reservation of an admitted request (None: allowed past a down backend), or
+        the 429 of a refused one."""
         if decision is not None and not decision.is_admitted:
             error = refusal(decision)
             limit = _LIMIT_NAMES[decision.refused_by or REQUESTS]

@@ -10,7 +10,7 @@ request a ticket; the service calls `admit` once the ids are in hand, before que
 
 from __future__ import annotations
 
-from conveyor.tenants.gate import RateLimitGate, Reservation, rate_limit_headers
+from conveyor.tenants.gate import MustWait, RateLimitGate, Reservation, rate_limit_headers
 
 
 class AdmissionTicket:
@@ -24,6 +24,17 @@ class AdmissionTicket:
         self.tenant = tenant
         self.reservation: Reservation | None = None
         self.is_settled = False
+
+    def admit_at_once(self, model: str, input_tokens: int, output_tokens: int) -> bool:
+        """Admit without waiting when the limiter can answer from memory (False: it must
+        be awaited: call `admit`). Raises as `admit`."""
+        if self.reservation is not None:
+            raise RuntimeError("a request is admitted once")
+        found = self.gate.admit_at_once(self.tenant, model, input_tokens, output_tokens)
+        if isinstance(found, MustWait):
+            return False
+        self.reservation = found
+        return True
 
     async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
         """Reserve the buckets (raises 400, 429 or 503 as `RateLimitGate.admit`)."""

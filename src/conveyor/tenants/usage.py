@@ -46,6 +46,10 @@ class UsageRecorder(Protocol):
 class Admission(Protocol):
     """A request's admission against its tenant's rate limits (see `tenants.ticket`)."""
 
+    def admit_at_once(self, model: str, input_tokens: int, output_tokens: int) -> bool:
+        """As `admit` when it needs no waiting (False: call `admit`)."""
+        ...
+
     async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
         """Reserve exact input tokens and an output reserve (raises 400, 429 or 503)."""
         ...
@@ -69,8 +73,11 @@ class Payer:
 
     async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
         """Admit against the rate limits, if any apply."""
-        if self.admission is not None:
-            await self.admission.admit(model, input_tokens, output_tokens)
+        admission = self.admission
+        if admission is not None and not admission.admit_at_once(
+            model, input_tokens, output_tokens
+        ):
+            await admission.admit(model, input_tokens, output_tokens)
 
 
 def cost_usd(model_s: float, gpu_hour_usd: float) -> float:
