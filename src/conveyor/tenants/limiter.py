@@ -1,11 +1,12 @@
 """Where token buckets live: one process's memory, or Redis shared by every gateway.
 
 Both backends take from several buckets at once or from none, and settle one bucket, with
-the arithmetic of `tenants.buckets`. Admission waits for the backend's answer; settlement
-never does (a request's end must not wait on the limiter): the memory backend settles at
-once, the Redis backend queues the settlement and sends it with the next admissions. A
-backend that cannot be reached raises `LimiterUnavailable` from `take`; what then happens
-(allow or deny) is the gate's rule.
+the arithmetic of `tenants.buckets`. An admission is answered at once when the buckets (or a
+local share of them, `tenants.limiter_shares`) are in memory (`take_now`), else it waits
+for the backend (`take`); settlement never waits (a request's end must not wait on the
+limiter): the memory backend settles at once, the Redis backend queues the settlement and
+sends it with the next admissions. A backend that cannot be reached raises
+`LimiterUnavailable` from `take`; what then happens (allow or deny) is the gate's rule.
 """
 
 from __future__ import annotations
