@@ -397,7 +397,7 @@ class TenantMetrics:
         self.rate_limited = Counter(
             "conveyor_rate_limited_total",
             "Requests refused (429) by a tenant rate limit, by limit (rpm|input_tpm|output_tpm); "
-            "monthly budget refusals are not counted here",
+            "monthly budget refusals are conveyor_budget_refusals_total",
             ["tenant", "model", "limit"], registry=reg,
         )  # fmt: skip
         self.backend_errors = Counter(

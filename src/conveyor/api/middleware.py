@@ -13,7 +13,7 @@ from starlette.types import ASGIApp
 
 from conveyor.api.auth import ApiKeyMiddleware, static_principals
 from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
-from conveyor.api.budget import BudgetMiddleware
+from conveyor.api.budget import BudgetMiddleware, budget_refusals_counter
 from conveyor.api.edge import Dispatch, Edge, EdgeApp, Shortcut
 from conveyor.api.rate_limit import RateLimitMiddleware
 from conveyor.config import ServerConfig
@@ -103,13 +103,14 @@ def install_middleware(
     app.state.guards = guards
     provider = tracer_provider or build_provider(config.tracing, service_name)
     has_budgets = with_rate_limits and bool(config.tenancy.budgets_usd)
+    refusals = budget_refusals_counter(registry or CollectorRegistry()) if has_budgets else None
 
     def edge(full: ASGIApp) -> ASGIApp:
         inner: ASGIApp = Dispatch(full, shortcut)
         if gate is not None:
             inner = RateLimitMiddleware(inner, gate=gate, counts_tokens=counts_tokens)
-        if has_budgets:
-            inner = BudgetMiddleware(inner)  # outside the limiter: a refusal spends no tokens
+        if has_budgets:  # outside the limiter: a refusal spends no tokens
+            inner = BudgetMiddleware(inner, refusals=refusals)
         inner = BodyLimitMiddleware(
             inner, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
         )

@@ -58,6 +58,9 @@ async def test_a_tenant_over_its_budget_gets_insufficient_quota(app: FastAPI) ->
         served = await client.post("/v1/embeddings", json=body, headers=auth("b"))
         assert served.status_code == 200, served.text
         assert (await client.get("/v1/models", headers=auth("a"))).status_code == 200
+        metrics = (await client.get("/metrics", headers=auth("a"))).text
+        assert 'conveyor_budget_refusals_total{tenant="a"} 1.0' in metrics
+        assert 'conveyor_budget_refusals_total{tenant="b"}' not in metrics
 
 
 async def test_a_gateway_refuses_a_tenant_over_its_budget(tmp_path: Path) -> None:
