@@ -6,7 +6,8 @@ and passes the body on. `serve` counts exactly: the middleware only puts an
 `AdmissionTicket` in the request's state, and the service admits it once the request is
 tokenized (the route hands it over in the payer), so the body is neither read nor parsed here.
 
-Either way the answer gets OpenAI's `x-ratelimit-*` headers, and the request is settled
+Either way the answer gets OpenAI's `x-ratelimit-*` headers (through the edge's
+per-request hook: this middleware runs behind the edge), and the request is settled
 when the answer ends: on `serve` by the service's billing (exact), else from the `usage`
 the model reports (JSON bodies and streams that ask for usage), a stream at the chunks it
 sent, a failed request at nothing. A cancelled or disconnected request settles at what it
@@ -16,7 +17,6 @@ produced too (in a `finally`). Settling never waits on the limiter.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -24,9 +24,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.api.errors import error_response
 from conveyor.errors import ConveyorError
-from conveyor.observability.context import current_request
+from conveyor.observability.context import RequestContext, current_request
 from conveyor.tenants.estimate import LIMITED_PATHS, parse_ask
-from conveyor.tenants.gate import RateLimitGate, Reservation, rate_limit_headers
+from conveyor.tenants.gate import RateLimitGate, Reservation, reservation_headers
 from conveyor.tenants.ticket import AdmissionTicket
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
@@ -129,11 +129,7 @@ class RateLimitMiddleware:
         tenant = state.get("tenant", "default")
         if self.counts_tokens:
             ticket = state[TICKET_KEY] = AdmissionTicket(self.gate, tenant)
-            context = current_request()
-            if context is None:  # no edge in front: headers and settlement from the answer
-                await self._with_ticket(scope, receive, send, ticket)
-                return
-            context.response_headers = ticket.headers
+            edge_context().response_headers = ticket.headers
             try:
                 await self.app(scope, receive, send)
             finally:
@@ -143,18 +139,6 @@ class RateLimitMiddleware:
                 ticket.settle(0, 0)
         else:
             await self._at_door(scope, receive, send, tenant)
-
-    async def _with_ticket(
-        self, scope: Scope, receive: Receive, send: Send, ticket: AdmissionTicket
-    ) -> None:
-        """The app admits the ticket once it has counted the tokens and settles it when it
-        bills; what it did not settle (a failure, a cancel) is settled from the answer."""
-
-        def finish(meter: UsageMeter) -> None:
-            if ticket.reservation is not None and not ticket.is_settled:
-                ticket.settle(*meter.used(ticket.reservation))
-
-        await self._run(scope, receive, send, lambda: ticket.reservation, finish)
 
     async def _at_door(self, scope: Scope, receive: Receive, send: Send, tenant: str) -> None:
         """Admit on the body's estimated tokens before the app; settle from the answer."""
@@ -171,46 +155,26 @@ class RateLimitMiddleware:
         if res is None:
             await self.app(scope, replay, send)
             return
-        admitted = res  # bound for the closures' sake
-
-        def finish(meter: UsageMeter) -> None:
-            self.gate.settle(admitted, *meter.used(admitted))
-
-        await self._run(scope, replay, send, lambda: admitted, finish)
-
-    async def _run(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        reservation: Callable[[], Reservation | None],
-        finish: Callable[[UsageMeter], None],
-    ) -> None:
-        """Call the app with headers added; `finish` settles however it ends.
-
-        The headers go through the edge's hook when there is one (no copy of the message)."""
+        edge_context().response_headers = lambda: reservation_headers(res)
         meter = UsageMeter()
-
-        def headers() -> list[tuple[bytes, bytes]]:
-            res = reservation()
-            if res is None or res.decision is None:
-                return []
-            return rate_limit_headers(res.decision)
-
-        context = current_request()
-        if context is not None:
-            context.response_headers = headers
 
         async def metered(message: Message) -> None:
             if message["type"] == "http.response.start":
                 meter.on_start(message)
-                if context is None:
-                    message = {**message, "headers": [*message.get("headers", []), *headers()]}
             elif message["type"] == "http.response.body":
                 meter.on_body(message.get("body", b""))
             await send(message)
 
         try:
-            await self.app(scope, receive, metered)
+            await self.app(scope, replay, metered)
         finally:
-            finish(meter)
+            self.gate.settle(res, *meter.used(res))
+
+
+def edge_context() -> RequestContext:
+    """The request's context, which the edge (outside this middleware) set: its
+    `response_headers` hook is how the rate-limit headers reach every answer."""
+    context = current_request()
+    if context is None:
+        raise RuntimeError("the rate-limit middleware must run behind the edge (api.edge.Edge)")
+    return context

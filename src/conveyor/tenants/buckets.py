@@ -85,10 +85,14 @@ def seconds_until(level: float, amount: int, capacity: int) -> float:
     return max(0.0, (amount - level) / refill_per_s(capacity))
 
 
+def remaining_at(level: float) -> int:
+    """Whole tokens a bucket at `level` holds, as the headers say (a debt shows as 0)."""
+    return math.floor(level) if level > 0 else 0
+
+
 def view(name: str, level: float, capacity: int) -> BucketView:
     """The headers' view of a bucket at `level`."""
-    remaining = math.floor(level) if level > 0 else 0
-    return BucketView(name, capacity, remaining, seconds_until(level, capacity, capacity))
+    return BucketView(name, capacity, remaining_at(level), seconds_until(level, capacity, capacity))
 
 
 def take(
@@ -100,25 +104,14 @@ def take(
 
     `states` is updated in place on admission. Refused, `retry_after_s` is the wait until
     every bucket holds its amount, and `refused_by` the bucket that waits longest.
-    Written flat on purpose: every admission runs it.
     """
     levels: list[float] = []
     wait_s, refused_by = 0.0, None
     for name, cap, amount in specs:
-        state = states.get(name)
-        if state is None:
-            level = float(cap)
-        else:
-            elapsed_s = now_s - state.updated_at_s
-            level = state.level
-            if elapsed_s > 0:
-                level += elapsed_s * cap / REFILL_WINDOW_S
-            if level > cap:
-                level = float(cap)
-        if amount > level:
-            wait = (amount - level) * REFILL_WINDOW_S / cap
-            if wait > wait_s:
-                wait_s, refused_by = wait, name
+        level = level_at(states.get(name), cap, now_s)
+        wait = seconds_until(level, amount, cap)
+        if wait > wait_s:
+            wait_s, refused_by = wait, name
         levels.append(level)
     if refused_by is None:
         for i, (name, _, amount) in enumerate(specs):
@@ -126,7 +119,7 @@ def take(
             state = states.get(name)
             if state is None:
                 states[name] = BucketState(levels[i], now_s)
-            else:
+            else:  # in place: no new object on the admission path
                 state.level, state.updated_at_s = levels[i], now_s
     return Decision(refused_by is None, wait_s, specs, levels, refused_by)
 

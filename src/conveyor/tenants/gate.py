@@ -17,7 +17,7 @@ from typing import Literal
 
 from conveyor.errors import RateLimitBackendDown, RateLimited, TokensExceedLimit
 from conveyor.metrics import TenantMetrics
-from conveyor.tenants.buckets import REFILL_WINDOW_S, Decision
+from conveyor.tenants.buckets import Decision, remaining_at, seconds_until
 from conveyor.tenants.config import ModelLimits, TenancyConfig
 from conveyor.tenants.estimate import TokenAsk
 from conveyor.tenants.limiter import BucketAsk, LimiterUnavailable, RateLimiter
@@ -75,7 +75,7 @@ def check_fits(asks: list[BucketAsk]) -> None:
 def refusal(decision: Decision) -> RateLimited:
     """The 429 for a refused admission, naming the limit."""
     name = decision.refused_by or REQUESTS
-    limit = next(v.capacity for v in decision.views if v.name == name)
+    limit = next(cap for bucket, cap, _ in decision.asks if bucket == name)
     wait_s = max(1, math.ceil(decision.retry_after_s))
     return RateLimited(
         f"rate limit reached: {_LIMIT_NAMES[name]} {limit}; retry in {wait_s} s",
@@ -207,23 +207,31 @@ _EXTRA_NAMES = {INPUT: b"x-ratelimit-remaining-input-tokens",
 def rate_limit_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
     """OpenAI's `x-ratelimit-*` headers; the tokens ones show the fuller-used token bucket.
 
-    Worked out from the decision's levels directly, flat: every limited answer carries them.
+    Worked out from the decision's levels in one pass (the same figures as its `views`,
+    without building them): every limited answer carries these.
     """
     headers: list[tuple[bytes, bytes]] = []
     extras: list[tuple[bytes, bytes]] = []
-    tight_fraction, tight_cap, tight_left, tight_level = 2.0, 0, 0, 0.0
+    tight_fraction, tight_cap, tight_level = 2.0, 0, 0.0
     for (name, cap, _), level in zip(decision.asks, decision.levels, strict=True):
-        left = int(level) if level > 0 else 0
         if name == REQUESTS:
-            headers += _triple(_REQUEST_NAMES, cap, left, level)
+            headers += _triple(_REQUEST_NAMES, cap, level)
         else:
+            left = remaining_at(level)
             extras.append((_EXTRA_NAMES[name], b"%d" % left))  # both kinds, beyond OpenAI's
             if left / cap < tight_fraction:
-                tight_fraction, tight_cap, tight_left, tight_level = left / cap, cap, left, level
+                tight_fraction, tight_cap, tight_level = left / cap, cap, level
     if extras:
-        headers += _triple(_TOKEN_NAMES, tight_cap, tight_left, tight_level)
+        headers += _triple(_TOKEN_NAMES, tight_cap, tight_level)
         headers += extras
     return headers
+
+
+def reservation_headers(res: Reservation | None) -> list[tuple[bytes, bytes]]:
+    """The headers of an answer admitted with `res` (none without one or its decision)."""
+    if res is None or res.decision is None:
+        return []
+    return rate_limit_headers(res.decision)
 
 
 _REQUEST_NAMES = (b"x-ratelimit-limit-requests", b"x-ratelimit-remaining-requests",
@@ -233,8 +241,8 @@ _TOKEN_NAMES = (b"x-ratelimit-limit-tokens", b"x-ratelimit-remaining-tokens",
 
 
 def _triple(
-    names: tuple[bytes, bytes, bytes], cap: int, left: int, level: float
+    names: tuple[bytes, bytes, bytes], cap: int, level: float
 ) -> tuple[tuple[bytes, bytes], ...]:
-    reset_s = (cap - level) * REFILL_WINDOW_S / cap if level < cap else 0.0
+    reset_s = seconds_until(level, cap, cap)
     reset = b"%dms" % math.ceil(reset_s * 1000) if reset_s < 1 else format_reset(reset_s).encode()
-    return ((names[0], b"%d" % cap), (names[1], b"%d" % left), (names[2], reset))
+    return ((names[0], b"%d" % cap), (names[1], b"%d" % remaining_at(level)), (names[2], reset))

@@ -64,13 +64,13 @@ class MemoryRateLimiter:
         """No bucket yet (a new bucket is full)."""
         self._buckets: dict[str, dict[str, BucketState]] = {}
 
-    def take_now(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision | None:
-        """Always at once: the buckets are here."""
+    def take_now(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision:
+        """Take every amount or none, always at once: the buckets are here."""
         return take(self._buckets.setdefault(key, {}), asks, now_s)
 
     async def take(self, key: str, asks: Sequence[BucketAsk], now_s: float) -> Decision:
-        """Take every amount or none."""
-        return take(self._buckets.setdefault(key, {}), asks, now_s)
+        """As `take_now`."""
+        return self.take_now(key, asks, now_s)
 
     async def take_shares(
         self, key: str, asks: Sequence[BucketAsk], now_s: float, shares: Sequence[int]

@@ -28,9 +28,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from conveyor.tenants.buckets import REFILL_WINDOW_S, Decision
+from conveyor.tenants.buckets import Decision, refill_per_s
 from conveyor.tenants.limiter import BucketAsk, LimiterUnavailable, ShareSource
 
 log = logging.getLogger(__name__)
@@ -43,17 +43,20 @@ IDLE_RETURN_S = 1.0  # an unused share goes back after this long
 
 @dataclass(slots=True)
 class Share:
-    """What this process may admit by itself on one key, bucket by bucket (ask order)."""
+    """What this process may admit by itself on one key, bucket by bucket (ask order).
+
+    Every amount here is whole tokens: grants, amounts and settlement deltas all are.
+    """
 
     names: tuple[str, ...]
     capacities: tuple[int, ...]
-    allowance: list[float]
+    allowance: list[int]
     remote_levels: list[float]  # the buckets in Redis after this process's last call
     remote_at_s: float
-    targets: list[int] = field(default_factory=list)  # the shares last asked for and granted
-    demand: list[float] = field(default_factory=list)  # taken since `demand_since_s`
-    demand_since_s: float = 0.0
-    used_at_s: float = 0.0
+    targets: list[int]  # the shares last granted: renew when under half of them
+    demand: list[int]  # taken here since `demand_since_s`
+    demand_since_s: float
+    used_at_s: float
     is_renewing: bool = False
     is_in_debt: bool = False  # a debt went to Redis: admit there until it has been seen
 
@@ -66,15 +69,14 @@ class Share:
         for i, (_, _, amount) in enumerate(asks):
             if amount > allowance[i]:
                 return None
-        elapsed_s = now_s - self.remote_at_s if now_s > self.remote_at_s else 0.0
+        elapsed_s = max(0.0, now_s - self.remote_at_s)
         levels: list[float] = []
         demand, remote = self.demand, self.remote_levels
         for i, (_, cap, amount) in enumerate(asks):
-            left = allowance[i] - amount
-            allowance[i] = left
+            allowance[i] -= amount
             demand[i] += amount
-            level = remote[i] + elapsed_s * cap / REFILL_WINDOW_S + left
-            levels.append(level if level < cap else float(cap))
+            level = remote[i] + elapsed_s * refill_per_s(cap) + allowance[i]
+            levels.append(min(float(cap), level))
         self.used_at_s = now_s
         return Decision(True, 0.0, asks, levels)
 
@@ -96,12 +98,13 @@ class Share:
 
     def refresh(self, decision: Decision, grants: Sequence[int], now_s: float) -> None:
         """A call to Redis answered: its levels, the shares granted, a new demand window."""
+        n = len(self.names)
         self.remote_levels = list(decision.levels)
         self.remote_at_s = now_s
-        self.targets = list(grants) if grants else [0] * len(self.names)
+        self.targets = list(grants) if grants else [0] * n
         for i, granted in enumerate(grants):
             self.allowance[i] += granted
-        self.demand = [0.0] * len(self.names)
+        self.demand = [0] * n
         self.demand_since_s = now_s
         self.is_in_debt = False
 
@@ -112,18 +115,28 @@ class Share:
             for level, a, cap in zip(decision.levels, self.allowance, self.capacities, strict=True)
         ]
 
+    def settle(self, i: int, delta: int) -> int:
+        """Put a settlement into bucket `i`'s share, up to what a share may hold; returns
+        what it cannot hold (for Redis: a refund beyond that, or a debt beyond it)."""
+        held = self.allowance[i] + delta
+        kept = min(max(held, 0), max(1, self.capacities[i] // MAX_SHARE_DIVISOR))
+        self.allowance[i] = kept
+        if held < kept:
+            self.is_in_debt = True
+        return held - kept
 
-def new_share(asks: Sequence[BucketAsk], decision: Decision, now_s: float) -> Share:
-    """An empty share for a key whose first admission Redis just answered."""
+
+def new_share(asks: Sequence[BucketAsk], now_s: float) -> Share:
+    """An empty share for a key (its first call to Redis fills it in with `refresh`)."""
     n = len(asks)
     return Share(
         names=tuple(name for name, _, _ in asks),
         capacities=tuple(cap for _, cap, _ in asks),
-        allowance=[0.0] * n,
-        remote_levels=list(decision.levels),
+        allowance=[0] * n,
+        remote_levels=[0.0] * n,
         remote_at_s=now_s,
         targets=[0] * n,
-        demand=[float(amount) for _, _, amount in asks],
+        demand=[0] * n,
         demand_since_s=now_s,
         used_at_s=now_s,
     )
@@ -169,8 +182,8 @@ class SharedRateLimiter:
         if not decision.is_admitted:
             return decision
         share = self._shares.get(key)
-        if share is None or len(share.names) != len(asks):
-            share = self._shares[key] = new_share(asks, decision, now_s)
+        if share is None:
+            share = self._shares[key] = new_share(asks, now_s)
             self._start_sweeper()
         share.refresh(decision, grants, now_s)
         share.used_at_s = now_s
@@ -179,18 +192,17 @@ class SharedRateLimiter:
     def _renew(self, key: str, share: Share, asks: Sequence[BucketAsk], now_s: float) -> None:
         """Draw the next share in the background (nothing is admitted by it)."""
         share.is_renewing = True
-        wanted = share.wanted([(name, cap, 0) for name, cap, _ in asks], now_s)
-        renewal = self._renewal(key, share, asks, wanted, now_s)
+        nothing = [(name, cap, 0) for name, cap, _ in asks]
+        renewal = self._renewal(key, share, nothing, share.wanted(nothing, now_s), now_s)
         task = asyncio.get_running_loop().create_task(renewal)
         self._renewals.add(task)
         task.add_done_callback(self._renewals.discard)
 
     async def _renewal(
-        self, key: str, share: Share, asks: Sequence[BucketAsk], wanted: list[int], now_s: float
+        self, key: str, share: Share, nothing: Sequence[BucketAsk], wanted: list[int], now_s: float
     ) -> None:
-        zero = [(name, cap, 0) for name, cap, _ in asks]
         try:
-            decision, grants = await self.remote.take_shares(key, zero, now_s, wanted)
+            decision, grants = await self.remote.take_shares(key, nothing, now_s, wanted)
         except LimiterUnavailable:
             log.debug("rate limit share renewal failed; admissions go to Redis")
             return
@@ -199,24 +211,16 @@ class SharedRateLimiter:
         if self._shares.get(key) is share:
             share.refresh(decision, grants, now_s)
         else:  # given back meanwhile: so is this
-            self._give_back(key, share.names, share.capacities, grants, now_s)
+            self._give_back(key, share, grants, now_s)
 
     def settle(self, key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
         """Into the key's share while it exists (a refund is reusable here at once); what
         the share cannot hold, or every delta without a share, goes to Redis."""
         share = self._shares.get(key)
-        if share is None or name not in share.names:
+        if share is not None and name in share.names:
+            delta = share.settle(share.names.index(name), delta)
+        if delta != 0:
             self.remote.settle(key, name, capacity, delta, now_s)
-            return
-        i = share.names.index(name)
-        held = share.allowance[i] + delta
-        most = max(1, capacity // MAX_SHARE_DIVISOR)
-        kept = min(max(held, 0.0), float(most))
-        share.allowance[i] = kept
-        rest = round(held - kept)
-        if rest != 0:
-            share.is_in_debt = share.is_in_debt or rest < 0
-            self.remote.settle(key, name, capacity, rest, now_s)
 
     def _start_sweeper(self) -> None:
         if self._sweeper is None:
@@ -230,22 +234,15 @@ class SharedRateLimiter:
         for key, share in list(self._shares.items()):
             if now_s - share.used_at_s >= self._idle_return_s and not share.is_renewing:
                 del self._shares[key]
-                self._give_back(key, share.names, share.capacities, share.allowance, now_s)
+                self._give_back(key, share, share.allowance, now_s)
         if self._shares:
             self._start_sweeper()
 
-    def _give_back(
-        self,
-        key: str,
-        names: Sequence[str],
-        capacities: Sequence[int],
-        amounts: Sequence[float],
-        now_s: float,
-    ) -> None:
-        for name, cap, amount in zip(names, capacities, amounts, strict=True):
-            whole = int(amount)
-            if whole > 0:
-                self.remote.settle(key, name, cap, whole, now_s)
+    def _give_back(self, key: str, share: Share, amounts: Sequence[int], now_s: float) -> None:
+        """Return `amounts` (per bucket of `share`) to Redis."""
+        for name, cap, amount in zip(share.names, share.capacities, amounts, strict=True):
+            if amount > 0:
+                self.remote.settle(key, name, cap, amount, now_s)
 
     async def close(self) -> None:
         """Give every share back, then send what is queued and close Redis."""
@@ -256,6 +253,6 @@ class SharedRateLimiter:
             await asyncio.gather(*self._renewals, return_exceptions=True)
         now_s = self._clock()
         for key, share in self._shares.items():
-            self._give_back(key, share.names, share.capacities, share.allowance, now_s)
+            self._give_back(key, share, share.allowance, now_s)
         self._shares.clear()
         await self.remote.close()

@@ -10,7 +10,7 @@ request a ticket; the service calls `admit` once the ids are in hand, before que
 
 from __future__ import annotations
 
-from conveyor.tenants.gate import MustWait, RateLimitGate, Reservation, rate_limit_headers
+from conveyor.tenants.gate import MustWait, RateLimitGate, Reservation, reservation_headers
 
 
 class AdmissionTicket:
@@ -53,7 +53,4 @@ class AdmissionTicket:
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """The answer's `x-ratelimit-*` headers (none before admission or without a decision)."""
-        res = self.reservation
-        if res is None or res.decision is None:
-            return []
-        return rate_limit_headers(res.decision)
+        return reservation_headers(self.reservation)

@@ -7,9 +7,10 @@ from collections.abc import Callable
 import httpx
 import orjson
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 from starlette.types import Receive, Scope, Send
 
+from conveyor.api.edge import Edge
 from conveyor.api.middleware import build_limiter
 from conveyor.api.rate_limit import RateLimitMiddleware
 from conveyor.metrics import TenantMetrics
@@ -41,8 +42,11 @@ def usage_app(completion_tokens: int) -> Callable[[Scope, Receive, Send], object
 def client(completion_tokens: int = 5) -> httpx.AsyncClient:
     config = TenancyConfig.model_validate({"default_tenant_limits": LIMITS})
     gate = RateLimitGate(config, MemoryRateLimiter(), TenantMetrics(CollectorRegistry()))
-    app = RateLimitMiddleware(usage_app(completion_tokens), gate)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")  # type: ignore[arg-type]
+    requests = Counter("requests", "HTTP requests", ["method", "route", "status"],
+                       registry=CollectorRegistry())  # fmt: skip
+    # Behind the edge, as every app installs it: the headers go through its hook.
+    app = Edge(RateLimitMiddleware(usage_app(completion_tokens), gate), counter=requests)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
 
 
 def chat(max_tokens: int) -> dict[str, object]:
@@ -96,3 +100,13 @@ async def test_the_redis_backend_admits_through_local_shares_unless_turned_off()
     assert isinstance(build_limiter(RateLimitsConfig(), metrics), MemoryRateLimiter)
     for limiter in (shared, plain):
         await limiter.close()
+
+
+async def test_without_the_edge_in_front_it_fails_loudly_instead_of_dropping_headers() -> None:
+    config = TenancyConfig.model_validate({"default_tenant_limits": LIMITS})
+    gate = RateLimitGate(config, MemoryRateLimiter(), TenantMetrics(CollectorRegistry()))
+    bare = RateLimitMiddleware(usage_app(5), gate)
+    transport = httpx.ASGITransport(app=bare, raise_app_exceptions=True)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        with pytest.raises(RuntimeError, match="behind the edge"):
+            await http.post("/v1/chat/completions", json=chat(5))
