@@ -177,7 +177,7 @@ async def solo_times(probe: Probe, prompt_tokens: int, output_tokens: int) -> So
     return SoloTimes(caller_s, engine_s / max(1.0, num))
 
 
-async def overlap_s(
+async def overlap_cost_s(
     probe: Probe, prompt_tokens: int, output_tokens: int, solo_mean_s: float
 ) -> float:
     """What one other request running alongside adds to a caller's time (median of pairs).
@@ -205,7 +205,9 @@ async def calibrate_generative(
 ) -> GenerativeCalibration:
     """Mean time per output token at 1, 2, 4... running sequences; prefill at one."""
     solo = await solo_times(probe, prompt_tokens, output_tokens)
-    overlap = await overlap_s(probe, prompt_tokens, output_tokens, statistics.fmean(solo.caller_s))
+    overlap = await overlap_cost_s(
+        probe, prompt_tokens, output_tokens, statistics.fmean(solo.caller_s)
+    )
     points: list[tuple[float, float]] = []
     ttfts: list[float] = []
     size = 1

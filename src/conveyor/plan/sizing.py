@@ -134,8 +134,8 @@ def generative_latency_s(
     (Little's law), solved for the mean ``W`` in closed form. p99: both counts at their
     Poisson 99th percentile (the batch capped at ``ceiling``); each of those others costs
     at least ``per_other_s`` when given (measured: what one other request alongside adds to
-    a whole request, beyond the engine's steps). Infinite when the replica cannot carry the
-    rate, or its seats would all be taken (requests then queue for them).
+    a whole request, its engine steps and the work around them). Infinite when the replica
+    cannot carry the rate, or its seats would all be taken (requests then queue for them).
     """
     decode = max(0, output_tokens - 1)
     extra = max(0.0, prefill - step.fixed_s)
