@@ -11,7 +11,9 @@ Two contenders of each kind run side by side on this machine, alternating round 
 Closed-loop requests/s per contender (median of the counted rounds); the cost is
 ``1 - on / off``, against the issue's goal of at most 10 %. The server process's CPU per
 answered request is recorded too (``cpu_cost = on / off - 1``): on a busy machine it is
-the steadier figure.
+the steadier figure. So are the Redis script calls per answered request: with local shares a
+busy process calls Redis a few times a second, not once a request (Redis serves nothing else
+during a quiet-machine run).
 
 Needs PostgreSQL (as ``bench.fleet``) and Redis on 127.0.0.1:6379.
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 
 from bench.common import (
@@ -152,16 +155,31 @@ def alternate(opts: Options, procs: dict[str, ServerProcess], bodies: Path) -> d
     return {"runs": runs, "summary": summarize(runs)}
 
 
+def redis_script_calls() -> int:
+    """Lua script calls Redis has served since it started (EVAL and EVALSHA)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    calls = (stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("eval", "evalsha"))
+    return sum(int(n) for n in calls)
+
+
 def timed_run(spec: LoadSpec, proc: ServerProcess, bodies: Path) -> dict[str, Any]:
-    """One load run, with the CPU the server process spent per answered request.
+    """One load run, with the CPU the server process spent per answered request and the
+    Redis script calls per answered request (the limiter's round trips; 0 with limits off).
 
     On a machine shared with other work, CPU per request holds steadier than requests/s.
     """
-    before = process_ticks(proc.pid) or 0
+    before, calls_before = process_ticks(proc.pid) or 0, redis_script_calls()
     result = run_load_process(spec, proc.port, bodies)
     spent_s = ((process_ticks(proc.pid) or 0) - before) / CLOCK_TICKS_PER_S
-    return {**result.to_dict(), "server_cpu_us_per_request": round(
-        spent_s * 1e6 / max(1, result.num_ok), 1)}  # fmt: skip
+    num_ok = max(1, result.num_ok)
+    return {**result.to_dict(),
+            "server_cpu_us_per_request": round(spent_s * 1e6 / num_ok, 1),
+            "redis_script_calls_per_request": round(
+                (redis_script_calls() - calls_before) / num_ok, 4)}  # fmt: skip
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -172,9 +190,12 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     cpu = {m: round(statistics.median(r["server_cpu_us_per_request"] for r in runs[m]), 1)
            for m in MODES}  # fmt: skip
     cpu_cost = round(cpu["on"] / cpu["off"] - 1, 4) if cpu["off"] else 0.0
+    calls = {m: statistics.median(r["redis_script_calls_per_request"] for r in runs[m])
+             for m in MODES}  # fmt: skip
     errors = {m: sum(r["num_errors"] for r in runs[m]) for m in MODES}
     return {"throughput_per_s": tput, "cost": cost, "num_errors": errors,
             "server_cpu_us_per_request": cpu, "cpu_cost": cpu_cost,
+            "redis_script_calls_per_request": calls,
             "cost_goal": COST_GOAL, "cost_passed": cost <= COST_GOAL}  # fmt: skip
 
 

@@ -28,6 +28,9 @@ def test_smoke_reports_serve_and_gateway_with_limits_on_and_off(tmp_path: Path) 
         assert summary["num_errors"] == {"off": 0, "on": 0}
         assert all(v > 0 for v in summary["server_cpu_us_per_request"].values()), summary
         assert isinstance(summary["cost_passed"], bool)
+        # Local shares: a few Redis round trips a second, not one per admission or batch of
+        # admissions (without shares this smoke run measures 0.16-0.3 a request).
+        assert 0 < summary["redis_script_calls_per_request"]["on"] < 0.05, summary
 
 
 def test_smoke_options_are_short(tmp_path: Path) -> None:
