@@ -129,3 +129,17 @@ def test_headers_follow_openai_names_and_duration_style() -> None:
     decision = Decision(True, 0.0, (), ())
     assert rate_limit_headers(decision) == []
     assert [format_reset(s) for s in (0.25, 1.5, 6.0, 360.0)] == ["250ms", "1.5s", "6s", "6m0s"]
+
+
+def test_headers_say_what_the_decision_s_views_say() -> None:
+    asks = [("requests", 60, 1), ("input_tokens", 600, 500), ("output_tokens", 100, 10)]
+    decision = Decision(True, 0.0, asks, [59.0, 99.5, -3.0])
+    headers = {k.decode(): v.decode() for k, v in rate_limit_headers(decision)}
+    views = {v.name: v for v in decision.views}
+    assert headers["x-ratelimit-remaining-requests"] == str(views["requests"].remaining)
+    assert headers["x-ratelimit-reset-requests"] == format_reset(views["requests"].reset_s)
+    assert headers["x-ratelimit-remaining-input-tokens"] == str(views["input_tokens"].remaining)
+    # The tokens triple shows the fuller-used bucket: output, in debt, shows 0 left.
+    assert headers["x-ratelimit-limit-tokens"] == "100"
+    assert headers["x-ratelimit-remaining-tokens"] == "0" == str(views["output_tokens"].remaining)
+    assert headers["x-ratelimit-reset-tokens"] == format_reset(views["output_tokens"].reset_s)
