@@ -59,6 +59,8 @@ from bench.prefix_traffic import SessionScript, TurnResult, run_sessions, sessio
 
 MODEL = "llama"
 MODES = ("load_only", "prefix")
+# Worker heartbeats every 0.2 s and gateway refreshes every 0.1 s (below), with room.
+SMOKE_THINK_S = 0.5
 # Tiny-Llama's layout, wider: a 500-token prefill takes tens of ms on one core, so the
 # prefix cache's savings show in TTFT, and 160 turns still fit in minutes on 2 cores.
 MODEL_SHAPE = {
@@ -80,6 +82,7 @@ class Options:
     load_bound: int
     repeats: int
     seed: int
+    think_s: float = 0.0  # a session's pause before each follow-up turn
 
 
 def parse_options(argv: Sequence[str] | None = None) -> Options:
@@ -94,12 +97,18 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--load-bound", type=int, default=4, help="gateway affinity bound")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each mode, alternating")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--think-s", type=float, default=0.0, help="pause before each follow-up turn"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.sessions, args.turns, args.max_tokens, args.repeats = 4, 3, 4, 1
+        # Short turns finish within one heartbeat: without a pause the gateway may not yet
+        # know which worker holds a session's blocks, and nothing is routed by prefix.
+        args.think_s = max(args.think_s, SMOKE_THINK_S)
     return Options(
         args.out, args.smoke, args.sessions, args.turns, args.workers, args.max_tokens,
-        args.load_bound, args.repeats, args.seed,
+        args.load_bound, args.repeats, args.seed, args.think_s,
     )  # fmt: skip
 
 
@@ -278,7 +287,8 @@ def run_mode(
         before = {n: worker_counters(p) for n, p in fleet.workers.items()}
         started = time.monotonic()
         with GapSampler(gateway) as sampler:
-            results = asyncio.run(run_sessions(gateway.port, MODEL, scripts, opts.max_tokens))
+            traffic = run_sessions(gateway.port, MODEL, scripts, opts.max_tokens, opts.think_s)
+            results = asyncio.run(traffic)
         elapsed_s = time.monotonic() - started
         time.sleep(0.3)  # the last requests' counters
         after = {n: worker_counters(p) for n, p in fleet.workers.items()}

@@ -86,12 +86,16 @@ async def _turn(
 
 
 async def _session(
-    client: httpx.AsyncClient, url: str, model: str, script: SessionScript, max_tokens: int
-) -> list[TurnResult]:
-    """Every turn of one session, in order, each carrying the conversation so far."""
+    client: httpx.AsyncClient, url: str, model: str, script: SessionScript, max_tokens: int,
+    think_s: float,
+) -> list[TurnResult]:  # fmt: skip
+    """Every turn of one session, in order, each carrying the conversation so far (after
+    `think_s` of pause before each follow-up)."""
     messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM_PROMPT}]
     results = []
     for turn, text in enumerate(script.user_messages):
+        if turn > 0 and think_s > 0:
+            await asyncio.sleep(think_s)
         messages.append({"role": "user", "content": text})
         body = {
             "model": model, "messages": messages, "max_tokens": max_tokens,
@@ -107,7 +111,7 @@ async def _session(
 
 
 async def run_sessions(
-    port: int, model: str, scripts: list[SessionScript], max_tokens: int
+    port: int, model: str, scripts: list[SessionScript], max_tokens: int, think_s: float = 0.0
 ) -> list[TurnResult]:
     """All sessions concurrently through the gateway on ``port``; every turn's result."""
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -116,7 +120,7 @@ async def run_sessions(
 
         async def staggered(index: int, script: SessionScript) -> list[TurnResult]:
             await asyncio.sleep(index * _STAGGER_S)
-            return await _session(client, url, model, script, max_tokens)
+            return await _session(client, url, model, script, max_tokens, think_s)
 
         per_session = await asyncio.gather(
             *(staggered(i, script) for i, script in enumerate(scripts))
