@@ -318,12 +318,34 @@ _CROSS_ENCODER_TEXT = (
 )
 
 
+def build_wordpiece_tokenizer(vocab: list[str], *, model_max_length: int) -> Any:
+    """A BERT-style (lower-case WordPiece, `[CLS] a [SEP] b [SEP]`) fast tokenizer over
+    `vocab`, built with `tokenizers` itself: transformers' own `BertTokenizer` constructor
+    changed between major versions (5.x ignores `vocab_file=`, leaving every word unknown)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    ids = {token: i for i, token in enumerate(vocab)}
+    backend = Tokenizer(models.WordPiece(ids, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.post_processor = processors.BertProcessing(
+        ("[SEP]", ids["[SEP]"]), ("[CLS]", ids["[CLS]"])
+    )
+    backend.decoder = decoders.WordPiece()
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]", model_max_length=model_max_length,
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )  # fmt: skip
+
+
 def build_tiny_cross_encoder(directory: str | Path, *, seed: int = 0) -> Path:
     """Write a random BERT cross-encoder (one label) with a WordPiece tokenizer; no download.
 
     Loads in sentence-transformers' ``CrossEncoder`` and in Conveyor's ``kind: rerank``.
     """
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+    from transformers import BertConfig, BertForSequenceClassification
 
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
@@ -332,9 +354,7 @@ def build_tiny_cross_encoder(directory: str | Path, *, seed: int = 0) -> Path:
     vocab += [f"##{letter}" for letter in "abcdefghijklmnopqrstuvwxyz"] + list(
         "abcdefghijklmnopqrstuvwxyz?.,"
     )
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tokenizer: Any = BertTokenizer(vocab_file=str(path / "vocab.txt"), model_max_length=128)
-    tokenizer.save_pretrained(str(path))
+    build_wordpiece_tokenizer(vocab, model_max_length=128).save_pretrained(str(path))
     config: Any = BertConfig(
         vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=48, max_position_embeddings=128,

@@ -127,3 +127,14 @@ async def test_pairs_are_batched_together_and_batch_lines_may_rerank(
 async def test_tokenize_works_on_a_rerank_model(client: httpx.AsyncClient) -> None:
     answer = (await client.post("/tokenize", json={"model": "ranker", "prompt": "the cat"})).json()
     assert answer["count"] == 4 and answer["max_model_len"] == 128  # [CLS] the cat [SEP]
+
+
+def test_the_tiny_cross_encoder_s_tokenizer_knows_its_words(ranker_path: Path) -> None:
+    # transformers 5's `BertTokenizer(vocab_file=...)` ignored the file and made every word
+    # [UNK], so two documents of equal length scored the same and the order test failed.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ranker_path))
+    encoded = tokenizer(QUERY, DOCUMENTS[0])
+    assert tokenizer.unk_token_id not in encoded["input_ids"]
+    assert set(encoded["token_type_ids"]) == {0, 1}  # query, then document
