@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,7 +39,7 @@ class RequestContext:
     span: Span | None = None
     tracer: Tracer | None = None
     # More headers for the answer, worked out when it starts (the tenant rate limits').
-    response_headers: Callable[[], list[tuple[bytes, bytes]]] | None = None
+    response_headers: Callable[[], Sequence[tuple[bytes, bytes]]] | None = None
 
     def note_batch(self, queue_wait_s: float, batch_size: int) -> None:
         """One of the request's inputs started in a batch (the slowest input counts)."""

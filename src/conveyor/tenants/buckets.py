@@ -41,7 +41,7 @@ class Decision:
     are admitted, and the hot path should not build what only the headers read.
     """
 
-    __slots__ = ("asks", "is_admitted", "levels", "refused_by", "retry_after_s")
+    __slots__ = ("asks", "headers", "is_admitted", "levels", "refused_by", "retry_after_s")
 
     def __init__(
         self,
@@ -57,6 +57,9 @@ class Decision:
         self.asks = asks
         self.levels = levels
         self.refused_by = refused_by
+        # The rate-limit headers once built (`gate.reservation_headers`): a local share's
+        # view, shown by several admissions, builds them once.
+        self.headers: tuple[tuple[bytes, bytes], ...] | None = None
 
     @property
     def views(self) -> tuple[BucketView, ...]:

@@ -17,7 +17,7 @@ from typing import Literal
 
 from conveyor.errors import RateLimitBackendDown, RateLimited, TokensExceedLimit
 from conveyor.metrics import TenantMetrics
-from conveyor.tenants.buckets import Decision, remaining_at, seconds_until
+from conveyor.tenants.buckets import REFILL_WINDOW_S, Decision
 from conveyor.tenants.config import ModelLimits, TenancyConfig
 from conveyor.tenants.estimate import TokenAsk
 from conveyor.tenants.limiter import BucketAsk, LimiterUnavailable, RateLimiter
@@ -127,8 +127,10 @@ class RateLimitGate:
         asks = bucket_asks(limits, input_tokens, output_tokens)
         if not asks:
             return None
-        check_fits(asks)
         decision = self.limiter.take_now(key, asks, self._clock())
+        if decision is not None and decision.is_admitted:  # an admitted ask fits its buckets
+            return Reservation(key, tenant, model, limits, input_tokens, output_tokens, decision)
+        check_fits(asks)
         if decision is None:
             return MUST_WAIT
         return self._reserved(decision, key, tenant, model, limits, input_tokens, output_tokens)
@@ -191,58 +193,66 @@ class RateLimitGate:
 
 
 def format_reset(seconds: float) -> str:
-    """A wait in OpenAI's header style: `250ms`, `1.5s`, `6m0s`."""
-    if seconds < 1:
-        return f"{math.ceil(seconds * 1000)}ms"
-    if seconds < 60:
-        return f"{round(seconds, 3):g}s"
-    minutes, rest = divmod(seconds, 60)
-    return f"{int(minutes)}m{round(rest):d}s"
+    """A wait in OpenAI's header style, rounded up to the millisecond: `250ms`, `1.5s`,
+    `6m0s`."""
+    return reset_value(math.ceil(seconds * 1000 - 1e-6)).decode()
+
+
+def reset_value(ms: int) -> bytes:
+    """`format_reset` of `ms` whole milliseconds, as header bytes (integer formatting only:
+    every limited answer carries two of these)."""
+    if ms < 1000:
+        return b"%dms" % max(0, ms)
+    if ms < 60_000:
+        whole, frac = divmod(ms, 1000)
+        return b"%d.%ss" % (whole, (b"%03d" % frac).rstrip(b"0")) if frac else b"%ds" % whole
+    minutes, rest_s = divmod(-(-ms // 1000), 60)
+    return b"%dm%ds" % (minutes, rest_s)
 
 
 _EXTRA_NAMES = {INPUT: b"x-ratelimit-remaining-input-tokens",
                 OUTPUT: b"x-ratelimit-remaining-output-tokens"}  # fmt: skip
+_LIMIT_REQUESTS, _REMAINING_REQUESTS, _RESET_REQUESTS = (
+    b"x-ratelimit-limit-requests", b"x-ratelimit-remaining-requests",
+    b"x-ratelimit-reset-requests")  # fmt: skip
+_LIMIT_TOKENS, _REMAINING_TOKENS, _RESET_TOKENS = (
+    b"x-ratelimit-limit-tokens", b"x-ratelimit-remaining-tokens",
+    b"x-ratelimit-reset-tokens")  # fmt: skip
+_MS_PER_WINDOW = 1000 * REFILL_WINDOW_S
 
 
 def rate_limit_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
     """OpenAI's `x-ratelimit-*` headers; the tokens ones show the fuller-used token bucket.
 
-    Worked out from the decision's levels in one pass (the same figures as its `views`,
-    without building them): every limited answer carries these.
+    Every limited answer carries these, so this is the hot path's own flat copy of
+    `buckets.remaining_at` and `buckets.seconds_until` (a full bucket's wait) worked out
+    from the decision's levels; `Decision.views` is the reference it is tested against.
     """
     headers: list[tuple[bytes, bytes]] = []
-    extras: list[tuple[bytes, bytes]] = []
-    tight_fraction, tight_cap, tight_level = 2.0, 0, 0.0
-    for (name, cap, _), level in zip(decision.asks, decision.levels, strict=True):
+    tight_cap, tight_left, tight_level = 0, 0, 0.0
+    for (name, cap, _), level in zip(decision.asks, decision.levels):  # noqa: B905
+        left = int(level) if level > 0 else 0  # floor; a debt shows as 0
         if name == REQUESTS:
-            headers += _triple(_REQUEST_NAMES, cap, level)
+            reset_ms = math.ceil((cap - level) * _MS_PER_WINDOW / cap - 1e-6)
+            headers += ((_LIMIT_REQUESTS, b"%d" % cap), (_REMAINING_REQUESTS, b"%d" % left),
+                        (_RESET_REQUESTS, reset_value(reset_ms)))  # fmt: skip
         else:
-            left = remaining_at(level)
-            extras.append((_EXTRA_NAMES[name], b"%d" % left))  # both kinds, beyond OpenAI's
-            if left / cap < tight_fraction:
-                tight_fraction, tight_cap, tight_level = left / cap, cap, level
-    if extras:
-        headers += _triple(_TOKEN_NAMES, tight_cap, tight_level)
-        headers += extras
+            headers.append((_EXTRA_NAMES[name], b"%d" % left))  # both kinds, beyond OpenAI's
+            if not tight_cap or left * tight_cap < tight_left * cap:  # a smaller fraction left
+                tight_cap, tight_left, tight_level = cap, left, level
+    if tight_cap:
+        reset_ms = math.ceil((tight_cap - tight_level) * _MS_PER_WINDOW / tight_cap - 1e-6)
+        headers += ((_LIMIT_TOKENS, b"%d" % tight_cap), (_REMAINING_TOKENS, b"%d" % tight_left),
+                    (_RESET_TOKENS, reset_value(reset_ms)))  # fmt: skip
     return headers
 
 
-def reservation_headers(res: Reservation | None) -> list[tuple[bytes, bytes]]:
-    """The headers of an answer admitted with `res` (none without one or its decision)."""
+def reservation_headers(res: Reservation | None) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers of an answer admitted with `res` (none without one or its decision),
+    built once per decision."""
     if res is None or res.decision is None:
-        return []
-    return rate_limit_headers(res.decision)
-
-
-_REQUEST_NAMES = (b"x-ratelimit-limit-requests", b"x-ratelimit-remaining-requests",
-                  b"x-ratelimit-reset-requests")  # fmt: skip
-_TOKEN_NAMES = (b"x-ratelimit-limit-tokens", b"x-ratelimit-remaining-tokens",
-                b"x-ratelimit-reset-tokens")  # fmt: skip
-
-
-def _triple(
-    names: tuple[bytes, bytes, bytes], cap: int, level: float
-) -> tuple[tuple[bytes, bytes], ...]:
-    reset_s = seconds_until(level, cap, cap)
-    reset = b"%dms" % math.ceil(reset_s * 1000) if reset_s < 1 else format_reset(reset_s).encode()
-    return ((names[0], b"%d" % cap), (names[1], b"%d" % remaining_at(level)), (names[2], reset))
+        return ()
+    decision = res.decision
+    if decision.headers is None:
+        decision.headers = tuple(rate_limit_headers(decision))
+    return decision.headers

@@ -39,6 +39,7 @@ SHARE_S = 0.25  # a share covers about this long of the key's demand here
 MAX_SHARE_DIVISOR = 32  # a share is at most this fraction of its bucket's capacity
 MIN_DEMAND_WINDOW_S = 0.05  # demand is measured over at least this long
 IDLE_RETURN_S = 1.0  # an unused share goes back after this long
+VIEW_TTL_S = 0.005  # admissions from a share show the same view for at most this long
 
 
 @dataclass(slots=True)
@@ -59,26 +60,47 @@ class Share:
     used_at_s: float
     is_renewing: bool = False
     is_in_debt: bool = False  # a debt went to Redis: admit there until it has been seen
+    is_low: bool = False  # a bucket holds under half its last grant: time to renew
+    view: Decision | None = None  # what admissions from the share show, until `view_until_s`
+    view_until_s: float = 0.0
 
     def draw(self, asks: Sequence[BucketAsk], now_s: float) -> Decision | None:
-        """Take the amounts from the share if it holds every one (None: it does not);
-        the decision's levels are what the headers show. Flat: most admissions run it."""
+        """Take the amounts from the share if it holds every one (None: it does not).
+
+        The decision is the share's view (what the headers show), rebuilt at most every
+        `VIEW_TTL_S` between calls to Redis and settlements: admissions in between share
+        it. Flat: most admissions run this.
+        """
         allowance = self.allowance
         if self.is_in_debt or len(asks) != len(allowance):
             return None
-        for i, (_, _, amount) in enumerate(asks):
-            if amount > allowance[i]:
+        for ask, held in zip(asks, allowance):  # noqa: B905 (lengths checked: hot path)
+            if ask[2] > held:
                 return None
-        elapsed_s = max(0.0, now_s - self.remote_at_s)
-        levels: list[float] = []
-        demand, remote = self.demand, self.remote_levels
-        for i, (_, cap, amount) in enumerate(asks):
-            allowance[i] -= amount
-            demand[i] += amount
-            level = remote[i] + elapsed_s * refill_per_s(cap) + allowance[i]
-            levels.append(min(float(cap), level))
+        demand, targets = self.demand, self.targets
+        for i, ask in enumerate(asks):
+            left = allowance[i] - ask[2]
+            allowance[i] = left
+            demand[i] += ask[2]
+            if 2 * left < targets[i]:  # under half the last grant: renew in the background
+                self.is_low = True
         self.used_at_s = now_s
-        return Decision(True, 0.0, asks, levels)
+        view = self.view
+        if view is None or now_s >= self.view_until_s:
+            view = self.view = Decision(True, 0.0, asks, self.levels_at(now_s))
+            self.view_until_s = now_s + VIEW_TTL_S
+        return view
+
+    def levels_at(self, now_s: float) -> list[float]:
+        """What the headers show: the buckets as Redis last said, refilled since, plus what
+        this process still holds."""
+        elapsed_s = max(0.0, now_s - self.remote_at_s)
+        return [
+            min(float(cap), level + elapsed_s * refill_per_s(cap) + held)
+            for level, held, cap in zip(
+                self.remote_levels, self.allowance, self.capacities, strict=True
+            )
+        ]
 
     def wanted(self, asks: Sequence[BucketAsk], now_s: float) -> list[int]:
         """The share to draw per bucket: about `SHARE_S` of recent demand, capped."""
@@ -87,14 +109,6 @@ class Share:
             min(cap // MAX_SHARE_DIVISOR, int((taken + amount) * SHARE_S / window_s))
             for (_, cap, amount), taken in zip(asks, self.demand, strict=True)
         ]
-
-    def is_low(self) -> bool:
-        """A bucket holds under half its last granted share: renew in the background."""
-        allowance = self.allowance
-        for i, target in enumerate(self.targets):  # noqa: SIM110 (no generator: hot path)
-            if 2 * allowance[i] < target:
-                return True
-        return False
 
     def refresh(self, decision: Decision, grants: Sequence[int], now_s: float) -> None:
         """A call to Redis answered: its levels, the shares granted, a new demand window."""
@@ -107,17 +121,13 @@ class Share:
         self.demand = [0] * n
         self.demand_since_s = now_s
         self.is_in_debt = False
-
-    def levels_with_allowance(self, decision: Decision) -> list[float]:
-        """What the headers show: the bucket in Redis plus what this process still holds."""
-        return [
-            min(float(cap), level + a)
-            for level, a, cap in zip(decision.levels, self.allowance, self.capacities, strict=True)
-        ]
+        self.is_low = False
+        self.view = None
 
     def settle(self, i: int, delta: int) -> int:
         """Put a settlement into bucket `i`'s share, up to what a share may hold; returns
         what it cannot hold (for Redis: a refund beyond that, or a debt beyond it)."""
+        self.view = None  # the next admission shows the settlement
         held = self.allowance[i] + delta
         kept = min(max(held, 0), max(1, self.capacities[i] // MAX_SHARE_DIVISOR))
         self.allowance[i] = kept
@@ -166,7 +176,7 @@ class SharedRateLimiter:
         if share is None:
             return None
         decision = share.draw(asks, now_s)
-        if decision is not None and not share.is_renewing and share.is_low():
+        if decision is not None and share.is_low and not share.is_renewing:
             self._renew(key, share, asks, now_s)
         return decision
 
@@ -187,7 +197,7 @@ class SharedRateLimiter:
             self._start_sweeper()
         share.refresh(decision, grants, now_s)
         share.used_at_s = now_s
-        return Decision(True, 0.0, asks, share.levels_with_allowance(decision))
+        return Decision(True, 0.0, asks, share.levels_at(now_s))
 
     def _renew(self, key: str, share: Share, asks: Sequence[BucketAsk], now_s: float) -> None:
         """Draw the next share in the background (nothing is admitted by it)."""

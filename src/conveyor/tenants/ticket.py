@@ -51,6 +51,6 @@ class AdmissionTicket:
         self.is_settled = True
         self.gate.settle(self.reservation, input_tokens, output_tokens)
 
-    def headers(self) -> list[tuple[bytes, bytes]]:
+    def headers(self) -> tuple[tuple[bytes, bytes], ...]:
         """The answer's `x-ratelimit-*` headers (none before admission or without a decision)."""
         return reservation_headers(self.reservation)

@@ -10,7 +10,13 @@ from conveyor.metrics import TenantMetrics
 from conveyor.tenants.buckets import Decision
 from conveyor.tenants.config import TenancyConfig
 from conveyor.tenants.estimate import TokenAsk
-from conveyor.tenants.gate import RateLimitGate, format_reset, rate_limit_headers
+from conveyor.tenants.gate import (
+    RateLimitGate,
+    Reservation,
+    format_reset,
+    rate_limit_headers,
+    reservation_headers,
+)
 from conveyor.tenants.limiter import BucketAsk, LimiterUnavailable, MemoryRateLimiter
 
 pytestmark = pytest.mark.anyio
@@ -143,3 +149,14 @@ def test_headers_say_what_the_decision_s_views_say() -> None:
     assert headers["x-ratelimit-limit-tokens"] == "100"
     assert headers["x-ratelimit-remaining-tokens"] == "0" == str(views["output_tokens"].remaining)
     assert headers["x-ratelimit-reset-tokens"] == format_reset(views["output_tokens"].reset_s)
+
+
+def test_the_headers_of_a_decision_are_built_once_and_reset_waits_round_up() -> None:
+    decision = Decision(True, 0.0, [("requests", 60, 1)], [30.0])
+    limits = TenancyConfig.model_validate({}).limits_for("t", "m")
+    shared = [Reservation("k", "t", "m", limits, 0, 0, decision) for _ in range(2)]
+    first, second = (reservation_headers(res) for res in shared)
+    assert first is second and dict(first)[b"x-ratelimit-reset-requests"] == b"30s"
+    assert reservation_headers(None) == ()
+    waits = (0.1, 0.0001, 1.2345, 59.9991, 119.2)  # float noise in 0.1 adds no ms
+    assert [format_reset(s) for s in waits] == ["100ms", "1ms", "1.235s", "1m0s", "2m0s"]

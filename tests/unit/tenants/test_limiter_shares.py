@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from conveyor.tenants.buckets import draw_shares, take
+from conveyor.tenants.buckets import draw_shares, refill_per_s, take
 from conveyor.tenants.limiter import BucketAsk, Granted, LimiterUnavailable, MemoryRateLimiter
-from conveyor.tenants.limiter_shares import MAX_SHARE_DIVISOR, SharedRateLimiter
+from conveyor.tenants.limiter_shares import MAX_SHARE_DIVISOR, VIEW_TTL_S, SharedRateLimiter
 
 pytestmark = pytest.mark.anyio
 
@@ -147,3 +147,33 @@ async def test_headers_never_show_more_than_the_capacity() -> None:
         decision = await shared.take("k", [REQ], now_s=i * 0.001)
     later = await shared.take("k", [REQ], now_s=600.0)
     assert decision.views[0].remaining <= 6400 and later.views[0].remaining <= 6400
+
+
+async def busy_share(shared: SharedRateLimiter, asks: list[BucketAsk]) -> None:
+    """Enough admissions on key "k" for it to hold a share."""
+    for i in range(300):
+        await shared.take("k", asks, now_s=i * 0.001)
+    assert shared._shares["k"].allowance[0] > 2
+
+
+async def test_admissions_from_a_share_show_one_view_for_a_few_ms() -> None:
+    shared = SharedRateLimiter(CountingSource(), clock=lambda: 0.0)
+    await busy_share(shared, [REQ])
+    first = shared.take_now("k", [REQ], 0.5)
+    second = shared.take_now("k", [REQ], 0.5 + VIEW_TTL_S / 2)
+    assert first is not None and second is first  # one view: its headers are built once
+    later = shared.take_now("k", [REQ], 0.5 + VIEW_TTL_S)
+    assert later is not None and later is not first
+    gained = refill_per_s(REQ[1]) * VIEW_TTL_S  # two more admissions since, and the refill
+    assert later.levels[0] == pytest.approx(first.levels[0] - 2 + gained)
+
+
+async def test_a_settlement_shows_in_the_next_admission_s_view() -> None:
+    out = ("output_tokens", 32_000, 50)
+    shared = SharedRateLimiter(CountingSource(), clock=lambda: 0.0)
+    await busy_share(shared, [out])
+    before = shared.take_now("k", [out], 0.5)
+    shared.settle("k", "output_tokens", 32_000, 30, 0.5)  # a refund into the share
+    after = shared.take_now("k", [out], 0.5)
+    assert before is not None and after is not None and after is not before
+    assert after.levels[0] == pytest.approx(before.levels[0] + 30 - 50)
