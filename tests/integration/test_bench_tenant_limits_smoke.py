@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bench.tenant_limits import parse_options
+from bench.tenant_limits import parse_options, summarize
 
 from tests.bench_smoke import run_smoke
 from tests.postgres import require_postgres
@@ -36,3 +36,16 @@ def test_smoke_reports_serve_and_gateway_with_limits_on_and_off(tmp_path: Path) 
 def test_smoke_options_are_short(tmp_path: Path) -> None:
     opts = parse_options(["--smoke", f"--out={tmp_path}"])
     assert opts.is_smoke and opts.seconds <= 1 and opts.rounds == 1 and opts.out_dir == tmp_path
+
+
+def test_the_cost_is_the_median_of_each_round_s_own_cost() -> None:
+    def run(tput: float) -> dict[str, float]:
+        return {"throughput_per_s": tput, "server_cpu_us_per_request": 100.0,
+                "redis_script_calls_per_request": 0.0, "num_errors": 0}  # fmt: skip
+
+    # The machine speeds up between rounds; within each round "on" costs 5 %, 10 %, 5 %.
+    runs = {"off": [run(1000), run(2000), run(4000)], "on": [run(950), run(1800), run(3800)]}
+    summary = summarize(runs)
+    assert summary["round_costs"] == [0.05, 0.1, 0.05]
+    assert summary["cost"] == 0.05 and summary["cost_passed"]
+    assert summary["cost_of_medians"] == 0.1  # 1 - 1800 / 2000: the drift, not the limits
