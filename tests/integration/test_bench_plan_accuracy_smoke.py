@@ -1,0 +1,37 @@
+"""The plan-accuracy benchmark: its smoke mode calibrates both models and measures both."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench.plan_accuracy import compared, parse_options, summarize
+
+from tests.bench_smoke import run_smoke
+
+
+@pytest.mark.slow
+def test_smoke_plans_and_measures_both_models(tmp_path: Path) -> None:
+    out_dir = run_smoke("bench.plan_accuracy", tmp_path)
+    result = json.loads((out_dir / "plan_accuracy.json").read_text())
+    assert (out_dir / "plan_accuracy.png").stat().st_size > 0
+    assert result["inputs"]["is_smoke"] is True
+    for model, kind in (("synthetic", "one-shot"), ("tiny_llama", "generative")):
+        (one,) = result["runs"][model]
+        assert one["plan"]["kind"] == kind
+        for figure in ("throughput", "p99_ms"):
+            assert one[figure]["planned"] > 0 and one[figure]["measured"] > 0, one
+        assert result["summary"][model]["p99_ms"]["rounds"] == 1
+
+
+def test_figures_are_compared_as_measured_over_planned() -> None:
+    assert compared(100.0, 115.0) == {"planned": 100.0, "measured": 115.0, "ratio": 1.15,
+                                      "within_20": True}  # fmt: skip
+    assert not compared(100.0, 79.0)["within_20"] and not compared(None, 5.0)["within_20"]
+    rounds = [{"throughput": compared(10, 9), "p99_ms": compared(10, 13)},
+              {"throughput": compared(10, 11), "p99_ms": compared(10, 11)}]  # fmt: skip
+    summary = summarize(rounds)
+    assert summary["p99_ms"] == {"median_ratio": 1.2, "ratios": [1.3, 1.1],
+                                 "rounds_within_20": 1, "rounds": 2}  # fmt: skip
+    assert parse_options(["--smoke"]).rounds == 1
