@@ -70,11 +70,15 @@ class Edge:
         counter: Any,
         tracer: Tracer | None = None,
         log_level: int = logging.INFO,
+        on_request: Callable[[Scope, RequestContext], None] | None = None,
     ) -> None:
+        """`on_request` sees each HTTP request's scope and context as it starts (it may set
+        the context's `response_headers` and `on_finish` hooks): `serve`'s rate limits."""
         self.app = app
         self.counter = counter
         self.tracer = tracer
         self.log_level = log_level
+        self.on_request = on_request
         # The counter's children by labels: a dict lookup instead of ``labels()`` (a lock and
         # a label check) per request. Bounded: methods, route templates and statuses.
         self._counted: dict[tuple[str, str, int], Any] = {}
@@ -93,6 +97,8 @@ class Edge:
         context = RequestContext(accept_request_id(header), path)
         if is_work:
             context.tracer = self.tracer
+        if self.on_request is not None:
+            self.on_request(scope, context)
         id_header = (_ID_KEY, context.request_id.encode())
         status = 500  # what a client sees when the app fails before answering
         is_started = is_complete = False
@@ -128,6 +134,8 @@ class Edge:
                 )
             # Else answered (and logged) by the app's own crash handler: the connection stays.
         finally:
+            if context.on_finish is not None:
+                context.on_finish()
             leave_request(token)
             self._count(scope["method"], route_label(scope), status)
             self._log(context, scope, status, time.perf_counter() - started_s, is_work)

@@ -15,7 +15,7 @@ from conveyor.api.auth import ApiKeyMiddleware, static_principals
 from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.budget import BudgetMiddleware, budget_refusals_counter
 from conveyor.api.edge import Dispatch, Edge, EdgeApp, Shortcut
-from conveyor.api.rate_limit import RateLimitMiddleware
+from conveyor.api.rate_limit import RateLimitMiddleware, TicketIssuer
 from conveyor.config import ServerConfig
 from conveyor.metrics import TenantMetrics
 from conveyor.observability.tracing import build_provider, tracer_of
@@ -93,7 +93,8 @@ def install_middleware(
     Keys are the config's plus, with `key_store`, the stored ones (read once now, then
     reread by the key ring the returned guards start and stop with the app). Rate limits
     are added only when some tenant has an online limit; their metrics go to `registry`.
-    With `counts_tokens` (`serve`) the app admits each request once it is tokenized.
+    With `counts_tokens` (`serve`) the app admits each request once it is tokenized: the
+    edge issues each limited request a ticket (no rate-limit middleware layer).
     Traces go to ``tracer_provider`` when given (tests), else to the config's OTLP endpoint.
     """
     keyring = KeyRing(static_principals(config.api_keys), key_store, owns_store=owns_key_store)
@@ -107,8 +108,8 @@ def install_middleware(
 
     def edge(full: ASGIApp) -> ASGIApp:
         inner: ASGIApp = Dispatch(full, shortcut)
-        if gate is not None:
-            inner = RateLimitMiddleware(inner, gate=gate, counts_tokens=counts_tokens)
+        if gate is not None and not counts_tokens:
+            inner = RateLimitMiddleware(inner, gate=gate)
         if has_budgets:  # outside the limiter: a refusal spends no tokens
             inner = BudgetMiddleware(inner, refusals=refusals)
         inner = BodyLimitMiddleware(
@@ -127,7 +128,9 @@ def install_middleware(
             )
         # Outermost, so a 401 or 413 carries a request id and is counted too.
         level = logging.INFO if config.log_format == "json" else logging.DEBUG
-        return Edge(inner, counter=counter, tracer=tracer_of(provider), log_level=level)
+        issuer = TicketIssuer(gate) if gate is not None and counts_tokens else None
+        return Edge(inner, counter=counter, tracer=tracer_of(provider), log_level=level,
+                    on_request=issuer)  # fmt: skip
 
     app.edge = edge
     return guards

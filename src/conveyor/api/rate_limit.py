@@ -1,17 +1,20 @@
-"""Tenant rate limits on the inference routes: a pure ASGI middleware.
+"""Tenant rate limits on the inference routes.
 
-Two ways to admit. A gateway has no tokenizer: it reads the request body (already capped by
-the body limit), estimates its tokens (`tenants.estimate`), reserves the tenant's buckets
-and passes the body on. `serve` counts exactly: the middleware only puts an
+Two ways to admit. A gateway has no tokenizer: `RateLimitMiddleware` reads the request body
+(already capped by the body limit), estimates its tokens (`tenants.estimate`), reserves the
+tenant's buckets and passes the body on. `serve` counts exactly and needs no middleware
+layer: the edge calls `TicketIssuer` as a limited request starts, which puts an
 `AdmissionTicket` in the request's state, and the service admits it once the request is
-tokenized (the route hands it over in the payer), so the body is neither read nor parsed here.
+tokenized (the route hands it over in the payer), so the body is neither read nor parsed
+here and no coroutine layer is added to every request.
 
 Either way the answer gets OpenAI's `x-ratelimit-*` headers (through the edge's
-per-request hook: this middleware runs behind the edge), and the request is settled
-when the answer ends: on `serve` by the service's billing (exact), else from the `usage`
-the model reports (JSON bodies and streams that ask for usage), a stream at the chunks it
-sent, a failed request at nothing. A cancelled or disconnected request settles at what it
-produced too (in a `finally`). Settling never waits on the limiter.
+per-request hook), and the request is settled when the answer ends: on `serve` by the
+service's billing (exact; the edge's finish hook settles an unbilled ticket at nothing),
+else from the `usage` the model reports (JSON bodies and streams that ask for usage), a
+stream at the chunks it sent, a failed request at nothing. A cancelled or disconnected
+request settles at what it produced too (in a `finally`). Settling never waits on the
+limiter.
 """
 
 from __future__ import annotations
@@ -36,9 +39,29 @@ TICKET_KEY = "rate_limit_ticket"  # in the request's scope state, on `serve`
 
 
 def admission_of(request: Request) -> AdmissionTicket | None:
-    """The request's admission ticket (on `serve` under rate limits), for its payer."""
-    ticket: AdmissionTicket | None = request.scope.get("state", {}).get(TICKET_KEY)
+    """The request's admission ticket (on `serve` under rate limits), for its payer, for
+    the caller's tenant (known by now: the API key middleware has run)."""
+    state = request.scope.get("state", {})
+    ticket: AdmissionTicket | None = state.get(TICKET_KEY)
+    if ticket is not None:
+        ticket.tenant = state.get("tenant", "default")
     return ticket
+
+
+class TicketIssuer:
+    """`serve`'s rate limits, called by the edge as each request starts (no ASGI layer)."""
+
+    def __init__(self, gate: RateLimitGate) -> None:
+        """Tickets admit against `gate`."""
+        self.gate = gate
+
+    def __call__(self, scope: Scope, context: RequestContext) -> None:
+        """A limited request gets a ticket, the headers hook and a settlement at its end."""
+        if scope["method"] != "POST" or scope["path"] not in LIMITED_PATHS:
+            return
+        ticket = scope.setdefault("state", {})[TICKET_KEY] = AdmissionTicket(self.gate)
+        context.response_headers = ticket.headers
+        context.on_finish = ticket.finish
 
 
 @dataclass(slots=True)
@@ -111,13 +134,13 @@ async def read_body(receive: Receive) -> tuple[bytes, Receive]:
 
 
 class RateLimitMiddleware:
-    """Reserve (here, or where the tokens are counted), headers on every answer, settle."""
+    """A gateway's limits: reserve on the estimated tokens, headers on every answer, settle
+    from the answer."""
 
-    def __init__(self, app: ASGIApp, gate: RateLimitGate, *, counts_tokens: bool = False) -> None:
-        """`counts_tokens`: the app admits each request itself once tokenized (`serve`)."""
+    def __init__(self, app: ASGIApp, gate: RateLimitGate) -> None:
+        """Limit the inference routes of `app` against `gate`."""
         self.app = app
         self.gate = gate
-        self.counts_tokens = counts_tokens
         self.default_max_tokens = gate.tenancy.rate_limits.default_max_output_tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -125,20 +148,8 @@ class RateLimitMiddleware:
         if not is_limited or scope["path"] not in LIMITED_PATHS:
             await self.app(scope, receive, send)
             return
-        state = scope.setdefault("state", {})
-        tenant = state.get("tenant", "default")
-        if self.counts_tokens:
-            ticket = state[TICKET_KEY] = AdmissionTicket(self.gate, tenant)
-            edge_context().response_headers = ticket.headers
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                # The service bills (and so settles) every request that ran, a dropped
-                # stream at what it produced; one it did not bill failed or was cancelled
-                # before it ran, and used nothing.
-                ticket.settle(0, 0)
-        else:
-            await self._at_door(scope, receive, send, tenant)
+        tenant = scope.setdefault("state", {}).get("tenant", "default")
+        await self._at_door(scope, receive, send, tenant)
 
     async def _at_door(self, scope: Scope, receive: Receive, send: Send, tenant: str) -> None:
         """Admit on the body's estimated tokens before the app; settle from the answer."""

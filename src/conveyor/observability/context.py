@@ -40,6 +40,8 @@ class RequestContext:
     tracer: Tracer | None = None
     # More headers for the answer, worked out when it starts (the tenant rate limits').
     response_headers: Callable[[], Sequence[tuple[bytes, bytes]]] | None = None
+    # Run by the edge when the request ends, answered or not (a rate-limit settlement).
+    on_finish: Callable[[], None] | None = None
 
     def note_batch(self, queue_wait_s: float, batch_size: int) -> None:
         """One of the request's inputs started in a batch (the slowest input counts)."""

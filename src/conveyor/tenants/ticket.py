@@ -2,10 +2,11 @@
 
 `serve` has every model's tokenizer, so its requests are admitted with their exact input
 tokens, from the ids the model then runs (tokenized once), and an output reserve of
-`max_tokens` or the model's remaining context. The rate-limit middleware gives each
-request a ticket; the service calls `admit` once the ids are in hand, before queueing, and
-`settle` when it bills the request. The middleware settles a ticket the service did not
-(a request that failed or was cancelled) when the answer ends.
+`max_tokens` or the model's remaining context. The edge gives each limited request a
+ticket as it starts (`api.rate_limit.TicketIssuer`); the service calls `admit` once the ids
+are in hand, before queueing, and `settle` when it bills the request; the edge calls
+`finish` when the request ends, which settles a ticket the service did not bill (a request
+that failed or was cancelled) at nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ class AdmissionTicket:
 
     __slots__ = ("gate", "is_settled", "reservation", "tenant")
 
-    def __init__(self, gate: RateLimitGate, tenant: str) -> None:
-        """Not admitted yet."""
+    def __init__(self, gate: RateLimitGate, tenant: str = "default") -> None:
+        """Not admitted yet; `tenant` may be set until the service admits (the edge issues
+        tickets before the API key middleware knows the caller)."""
         self.gate = gate
         self.tenant = tenant
         self.reservation: Reservation | None = None
@@ -50,6 +52,10 @@ class AdmissionTicket:
             return
         self.is_settled = True
         self.gate.settle(self.reservation, input_tokens, output_tokens)
+
+    def finish(self) -> None:
+        """The request ended: a ticket the service did not bill used nothing."""
+        self.settle(0, 0)
 
     def headers(self) -> tuple[tuple[bytes, bytes], ...]:
         """The answer's `x-ratelimit-*` headers (none before admission or without a decision)."""

@@ -71,12 +71,16 @@ class Payer:
     recorder: UsageRecorder | None = None
     admission: Admission | None = None
 
-    async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
-        """Admit against the rate limits, if any apply."""
+    def admit_now(self, model: str, input_tokens: int, output_tokens: int) -> bool:
+        """Admit without waiting, when no limit applies or the limiter answers from memory
+        (False: await `admit`). Raises as `admit`."""
         admission = self.admission
-        if admission is not None and not admission.admit_at_once(
-            model, input_tokens, output_tokens
-        ):
+        return admission is None or admission.admit_at_once(model, input_tokens, output_tokens)
+
+    async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
+        """Admit against the rate limits, if any apply (waiting for the limiter if need be)."""
+        admission = self.admission
+        if not self.admit_now(model, input_tokens, output_tokens) and admission is not None:
             await admission.admit(model, input_tokens, output_tokens)
 
 

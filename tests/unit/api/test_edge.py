@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.api.edge import Dispatch, Edge, direct_routes
 from conveyor.errors import ModelNotFound
+from conveyor.observability.context import RequestContext
 
 SCOPE: Scope = {"type": "http", "method": "POST", "path": "/v1/x", "headers": []}
 
@@ -160,3 +161,17 @@ def test_lifespan_and_other_scopes_pass_through_to_the_full_app() -> None:
 
 async def _noop_send(message: Message) -> None:
     pass
+
+
+def test_on_request_hooks_add_headers_and_finish_even_after_a_crash() -> None:
+    finished: list[str] = []
+
+    def on_request(scope: Scope, context: RequestContext) -> None:
+        context.response_headers = lambda: ((b"x-extra", b"1"),)
+        context.on_finish = lambda: finished.append(scope["path"])
+
+    answered = run(Edge(_answer, counter=counter(), on_request=on_request))
+    assert dict(answered[0]["headers"])[b"x-extra"] == b"1" and finished == ["/v1/x"]
+    crashed = Edge(lambda s, r, w: crash_after([], s, r, w), counter=counter(),
+                   on_request=on_request)  # fmt: skip
+    assert run(crashed)[0]["status"] == 500 and finished == ["/v1/x", "/v1/x"]
