@@ -67,9 +67,9 @@ class Share:
     def draw(self, asks: Sequence[BucketAsk], now_s: float) -> Decision | None:
         """Take the amounts from the share if it holds every one (None: it does not).
 
-        The decision is the share's view (what the headers show), rebuilt at most every
-        `VIEW_TTL_S` between calls to Redis and settlements: admissions in between share
-        it. Flat: most admissions run this.
+        The decision is the share's view (what the headers show), rebuilt after each call
+        to Redis and otherwise at most every `VIEW_TTL_S` (a settlement shows by then):
+        admissions in between share it. Flat: most admissions run this.
         """
         allowance = self.allowance
         if self.is_in_debt or len(asks) != len(allowance):
@@ -127,7 +127,6 @@ class Share:
     def settle(self, i: int, delta: int) -> int:
         """Put a settlement into bucket `i`'s share, up to what a share may hold; returns
         what it cannot hold (for Redis: a refund beyond that, or a debt beyond it)."""
-        self.view = None  # the next admission shows the settlement
         held = self.allowance[i] + delta
         kept = min(max(held, 0), max(1, self.capacities[i] // MAX_SHARE_DIVISOR))
         self.allowance[i] = kept
