@@ -76,15 +76,15 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the results")
     parser.add_argument("--smoke", action="store_true", help="tiny run (seconds) for tests")
-    parser.add_argument("--seconds", type=float, help="seconds a run lasts (default 5)")
+    parser.add_argument("--seconds", type=float, help="seconds a run lasts (default 2)")
     parser.add_argument("--clients", type=int, help="closed-loop clients (default 64)")
-    parser.add_argument("--rounds", type=int, help="counted rounds of each mode (default 7)")
+    parser.add_argument("--rounds", type=int, help="counted rounds of each mode (default 21)")
     parser.add_argument("--warmups", type=int, help="rounds run first and dropped (default 1)")
     args = parser.parse_args(argv)
     if args.smoke:
         opts = Options(args.out, True, seconds=1.0, num_clients=8, rounds=1, warmups=0)
     else:
-        opts = Options(args.out, False, seconds=5.0, num_clients=64, rounds=7, warmups=1)
+        opts = Options(args.out, False, seconds=2.0, num_clients=64, rounds=21, warmups=1)
     given = {"seconds": args.seconds, "num_clients": args.clients, "rounds": args.rounds,
              "warmups": args.warmups}  # fmt: skip
     return replace(opts, **{k: v for k, v in given.items() if v is not None})
@@ -190,7 +190,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     The cost is the median over rounds of each round's own cost (`1 - on / off`, the two
     runs of a round back to back), so a machine that speeds up or slows down between rounds
     moves both sides of a pair alike; its spread is every round's cost. The cost of the
-    medians is kept beside it, and so is the cost in server CPU per request.
+    medians is kept beside it; the cost in server CPU per request is a median of pairs too.
     """
     tput = {m: round(statistics.median(r["throughput_per_s"] for r in runs[m]), 1) for m in MODES}
     pair_costs = [round(1 - on["throughput_per_s"] / off["throughput_per_s"], 4)
@@ -199,7 +199,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     cost = round(statistics.median(pair_costs), 4) if pair_costs else 0.0
     cpu = {m: round(statistics.median(r["server_cpu_us_per_request"] for r in runs[m]), 1)
            for m in MODES}  # fmt: skip
-    cpu_cost = round(cpu["on"] / cpu["off"] - 1, 4) if cpu["off"] else 0.0
+    cpu_costs = [on["server_cpu_us_per_request"] / off["server_cpu_us_per_request"] - 1
+                 for off, on in zip(runs["off"], runs["on"], strict=True)
+                 if off["server_cpu_us_per_request"]]  # fmt: skip
+    cpu_cost = round(statistics.median(cpu_costs), 4) if cpu_costs else 0.0
     calls = {m: statistics.median(r["redis_script_calls_per_request"] for r in runs[m])
              for m in MODES}  # fmt: skip
     errors = {m: sum(r["num_errors"] for r in runs[m]) for m in MODES}
