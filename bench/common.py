@@ -230,6 +230,24 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
 
 
+def write_results(
+    out_dir: Path, name: str, result: Any, write_png: Callable[[Path, Any], None]
+) -> None:
+    """A benchmark's trail: ``NAME.json`` (every figure) and ``NAME.png`` into ``out_dir``."""
+    write_json(out_dir / f"{name}.json", result)
+    write_png(out_dir / f"{name}.png", result)
+
+
+def save_figure(fig: Any, path: Path, title: str) -> None:
+    """Give a finished figure its title, lay it out, write it to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 @dataclass(frozen=True, slots=True)
 class Curve:
     """One contender's measured points against offered load (None where not measured)."""

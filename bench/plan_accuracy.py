@@ -48,8 +48,9 @@ from bench.common import (
     machine_info,
     package_versions,
     python_argv,
+    save_figure,
     wait_until_quiet,
-    write_json,
+    write_results,
 )
 
 TOLERANCE = 0.20
@@ -260,18 +261,14 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
         ax.set_xlabel("round")
         ax.legend()
     axes[0].set_ylabel("measured / planned")
-    fig.suptitle("conveyor plan --calibrate: measured against planned", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, "conveyor plan --calibrate: measured against planned")
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run, write plan_accuracy.json and .png, print the summary."""
     opts = parse_options(argv)
     result = run_benchmark(opts)
-    write_json(opts.out_dir / "plan_accuracy.json", result)
-    write_png(opts.out_dir / "plan_accuracy.png", result)
+    write_results(opts.out_dir, "plan_accuracy", result, write_png)
     print(json.dumps(result["summary"], indent=2))
 
 

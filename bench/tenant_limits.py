@@ -45,8 +45,9 @@ from bench.common import (
     package_versions,
     process_ticks,
     python_argv,
+    save_figure,
     wait_until_quiet,
-    write_json,
+    write_results,
 )
 from bench.fleet import Fleet, fresh_database, wait_routable, write_bodies
 from bench.fleet_gateway import FAST_WORKER_MODEL
@@ -253,18 +254,14 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
         ax.set_xticks(range(2), [f"serve ({costs[0]:+.0%})", f"gateway ({costs[1]:+.0%})"])
         ax.set_ylabel(label)
         ax.legend()
-    fig.suptitle("tenant limits on (Redis buckets) vs off, same run", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, "tenant limits on (Redis buckets) vs off, same run")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run, write tenant_limits.json and .png, print both summaries."""
     opts = parse_options(argv)
     result = run_benchmark(opts)
-    write_json(opts.out_dir / "tenant_limits.json", result)
-    write_png(opts.out_dir / "tenant_limits.png", result)
+    write_results(opts.out_dir, "tenant_limits", result, write_png)
     print(json.dumps({k: result[k]["summary"] for k in ("serve", "gateway")}, indent=2))
 
 
