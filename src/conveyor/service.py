@@ -350,7 +350,7 @@ class Service:
                 if payer is not None:
                     num_tokens = sum(enc.num_tokens for enc in encoded)
                     if not payer.admit_now(model, num_tokens, 0):  # no await on the hot path
-                        await payer.admit(model, num_tokens, 0)
+                        await payer.wait_admitted(model, num_tokens, 0)
                 items, num_tokens = admit_encoded(hosted, encoded, priority, timeout_ms)
                 vectors = await gather_items(hosted.batcher, items)
                 if dimensions is not None and dimensions < hosted.model.dim:

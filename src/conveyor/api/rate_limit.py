@@ -28,8 +28,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from conveyor.api.errors import error_response
 from conveyor.errors import ConveyorError
 from conveyor.observability.context import RequestContext, current_request
-from conveyor.tenants.estimate import LIMITED_PATHS, TokenAsk, parse_ask
-from conveyor.tenants.gate import MustWait, RateLimitGate, Reservation, reservation_headers
+from conveyor.tenants.estimate import LIMITED_PATHS, parse_ask
+from conveyor.tenants.gate import RateLimitGate, Reservation, reservation_headers
 from conveyor.tenants.ticket import AdmissionTicket
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
@@ -153,13 +153,6 @@ class RateLimitMiddleware:
         tenant = scope.setdefault("state", {}).get("tenant", "default")
         await self._at_door(scope, receive, send, tenant)
 
-    async def _admit(self, tenant: str, ask: TokenAsk) -> Reservation | None:
-        """Admit from memory when the limiter can, else wait for it."""
-        found = self.gate.admit_at_once(tenant, ask.model, ask.input_tokens, ask.output_tokens)
-        if isinstance(found, MustWait):
-            return await self.gate.admit(tenant, ask)
-        return found
-
     async def _at_door(self, scope: Scope, receive: Receive, send: Send, tenant: str) -> None:
         """Admit on the body's estimated tokens before the app; settle from the answer."""
         try:
@@ -168,7 +161,7 @@ class RateLimitMiddleware:
             return
         ask = parse_ask(body, scope["path"], self.default_max_tokens)
         try:
-            res = None if ask is None else await self._admit(tenant, ask)
+            res = None if ask is None else await self.gate.admit(tenant, ask)
         except ConveyorError as exc:
             await error_response(exc)(scope, replay, send)
             return

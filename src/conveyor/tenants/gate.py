@@ -116,13 +116,16 @@ class RateLimitGate:
 
     async def admit(self, tenant: str, ask: TokenAsk) -> Reservation | None:
         """Reserve the request's buckets (None: no limit applies). Raises 400, 429 or 503."""
-        return await self.admit_tokens(tenant, ask.model, ask.input_tokens, ask.output_tokens)
+        found = self.admit_at_once(tenant, ask.model, ask.input_tokens, ask.output_tokens)
+        if isinstance(found, MustWait):
+            return await self.admit_waiting(tenant, ask.model, ask.input_tokens, ask.output_tokens)
+        return found
 
     def admit_at_once(
         self, tenant: str, model: str, input_tokens: int, output_tokens: int
     ) -> Reservation | MustWait | None:
-        """`admit_tokens` without waiting, when the limiter can answer from memory (a local
-        share, the memory backend); `MUST_WAIT` when it cannot. Raises as `admit`."""
+        """`admit` without waiting, when the limiter can answer from memory (a local share,
+        the memory backend); `MUST_WAIT` when it cannot (then: `admit_waiting`)."""
         limits, key = self._limits_of(tenant, model)
         asks = bucket_asks(limits, input_tokens, output_tokens)
         if not asks:
@@ -135,15 +138,16 @@ class RateLimitGate:
             return MUST_WAIT
         return self._reserved(decision, key, tenant, model, limits, input_tokens, output_tokens)
 
-    async def admit_tokens(
+    async def admit_waiting(
         self, tenant: str, model: str, input_tokens: int, output_tokens: int
     ) -> Reservation | None:
-        """`admit` without building a `TokenAsk` (the per-request path on `serve`)."""
-        found = self.admit_at_once(tenant, model, input_tokens, output_tokens)
-        if not isinstance(found, MustWait):
-            return found
+        """`admit`'s waiting half: ask the limiter's backend (after `admit_at_once` said
+        `MUST_WAIT`; memory is not tried again). Raises as `admit`."""
         limits, key = self._limits_of(tenant, model)
         asks = bucket_asks(limits, input_tokens, output_tokens)
+        if not asks:
+            return None
+        check_fits(asks)
         try:
             decision: Decision | None = await self.limiter.take(key, asks, self._clock())
         except LimiterUnavailable:

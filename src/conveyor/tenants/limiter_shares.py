@@ -87,6 +87,8 @@ class Share:
         self.used_at_s = now_s
         view = self.view
         if view is None or now_s >= self.view_until_s:
+            # Its asks' amounts are this admission's; an admitted decision's readers (the
+            # headers, the views) use only names, capacities and levels.
             view = self.view = Decision(True, 0.0, asks, self.levels_at(now_s))
             self.view_until_s = now_s + VIEW_TTL_S
         return view

@@ -39,10 +39,11 @@ class AdmissionTicket:
         return True
 
     async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
-        """Reserve the buckets (raises 400, 429 or 503 as `RateLimitGate.admit`)."""
+        """Reserve the buckets by waiting for the limiter, after `admit_at_once` said it
+        must (raises 400, 429 or 503 as `RateLimitGate.admit`)."""
         if self.reservation is not None:
             raise RuntimeError("a request is admitted once")
-        self.reservation = await self.gate.admit_tokens(
+        self.reservation = await self.gate.admit_waiting(
             self.tenant, model, input_tokens, output_tokens
         )
 

@@ -51,7 +51,8 @@ class Admission(Protocol):
         ...
 
     async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
-        """Reserve exact input tokens and an output reserve (raises 400, 429 or 503)."""
+        """`admit_at_once` by waiting for the limiter, after it said False (raises 400,
+        429 or 503)."""
         ...
 
     def settle(self, input_tokens: int, output_tokens: int) -> None:
@@ -73,15 +74,19 @@ class Payer:
 
     def admit_now(self, model: str, input_tokens: int, output_tokens: int) -> bool:
         """Admit without waiting, when no limit applies or the limiter answers from memory
-        (False: await `admit`). Raises as `admit`."""
+        (False: await `wait_admitted`). Raises as `admit`."""
         admission = self.admission
         return admission is None or admission.admit_at_once(model, input_tokens, output_tokens)
 
+    async def wait_admitted(self, model: str, input_tokens: int, output_tokens: int) -> None:
+        """Admit by waiting for the limiter, after `admit_now` said False."""
+        if self.admission is not None:
+            await self.admission.admit(model, input_tokens, output_tokens)
+
     async def admit(self, model: str, input_tokens: int, output_tokens: int) -> None:
         """Admit against the rate limits, if any apply (waiting for the limiter if need be)."""
-        admission = self.admission
-        if not self.admit_now(model, input_tokens, output_tokens) and admission is not None:
-            await admission.admit(model, input_tokens, output_tokens)
+        if not self.admit_now(model, input_tokens, output_tokens):
+            await self.wait_admitted(model, input_tokens, output_tokens)
 
 
 def cost_usd(model_s: float, gpu_hour_usd: float) -> float:

@@ -160,3 +160,29 @@ def test_the_headers_of_a_decision_are_built_once_and_reset_waits_round_up() -> 
     assert reservation_headers(None) == ()
     waits = (0.1, 0.0001, 1.2345, 59.9991, 119.2)  # float noise in 0.1 adds no ms
     assert [format_reset(s) for s in waits] == ["100ms", "1ms", "1.235s", "1m0s", "2m0s"]
+
+
+class RemoteOnly(MemoryRateLimiter):
+    """A limiter that never answers from memory: every admission waits for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_takes = 0
+
+    def take_now(self, key: str, asks: list[BucketAsk], now_s: float) -> None:  # type: ignore[override]
+        return None
+
+    async def take(self, key: str, asks: list[BucketAsk], now_s: float) -> Decision:  # type: ignore[override]
+        self.num_takes += 1
+        return super().take_now(key, asks, now_s)
+
+
+async def test_a_waiting_admission_asks_the_backend_once_and_still_refuses_the_impossible() -> None:
+    limiter = RemoteOnly()
+    gate = RateLimitGate(TenancyConfig.model_validate(TENANCY), limiter,
+                         TenantMetrics(CollectorRegistry()))  # fmt: skip
+    assert await gate.admit("acme", TokenAsk("llama", 10, 10)) is not None
+    assert limiter.num_takes == 1
+    with pytest.raises(TokensExceedLimit):  # 400 from the waiting half too, not a 429
+        await gate.admit_waiting("acme", "llama", 10, 61)
+    assert limiter.num_takes == 1
