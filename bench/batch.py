@@ -71,6 +71,9 @@ MB = 1_000_000  # the memory input is sized in decimal MB: "200 MB" fits the 200
 MEMORY_LINE_BYTES = 4096
 POLL_S = 0.02
 SOAK_RATE_SHARE = 0.1
+# The soak job must outlast the idle run's end, the load client's start-up and drain, on a
+# slow machine too; it is cancelled when the soak ends, so spare lines cost only upload.
+SOAK_SPARE_S = 12.0
 MIN_BATCH_SHARE = 0.9
 MAX_MEMORY_SHARE = 0.25
 JOBS = {"poll_every_s": 0.1, "max_requests_per_batch": 10_000_000}
@@ -269,7 +272,11 @@ class BatchApi:
         return dict(response.json())
 
     def cancel(self, batch_id: str) -> None:
-        self._http.post(f"/v1/batches/{batch_id}/cancel").raise_for_status()
+        """Cancel a batch unless it has already ended (a finished batch answers 400)."""
+        response = self._http.post(f"/v1/batches/{batch_id}/cancel")
+        if response.status_code == 400 and self.get(batch_id)["status"] in TERMINAL:
+            return
+        response.raise_for_status()
 
     def wait(self, batch_id: str, until: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         """Poll until `until(batch)` holds or the batch ended."""
@@ -483,7 +490,12 @@ def measure_embeddings(opts: Options, model: str, work_dir: Path) -> ModelResult
             for rep in range(opts.repeats):
                 _throughput_pair(opts, result, server, api, bodies, job, rep)
             online_per_s = statistics.median(r["throughput_per_s"] for r in result.online)
-            soak_lines = max(opts.num_lines, math.ceil(online_per_s * (opts.soak_seconds + 4)))
+            fastest_per_s = max(
+                online_per_s, max(r["processing_lines_per_s"] for r in result.batch)
+            )
+            soak_lines = max(
+                opts.num_lines, math.ceil(fastest_per_s * (opts.soak_seconds + SOAK_SPARE_S))
+            )
             soak_job = work_dir / f"{model}-soak.jsonl"
             write_jsonl(soak_job, embedding_requests(model, sentences, soak_lines))
             result.soak = soak(

@@ -1,42 +1,39 @@
-"""`conveyor plan --calibrate` checked against measurement on this machine.
+"""`conveyor plan --calibrate` against a running synthetic model recovers what the model
+costs.
 
-The synthetic model's plan is checked here: calibrate a running model, run the load the
-plan predicts for, and the measured throughput and p99 land within 20 % of the plan. The
-tiny Llama's plan is measured the same way by `bench.plan_accuracy` (its smoke run is in
-the integration tests): on a host whose speed wanders within a run its calibration moves
-with it, so its accuracy is a benchmark figure, not a pass/fail test.
+The synthetic model sleeps a known time per batch (100 ms, plus 2 ms an input, at most 16
+inputs), so a calibration can only measure that or more: on a busy machine the batches
+run late, never early. The check is on the calibrated cost, which is behaviour; whether
+the plan's throughput and p99 then hold under load is a speed figure, measured by
+`bench.plan_accuracy` for this model and the tiny Llama (its smoke run is in the
+integration tests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from bench.plan_accuracy import SYN, Options, synthetic_round
+from bench.plan_accuracy import SYN, run_plan
 
 from tests.e2e.conftest import Server
 
 pytestmark = pytest.mark.slow
 
-ATTEMPTS = 3
+MAX_BATCH = cast(int, SYN["max_batch_size"])
+FULL_BATCH_MS = cast(float, SYN["batch_latency_ms"]) + cast(float, SYN["per_item_ms"]) * MAX_BATCH
 
 
-def test_a_synthetic_model_meets_its_calibrated_plan(
-    server_factory: Callable[[dict[str, Any]], Server], tmp_path: Path
+def test_calibration_recovers_the_synthetic_models_batch_cost(
+    server_factory: Callable[[dict[str, Any]], Server],
 ) -> None:
-    """Pass when one of ATTEMPTS calibrate-then-load rounds lands within 20 %: this
-    machine's cores are shared, so a stall elsewhere can spoil one round's p99; a plan that
-    is wrong fails every round."""
     server = server_factory({"models": [SYN]})
-    opts = Options(tmp_path, is_smoke=False, rounds=1, load_s=2.0, poisson_s=2.0)
-    misses = []
-    for _ in range(ATTEMPTS):
-        found = synthetic_round(server.url, opts)
-        assert found["plan"]["kind"] == "one-shot" and found["plan"]["max_batch"] == 16
-        missed = [f"{k} {found[k]}" for k in ("throughput", "p99_ms") if not found[k]["within_20"]]
-        if not missed:
-            return
-        misses += missed
-    pytest.fail("no round landed within 20 % of the plan:\n" + "\n".join(misses))
+    plan = run_plan(server.url, "--served-model", "syn", "--qps", "60", "--prompt-tokens", "8",
+                    "--max-batch", "32", "--max-wait-ms", "5")  # fmt: skip
+    assert plan["kind"] == "one-shot"
+    assert plan["max_batch"] == MAX_BATCH  # found by probing, not configured
+    # Never below what the model sleeps; within half again of it even on a busy machine.
+    assert FULL_BATCH_MS * 0.98 <= plan["batch_ms_at_max"] <= FULL_BATCH_MS * 1.5
+    ceiling = MAX_BATCH / (FULL_BATCH_MS / 1000)
+    assert ceiling / 1.5 <= plan["inputs_per_s_per_replica"] <= ceiling * 1.02

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -161,14 +160,19 @@ async def calibrate_one_shot(
     return OneShotCalibration(LinearCurve.fit(points), max_batch, points)
 
 
+def _now() -> float:
+    """The running loop's clock: what its sleeps and timeouts are measured in."""
+    return asyncio.get_running_loop().time()
+
+
 async def solo_times(probe: Probe, prompt_tokens: int, output_tokens: int) -> SoloTimes:
     """``SOLO_REQUESTS`` completions one at a time, timed by the caller and by the engine."""
     before = await probe.samples()
     caller_s: list[float] = []
     for _ in range(SOLO_REQUESTS):
-        started = time.perf_counter()
+        started = _now()
         await probe.complete(prompt_tokens, output_tokens)
-        caller_s.append(time.perf_counter() - started)
+        caller_s.append(_now() - started)
     after = await probe.samples()
     # Arrival to first token, plus every gap after it: arrival to the last token.
     engine_s = probe.delta(before, after, "conveyor_time_to_first_token_seconds_sum")
@@ -189,9 +193,9 @@ async def overlap_cost_s(
 
     async def timed(delay_s: float) -> float:
         await asyncio.sleep(delay_s)
-        started = time.perf_counter()
+        started = _now()
         await probe.complete(prompt_tokens, output_tokens)
-        return time.perf_counter() - started
+        return _now() - started
 
     excess = []
     for _ in range(OVERLAP_PAIRS):

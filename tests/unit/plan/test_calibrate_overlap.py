@@ -1,17 +1,16 @@
-"""The overlap probe's arithmetic, on a fake server whose requests slow each other."""
+"""The overlap probe's arithmetic, on a fake server whose requests slow each other, run on
+a virtual clock (so the figures are exact, not subject to this machine's timer slack)."""
 
 from __future__ import annotations
 
 import asyncio
 import statistics
-import time
 from typing import cast
 
 import pytest
 
 from conveyor.plan.calibrate import Probe, overlap_cost_s
-
-pytestmark = pytest.mark.anyio
+from tests.virtual_time import run_virtual
 
 LONE_S = 0.02
 
@@ -36,23 +35,32 @@ class SharingServer:
         self.running.remove(arrived)
 
 
-async def lone_s(server: SharingServer) -> float:
-    """A lone request's time on the fake as the caller sees it (timer overshoot included),
-    as the calibration measures it before the pairs."""
+async def measure(server: SharingServer) -> float:
+    """A lone request's time (as the calibration measures it before the pairs), then the
+    overlap cost against it."""
+    loop = asyncio.get_running_loop()
     times = []
     for _ in range(5):
-        started = time.perf_counter()
+        started = loop.time()
         await server.complete(16, 8)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        times.append(loop.time() - started)
+    return await overlap_cost_s(cast(Probe, server), 16, 8, statistics.median(times))
 
 
-async def test_twice_the_mean_excess_of_a_half_overlapping_pair_is_one_whole_overlap() -> None:
-    server = SharingServer(slowdown_s=0.004)
-    measured = await overlap_cost_s(cast(Probe, server), 16, 8, await lone_s(server))
-    assert measured == pytest.approx(0.008, abs=0.003)  # timer slack on a busy machine
+def test_twice_the_mean_excess_of_a_half_overlapping_pair_is_one_whole_overlap() -> None:
+    assert run_virtual(measure(SharingServer(slowdown_s=0.004))) == pytest.approx(0.008)
 
 
-async def test_requests_that_do_not_slow_each_other_measure_no_overlap() -> None:
-    server = SharingServer(slowdown_s=0.0)
-    assert await overlap_cost_s(cast(Probe, server), 16, 8, await lone_s(server)) < 0.003
+def test_requests_that_do_not_slow_each_other_measure_no_overlap() -> None:
+    assert run_virtual(measure(SharingServer(slowdown_s=0.0))) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_virtual_clock_moves_only_by_what_was_slept() -> None:
+    async def sleeps() -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.gather(asyncio.sleep(5.0), asyncio.sleep(3.0))
+        await asyncio.sleep(1.5)
+        return loop.time() - started
+
+    assert run_virtual(sleeps()) == pytest.approx(6.5)
