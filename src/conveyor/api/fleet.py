@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
 from conveyor.api.errors import error_response
+from conveyor.api.proxy_limits import ProxyLimits
 from conveyor.api.responses import find_model, json_response, version_body
 from conveyor.api.timeouts import TIMEOUT_HEADER, timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
@@ -25,11 +26,13 @@ from conveyor.fleet.affinity import Affinity
 from conveyor.fleet.proxy import OutboundRequest, ProxiedResponse, forwardable_headers
 from conveyor.fleet.scaling import desired_replicas
 from conveyor.openai_paths import PROXIED_ENDPOINTS
+from conveyor.tenants.estimate import LIMITED_PATHS
 
 if TYPE_CHECKING:
     from starlette.responses import StreamingResponse
 
     from conveyor.gateway import Gateway
+    from conveyor.tenants.gate import Reservation
 
 router = APIRouter()
 
@@ -48,21 +51,31 @@ def _gateway(request: Request) -> Gateway:
     return gateway
 
 
-def parse_model(body: bytes) -> tuple[str, int]:
-    """The request's ``model`` and how many inputs it carries (for the arrival rate)."""
+def parse_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object (400 if it is not one)."""
     try:
         parsed: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise InvalidRequest("the request body is not valid JSON") from None
     if not isinstance(parsed, dict):
         raise InvalidRequest("the request body must be a JSON object")
-    model = parsed.get("model")
+    return parsed
+
+
+def model_and_inputs(body: dict[str, Any]) -> tuple[str, int]:
+    """A parsed body's ``model`` and how many inputs it carries (for the arrival rate)."""
+    model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a string", param="model")
-    inputs = parsed.get("input")
+    inputs = body.get("input")
     # A list of strings or of token lists is one input each; anything else counts once.
     is_many = isinstance(inputs, list) and inputs and not isinstance(inputs[0], int)
     return model, len(inputs) if is_many and isinstance(inputs, list) else 1
+
+
+def parse_model(body: bytes) -> tuple[str, int]:
+    """The request's ``model`` and how many inputs it carries (for the arrival rate)."""
+    return model_and_inputs(parse_object(body))
 
 
 def scan_model(body: bytes) -> str | None:
@@ -167,17 +180,26 @@ def is_proxied(scope: Scope) -> bool:
     return path.startswith("/v1/") and not path.startswith(JOB_PREFIXES)
 
 
-def proxy_shortcut(gateway: Gateway) -> Callable[[Scope], ASGIApp | None]:
+class ProxyApp:
+    """The proxy as an ASGI app, with the gateway's rate limits once they are installed."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        """Proxy to `gateway`'s workers; no limits until `limits` is set."""
+        self.gateway = gateway
+        self.limits: ProxyLimits | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await proxy(self.gateway, scope, receive, send, self.limits)
+
+
+def proxy_shortcut(proxy_app: ProxyApp) -> Callable[[Scope], ASGIApp | None]:
     """Sends online requests straight to the proxy, past FastAPI's routing and request objects.
 
     Every other request, Files and Batches included, goes on to the app's routes.
     """
 
-    async def to_proxy(scope: Scope, receive: Receive, send: Send) -> None:
-        await proxy(gateway, scope, receive, send)
-
     def shortcut(scope: Scope) -> ASGIApp | None:
-        return to_proxy if is_proxied(scope) else None
+        return proxy_app if is_proxied(scope) else None
 
     return shortcut
 
@@ -187,7 +209,7 @@ class _ProxyRoute:
     those to the router). An app object: Starlette routes to it without a ``Request``."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await proxy(scope["app"].state.gateway, scope, receive, send)
+        await scope["app"].state.proxy_app(scope, receive, send)
 
 
 router.routes.append(Route("/v1/{path:path}", _ProxyRoute(), methods=["POST"]))
@@ -205,14 +227,28 @@ async def read_body(receive: Receive) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def proxy(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-    """Route an online request to a worker hosting its model; retry on failure."""
+async def proxy(
+    gateway: Gateway, scope: Scope, receive: Receive, send: Send, limits: ProxyLimits | None = None
+) -> None:
+    """Route an online request to a worker hosting its model; retry on failure. With
+    `limits`, admit it against its tenant's rate limits first and settle when it ends."""
     started = time.perf_counter()
     model = ""
+    res: Reservation | None = None
     try:
         body = await read_body(receive)
-        model, num_inputs = read_model(body)
-        response = await _forward(gateway, scope, receive, body, model, num_inputs)
+        if limits is not None and scope["path"] in LIMITED_PATHS:  # parsed once for both
+            parsed = parse_object(body)
+            model, num_inputs = model_and_inputs(parsed)
+            res = await limits.admit(scope, parsed)
+        else:
+            model, num_inputs = read_model(body)
+        try:
+            response = await _forward(gateway, scope, receive, body, model, num_inputs)
+        except BaseException:
+            if res is not None and limits is not None:
+                limits.release(res)
+            raise
     except ConveyorError as exc:
         if model:
             gateway.metrics.requests.labels(model, str(exc.status_code)).inc()
@@ -220,7 +256,10 @@ async def proxy(gateway: Gateway, scope: Scope, receive: Receive, send: Send) ->
         return
     gateway.metrics.requests.labels(model, str(response.status_code)).inc()
     gateway.metrics.latency_s.labels(model).observe(time.perf_counter() - started)
-    await response(scope, receive, send)
+    if res is not None and limits is not None:
+        await limits.send(res, response, scope, receive, send)
+    else:
+        await response(scope, receive, send)
 
 
 def _timeout_ms(scope: Scope) -> float | None:

@@ -18,6 +18,7 @@ from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
+from conveyor.api.proxy_limits import ProxyLimits
 from conveyor.config import ServerConfig
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
@@ -66,6 +67,7 @@ def create_gateway_app(
         **fastapi_options(),
     )
     app.state.gateway = gateway
+    app.state.proxy_app = proxy_app = fleet_routes.ProxyApp(gateway)
     app.state.jobs = jobs
     install_error_handlers(app)
     # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
@@ -81,10 +83,12 @@ def create_gateway_app(
         config,
         counter=gateway.metrics.http_requests,
         # Online requests go straight to the proxy once the keys, limits and body cap passed.
-        shortcut=fleet_routes.proxy_shortcut(gateway),
+        shortcut=fleet_routes.proxy_shortcut(proxy_app),
         key_store=key_store,
         registry=gateway.metrics.registry,
         service_name="conveyor-gateway",
         tracer_provider=tracer_provider,
     )
+    if guards.gate is not None:  # the proxy applies them: it reads every body anyway
+        proxy_app.limits = ProxyLimits(guards.gate)
     return app

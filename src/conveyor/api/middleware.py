@@ -15,7 +15,7 @@ from conveyor.api.auth import ApiKeyMiddleware, static_principals
 from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.budget import BudgetMiddleware, budget_refusals_counter
 from conveyor.api.edge import Dispatch, Edge, EdgeApp, Shortcut
-from conveyor.api.rate_limit import RateLimitMiddleware, TicketIssuer
+from conveyor.api.rate_limit import TicketIssuer
 from conveyor.config import ServerConfig
 from conveyor.metrics import TenantMetrics
 from conveyor.observability.tracing import build_provider, tracer_of
@@ -88,13 +88,14 @@ def install_middleware(
 ) -> EdgeGuards:
     """Put the edge and the guards in front of ``app``'s own stack, outermost first: the
     edge (request ids, HTTP metrics on `counter`, crash guard), CORS when configured, API
-    keys, the body cap, budgets, tenant rate limits, then `shortcut`'s direct routes.
+    keys, the body cap, budgets, then `shortcut`'s direct routes.
 
     Keys are the config's plus, with `key_store`, the stored ones (read once now, then
-    reread by the key ring the returned guards start and stop with the app). Rate limits
-    are added only when some tenant has an online limit; their metrics go to `registry`.
-    With `counts_tokens` (`serve`) the app admits each request once it is tokenized: the
-    edge issues each limited request a ticket (no rate-limit middleware layer).
+    reread by the key ring the returned guards start and stop with the app). The rate-limit
+    gate is built only when some tenant has an online limit (its metrics go to `registry`)
+    and is no layer: with `counts_tokens` (`serve`) the edge issues each limited request a
+    ticket that the app admits once the request is tokenized; otherwise (the gateway) the
+    app applies the returned guards' gate itself (`api.proxy_limits`).
     Traces go to ``tracer_provider`` when given (tests), else to the config's OTLP endpoint.
     """
     keyring = KeyRing(static_principals(config.api_keys), key_store, owns_store=owns_key_store)
@@ -108,8 +109,6 @@ def install_middleware(
 
     def edge(full: ASGIApp) -> ASGIApp:
         inner: ASGIApp = Dispatch(full, shortcut)
-        if gate is not None and not counts_tokens:
-            inner = RateLimitMiddleware(inner, gate=gate)
         if has_budgets:  # outside the limiter: a refusal spends no tokens
             inner = BudgetMiddleware(inner, refusals=refusals)
         inner = BodyLimitMiddleware(

@@ -94,10 +94,19 @@ def parse_ask(body: bytes, path: str, default_max_tokens: int) -> TokenAsk | Non
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), str):
+    if not isinstance(parsed, dict):
         return None
-    num_input = body_input_tokens(parsed, path)
-    return TokenAsk(parsed["model"], num_input, output_reserve(parsed, path, default_max_tokens))
+    return ask_of(parsed, path, default_max_tokens)
+
+
+def ask_of(body: dict[str, Any], path: str, default_max_tokens: int) -> TokenAsk | None:
+    """`parse_ask` of a body already parsed (None: it names no model)."""
+    model = body.get("model")
+    if not isinstance(model, str):
+        return None
+    return TokenAsk(
+        model, body_input_tokens(body, path), output_reserve(body, path, default_max_tokens)
+    )
 
 
 def pair_tokens(first: Any, second: Any) -> int:
