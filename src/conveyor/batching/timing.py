@@ -7,6 +7,11 @@ Once warm, one observation counts for at most ``max_outlier_ratio`` times the ti
 predicted for its size: a batch stalled by something else (a stop-the-world pause, a
 busy machine) then moves the fit a little instead of teaching it that every batch is
 slow. A real change in speed still shows: each batch moves the fit further.
+
+The model also keeps how far recent batches fell from the fit (`spread_s`, the root mean
+square of their errors): batches of one size differ by what is in them (longer texts) and
+by what else the machine runs, and a caller sizing batches for a latency bound leaves
+room for that.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class BatchTimeModel:
         self._t = 0.0
         self._nn = 0.0
         self._nt = 0.0
+        self._squared_error = 0.0
 
     @property
     def is_warm(self) -> bool:
@@ -47,14 +53,22 @@ class BatchTimeModel:
     def observe(self, batch_size: int, seconds: float) -> None:
         """Record one batch (an outlier is capped first, see the module docstring)."""
         if self.is_warm:
-            limit_s = self.max_outlier_ratio * self.seconds_for(batch_size) + OUTLIER_SLACK_S
-            seconds = min(seconds, limit_s)
+            predicted_s = self.seconds_for(batch_size)
+            seconds = min(seconds, self.max_outlier_ratio * predicted_s + OUTLIER_SLACK_S)
+            error_s = seconds - predicted_s
+            self._squared_error += self.alpha * (error_s * error_s - self._squared_error)
         w = 1.0 if self.num_observations == 0 else self.alpha
         self._n += w * (batch_size - self._n)
         self._t += w * (seconds - self._t)
         self._nn += w * (batch_size * batch_size - self._nn)
         self._nt += w * (batch_size * seconds - self._nt)
         self.num_observations += 1
+
+    @property
+    def spread_s(self) -> float:
+        """How far recent batches fell from the fit: the root mean square of their errors
+        (weighted as the fit is; 0 until warm)."""
+        return math.sqrt(self._squared_error)
 
     @property
     def has_slope(self) -> bool:

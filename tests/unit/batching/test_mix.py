@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conveyor.batching.mix import mixed_batch_limit
 from conveyor.batching.timing import BatchTimeModel
 
@@ -55,3 +57,18 @@ def test_a_batch_of_two_is_split_when_one_input_already_fills_the_budget() -> No
     # 10 ms + 10 ms an input: t(1) = 20, t(2) = 30; budget (20 + 30) / 2 = 25 ms fits one.
     pair = fitted(0.01, 0.01, sizes=(1, 2))
     assert mixed_batch_limit(2, pair, slack_s=0.0) == 1
+
+
+def test_batches_that_stray_from_the_fit_leave_room_for_their_spread() -> None:
+    # As the first test, but every batch runs 4 ms over or under the line: each of the two
+    # waits leaves a spread's room (about 4 ms; the forgetting fit wobbles a little too),
+    # so the budget is about 40.15 - 4 = 36 ms: about 53 inputs instead of 67.
+    timing = BatchTimeModel()
+    for i in range(400):
+        size = (1, 50, 100)[i % 3]
+        timing.observe(size, 0.02 + 0.0003 * size + (0.004 if i % 2 else -0.004))
+    assert timing.spread_s == pytest.approx(0.004, rel=0.15)
+    exact = fitted(0.02, 0.0003)
+    assert exact.spread_s == pytest.approx(0.0, abs=1e-9)
+    assert mixed_batch_limit(100, exact, slack_s=0.010) == 67
+    assert 50 <= mixed_batch_limit(100, timing, slack_s=0.010) <= 55
