@@ -3,17 +3,23 @@
 Online inputs always go first in a batch; job inputs fill the rest. An online caller may
 arrive just after a batch was launched, so it waits for that batch and then for its own.
 While online traffic is present and job inputs wait, every batch is therefore capped at
-the size whose predicted time, plus the fit's recent spread, is half of (a one-input batch
-+ a full batch + a slack): the two batches an online caller can wait for then take no
-longer than the batch it would run in on an idle model plus one full batch plus the slack,
-even when each runs a spread longer than the fit says (batches of one size differ by
-their texts' lengths and by what else the machine does). Without online traffic the job
+the size whose predicted time, plus `SPREADS` times the fit's recent spread, is half of
+(a one-input batch + a full batch + a slack): the two batches an online caller can wait
+for then take no longer than the batch it would run in on an idle model plus one full
+batch plus the slack, even when both run long (batches of one size differ by their
+texts' lengths and by what else the machine does; the bound is for the slowest callers,
+the p99, not the typical one). Without online traffic the job
 runs full batches. Pure arithmetic on the fitted batch-time model.
 """
 
 from __future__ import annotations
 
 from conveyor.batching.timing import BatchTimeModel
+
+# Room each of the two waits leaves, in spreads (root mean square errors of the fit): two
+# waits, each up to two spreads long, keep about 99% of callers within the bound when the
+# errors are about normal.
+SPREADS = 2.0
 
 
 def mixed_batch_limit(cap: int, timing: BatchTimeModel, *, slack_s: float) -> int:
@@ -33,6 +39,6 @@ def mixed_batch_limit(cap: int, timing: BatchTimeModel, *, slack_s: float) -> in
         one_s = per_input_s
     if per_input_s <= 0:
         return cap  # a bigger batch costs nothing more: fill it
-    budget_s = (one_s + full_s + slack_s) / 2 - timing.spread_s
+    budget_s = (one_s + full_s + slack_s) / 2 - SPREADS * timing.spread_s
     size = 1 + int((budget_s - one_s) / per_input_s)
     return max(1, min(cap, size))

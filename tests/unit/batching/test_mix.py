@@ -61,8 +61,8 @@ def test_a_batch_of_two_is_split_when_one_input_already_fills_the_budget() -> No
 
 def test_batches_that_stray_from_the_fit_leave_room_for_their_spread() -> None:
     # As the first test, but every batch runs 4 ms over or under the line: each of the two
-    # waits leaves a spread's room (about 4 ms; the forgetting fit wobbles a little too),
-    # so the budget is about 40.15 - 4 = 36 ms: about 53 inputs instead of 67.
+    # waits leaves two spreads' room (a spread is about 4 ms; the forgetting fit wobbles a
+    # little too), so the budget is about 40.15 - 8 = 32 ms: about 40 inputs, not 67.
     timing = BatchTimeModel()
     for i in range(400):
         size = (1, 50, 100)[i % 3]
@@ -71,4 +71,4 @@ def test_batches_that_stray_from_the_fit_leave_room_for_their_spread() -> None:
     exact = fitted(0.02, 0.0003)
     assert exact.spread_s == pytest.approx(0.0, abs=1e-9)
     assert mixed_batch_limit(100, exact, slack_s=0.010) == 67
-    assert 50 <= mixed_batch_limit(100, timing, slack_s=0.010) <= 55
+    assert 36 <= mixed_batch_limit(100, timing, slack_s=0.010) <= 42
