@@ -26,7 +26,7 @@ from starlette.types import Message, Receive, Scope, Send
 from conveyor.fleet.proxy import ProxiedResponse
 from conveyor.observability.context import RequestContext, current_request
 from conveyor.tenants.estimate import ask_of
-from conveyor.tenants.gate import RateLimitGate, Reservation, reservation_headers
+from conveyor.tenants.gate import MustWait, RateLimitGate, Reservation, reservation_headers
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -89,12 +89,15 @@ class ProxyLimits:
     async def admit(self, scope: Scope, body: dict[str, Any]) -> Reservation | None:
         """Reserve the buckets of a request to a limited path (`LIMITED_PATHS`), from its
         parsed body (None: no limit applies). Raises 400, 429 or 503 as
-        `RateLimitGate.admit`."""
+        `RateLimitGate.admit` (without a coroutine when a local share answers)."""
         ask = ask_of(body, scope["path"], self.default_max_tokens)
         if ask is None:
             return None
         tenant = scope.get("state", {}).get("tenant", "default")
-        res = await self.gate.admit(tenant, ask)
+        gate = self.gate
+        res = gate.admit_at_once(tenant, ask.model, ask.input_tokens, ask.output_tokens)
+        if isinstance(res, MustWait):
+            res = await gate.admit_waiting(tenant, ask.model, ask.input_tokens, ask.output_tokens)
         if res is not None:
             edge_context().response_headers = lambda: reservation_headers(res)
         return res

@@ -40,18 +40,22 @@ class TokenAsk:
 
 def text_tokens(text: str) -> int:
     """About how many tokens a text is (never 0 for a non-empty one)."""
-    return -(-len(text.encode()) // BYTES_PER_TOKEN)
+    size = len(text) if text.isascii() else len(text.encode())  # its UTF-8 bytes
+    return -(-size // BYTES_PER_TOKEN)
 
 
 def input_tokens(value: Any) -> int:
     """Tokens of an `input` or `prompt`: a string, token ids, or a list of either."""
     if isinstance(value, str):
         return text_tokens(value)
-    if isinstance(value, list):
-        if value and all(isinstance(item, int) for item in value):
-            return len(value)
-        return sum(input_tokens(item) for item in value)
-    return 0
+    if not isinstance(value, list) or not value:
+        return 0
+    if isinstance(value[0], int) and all(isinstance(item, int) for item in value):
+        return len(value)
+    total = 0
+    for item in value:  # a loop, not a generator: every gateway admission runs this
+        total += text_tokens(item) if isinstance(item, str) else input_tokens(item)
+    return total
 
 
 def message_tokens(messages: Any) -> int:

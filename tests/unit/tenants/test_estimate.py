@@ -35,3 +35,10 @@ def test_chat_reserves_max_completion_tokens_or_the_default() -> None:
 def test_a_body_without_a_model_is_left_to_the_endpoint() -> None:
     assert parse_ask(b"not json", "/v1/embeddings", 1) is None
     assert ask("/v1/embeddings", {"input": "x"}) is None
+
+
+def test_text_is_counted_by_its_utf8_bytes_and_odd_lists_by_their_texts() -> None:
+    assert ask("/v1/embeddings", {"model": "e", "input": "é" * 4}) == TokenAsk("e", 2, 0)
+    assert ask("/v1/embeddings", {"model": "e", "input": ["日本", "abcd"]}) == TokenAsk("e", 3, 0)
+    assert ask("/v1/embeddings", {"model": "e", "input": [1, "abcd", None]}) == TokenAsk("e", 1, 0)
+    assert ask("/v1/embeddings", {"model": "e", "input": []}) == TokenAsk("e", 0, 0)
