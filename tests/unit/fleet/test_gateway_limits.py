@@ -9,7 +9,6 @@ test sets.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,18 +18,16 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from conveyor.api.gateway_app import create_gateway_app
 from conveyor.api.middleware import build_limiter
 from conveyor.api.proxy_limits import ProxyLimits, StreamMeter, answer_usage
-from conveyor.config import ServerConfig
-from conveyor.gateway import Gateway, GatewaySettings
+from conveyor.gateway import Gateway
 from conveyor.metrics import TenantMetrics
-from conveyor.stores import open_job_store
 from conveyor.tenants.config import RateLimitsConfig, TenancyConfig
 from conveyor.tenants.gate import RateLimitGate, Reservation
 from conveyor.tenants.limiter import MemoryRateLimiter
 from conveyor.tenants.limiter_redis import RedisRateLimiter
 from conveyor.tenants.limiter_shares import SharedRateLimiter
+from tests.unit.fleet.scripted_gateway import gateway_before
 
 pytestmark = pytest.mark.anyio
 
@@ -83,21 +80,9 @@ class Worker:
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Worker, Gateway]]:
     worker = Worker()
-    server = await asyncio.start_server(worker.handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    store = open_job_store(f"sqlite://{tmp_path}/jobs.sqlite")
-    store.upsert_worker("w1", f"http://127.0.0.1:{port}", ["m"], 8, {}, time.time())
-    config = ServerConfig.model_validate(
-        {"data_dir": str(tmp_path), "default_tenant_limits": LIMITS}
-    )
-    app = create_gateway_app(GatewaySettings(store_url="unused"), config, store=store)
-    gateway: Gateway = app.state.gateway
-    await gateway.start()
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    config = {"default_tenant_limits": LIMITS}
+    async with gateway_before(worker.handle, tmp_path, config) as (client, gateway):
         yield client, worker, gateway
-    await gateway.stop()
-    server.close()
 
 
 def chat(max_tokens: int, model: str = "m", stream: bool = False) -> dict[str, object]:

@@ -6,7 +6,6 @@ A scripted worker on 127.0.0.1 (in the test's own event loop) records what reach
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +15,8 @@ import orjson
 import pytest
 
 from conveyor.api.fleet import is_proxied, read_model, scan_model
-from conveyor.api.gateway_app import create_gateway_app
-from conveyor.config import ServerConfig
 from conveyor.errors import InvalidRequest
-from conveyor.gateway import Gateway, GatewaySettings
-from conveyor.stores import open_job_store
+from tests.unit.fleet.scripted_gateway import gateway_before
 
 pytestmark = pytest.mark.anyio
 
@@ -53,21 +49,9 @@ class Worker:
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Worker]]:
     worker = Worker()
-    server = await asyncio.start_server(worker.handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    store = open_job_store(f"sqlite://{tmp_path}/jobs.sqlite")
-    store.upsert_worker("w1", f"http://127.0.0.1:{port}", ["m"], 8, {}, time.time())
-    config = ServerConfig.model_validate(
-        {"data_dir": str(tmp_path), "api_keys": [{"key": KEY}], "max_request_bytes": 1024}
-    )
-    app = create_gateway_app(GatewaySettings(store_url="unused"), config, store=store)
-    gateway: Gateway = app.state.gateway
-    await gateway.start()
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    config = {"api_keys": [{"key": KEY}], "max_request_bytes": 1024}
+    async with gateway_before(worker.handle, tmp_path, config) as (client, _):
         yield client, worker
-    await gateway.stop()
-    server.close()
 
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
