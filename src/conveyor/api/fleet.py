@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
 from conveyor.api.errors import error_response
-from conveyor.api.proxy_limits import ProxyLimits
+from conveyor.api.proxy_limits import Admitted, ProxyLimits
 from conveyor.api.responses import find_model, json_response, version_body
 from conveyor.api.timeouts import TIMEOUT_HEADER, timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from starlette.responses import StreamingResponse
 
     from conveyor.gateway import Gateway
-    from conveyor.tenants.gate import Reservation
 
 router = APIRouter()
 
@@ -234,20 +233,20 @@ async def proxy(
     `limits`, admit it against its tenant's rate limits first and settle when it ends."""
     started = time.perf_counter()
     model = ""
-    res: Reservation | None = None
+    admitted: Admitted | None = None
     try:
         body = await read_body(receive)
         if limits is not None and scope["path"] in LIMITED_PATHS:  # parsed once for both
             parsed = parse_object(body)
             model, num_inputs = model_and_inputs(parsed)
-            res = await limits.admit(scope, parsed)
+            admitted = await limits.admit(scope, parsed)
         else:
             model, num_inputs = read_model(body)
         try:
             response = await _forward(gateway, scope, receive, body, model, num_inputs)
         except BaseException:
-            if res is not None and limits is not None:
-                limits.release(res)
+            if admitted is not None:
+                admitted.release()
             raise
     except ConveyorError as exc:
         if model:
@@ -256,8 +255,8 @@ async def proxy(
         return
     gateway.metrics.requests.labels(model, str(response.status_code)).inc()
     gateway.metrics.latency_s.labels(model).observe(time.perf_counter() - started)
-    if res is not None and limits is not None:
-        await limits.send(res, response, scope, receive, send)
+    if admitted is not None:
+        await admitted.send(response, scope, receive, send)
     else:
         await response(scope, receive, send)
 

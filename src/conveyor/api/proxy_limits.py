@@ -26,7 +26,7 @@ from starlette.types import Message, Receive, Scope, Send
 from conveyor.fleet.proxy import ProxiedResponse
 from conveyor.observability.context import RequestContext, current_request
 from conveyor.tenants.estimate import ask_of
-from conveyor.tenants.gate import MustWait, RateLimitGate, Reservation, reservation_headers
+from conveyor.tenants.gate import RateLimitGate, Reservation, reservation_headers
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -86,35 +86,40 @@ class ProxyLimits:
         self.gate = gate
         self.default_max_tokens = gate.tenancy.rate_limits.default_max_output_tokens
 
-    async def admit(self, scope: Scope, body: dict[str, Any]) -> Reservation | None:
+    async def admit(self, scope: Scope, body: dict[str, Any]) -> Admitted | None:
         """Reserve the buckets of a request to a limited path (`LIMITED_PATHS`), from its
         parsed body (None: no limit applies). Raises 400, 429 or 503 as
-        `RateLimitGate.admit` (without a coroutine when a local share answers)."""
+        `RateLimitGate.admit`."""
         ask = ask_of(body, scope["path"], self.default_max_tokens)
         if ask is None:
             return None
-        tenant = scope.get("state", {}).get("tenant", "default")
-        gate = self.gate
-        res = gate.admit_at_once(tenant, ask.model, ask.input_tokens, ask.output_tokens)
-        if isinstance(res, MustWait):
-            res = await gate.admit_waiting(tenant, ask.model, ask.input_tokens, ask.output_tokens)
-        if res is not None:
-            edge_context().response_headers = lambda: reservation_headers(res)
-        return res
+        res = await self.gate.admit(scope.get("state", {}).get("tenant", "default"), ask)
+        if res is None:
+            return None
+        edge_context().response_headers = lambda: reservation_headers(res)
+        return Admitted(self.gate, res)
 
-    def release(self, res: Reservation) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """One admitted request, to be settled exactly once: `release` or `send`."""
+
+    gate: RateLimitGate
+    reservation: Reservation
+
+    def release(self) -> None:
         """The request failed before an answer: it used nothing."""
-        self.gate.settle(res, 0, 0)
+        self.gate.settle(self.reservation, 0, 0)
 
     async def send(
         self,
-        res: Reservation,
         response: ProxiedResponse | StreamingResponse,
         scope: Scope,
         receive: Receive,
         send: Send,
     ) -> None:
         """Send the answer, then settle at what it used (also when sending is cut off)."""
+        res = self.reservation
         if isinstance(response, ProxiedResponse):
             try:
                 await response(scope, receive, send)

@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 BYTES_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4  # role and separators, roughly
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -91,20 +89,9 @@ def output_reserve(body: dict[str, Any], path: str, default_max_tokens: int) -> 
     return per_choice * _positive_int(body.get("n"), 1) * num_prompts
 
 
-def parse_ask(body: bytes, path: str, default_max_tokens: int) -> TokenAsk | None:
-    """The request's ask, or None when the body is not a JSON object with a model (the
-    endpoint then answers 400 itself)."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(parsed, dict):
-        return None
-    return ask_of(parsed, path, default_max_tokens)
-
-
 def ask_of(body: dict[str, Any], path: str, default_max_tokens: int) -> TokenAsk | None:
-    """`parse_ask` of a body already parsed (None: it names no model)."""
+    """The ask of a parsed request body to `path`, or None when it names no model (the
+    endpoint then answers 400 itself)."""
     model = body.get("model")
     if not isinstance(model, str):
         return None

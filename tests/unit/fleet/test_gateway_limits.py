@@ -18,15 +18,12 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from conveyor.api.middleware import build_limiter
 from conveyor.api.proxy_limits import ProxyLimits, StreamMeter, answer_usage
 from conveyor.gateway import Gateway
 from conveyor.metrics import TenantMetrics
-from conveyor.tenants.config import RateLimitsConfig, TenancyConfig
+from conveyor.tenants.config import TenancyConfig
 from conveyor.tenants.gate import RateLimitGate, Reservation
 from conveyor.tenants.limiter import MemoryRateLimiter
-from conveyor.tenants.limiter_redis import RedisRateLimiter
-from conveyor.tenants.limiter_shares import SharedRateLimiter
 from tests.unit.fleet.scripted_gateway import gateway_before
 
 pytestmark = pytest.mark.anyio
@@ -192,14 +189,3 @@ async def test_outside_the_edge_it_fails_loudly_instead_of_dropping_headers() ->
     scope = {"path": "/v1/chat/completions", "state": {}}
     with pytest.raises(RuntimeError, match="behind the edge"):
         await ProxyLimits(gate).admit(scope, chat(5))
-
-
-async def test_the_redis_backend_admits_through_local_shares_unless_turned_off() -> None:
-    metrics = TenantMetrics(CollectorRegistry())
-    shared = build_limiter(RateLimitsConfig(backend="redis"), metrics)
-    plain = build_limiter(RateLimitsConfig(backend="redis", local_shares=False), metrics)
-    assert isinstance(shared, SharedRateLimiter) and isinstance(shared.remote, RedisRateLimiter)
-    assert isinstance(plain, RedisRateLimiter)
-    assert isinstance(build_limiter(RateLimitsConfig(), metrics), MemoryRateLimiter)
-    for limiter in (shared, plain):
-        await limiter.close()

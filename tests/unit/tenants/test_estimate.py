@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import orjson
+from typing import Any
 
-from conveyor.tenants.estimate import TokenAsk, parse_ask
+from conveyor.tenants.estimate import TokenAsk, ask_of
 
 
-def ask(path: str, body: dict[str, object]) -> TokenAsk | None:
-    return parse_ask(orjson.dumps(body), path, default_max_tokens=500)
+def ask(path: str, body: dict[str, Any]) -> TokenAsk | None:
+    return ask_of(body, path, default_max_tokens=500)
 
 
 def test_embeddings_reserve_no_output_and_count_token_ids_exactly() -> None:
@@ -33,8 +33,8 @@ def test_chat_reserves_max_completion_tokens_or_the_default() -> None:
 
 
 def test_a_body_without_a_model_is_left_to_the_endpoint() -> None:
-    assert parse_ask(b"not json", "/v1/embeddings", 1) is None
     assert ask("/v1/embeddings", {"input": "x"}) is None
+    assert ask("/v1/embeddings", {"model": 3, "input": "x"}) is None
 
 
 def test_text_is_counted_by_its_utf8_bytes_and_odd_lists_by_their_texts() -> None:
