@@ -8,17 +8,17 @@ the size whose predicted time, plus `SPREADS` times the fit's recent spread, is 
 for then take no longer than the batch it would run in on an idle model plus one full
 batch plus the slack, even when both run long (batches of one size differ by their
 texts' lengths and by what else the machine does; the bound is for the slowest callers,
-the p99, not the typical one). Without online traffic the job
-runs full batches. Pure arithmetic on the fitted batch-time model.
+the p99, not the typical one). Without online traffic the job runs full batches. Pure
+arithmetic on the fitted batch-time model.
 """
 
 from __future__ import annotations
 
 from conveyor.batching.timing import BatchTimeModel
 
-# Room each of the two waits leaves, in spreads (root mean square errors of the fit): two
-# waits, each up to two spreads long, keep about 99% of callers within the bound when the
-# errors are about normal.
+# Room each of the two waits leaves, in spreads (root mean square errors of the fit): with
+# about normal errors, two waits with two spreads of room each keep over 99% of callers
+# within the bound (their summed error is 1.4 spreads wide; the room is 4 spreads).
 SPREADS = 2.0
 
 
