@@ -31,9 +31,11 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_HEADER = b"x-conveyor-timeout-ms"
 # Hop-by-hop and framing headers: each leg of the trip sets its own.
+# ``expect``: the gateway has the whole body before it forwards, so a worker has nothing to
+# let continue (its interim 100 answer would only be one more answer on the connection).
 DROPPED_REQUEST_HEADERS = frozenset(
     {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te",
-     b"upgrade", b"proxy-authorization", b"proxy-connection", TIMEOUT_HEADER,
+     b"upgrade", b"proxy-authorization", b"proxy-connection", b"expect", TIMEOUT_HEADER,
      # Set again per attempt: the request id (the caller's or ours) and the trace context.
      b"x-request-id", b"traceparent", b"tracestate"}
 )  # fmt: skip
@@ -141,9 +143,15 @@ class _AttemptFailed(Exception):
         self.reason = reason
 
 
-def forwardable_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The client's headers minus hop-by-hop ones and our own deadline header."""
-    return [(k, v) for k, v in headers if k.lower() not in DROPPED_REQUEST_HEADERS]
+def forwardable_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The client's headers minus hop-by-hop ones (those ``Connection`` names too) and our
+    own deadline header."""
+    dropped = DROPPED_REQUEST_HEADERS
+    for name, value in headers:
+        if name.lower() == b"connection":  # rare: most clients send no Connection header
+            named = {token.strip().lower() for token in value.split(b",")}
+            dropped = dropped | named
+    return [(k, v) for k, v in headers if k.lower() not in dropped]
 
 
 def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

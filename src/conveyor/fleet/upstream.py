@@ -8,6 +8,12 @@ There are no per-request layers (auth flows, redirects, cookies, URL objects) to
 
 A response's body is read whole (``read``) or relayed chunk by chunk (``chunks``); a
 relayed stream stops reading from the worker while the client falls behind.
+
+A connection carries exactly one answer per request. Interim answers (``100 Continue``,
+``103 Early Hints``) are skipped; anything a worker sends beyond the one final answer (a
+second answer in the same exchange, or bytes while the connection sits idle) means the
+connection is out of step, and it is closed rather than pooled: the next request on it,
+from any caller, must never read an answer meant for another.
 """
 
 from __future__ import annotations
@@ -103,6 +109,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
         self._is_reading_paused = False
+        self._is_in_exchange = False
         self._begin()
 
     def _begin(self) -> None:
@@ -112,6 +119,8 @@ class _Connection(asyncio.Protocol):
         self.has_headers = False
         self.is_complete = False
         self.is_keep_alive = False
+        # A 1xx answer is being parsed: its headers and its end are not the answer's.
+        self._is_interim = False
         self.error: UpstreamError | None = None
         self.chunks: deque[bytes] = deque()
         self.num_buffered_bytes = 0
@@ -130,6 +139,9 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; its callbacks fill in the exchange."""
+        if not self._is_in_exchange:  # nothing was asked: the worker is out of step
+            self.close()
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -142,18 +154,35 @@ class _Connection(asyncio.Protocol):
             self.fail(ConnectionBroken(f"the worker closed the connection ({exc or 'EOF'})"))
 
     # -- httptools callbacks ----------------------------------------------------
+    def on_message_begin(self) -> None:
+        """An answer starts; a second final answer in one exchange ends the connection."""
+        if self.is_complete:
+            self.close()  # the exchange keeps its answer; no other caller gets the rest
+
     def on_header(self, name: bytes, value: bytes) -> None:
         """Collect a response header."""
-        self.headers.append((name.lower(), value))
+        if not self.is_complete:
+            self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        """Status line and headers are in."""
-        self.status = self._parser.get_status_code()
-        self.has_headers = True
-        self._wake()
+        """Status line and headers are in (of an interim answer: forget them)."""
+        if self.is_complete:
+            return
+        status = self._parser.get_status_code()
+        if status == 101:
+            self.fail(ConnectionBroken("the worker switched protocols"))
+        elif 100 <= status < 200:
+            self._is_interim = True
+            self.headers = []
+        else:
+            self.status = status
+            self.has_headers = True
+            self._wake()
 
     def on_body(self, body: bytes) -> None:
         """A piece of the body (de-chunked); pause reading if the consumer lags."""
+        if self.is_complete:
+            return
         self.chunks.append(body)
         self.num_buffered_bytes += len(body)
         if self.num_buffered_bytes > HIGH_WATER_BYTES and self.transport is not None:
@@ -163,6 +192,11 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         """The whole answer is in (the parser knows keep-alive only now, not after)."""
+        if self._is_interim:
+            self._is_interim = False
+            return
+        if self.is_complete:
+            return
         self.is_keep_alive = self._parser.should_keep_alive()
         self.is_complete = True
         self._cancel_timer()
@@ -172,9 +206,15 @@ class _Connection(asyncio.Protocol):
     def start(self, request: bytes, deadline: float) -> None:
         """Send a whole request; the answer must be complete by ``deadline`` (loop time)."""
         self._begin()
+        self._is_in_exchange = True
         self.arm_timer(deadline)
         assert self.transport is not None
         self.transport.write(request)
+
+    def end_exchange(self) -> None:
+        """The caller is done with the answer: from now on the worker should be silent."""
+        self._is_in_exchange = False
+        self._cancel_timer()
 
     def arm_timer(self, deadline: float) -> None:
         """Fail the exchange with ``UpstreamTimeout`` unless it completes by ``deadline``."""
@@ -185,10 +225,6 @@ class _Connection(asyncio.Protocol):
     def _on_timeout(self) -> None:
         self._timer = None
         self.fail(UpstreamTimeout("the worker did not answer in time"))
-
-    def disarm(self) -> None:
-        """Cancel the exchange's timer."""
-        self._cancel_timer()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -377,7 +413,7 @@ class UpstreamPool:
     def give_back(self, connection: _Connection) -> None:
         """End an exchange: keep the connection idle if it can carry another."""
         self._slots.release()
-        connection.disarm()
+        connection.end_exchange()
         idle = self._idle.setdefault(connection.origin, [])
         if connection.can_keep_alive() and len(idle) < self.limits.max_idle_per_worker:
             connection.idle_since = self._clock()

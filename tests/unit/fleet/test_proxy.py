@@ -283,6 +283,19 @@ async def test_the_remaining_deadline_is_forwarded_and_hop_headers_dropped() -> 
     assert forwardable_headers(hops) == [(b"a", b"b")]
 
 
+def test_expect_and_the_headers_connection_names_are_not_forwarded() -> None:
+    """The gateway holds the whole body before it forwards: a forwarded ``Expect`` would only
+    make the worker send an interim ``100`` (which once handed one caller's answer to the
+    next caller on that connection), and ``Connection`` names more hop-by-hop headers."""
+    hops = [
+        (b"Expect", b"100-continue"),
+        (b"connection", b"keep-alive, X-Hop, Upgrade"),
+        (b"x-hop", b"1"),
+        (b"authorization", b"Bearer k"),
+    ]
+    assert forwardable_headers(hops) == [(b"authorization", b"Bearer k")]
+
+
 async def _body(response: ProxiedResponse | StreamingResponse) -> bytes:
     assert isinstance(response, StreamingResponse)
     chunks = [c async for c in response.body_iterator]

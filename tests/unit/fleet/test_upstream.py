@@ -316,3 +316,83 @@ def test_addresses_and_heads() -> None:
     assert head == b"POST /v1/x HTTP/1.1\r\nhost: w1:8001\r\ncontent-length: 5\r\na: 1\r\n\r\n"
     with pytest.raises(ValueError):
         PoolLimits(max_connections=0)
+
+
+async def test_an_interim_100_continue_is_skipped_and_the_real_answer_read(
+    serve: Callable[[Script], Awaitable[ScriptedServer]],
+) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await server.read_request(reader)
+            tag = request.rsplit(b"\r\n\r\n", 1)[1]
+            body = b'{"for":"%s"}' % tag
+            # Interim answers may come in their own write or with the final one (RFC 9110).
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+
+    server = await serve(script)
+    pool = UpstreamPool()
+    for tag in (b"a", b"b", b"c"):
+        answer = await pool.request(server.address, "POST", "/", [], tag, deadline())
+        assert answer.status == 200
+        assert answer.header(b"link") is None  # the interim answer's headers are not kept
+        assert await answer.read() == b'{"for":"%s"}' % tag
+    assert server.num_connections == 1  # complete answers: the connection was reused
+
+
+async def test_a_switching_protocols_answer_is_broken(
+    serve: Callable[[Script], Awaitable[ScriptedServer]],
+) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n")
+        await reader.read()
+
+    server = await serve(script)
+    pool = UpstreamPool()
+    with pytest.raises(ConnectionBroken):
+        await pool.request(server.address, "POST", "/", [], b"", deadline())
+    assert pool.num_idle(server.address) == 0
+
+
+async def test_bytes_after_a_complete_answer_are_never_taken_for_the_next_one(
+    serve: Callable[[Script], Awaitable[ScriptedServer]],
+) -> None:
+    """A worker that answers twice (a stray answer after the real one, in the same write or
+    later) must not have its extra answer handed to the next request on that connection."""
+    stray_sent = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await server.read_request(reader)
+            tag = request.rsplit(b"\r\n\r\n", 1)[1]
+            body = b'{"for":"%s"}' % tag
+            answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            if tag == b"first":
+                writer.write(answer + b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n")
+                await writer.drain()
+                writer.write(b'{"stray"}')
+                stray_sent.set()
+            elif tag == b"second":
+                writer.write(answer)
+                await writer.drain()
+                await asyncio.sleep(0)
+                writer.write(b'HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n{"stray"}')
+                await writer.drain()
+                stray_sent.set()
+            else:
+                writer.write(answer)
+
+    server = await serve(script)
+    pool = UpstreamPool()
+    for tag in (b"first", b"second"):
+        stray_sent.clear()
+        answer = await pool.request(server.address, "POST", "/", [], tag, deadline())
+        assert await answer.read() == b'{"for":"%s"}' % tag
+        await stray_sent.wait()
+        await asyncio.sleep(0.05)  # let the stray bytes land on the (now idle) connection
+        answer = await pool.request(server.address, "POST", "/", [], b"next", deadline())
+        assert await answer.read() == b'{"for":"next"}'
+    assert server.num_connections >= 3  # each poisoned connection was dropped, not reused
