@@ -4,6 +4,7 @@ finish reasons, prompt and generation lengths, queue time, HTTP requests by rout
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -47,6 +48,14 @@ def value(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
     return found.get((name, frozenset(labels.items())), 0.0)
 
 
+def required(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+             **labels: str) -> float:  # fmt: skip
+    """The sample's value; a missing sample fails (``value`` would read it as 0)."""
+    key = (name, frozenset(labels.items()))
+    assert key in found, f"no sample {name}{labels}"
+    return found[key]
+
+
 async def test_generation_and_http_metrics_after_a_few_requests(
     client: httpx.AsyncClient,
 ) -> None:
@@ -69,7 +78,10 @@ async def test_generation_and_http_metrics_after_a_few_requests(
     queries = value(found, "conveyor_prefix_cache_query_tokens_total", **tiny)
     hits = value(found, "conveyor_prefix_cache_hit_tokens_total", **tiny)
     assert queries == 2 * num_prompt and 0 < hits < queries
-    assert 0 <= value(found, "conveyor_kv_cache_usage_ratio", **tiny) <= 1
+    # The pool is 512 tokens / 4 a block (what a running request holds: the test below).
+    used = required(found, "conveyor_kv_blocks_used", **tiny)
+    assert used + required(found, "conveyor_kv_blocks_free", **tiny) == 128
+    assert required(found, "conveyor_kv_cache_usage_ratio", **tiny) == used / 128
     route = {"method": "POST", "route": "/v1/completions"}
     assert value(found, "conveyor_http_requests_total", **route, status="200") == 2
     assert value(found, "conveyor_http_requests_total", **route, status="400") == 1
@@ -79,6 +91,27 @@ async def test_generation_and_http_metrics_after_a_few_requests(
         for phase in ("schedule", "prepare", "forward", "sample", "postprocess")
     }
     assert all(seconds > 0 for seconds in phases.values()), phases
+
+
+async def test_kv_usage_shows_the_blocks_a_running_request_holds(
+    client: httpx.AsyncClient,
+) -> None:
+    """While a long request generates, the gauges show the blocks it holds (the client
+    transport returns a response only once it is whole, so the metrics are read beside it)."""
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 90, "ignore_eos": True}
+    running = asyncio.ensure_future(client.post("/v1/completions", json=body))
+    seen: list[tuple[float, float, float]] = []
+    while not running.done():
+        found = await samples(client)
+        used = required(found, "conveyor_kv_blocks_used", model="tiny")
+        if used > 0:
+            free = required(found, "conveyor_kv_blocks_free", model="tiny")
+            ratio = required(found, "conveyor_kv_cache_usage_ratio", model="tiny")
+            seen.append((used, free, ratio))
+        await asyncio.sleep(0.001)
+    assert (await running).status_code == 200
+    assert seen, "the request finished before any scrape saw its blocks held"
+    assert all(0 < ratio <= 1 and used + free == 128 for used, free, ratio in seen), seen
 
 
 async def test_unmatched_paths_share_one_route_label(client: httpx.AsyncClient) -> None:
