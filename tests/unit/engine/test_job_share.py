@@ -51,6 +51,19 @@ def test_config_rejects_bad_values(cap: int, linger_s: float, match: str) -> Non
         JobShareConfig(cap, linger_s=linger_s)
 
 
+@pytest.mark.parametrize("linger_s", [0.0, 0.5])
+def test_config_accepts_the_edges_of_its_ranges(linger_s: float) -> None:
+    assert JobShareConfig(1, linger_s=linger_s).linger_s == linger_s
+
+
+def test_the_cap_still_holds_exactly_linger_s_after_online_traffic() -> None:
+    clock = FakeClock()
+    share = JobShare(JobShareConfig(4, linger_s=2.0), clock)
+    share.job_token_cap(has_online=True)
+    clock.now_s += 2.0
+    assert share.job_token_cap(has_online=False) == 4  # gone for longer than linger_s lifts it
+
+
 def test_no_cap_before_any_online_traffic() -> None:
     share = JobShare(JobShareConfig(4), FakeClock())
     assert share.job_token_cap(has_online=False) is None

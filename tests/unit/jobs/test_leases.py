@@ -63,3 +63,12 @@ def test_a_straggler_runs_past_both_thresholds() -> None:
     assert not policy.is_straggler(4.0, [1.0])  # past 3x the median, but too young
     assert not policy.is_straggler(6.0, [2.0, 2.0, 10.0])  # 6 s is exactly 3x the median
     assert policy.is_straggler(6.1, [2.0, 2.0, 10.0])
+    assert policy.is_straggler(5.0, [1.0])  # exactly min_running_s is old enough
+
+
+def test_speculation_accepts_the_edges_of_its_ranges() -> None:
+    policy = SpeculationPolicy(slow_factor=1.0, min_running_s=0.0)
+    assert policy.is_straggler(0.5, [0.4])  # any shard slower than the median, at once
+    for bad in ({"slow_factor": 0.9}, {"min_running_s": -0.1}):
+        with pytest.raises(ValueError):
+            SpeculationPolicy(**bad)
