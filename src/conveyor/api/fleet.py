@@ -21,7 +21,7 @@ from conveyor.api.errors import error_response
 from conveyor.api.proxy_limits import Admitted, ProxyLimits
 from conveyor.api.responses import find_model, json_response, version_body
 from conveyor.api.timeouts import TIMEOUT_HEADER, timeout_from_headers
-from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
+from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, QueueFull
 from conveyor.fleet.affinity import Affinity
 from conveyor.fleet.proxy import OutboundRequest, ProxiedResponse, forwardable_headers
 from conveyor.fleet.scaling import desired_replicas
@@ -280,8 +280,7 @@ async def _forward(
     gateway: Gateway, scope: Scope, receive: Receive, body: bytes, model: str, num_inputs: int
 ) -> ProxiedResponse | StreamingResponse:
     """Admit, then proxy with the caller's deadline; a client that leaves cancels it."""
-    if model not in gateway.registered_models():
-        raise ModelNotFound(f"the model {model!r} does not exist", param="model")
+    gateway.check_model(model)
     if gateway.num_in_flight >= gateway.settings.max_in_flight:
         raise QueueFull("the gateway is at its in-flight limit", retry_after_s=1)
     gateway.count_arrival(model, num_inputs)
