@@ -13,10 +13,12 @@ from pathlib import Path
 
 import anyio
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from conveyor.api.errors import error_response, http_error
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.manifest import is_digest
 from conveyor.distribution.pacer import PIECE_BYTES, BytePacer
@@ -33,12 +35,10 @@ def chunk_app(
     async def get_chunk(request: Request) -> Response:
         digest = str(request.path_params["digest"])
         if not is_digest(digest):
-            error = InvalidRequest(f"not a SHA-256 hex digest: {digest[:80]!r}")
-            return JSONResponse(error.to_body(), status_code=error.status_code)
+            return error_response(InvalidRequest(f"not a SHA-256 hex digest: {digest[:80]!r}"))
         path = cache.chunk_path(digest)
         if not path.is_file():
-            missing = NotFound(f"chunk {digest} is not held here")
-            return JSONResponse(missing.to_body(), status_code=missing.status_code)
+            return error_response(NotFound(f"chunk {digest} is not held here"))
         metrics.chunks_served.inc()
         if pacer is None:
             return FileResponse(path, media_type="application/octet-stream")
@@ -48,7 +48,18 @@ def chunk_app(
             headers={"content-length": size},
         )  # fmt: skip
 
-    return Starlette(routes=[Route("/v1/internal/chunks/{digest}", get_chunk, methods=["GET"])])
+    return Starlette(
+        routes=[Route("/v1/internal/chunks/{digest}", get_chunk, methods=["GET"])],
+        # Unknown paths (404) and methods (405) in the API's error shape, not plain text.
+        exception_handlers={HTTPException: _http_error},
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's routing errors as the project's JSON error."""
+    if not isinstance(exc, HTTPException):
+        raise exc
+    return error_response(http_error(exc))
 
 
 async def _read_pieces(path: Path) -> AsyncIterator[bytes]:

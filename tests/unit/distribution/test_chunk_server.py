@@ -32,3 +32,15 @@ def test_a_held_chunk_is_served_whole_with_its_length(
     assert answer.headers["content-length"] == str(len(DATA))
     assert missing.status_code == 404
     assert metrics.chunks_served._value.get() == 1
+
+
+def test_unknown_paths_and_methods_get_the_json_error_shape(tmp_path: Path) -> None:
+    metrics = DistributionMetrics(CollectorRegistry())
+    with TestClient(chunk_app(ChunkCache(tmp_path), metrics)) as client:
+        unknown = client.get("/v1/internal/elsewhere")
+        wrong_method = client.post(f"/v1/internal/chunks/{'0' * 64}")
+        bad_digest = client.get("/v1/internal/chunks/xyz")
+    for answer, status in ((unknown, 404), (wrong_method, 405), (bad_digest, 400)):
+        assert answer.status_code == status
+        assert answer.headers["content-type"] == "application/json"
+        assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
