@@ -216,6 +216,18 @@ def fleet_model_check(
     return is_model_served
 
 
+def worker_identity(service: Service, worker_id: str, address: str) -> WorkerIdentity:
+    """What the worker registers: the models it hosts, less those whose pull failed (a
+    gateway must not route a model here that can only answer 503)."""
+    hosted = [m for m in service.config.models if m.name not in service.failed_models]
+    return WorkerIdentity(
+        worker_id=worker_id,
+        address=address,
+        models=tuple(model.name for model in hosted),
+        capacity=sum(model.max_batch_size for model in hosted),
+    )
+
+
 def worker_jobs(
     service: Service, store: WorkerRegistryStore, stale_after_s: float
 ) -> JobsSubsystem:
@@ -248,12 +260,8 @@ async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
         if serving.done():
             await serving  # re-raises why uvicorn stopped (a port in use, a failed start-up)
             return
-        identity = WorkerIdentity(
-            worker_id=worker_id,
-            address=advertised_address(settings, server.bound_port),
-            models=tuple(model.name for model in config.models),
-            capacity=sum(model.max_batch_size for model in config.models),
-        )
+        address = advertised_address(settings, server.bound_port)
+        identity = worker_identity(service, worker_id, address)
         await _beat_until_drain(server, serving, store, identity, service, gate, jobs, settings)
         await serving
     finally:
