@@ -15,14 +15,13 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from conveyor.api.errors import error_response, http_error
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.manifest import is_digest
 from conveyor.distribution.pacer import PIECE_BYTES, BytePacer
-from conveyor.errors import InvalidRequest, NotFound
+from conveyor.errors import ConveyorError, InvalidRequest, NotFound
 from conveyor.metrics import DistributionMetrics
 
 
@@ -55,11 +54,19 @@ def chunk_app(
     )
 
 
+def error_response(error: ConveyorError) -> Response:
+    """`error` in the API's JSON shape (``conveyor.api`` builds on this package, so its
+    helper cannot be used here)."""
+    return JSONResponse(error.to_body(), status_code=error.status_code, headers=error.headers())
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's routing errors as the project's JSON error."""
+    """Starlette's routing errors (unknown path, wrong method) in the API's JSON shape."""
     if not isinstance(exc, HTTPException):
         raise exc
-    return error_response(http_error(exc))
+    error = NotFound(str(exc.detail)) if exc.status_code == 404 else InvalidRequest(str(exc.detail))
+    error.status_code = exc.status_code
+    return error_response(error)
 
 
 async def _read_pieces(path: Path) -> AsyncIterator[bytes]:
