@@ -33,6 +33,7 @@ from conveyor.distribution.peer import PeerNode, PeerSettings
 from conveyor.distribution.resolver import has_remote_models
 from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.errors import ServiceUnavailable
+from conveyor.fleet.credential import credential_from
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.jobs.subsystem import JobsSubsystem
@@ -245,7 +246,11 @@ async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
     peer = await _start_peer(config, settings, worker_id, store, metrics)
     service = Service(config, metrics=metrics, model_resolver=peer.resolver if peer else None)
     jobs = worker_jobs(service, store, STALE_HEARTBEATS * settings.heartbeat_s)
-    gate = DrainGate(create_app(config, service=service, jobs=jobs, with_rate_limits=False))
+    app = create_app(
+        config, service=service, jobs=jobs, with_rate_limits=False,
+        fleet_credential=credential_from(config.fleet),
+    )  # fmt: skip
+    gate = DrainGate(app)
     server = _DrainingServer(
         uvicorn_config(
             gate, config, host=settings.host, port=settings.port, timeout_keep_alive=30,
