@@ -23,6 +23,7 @@ from typing import Any
 from conveyor.config import ServerConfig
 from conveyor.errors import ModelNotFound, ServiceUnavailable
 from conveyor.fleet.affinity import AffinitySettings
+from conveyor.fleet.credential import FleetCredential
 from conveyor.fleet.proxy import Proxy, ProxySettings
 from conveyor.fleet.registry import FleetRegistry, model_loads
 from conveyor.fleet.registry_store import WorkerRegistryStore
@@ -105,11 +106,14 @@ class Gateway:
         objects: ObjectStore | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
+        credential: FleetCredential | None = None,
     ) -> None:
-        """A gateway on ``store``'s worker registry; ``clock`` is the registry's wall clock."""
+        """A gateway on ``store``'s worker registry; ``clock`` is the registry's wall clock;
+        with ``credential`` it calls workers with the fleet key, vouching for its callers."""
         self.settings = settings
         self.store = store
         self.objects = objects
+        self.credential = credential
         self.metrics = GatewayMetrics()
         self.registry = FleetRegistry(
             store, stale_after_s=settings.stale_after_s, reap_after_s=settings.reap_after_s,
