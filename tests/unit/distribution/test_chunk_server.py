@@ -11,6 +11,7 @@ from starlette.testclient import TestClient
 
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.chunk_server import chunk_app
+from conveyor.fleet.credential import FleetCredential
 from conveyor.metrics import DistributionMetrics
 
 DATA = bytes(range(256)) * 200  # 51,200 bytes: several pacer pieces
@@ -44,3 +45,29 @@ def test_unknown_paths_and_methods_get_the_json_error_shape(tmp_path: Path) -> N
         assert answer.status_code == status
         assert answer.headers["content-type"] == "application/json"
         assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
+
+
+FLEET_KEY = b"fleet-key-0123456789abcdef"
+
+
+def test_with_a_fleet_key_the_chunk_server_wants_it_from_every_caller(tmp_path: Path) -> None:
+    cache = ChunkCache(tmp_path)
+    digest = hashlib.sha256(DATA).hexdigest()
+    cache.write_chunk(digest, len(DATA), [DATA])
+    metrics = DistributionMetrics(CollectorRegistry())
+    app = chunk_app(cache, metrics, credential=FleetCredential(FLEET_KEY))
+    url = f"/v1/internal/chunks/{digest}"
+    with TestClient(app) as client:
+        refused = [
+            client.get(url),
+            client.get(url, headers={"Authorization": "Bearer not-the-fleet-key-000"}),
+            client.get(url, headers={"Authorization": f"Basic {FLEET_KEY.decode()}"}),
+            client.get("/v1/internal/elsewhere"),
+        ]
+        served = client.get(url, headers={"Authorization": f"Bearer {FLEET_KEY.decode()}"})
+    for answer in refused:
+        assert answer.status_code == 401
+        assert answer.json()["error"]["code"] == "invalid_api_key"
+        assert FLEET_KEY.decode() not in answer.text
+    assert served.status_code == 200 and served.content == DATA
+    assert metrics.chunks_served._value.get() == 1
