@@ -174,7 +174,11 @@ async def test_with_the_fleet_key_a_stored_key_s_tenant_reaches_the_worker_unspo
         headers = {"Authorization": f"Bearer {key}", **SPOOF}
         answer = await client.post("/v1/embeddings", content=body, headers=headers)
         unknown = await client.post("/v1/embeddings", content=body, headers=SPOOF)
-    assert answer.status_code == 200 and unknown.status_code == 401
+        # The fleet key is no client key at a gateway: only workers take it.
+        as_fleet = {"Authorization": f"Bearer {FLEET_KEY}", **SPOOF}
+        posing = await client.post("/v1/embeddings", content=body, headers=as_fleet)
+    assert answer.status_code == 200
+    assert unknown.status_code == 401 and posing.status_code == 401
     (head,) = worker.heads
     lines = head_lines(head)
     # The fleet key instead of the client's, and the tenant the gateway authenticated, once.
