@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from conveyor.errors import ConfigError
+from conveyor.fleet.key_config import FleetConfig
 from conveyor.jobs.config import JobsConfig
 from conveyor.model_config import (
     DEFAULT_MAX_INPUTS,
@@ -111,6 +112,7 @@ class ServerConfig(_Strict):
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     models: list[ModelConfig] = Field(default_factory=list)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+    fleet: FleetConfig = Field(default_factory=FleetConfig)
     max_request_bytes: int = Field(
         default=16 * 1024 * 1024,
         ge=1024,
@@ -251,6 +253,7 @@ ENV_VARS = {
     "port": "CONVEYOR_PORT",
     "data_dir": "CONVEYOR_DATA_DIR",
     "api_keys": "CONVEYOR_API_KEYS",
+    "fleet": "CONVEYOR_FLEET_KEY",
 }
 
 
@@ -278,6 +281,10 @@ def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
             overrides[key] = env[variable]
     if "api_keys" in overrides:
         overrides["api_keys"] = [key for key in overrides["api_keys"].split(",") if key]
+    if overrides.get("fleet"):  # the fleet section's one secret; it replaces the file's section
+        overrides["fleet"] = {"internal_key": overrides["fleet"]}
+    else:  # set but empty (a template's blank): no internal key from the environment
+        overrides.pop("fleet", None)
     return overrides
 
 

@@ -16,13 +16,14 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.config import ServerConfig
-from conveyor.errors import ServiceUnavailable
+from conveyor.errors import ModelNotFound, ServiceUnavailable
 from conveyor.fleet.affinity import AffinitySettings
+from conveyor.fleet.credential import FleetCredential
 from conveyor.fleet.proxy import Proxy, ProxySettings
 from conveyor.fleet.registry import FleetRegistry, model_loads
 from conveyor.fleet.registry_store import WorkerRegistryStore
@@ -38,6 +39,9 @@ from conveyor.tenants.budget import MonthlyBudgets
 log = logging.getLogger(__name__)
 
 WORKER_STATES = ("routable", "stale", "draining", "ejected")
+# What a caller is told to wait while the registry is unsure: it rereads the store every
+# `refresh_s` and is sure again `stale_after_s` after the store is back.
+REGISTRY_RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +105,20 @@ class Gateway:
         *,
         objects: ObjectStore | None = None,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+        credential: FleetCredential | None = None,
     ) -> None:
+        """A gateway on ``store``'s worker registry; ``clock`` is the registry's wall clock;
+        with ``credential`` it calls workers with the fleet key, vouching for its callers."""
         self.settings = settings
         self.store = store
         self.objects = objects
+        self.credential = credential
         self.metrics = GatewayMetrics()
         self.registry = FleetRegistry(
-            store, stale_after_s=settings.stale_after_s, reap_after_s=settings.reap_after_s
-        )
+            store, stale_after_s=settings.stale_after_s, reap_after_s=settings.reap_after_s,
+            clock=clock,
+        )  # fmt: skip
         self.router = Router(
             rng or random.Random(),
             Ejections(settings.ejection_cooldown_s),
@@ -177,6 +187,22 @@ class Gateway:
     def registered_models(self) -> set[str]:
         """Every model some registered, non-stale worker hosts (routable or not)."""
         return {m for view in self.registry.views if not view.is_stale for m in view.models}
+
+    def check_model(self, model: str) -> None:
+        """Return if some registered worker hosts ``model``; else raise why not.
+
+        404 once the registry is sure no worker hosts it; 503 with ``Retry-After`` while it
+        is unsure (a store outage makes the workers' rows look stale) and the model may be
+        hosted: a served model is never answered "does not exist" for the store's sake.
+        """
+        if model in self.registered_models():
+            return
+        if self.registry.is_unsure() and self.registry.may_host(model):
+            raise ServiceUnavailable(
+                f"the worker registry cannot tell now whether a worker hosts {model!r}",
+                code="registry_unsure", retry_after_s=REGISTRY_RETRY_AFTER_S,
+            )  # fmt: skip
+        raise ModelNotFound(f"the model {model!r} does not exist", param="model")
 
     def count_arrival(self, model: str, num_inputs: int) -> None:
         """Feed the arrival-rate meter of ``model``."""

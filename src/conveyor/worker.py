@@ -33,6 +33,7 @@ from conveyor.distribution.peer import PeerNode, PeerSettings
 from conveyor.distribution.resolver import has_remote_models
 from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.errors import ServiceUnavailable
+from conveyor.fleet.credential import credential_from
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.jobs.subsystem import JobsSubsystem
@@ -216,6 +217,18 @@ def fleet_model_check(
     return is_model_served
 
 
+def worker_identity(service: Service, worker_id: str, address: str) -> WorkerIdentity:
+    """What the worker registers: the models it hosts, less those whose pull failed (a
+    gateway must not route a model here that can only answer 503)."""
+    hosted = [m for m in service.config.models if m.name not in service.failed_models]
+    return WorkerIdentity(
+        worker_id=worker_id,
+        address=address,
+        models=tuple(model.name for model in hosted),
+        capacity=sum(model.max_batch_size for model in hosted),
+    )
+
+
 def worker_jobs(
     service: Service, store: WorkerRegistryStore, stale_after_s: float
 ) -> JobsSubsystem:
@@ -233,7 +246,11 @@ async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
     peer = await _start_peer(config, settings, worker_id, store, metrics)
     service = Service(config, metrics=metrics, model_resolver=peer.resolver if peer else None)
     jobs = worker_jobs(service, store, STALE_HEARTBEATS * settings.heartbeat_s)
-    gate = DrainGate(create_app(config, service=service, jobs=jobs, with_rate_limits=False))
+    app = create_app(
+        config, service=service, jobs=jobs, with_rate_limits=False,
+        fleet_credential=credential_from(config.fleet),
+    )  # fmt: skip
+    gate = DrainGate(app)
     server = _DrainingServer(
         uvicorn_config(
             gate, config, host=settings.host, port=settings.port, timeout_keep_alive=30,
@@ -248,12 +265,8 @@ async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
         if serving.done():
             await serving  # re-raises why uvicorn stopped (a port in use, a failed start-up)
             return
-        identity = WorkerIdentity(
-            worker_id=worker_id,
-            address=advertised_address(settings, server.bound_port),
-            models=tuple(model.name for model in config.models),
-            capacity=sum(model.max_batch_size for model in config.models),
-        )
+        address = advertised_address(settings, server.bound_port)
+        identity = worker_identity(service, worker_id, address)
         await _beat_until_drain(server, serving, store, identity, service, gate, jobs, settings)
         await serving
     finally:

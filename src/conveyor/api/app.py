@@ -16,6 +16,7 @@ from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
 from conveyor.config import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
+from conveyor.fleet.credential import FleetCredential
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.service import Service
 from conveyor.stores import open_job_store
@@ -50,11 +51,13 @@ def create_app(
     key_store_url: str | None = None,
     with_rate_limits: bool = True,
     tracer_provider: TracerProvider | None = None,
+    fleet_credential: FleetCredential | None = None,
 ) -> EdgeApp:
     """The HTTP app; the service's models load during ASGI lifespan start-up.
 
     With `key_store_url`, the API keys stored there (``conveyor keys``) are accepted too.
-    A fleet worker passes `with_rate_limits=False`: its gateways already applied them.
+    A fleet worker passes `with_rate_limits=False`: its gateways already applied them; and
+    its `fleet_credential`, if any: the fleet key its gateways call it with.
     ``tracer_provider`` replaces the one the config's ``tracing`` section would build.
     """
     service = service or Service(config)
@@ -97,5 +100,6 @@ def create_app(
         with_rate_limits=with_rate_limits,
         counts_tokens=True,
         tracer_provider=tracer_provider,
+        fleet_credential=fleet_credential,
     )
     return app

@@ -10,25 +10,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from conveyor.api.errors import error_response
 from conveyor.config import ApiKey
 from conveyor.errors import AuthenticationFailed, ServiceUnavailable
+from conveyor.fleet.credential import FleetCredential, vouched_principal
 from conveyor.tenants.keyring import ANONYMOUS, KeyRing, Principal
+from conveyor.tenants.keys import bearer_token
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/dashboard"})
 # The dashboard page's scripts and styles hold no data (its state is under /v1).
 OPEN_PREFIX = "/dashboard/"
 METRICS_PATH = "/metrics"
-
-
-def bearer_token(header: bytes) -> bytes | None:
-    """The credentials of an ``Authorization: Bearer`` header, or None for another scheme.
-
-    The scheme is case-insensitive (RFC 9110 section 11.1); spaces around the parts are
-    tolerated.
-    """
-    scheme, _, token = header.strip().partition(b" ")
-    if scheme.lower() != b"bearer":
-        return None
-    token = token.strip()
-    return token or None
 
 
 def static_principals(api_keys: Sequence[ApiKey]) -> dict[bytes, Principal]:
@@ -43,19 +32,24 @@ class ApiKeyMiddleware:
     ``scope["state"]["principal"]``); without keys everyone is tenant ``default``. Only
     SHA-256 digests of the keys are held: a presented key is hashed and looked up by digest,
     so the lookup's timing can at most reveal digest bytes, which bring no one closer to a key.
+
+    With a `fleet` credential (a fleet worker), the fleet key is accepted too, for the caller
+    its gateway vouched for in ``X-Conveyor-Tenant`` (see ``fleet.credential``); a request
+    with any other key is that key's tenant, whatever such a header says.
     """
 
-    def __init__(self, app: ASGIApp, keyring: KeyRing, *, is_metrics_open: bool = True) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keyring: KeyRing,
+        *,
+        is_metrics_open: bool = True,
+        fleet: FleetCredential | None = None,
+    ) -> None:
         self.app = app
         self.keyring = keyring
+        self.fleet = fleet
         self.open_paths = OPEN_PATHS if is_metrics_open else OPEN_PATHS - {METRICS_PATH}
-
-    def principal_for(self, header: bytes | None) -> Principal | None:
-        """The principal whose key the ``Authorization`` header carries, if any."""
-        token = bearer_token(header) if header is not None else None
-        if token is None:
-            return None
-        return self.keyring.lookup(hashlib.sha256(token).digest())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -80,10 +74,17 @@ class ApiKeyMiddleware:
 
     def _check(self, scope: Scope) -> Principal | AuthenticationFailed | ServiceUnavailable:
         """The request's principal, or the error to answer with."""
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        token = bearer_token(header) if header is not None else None
+        digest = hashlib.sha256(token).digest() if token is not None else None
+        if digest is not None and self.fleet is not None and self.fleet.matches_digest(digest):
+            vouched = vouched_principal(scope["headers"])
+            if vouched is None:
+                return AuthenticationFailed("the fleet key needs one valid X-Conveyor-Tenant")
+            return vouched
         if not self.keyring.is_loaded:
             return ServiceUnavailable("API keys are not loaded yet")
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        principal = self.principal_for(header)
+        principal = self.keyring.lookup(digest) if digest is not None else None
         if principal is None:
             message = "missing API key" if header is None else "incorrect API key provided"
             return AuthenticationFailed(message)

@@ -21,12 +21,14 @@ from conveyor.api.errors import error_response
 from conveyor.api.proxy_limits import Admitted, ProxyLimits
 from conveyor.api.responses import find_model, json_response, version_body
 from conveyor.api.timeouts import TIMEOUT_HEADER, timeout_from_headers
-from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, ModelNotFound, QueueFull
+from conveyor.errors import ClientGone, ConveyorError, InvalidRequest, QueueFull
 from conveyor.fleet.affinity import Affinity
-from conveyor.fleet.proxy import OutboundRequest, ProxiedResponse, forwardable_headers
+from conveyor.fleet.credential import VOUCHED_HEADERS, FleetCredential, vouch_headers
+from conveyor.fleet.proxy import DROPPED_REQUEST_HEADERS, OutboundRequest, ProxiedResponse
 from conveyor.fleet.scaling import desired_replicas
 from conveyor.openai_paths import PROXIED_ENDPOINTS
 from conveyor.tenants.estimate import LIMITED_PATHS
+from conveyor.tenants.keyring import ANONYMOUS, Principal
 
 if TYPE_CHECKING:
     from starlette.responses import StreamingResponse
@@ -43,6 +45,10 @@ _OPENING_BRACE = re.compile(rb"\s*\{")
 # After the key: the colon and a plain string (no escapes, no control characters).
 _MODEL_VALUE = re.compile(rb'\s*:\s*"([^"\\\x00-\x1f]+)"')
 _TIMEOUT_HEADER = TIMEOUT_HEADER.encode("ascii")
+# Never passed on from a client: hop-by-hop headers and what only the fleet may say...
+_NOT_FORWARDED = DROPPED_REQUEST_HEADERS | VOUCHED_HEADERS
+# ...and, when the gateway calls workers with the fleet key, the client's own key.
+_NOT_FORWARDED_WITH_FLEET_KEY = _NOT_FORWARDED | {b"authorization"}
 
 
 def _gateway(request: Request) -> Gateway:
@@ -280,8 +286,7 @@ async def _forward(
     gateway: Gateway, scope: Scope, receive: Receive, body: bytes, model: str, num_inputs: int
 ) -> ProxiedResponse | StreamingResponse:
     """Admit, then proxy with the caller's deadline; a client that leaves cancels it."""
-    if model not in gateway.registered_models():
-        raise ModelNotFound(f"the model {model!r} does not exist", param="model")
+    gateway.check_model(model)
     if gateway.num_in_flight >= gateway.settings.max_in_flight:
         raise QueueFull("the gateway is at its in-flight limit", retry_after_s=1)
     gateway.count_arrival(model, num_inputs)
@@ -289,7 +294,7 @@ async def _forward(
     outbound = OutboundRequest(
         method=scope["method"],
         path=_target(scope),
-        headers=forwardable_headers(scope["headers"]),
+        headers=worker_headers(scope, gateway.credential),
         body=body,
         model=model,
         deadline=asyncio.get_running_loop().time() + timeout_ms / 1000,
@@ -306,6 +311,22 @@ async def _forward(
     finally:
         watcher.close()
         gateway.num_in_flight -= 1
+
+
+def worker_headers(scope: Scope, credential: FleetCredential | None) -> list[tuple[bytes, bytes]]:
+    """The headers a worker gets: the client's, less hop-by-hop ones and any a client may not
+    send (``X-Conveyor-Tenant``); with the fleet key, that key instead of the client's and
+    the caller the gateway authenticated."""
+    if credential is None:
+        return [(k, v) for k, v in scope["headers"] if k.lower() not in _NOT_FORWARDED]
+    dropped = _NOT_FORWARDED_WITH_FLEET_KEY
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in dropped]
+    principal = scope.get("state", {}).get("principal", ANONYMOUS)
+    if not isinstance(principal, Principal):  # set by the key middleware, always in front
+        principal = ANONYMOUS
+    headers.append((b"authorization", credential.authorization))
+    headers.extend(vouch_headers(principal.tenant, principal.is_admin))
+    return headers
 
 
 async def _affinity(gateway: Gateway, scope: Scope, body: bytes, model: str) -> Affinity | None:

@@ -20,6 +20,7 @@ from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
 from conveyor.api.proxy_limits import ProxyLimits
 from conveyor.config import ServerConfig
+from conveyor.fleet.credential import credential_from
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
 from conveyor.stores import open_job_store, open_object_store
@@ -42,7 +43,8 @@ def create_gateway_app(
     """
     objects = open_object_store(settings.objects_url) if settings.objects_url else None
     registry_store = store or open_job_store(settings.store_url)
-    gateway = Gateway(settings, registry_store, objects=objects)
+    credential = credential_from(config.fleet)
+    gateway = Gateway(settings, registry_store, objects=objects, credential=credential)
     jobs = gateway_jobs(gateway, config)
 
     @asynccontextmanager

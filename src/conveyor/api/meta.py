@@ -52,13 +52,22 @@ async def health() -> Response:
 
 @router.get("/ready")
 async def ready(request: Request) -> Response:
-    """Ready: every model loaded and accepting inputs (503 until then)."""
+    """Ready: every configured model loaded and accepting inputs (503 until then).
+
+    A model whose weights could not be fetched (a failed pull) keeps it 503 for good, naming
+    the model and why: the process does not host what it was configured to, which a rollout
+    must not take for success. Its other models still serve (and a fleet worker registers
+    only those, so gateways route by them).
+    """
     service: Service = request.app.state.service
-    if service.is_ready:
-        names = [h.config.name for h in service.models()]
-        names += [m.name for m in service.unloaded_models()] + list(service.generators)
-        return json_response({"status": "ready", "models": names})
-    return json_response({"status": "loading"}, status_code=503)
+    if not service.is_ready:
+        return json_response({"status": "loading"}, status_code=503)
+    names = [h.config.name for h in service.models()]
+    names += [m.name for m in service.unloaded_models()] + list(service.generators)
+    if service.failed_models:
+        failed = {"status": "failed", "models": names, "failed": dict(service.failed_models)}
+        return json_response(failed, status_code=503)
+    return json_response({"status": "ready", "models": names})
 
 
 @router.get("/metrics")

@@ -17,6 +17,7 @@ from conveyor.api.budget import BudgetMiddleware, budget_refusals_counter
 from conveyor.api.edge import Dispatch, Edge, EdgeApp, Shortcut
 from conveyor.api.rate_limit import TicketIssuer
 from conveyor.config import ServerConfig
+from conveyor.fleet.credential import FleetCredential
 from conveyor.metrics import TenantMetrics
 from conveyor.observability.tracing import build_provider, tracer_of
 from conveyor.stores.protocols import ApiKeyStore
@@ -85,6 +86,7 @@ def install_middleware(
     counts_tokens: bool = False,
     service_name: str = "conveyor-serve",
     tracer_provider: TracerProvider | None = None,
+    fleet_credential: FleetCredential | None = None,
 ) -> EdgeGuards:
     """Put the edge and the guards in front of ``app``'s own stack, outermost first: the
     edge (request ids, HTTP metrics on `counter`, crash guard), CORS when configured, API
@@ -97,8 +99,13 @@ def install_middleware(
     ticket that the app admits once the request is tokenized; otherwise (the gateway) the
     app applies the returned guards' gate itself (`api.proxy_limits`).
     Traces go to ``tracer_provider`` when given (tests), else to the config's OTLP endpoint.
+    With `fleet_credential` (a fleet worker) the fleet key is accepted for the caller its
+    gateway names, and a key is required even with none configured.
     """
-    keyring = KeyRing(static_principals(config.api_keys), key_store, owns_store=owns_key_store)
+    keyring = KeyRing(
+        static_principals(config.api_keys), key_store, owns_store=owns_key_store,
+        requires_keys=fleet_credential is not None,
+    )  # fmt: skip
     keyring.load()
     gate = build_gate(config, registry) if with_rate_limits else None
     guards = EdgeGuards(keyring, gate)
@@ -114,7 +121,9 @@ def install_middleware(
         inner = BodyLimitMiddleware(
             inner, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
         )
-        inner = ApiKeyMiddleware(inner, keyring=keyring, is_metrics_open=not config.metrics_auth)
+        inner = ApiKeyMiddleware(
+            inner, keyring=keyring, is_metrics_open=not config.metrics_auth, fleet=fleet_credential
+        )
         if config.cors_origins:
             # Outside the key check, so a browser's preflight OPTIONS, which carries no
             # key, is answered, and error responses carry the CORS headers too.

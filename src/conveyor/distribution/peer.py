@@ -23,6 +23,7 @@ from conveyor.distribution.manifest import MIB
 from conveyor.distribution.planner import PlanLimits
 from conveyor.distribution.puller import Announcer, ModelPuller, PullSettings
 from conveyor.distribution.resolver import PullingResolver, model_cache_dir
+from conveyor.fleet.credential import credential_from
 from conveyor.metrics import DistributionMetrics
 from conveyor.stores import StoreError, open_object_store
 from conveyor.stores.model_records import HolderState
@@ -67,10 +68,11 @@ class PeerNode:
     ) -> PeerNode:  # fmt: skip
         """Serve the cache's chunks, announce them, and return the node."""
         cache = ChunkCache(model_cache_dir(config))
+        credential = credential_from(config.fleet)  # asked of peers, and shown to them
+        app = chunk_app(cache, metrics, settings.upload_bytes_s, credential=credential)
         uv = uvicorn.Config(
-            chunk_app(cache, metrics, settings.upload_bytes_s), host=settings.host,
-            port=settings.port, lifespan="off", log_level="warning",
-        )  # fmt: skip
+            app, host=settings.host, port=settings.port, lifespan="off", log_level="warning"
+        )
         server = uvicorn.Server(uv)
         serving = asyncio.create_task(server.serve(), name="chunk-server")
         while not server.started and not serving.done():  # noqa: ASYNC110
@@ -83,8 +85,9 @@ class PeerNode:
         announcer = Announcer(settings.worker_id, address, settings.zone)
         objects = open_object_store(config.jobs.object_store_url_for(config.data_dir))
         puller = ModelPuller(
-            store, objects, cache, metrics, settings=pull_settings(settings), announcer=announcer
-        )
+            store, objects, cache, metrics, settings=pull_settings(settings), announcer=announcer,
+            credential=credential,
+        )  # fmt: skip
         budget = config.model_cache_disk_mb
         node = cls(server, PullingResolver(puller, None if budget is None else budget * MIB), store)
         node._tasks.append(serving)

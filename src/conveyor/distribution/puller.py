@@ -25,6 +25,7 @@ from conveyor.distribution.errors import CorruptChunk, ModelPullFailed, UnknownM
 from conveyor.distribution.fetch import PeerFailed, fetch_from_origin, fetch_from_peer
 from conveyor.distribution.manifest import ChunkRef, Manifest
 from conveyor.distribution.planner import Fetch, Peer, PlanLimits, PlanState, plan_fetches
+from conveyor.fleet.credential import FleetCredential
 from conveyor.metrics import DistributionMetrics
 from conveyor.stores.errors import ObjectNotFoundError, ObjectStoreError
 from conveyor.stores.model_records import HolderState
@@ -69,15 +70,18 @@ class ModelPuller:
         *,
         settings: PullSettings | None = None,
         announcer: Announcer | None = None,
+        credential: FleetCredential | None = None,
     ) -> None:
-        """Pull with `store` (manifests, tracker) and `objects` (the origin) into `cache`."""
+        """Pull with `store` (manifests, tracker) and `objects` (the origin) into `cache`,
+        presenting the fleet key `credential` to peers when the fleet has one."""
         self.store = store
         self.objects = objects
         self.cache = cache
         self.metrics = metrics
         self.settings = settings or PullSettings()
         self.announcer = announcer
-        self.http = httpx.Client(timeout=self.settings.peer_timeout_s)
+        headers = {} if credential is None else {b"authorization": credential.authorization}
+        self.http = httpx.Client(timeout=self.settings.peer_timeout_s, headers=headers)
 
     def close(self) -> None:
         """Release the HTTP connections to peers."""

@@ -87,6 +87,12 @@ class FleetRegistry:
 
     Rows whose heartbeat is older than ``reap_after_s`` are deleted from the store, so a
     worker killed without deregistering disappears for every gateway.
+
+    The registry is *unsure* before its first read, while reads fail, and for
+    ``stale_after_s`` after they come back: the store was down for the workers too, so
+    their heartbeats failed and their rows look stale until each has beaten again (within
+    that window, as a worker beats several times per ``stale_after_s``). While unsure it
+    reaps nothing, and ``may_host`` still counts the models it was last sure of.
     """
 
     def __init__(
@@ -107,15 +113,54 @@ class FleetRegistry:
         self.views: list[WorkerView] = []
         self.num_refreshes = 0
         self.num_failed_refreshes = 0
+        self._is_failing = False
+        self._recovered_at: float | None = None
+        # Models fresh workers hosted at the last refresh made while sure.
+        self.sure_models: frozenset[str] = frozenset()
 
     @property
     def has_refreshed(self) -> bool:
         """True once the store has been read at least once."""
         return self.num_refreshes > 0
 
+    def is_unsure(self, now: float | None = None) -> bool:
+        """Whether missing or stale workers may be the store's fault rather than theirs."""
+        if not self.has_refreshed or self._is_failing:
+            return True
+        return self._is_recovering(self._clock() if now is None else now)
+
+    def _is_recovering(self, now: float) -> bool:
+        return self._recovered_at is not None and now - self._recovered_at < self.stale_after_s
+
+    def may_host(self, model: str) -> bool:
+        """Whether, as far as an unsure registry knows, some worker hosts ``model``: one
+        did when it was last sure, or a listed row (stale or not) does. Before the first
+        read it knows nothing, so any model may be hosted."""
+        if not self.has_refreshed or model in self.sure_models:
+            return True
+        return any(model in view.models for view in self.views)
+
     async def refresh(self) -> None:
-        """Read the worker rows (off the event loop) and reap the long-dead ones."""
-        records = await self._store.list_workers(self._clock(), self.stale_after_s)
+        """Read the worker rows (off the event loop) and, when sure, reap the long-dead."""
+        now = self._clock()
+        try:
+            records = await self._store.list_workers(now, self.stale_after_s)
+            if self._is_failing:
+                self._is_failing, self._recovered_at = False, now
+            is_sure = not self._is_recovering(now)
+            alive = await self._reap(records) if is_sure else records
+        except StoreError:
+            self._is_failing = True
+            raise
+        _log_joined(self.records, alive)
+        self.records = alive
+        self.views = [view_from_record(r) for r in alive]
+        self.num_refreshes += 1
+        if is_sure:
+            self.sure_models = frozenset(m for v in self.views if not v.is_stale for m in v.models)
+
+    async def _reap(self, records: list[WorkerRecord]) -> list[WorkerRecord]:
+        """Remove the rows silent for longer than ``reap_after_s``; the others."""
         dead = [r for r in records if r.heartbeat_age_s > self.reap_after_s]
         for record in dead:
             await self._store.remove_worker(record.worker_id)
@@ -124,11 +169,7 @@ class FleetRegistry:
                 f"reaped worker {record.worker_id} (silent for {record.heartbeat_age_s:.1f} s)",
                 worker_id=record.worker_id,
             )  # fmt: skip
-        alive = [r for r in records if r.heartbeat_age_s <= self.reap_after_s]
-        _log_joined(self.records, alive)
-        self.records = alive
-        self.views = [view_from_record(r) for r in alive]
-        self.num_refreshes += 1
+        return [r for r in records if r.heartbeat_age_s <= self.reap_after_s]
 
     async def run(self, interval_s: float, on_refresh: Callable[[], None]) -> None:
         """Refresh every ``interval_s`` until cancelled; a failing store keeps the last view."""

@@ -54,13 +54,16 @@ class KeyRing:
         *,
         refresh_s: float = DEFAULT_REFRESH_S,
         owns_store: bool = False,
+        requires_keys: bool = False,
     ) -> None:
-        """Accept the `static` keys and those in `store` (closed at `stop` if `owns_store`)."""
+        """Accept the `static` keys and those in `store` (closed at `stop` if `owns_store`);
+        with `requires_keys` (a fleet worker with the fleet key), never let a keyless caller in."""
         if refresh_s <= 0:
             raise ValueError(f"refresh_s must be > 0, got {refresh_s}")
         self._static = dict(static)
         self._store = store
         self._owns_store = owns_store
+        self._requires_keys = requires_keys
         self.refresh_s = refresh_s
         self._stored: dict[bytes, Principal] = {}
         self._has_stored_keys = False
@@ -71,8 +74,9 @@ class KeyRing:
 
     @property
     def is_enforced(self) -> bool:
-        """Whether requests need a key: any key configured or ever created in the store."""
-        return bool(self._static) or self._has_stored_keys
+        """Whether requests need a key: any key configured or ever created in the store, or
+        a fleet key (whose holders say who the caller is)."""
+        return self._requires_keys or bool(self._static) or self._has_stored_keys
 
     def lookup(self, digest: bytes) -> Principal | None:
         """The principal whose key has this SHA-256 digest, if it is accepted now."""

@@ -1,4 +1,5 @@
-"""New API keys and their stored form: only a SHA-256 digest and a short display prefix."""
+"""New API keys and their stored form (only a SHA-256 digest and a short display prefix), and
+the key a request presents."""
 
 from __future__ import annotations
 
@@ -42,3 +43,16 @@ def new_key_record(
         is_admin=is_admin,
     )
     return key, record
+
+
+def bearer_token(header: bytes) -> bytes | None:
+    """The credentials of an ``Authorization: Bearer`` header, or None for another scheme.
+
+    The scheme is case-insensitive (RFC 9110 section 11.1); spaces around the parts are
+    tolerated.
+    """
+    scheme, _, token = header.strip().partition(b" ")
+    if scheme.lower() != b"bearer":
+        return None
+    token = token.strip()
+    return token or None

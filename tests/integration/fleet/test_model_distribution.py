@@ -2,7 +2,8 @@
 
 A pushed tiny Llama is pulled by a first worker from the origin; a second worker pulls it from
 the first, which serves a chunk corrupted on its disk: the second rejects it by its digest,
-skips that peer and takes what is left from the origin. The model then serves.
+skips that peer and takes what is left from the origin. The model then serves. The fleet
+has an internal key: the chunk servers want it and the pullers present it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from conveyor.testing import build_tiny_llama
 from tests.integration.fleet.conftest import Fleet, Proc
 
 CHUNK_BYTES = 64 * 1024
+# The chunk servers want it; the pullers present it to each other.
+FLEET_KEY = "fleet-key-0123456789abcdef"
+# What a gateway would send a worker that has the fleet key.
+AS_GATEWAY = {"Authorization": f"Bearer {FLEET_KEY}", "X-Conveyor-Tenant": "t"}
 
 
 def worker_config(tmp: Path, name: str) -> dict[str, object]:
@@ -26,7 +31,7 @@ def worker_config(tmp: Path, name: str) -> dict[str, object]:
         "name": "tiny", "kind": "generate", "path": "conveyor://tiny",
         "kv_cache_tokens": 256, "max_model_len": 256,
     }  # fmt: skip
-    return {"data_dir": str(tmp / name), "models": [model]}
+    return {"data_dir": str(tmp / name), "models": [model], "fleet": {"internal_key": FLEET_KEY}}
 
 
 def start(fleet: Fleet, name: str, objects: Path) -> Proc:
@@ -64,7 +69,9 @@ def test_second_worker_pulls_from_the_first_and_rejects_its_corrupt_chunk(tmp_pa
         assert from_origin >= victim.size_bytes
         assert from_origin + from_peer == manifest.total_bytes
         body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
-        answer = httpx.post(f"{second.url}/v1/completions", json=body, timeout=30)
+        answer = httpx.post(
+            f"{second.url}/v1/completions", json=body, headers=AS_GATEWAY, timeout=30
+        )
         assert answer.status_code == 200, answer.text
     finally:
         fleet.stop_all()

@@ -25,7 +25,7 @@ from conveyor.distribution.push import push_model
 from conveyor.stores import open_job_store, open_object_store
 from conveyor.testing import build_tiny_llama
 from tests.integration.fleet.conftest import Fleet, Proc, wait_until
-from tests.integration.fleet.test_model_distribution import worker_config
+from tests.integration.fleet.test_model_distribution import AS_GATEWAY, worker_config
 
 CHUNK_BYTES = 32 * 1024
 SEED_UPLOAD_MB_S = "0.25"  # the ~0.6 MB model takes seconds to serve from the seed
@@ -96,7 +96,8 @@ def fetched(proc: Proc, source: str) -> float:
 def completes(proc: Proc) -> bool:
     """Whether the pulled model answers a completion."""
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
-    return httpx.post(f"{proc.url}/v1/completions", json=body, timeout=30).status_code == 200
+    answer = httpx.post(f"{proc.url}/v1/completions", json=body, headers=AS_GATEWAY, timeout=30)
+    return answer.status_code == 200
 
 
 def seed_holds_are_stale(fleet: Fleet) -> bool:

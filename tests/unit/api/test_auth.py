@@ -12,12 +12,13 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from conveyor.api.app import create_app
-from conveyor.api.auth import ApiKeyMiddleware, bearer_token, static_principals
+from conveyor.api.auth import ApiKeyMiddleware, static_principals
 from conveyor.api.gateway_app import create_gateway_app
 from conveyor.config import ApiKey, ServerConfig
 from conveyor.gateway import GatewaySettings
 from conveyor.stores import open_job_store
 from conveyor.tenants.keyring import KeyRing
+from conveyor.tenants.keys import bearer_token
 
 pytestmark = pytest.mark.anyio
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
+from conveyor.api.app import create_app
 from conveyor.config import EmbeddingModelConfig, ServerConfig, SyntheticModelConfig
 from conveyor.distribution.errors import UnknownModel
 from conveyor.distribution.manifest import chunk_key
@@ -16,6 +18,7 @@ from conveyor.models.base import EmbeddingModel
 from conveyor.models.synthetic import SyntheticModel
 from conveyor.service import OneShotConfig, Service
 from conveyor.stores import open_job_store, open_object_store
+from conveyor.worker import worker_identity
 
 pytestmark = pytest.mark.anyio
 
@@ -83,3 +86,24 @@ async def test_unknown_pushed_name_fails_start_up_naming_it(tmp_path: Path) -> N
     with pytest.raises(UnknownModel, match="'ghost'"):
         await service.start()
     await service.stop()
+
+
+async def test_a_model_whose_chunk_fails_verification_is_not_ready_nor_advertised(
+    tmp_path: Path,
+) -> None:
+    config = config_for(tmp_path, "good", "corrupt")
+    push(tmp_path, config, "good", b"g" * 100)
+    keys = push(tmp_path, config, "corrupt", b"b" * 64 + b"c" * 64)
+    (tmp_path / "data" / "objects" / keys[1]).write_bytes(b"x" * 64)  # a corrupt origin
+    async with Service(config, model_factory=loaded_from({})) as service:
+        transport = httpx.ASGITransport(app=create_app(config, service=service))
+        async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+            ready = await client.get("/ready")
+        identity = worker_identity(service, "w1", "http://127.0.0.1:9")
+    assert ready.status_code == 503
+    body = ready.json()
+    assert body["status"] == "failed" and list(body["failed"]) == ["corrupt"]
+    assert "wrong SHA-256" in body["failed"]["corrupt"]
+    assert sorted(body["models"]) == ["good", "local"]
+    assert sorted(identity.models) == ["good", "local"]
+    assert identity.capacity == sum(m.max_batch_size for m in config.models if m.name != "corrupt")

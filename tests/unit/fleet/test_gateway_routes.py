@@ -16,6 +16,7 @@ import pytest
 
 from conveyor.api.fleet import is_proxied, read_model, scan_model
 from conveyor.errors import InvalidRequest
+from conveyor.tenants.keys import new_key_record
 from tests.unit.fleet.scripted_gateway import gateway_before
 
 pytestmark = pytest.mark.anyio
@@ -152,3 +153,53 @@ def test_read_model_scans_or_parses_to_the_same_answer() -> None:
     for bad in (b"not json", b'{"model": 3}', b'{"messages": []}'):
         with pytest.raises(InvalidRequest):
             read_model(bad)
+
+
+FLEET_KEY = "fleet-key-0123456789abcdef"
+SPOOF = {"X-Conveyor-Tenant": "victim", "X-Conveyor-Tenant-Admin": "1"}
+
+
+def head_lines(head: bytes) -> list[bytes]:
+    return head.lower().split(b"\r\n")
+
+
+async def test_with_the_fleet_key_a_stored_key_s_tenant_reaches_the_worker_unspoofable(
+    tmp_path: Path,
+) -> None:
+    worker = Worker()
+    key, record = new_key_record("acme")  # as `conveyor keys create` makes it
+    config = {"fleet": {"internal_key": FLEET_KEY}}
+    async with gateway_before(worker.handle, tmp_path, config, [record]) as (client, _):
+        body = b'{"model": "m", "input": ["a"]}'
+        headers = {"Authorization": f"Bearer {key}", **SPOOF}
+        answer = await client.post("/v1/embeddings", content=body, headers=headers)
+        unknown = await client.post("/v1/embeddings", content=body, headers=SPOOF)
+        # The fleet key is no client key at a gateway: only workers take it.
+        as_fleet = {"Authorization": f"Bearer {FLEET_KEY}", **SPOOF}
+        posing = await client.post("/v1/embeddings", content=body, headers=as_fleet)
+    assert answer.status_code == 200
+    assert unknown.status_code == 401 and posing.status_code == 401
+    (head,) = worker.heads
+    lines = head_lines(head)
+    # The fleet key instead of the client's, and the tenant the gateway authenticated, once.
+    assert f"authorization: bearer {FLEET_KEY}".encode() in lines
+    assert key.lower().encode() not in head.lower()
+    assert [ln for ln in lines if ln.startswith(b"x-conveyor-tenant")] == [
+        b"x-conveyor-tenant: acme"
+    ]
+
+
+async def test_without_the_fleet_key_a_client_s_tenant_headers_are_dropped(
+    tmp_path: Path,
+) -> None:
+    worker = Worker()
+    async with gateway_before(worker.handle, tmp_path, {"api_keys": [{"key": KEY}]}) as (
+        client,
+        _,
+    ):
+        body = b'{"model": "m", "input": ["a"]}'
+        answer = await client.post("/v1/embeddings", content=body, headers={**AUTH, **SPOOF})
+    assert answer.status_code == 200
+    (head,) = worker.heads
+    assert f"authorization: bearer {KEY}".encode() in head_lines(head)  # the worker checks it
+    assert b"x-conveyor-tenant" not in head.lower()

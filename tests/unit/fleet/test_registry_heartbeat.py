@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from conveyor.fakes import MemoryJobStore
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.registry import FleetRegistry, model_loads, view_from_record
 from conveyor.stores import JobStore, open_job_store
+from conveyor.stores.errors import StoreUnavailableError
 from conveyor.stores.records import WorkerRecord
+from tests.virtual_time import run_virtual
 
 pytestmark = pytest.mark.anyio
 
@@ -84,13 +88,43 @@ async def test_registry_marks_stale_and_reaps_the_long_dead(store: JobStore) -> 
     assert [r.worker_id for r in store.list_workers(clock.now, 3)] == ["fresh", "stale"]
 
 
-async def test_registry_run_keeps_refreshing(store: JobStore) -> None:
-    registry = FleetRegistry(store, stale_after_s=3, reap_after_s=30)
-    refreshed = asyncio.Event()
-    task = asyncio.create_task(registry.run(0.01, refreshed.set))
-    await asyncio.wait_for(refreshed.wait(), 5)
-    task.cancel()
-    assert registry.num_refreshes >= 1
+class FailsOnce(MemoryJobStore):
+    """A registry whose second read fails."""
+
+    num_reads = 0
+
+    def list_workers(self, now: float, stale_after_s: float) -> list[WorkerRecord]:
+        self.num_reads += 1
+        if self.num_reads == 2:
+            raise StoreUnavailableError("the store is unreachable")
+        return super().list_workers(now, stale_after_s)
+
+
+def test_registry_run_keeps_refreshing_every_interval_through_a_failure() -> None:
+    registry = FleetRegistry(FailsOnce(), stale_after_s=3, reap_after_s=30)
+    refreshed_at: list[float] = []
+
+    async def main() -> None:
+        third = asyncio.Event()
+
+        def on_refresh() -> None:
+            refreshed_at.append(asyncio.get_running_loop().time())
+            if len(refreshed_at) == 3:
+                third.set()
+
+        task = asyncio.create_task(registry.run(1.0, on_refresh))
+        # No timeout timer: the clock would jump past it while a read runs in its thread.
+        # A loop that ends instead of refreshing ends the wait too, and fails the asserts.
+        waiting = asyncio.create_task(third.wait())
+        await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    run_virtual(main())  # the loop's clock moves only by the intervals the loop waits
+    assert registry.num_refreshes == 3 and registry.num_failed_refreshes == 1
+    assert refreshed_at == pytest.approx([0.0, 2.0, 3.0])  # the read at 1.0 failed
 
 
 def test_views_tolerate_missing_load_fields() -> None:
