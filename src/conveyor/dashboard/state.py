@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from conveyor.dashboard.metrics_read import MetricReader
+from conveyor.jobs.views import reported_counts
 from conveyor.stores.records import BatchRecord
 from conveyor.stores.tenant_records import UsageRow
 
@@ -75,8 +76,9 @@ def gateway_models(gateway: Gateway) -> list[dict[str, Any]]:
 
 
 def job_row(record: BatchRecord) -> dict[str, Any]:
-    """One batch job: status and counts (the page derives lines/s and ETA)."""
-    counts = record.request_counts
+    """One batch job: status and counts as the Batch object reports them (the page derives
+    lines/s and ETA)."""
+    counts = reported_counts(record)
     return {
         "id": record.id,
         "tenant": record.tenant,

@@ -107,8 +107,13 @@ class MemoryJobStore(MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
         usage = BatchUsage(
             sum(row.input_tokens for row in rows), sum(row.output_tokens for row in rows)
         )
+        peak = RequestCounts(
+            total=counts.total,
+            completed=sum(row.peak_completed for row in rows),
+            failed=sum(row.peak_failed for row in rows),
+        )
         rec = self._batches[batch_id][1]
-        return dataclasses.replace(rec, request_counts=counts, usage=usage)
+        return dataclasses.replace(rec, request_counts=counts, usage=usage, peak_counts=peak)
 
     @op
     def list_batches(

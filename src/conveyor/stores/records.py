@@ -208,6 +208,9 @@ class BatchRecord:
     queued_input_tokens: int = 0
     request_counts: RequestCounts = field(default_factory=RequestCounts)
     usage: BatchUsage = field(default_factory=BatchUsage)
+    # Per shard the highest counts any attempt reported, summed: they survive a lost lease,
+    # which starts the live `request_counts` of that shard over (see `jobs.views`).
+    peak_counts: RequestCounts = field(default_factory=RequestCounts)
 
     def __post_init__(self) -> None:
         """Reject malformed ids, statuses and metadata before they reach a database."""
@@ -221,10 +224,13 @@ class BatchRecord:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> BatchRecord:
         """Build from `BATCH_COLUMNS` (JSON text for metadata and errors) then the shard sums
-        of lines, completed and failed requests, input and output tokens."""
+        of lines, completed and failed requests, input and output tokens, peak completed and
+        peak failed requests."""
         num_stored = len(BATCH_COLUMNS)
         values: dict[str, Any] = dict(zip(BATCH_COLUMNS, row[:num_stored], strict=True))
-        total, completed, failed, input_tokens, output_tokens = row[num_stored:]
+        total, completed, failed, input_tokens, output_tokens, peak_done, peak_failed = row[
+            num_stored:
+        ]
         values["status"] = BatchStatus(values["status"])
         values["metadata"] = None if values["metadata"] is None else json.loads(values["metadata"])
         raw_errors = values["errors"]
@@ -232,7 +238,8 @@ class BatchRecord:
             values["errors"] = [BatchError.from_dict(e) for e in json.loads(raw_errors)]
         counts = RequestCounts(total=int(total), completed=int(completed), failed=int(failed))
         usage = BatchUsage(int(input_tokens), int(output_tokens))
-        return cls(**values, request_counts=counts, usage=usage)
+        peak = RequestCounts(total=int(total), completed=int(peak_done), failed=int(peak_failed))
+        return cls(**values, request_counts=counts, usage=usage, peak_counts=peak)
 
 
 def validate_metadata(metadata: dict[str, str] | None) -> None:

@@ -173,11 +173,13 @@ def _shard_sum(column: str) -> str:
 
 # Request counts are derived from the shards on every read, never stored on the batch, so
 # they move while shards report progress and a reclaimed shard replaces (not adds to) its count.
+# The peaks are each shard's highest reported counts, which a reclaim does not reset.
 BATCH_SELECT = (
     "SELECT "
     + ", ".join(f"b.{c}" for c in BATCH_STORED_COLUMNS)
     + f", {_shard_sum('num_lines')}, {_shard_sum('num_completed')}, {_shard_sum('num_failed')}"
-    + f", {_shard_sum('input_tokens')}, {_shard_sum('output_tokens')} "
+    + f", {_shard_sum('input_tokens')}, {_shard_sum('output_tokens')}"
+    + f", {_shard_sum('peak_completed')}, {_shard_sum('peak_failed')} "
     + "FROM batches b"
 )
 
@@ -318,16 +320,25 @@ RENEW_LEASE = shared(
     f"UPDATE shards SET lease_expires_at = :lease_expires_at {_FENCE}",
 )
 
+# Raising the peaks in the statement that writes the counts keeps them exact under
+# concurrent writers (the row is the unit; no read-modify-write across statements).
+_RAISE_PEAKS = (
+    "peak_completed = CASE WHEN :num_completed > peak_completed THEN :num_completed "
+    "ELSE peak_completed END, "
+    "peak_failed = CASE WHEN :num_failed > peak_failed THEN :num_failed ELSE peak_failed END"
+)
+
 REPORT_PROGRESS = shared(
     "report_progress",
-    f"UPDATE shards SET num_completed = :num_completed, num_failed = :num_failed {_FENCE}",
+    "UPDATE shards SET num_completed = :num_completed, num_failed = :num_failed, "
+    f"{_RAISE_PEAKS} {_FENCE}",
 )
 
 COMMIT_SHARD = shared(
     "commit_shard",
     f"UPDATE shards SET status = '{ShardStatus.DONE}', output_key = :output_key, "
     "error_key = :error_key, num_completed = :num_completed, num_failed = :num_failed, "
-    f"committed_at = :now, lease_expires_at = NULL {_FENCE} AND {LIVE_LEASE}",
+    f"{_RAISE_PEAKS}, committed_at = :now, lease_expires_at = NULL {_FENCE} AND {LIVE_LEASE}",
 )
 
 RELEASE_SHARD = shared(
@@ -386,8 +397,8 @@ COMMIT_SPECULATIVE = shared(
     "commit_speculative",
     f"UPDATE shards SET status = '{ShardStatus.DONE}', output_key = :output_key, "
     "error_key = :error_key, num_completed = :num_completed, num_failed = :num_failed, "
-    "committed_at = :now, lease_expires_at = NULL, spec_owner = NULL, spec_expires_at = NULL "
-    f"{_SPEC_FENCE} AND {live_lease('spec_expires_at')}",
+    f"{_RAISE_PEAKS}, committed_at = :now, lease_expires_at = NULL, spec_owner = NULL, "
+    f"spec_expires_at = NULL {_SPEC_FENCE} AND {live_lease('spec_expires_at')}",
 )
 
 # Only the speculative slot is freed; the original keeps running.
