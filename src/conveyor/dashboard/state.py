@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from conveyor.dashboard.metrics_read import MetricReader
+from conveyor.jobs.stalls import STALL_CODES
 from conveyor.jobs.views import reported_counts
 from conveyor.stores.records import BatchRecord
 from conveyor.stores.tenant_records import UsageRow
@@ -90,7 +91,16 @@ def job_row(record: BatchRecord) -> dict[str, Any]:
         "total": counts.total,
         "completed": counts.completed,
         "failed": counts.failed,
+        "stall": stall_of(record),
     }
+
+
+def stall_of(record: BatchRecord) -> dict[str, Any] | None:
+    """The batch's stall note (`code`, `since`, `message`), or None when it is not stalled."""
+    for error in record.errors or ():
+        if error.code in STALL_CODES:
+            return {"code": error.code, "since": error.since, "message": error.message}
+    return None
 
 
 def tenant_usage(rows: Iterable[UsageRow]) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ def batch_object(rec: BatchRecord) -> dict[str, Any]:
     """OpenAI's Batch object; `errors` is a list object or null."""
     errors = None
     if rec.errors:
-        listed = [e.to_dict() for e in rec.errors[:MAX_LISTED_ERRORS]]
+        listed = [e.api_dict() for e in rec.errors[:MAX_LISTED_ERRORS]]
         errors = {"object": "list", "data": listed, "total_errors": len(rec.errors)}
     body: dict[str, Any] = {
         "id": rec.id,

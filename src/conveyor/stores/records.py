@@ -107,25 +107,39 @@ class FileRecord:
 
 @dataclass(frozen=True, slots=True)
 class BatchError:
-    """One entry of a batch's `errors` list (OpenAI: code, message, param, line)."""
+    """One entry of a batch's `errors` list (OpenAI: code, message, param, line).
+
+    `since` (unix seconds) is Conveyor's own, kept in storage but not in OpenAI's object:
+    when the stall a stall note reports began.
+    """
 
     code: str
     message: str
     param: str | None = None
     line: int | None = None
+    since: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the JSON-ready form used in storage and API responses."""
+        """Return the JSON-ready form kept in storage (`since` only when set)."""
+        stored = self.api_dict()
+        if self.since is not None:
+            stored["since"] = self.since
+        return stored
+
+    def api_dict(self) -> dict[str, Any]:
+        """Return OpenAI's shape of the entry, as API responses list it."""
         return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
 
     @staticmethod
     def from_dict(raw: dict[str, Any]) -> BatchError:
         """Build from the JSON form written by `to_dict`."""
+        since = raw.get("since")
         return BatchError(
             code=str(raw["code"]),
             message=str(raw["message"]),
             param=raw.get("param"),
             line=raw.get("line"),
+            since=None if since is None else int(since),
         )
 
 
