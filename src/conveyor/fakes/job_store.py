@@ -117,11 +117,11 @@ class MemoryJobStore(MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
 
     @op
     def list_batches(
-        self, tenant: str, after: str | None = None, limit: int = 20
+        self, tenant: str, after: str | None = None, limit: int = 20, *, order: ListOrder = "desc"
     ) -> list[BatchRecord]:
-        """The tenant's batches newest first, after the batch id `after`."""
+        """The tenant's batches newest first (oldest first for `asc`), after the id `after`."""
         rows = [(seq, r) for seq, r in self._batches.values() if r.tenant == tenant]
-        page = _page(rows, after, limit, MAX_BATCHES_PAGE)
+        page = _page(rows, after, limit, MAX_BATCHES_PAGE, is_ascending=order == "asc")
         return [b for b in (self.get_batch_any(r.id) for r in page) if b is not None]
 
     @op

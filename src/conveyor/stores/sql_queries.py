@@ -193,13 +193,21 @@ GET_BATCH = shared("get_batch", f"{BATCH_SELECT} WHERE b.id = :id AND b.tenant =
 
 GET_BATCH_ANY = shared("get_batch_any", f"{BATCH_SELECT} WHERE b.id = :id")
 
-LIST_BATCHES = shared(
-    "list_batches",
-    f"{BATCH_SELECT} WHERE b.tenant = :tenant "
-    "AND (CAST(:after AS TEXT) IS NULL "
-    "     OR b.seq < (SELECT a.seq FROM batches a WHERE a.id = :after AND a.tenant = :tenant)) "
-    "ORDER BY b.seq DESC LIMIT :limit",
-)
+
+def _list_batches_sql(is_ascending: bool) -> str:
+    """List a tenant's batches in one direction; `after` is the last id of the previous page."""
+    beyond, direction = (">", "ASC") if is_ascending else ("<", "DESC")
+    return (
+        f"{BATCH_SELECT} WHERE b.tenant = :tenant "
+        "AND (CAST(:after AS TEXT) IS NULL "
+        f"     OR b.seq {beyond} "
+        "(SELECT a.seq FROM batches a WHERE a.id = :after AND a.tenant = :tenant)) "
+        f"ORDER BY b.seq {direction} LIMIT :limit"
+    )
+
+
+LIST_BATCHES = shared("list_batches", _list_batches_sql(is_ascending=False))
+LIST_BATCHES_ASC = shared("list_batches_asc", _list_batches_sql(is_ascending=True))
 
 BATCHES_IN_STATUS = per_dialect(
     "batches_in_status",

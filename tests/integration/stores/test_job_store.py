@@ -210,6 +210,22 @@ def test_list_batches_newest_first_with_after_cursor(job_store: JobStore) -> Non
         job_store.list_batches("tenant-a", limit=0)
 
 
+def test_list_batches_ascending_pages_oldest_first(job_store: JobStore) -> None:
+    """`order=asc` lists oldest first and its `after` cursor moves forward."""
+    batches = [make_batch(created_at=1000 + i) for i in range(3)]
+    for batch in batches:
+        job_store.create_batch(batch)
+    job_store.create_batch(make_batch(tenant="tenant-b"))
+    oldest_first = [b.id for b in batches]
+
+    assert [b.id for b in job_store.list_batches("tenant-a", order="asc")] == oldest_first
+    first = job_store.list_batches("tenant-a", limit=2, order="asc")
+    rest = job_store.list_batches("tenant-a", after=first[-1].id, order="asc")
+    assert [b.id for b in first + rest] == oldest_first
+    assert job_store.list_batches("tenant-a", after=batches[-1].id, order="asc") == []
+    assert job_store.list_batches("tenant-a", after="batch_unknown", order="asc") == []
+
+
 def test_transition_is_compare_and_set(job_store: JobStore) -> None:
     """A transition applies only from the expected status and stamps `*_at`."""
     batch = make_batch()
