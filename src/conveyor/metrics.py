@@ -224,6 +224,11 @@ class Metrics:
             "Job store and object store operations of batch jobs that failed, retried later",
             ["store", "operation"], registry=reg,
         )  # fmt: skip
+        self.batches_stalled = Gauge(
+            "conveyor_batches_stalled",
+            "Batches this process cannot move because a store fails (disk_full or unavailable)",
+            ["store", "reason"], registry=reg,
+        )  # fmt: skip
 
     def _add_generator_families(self, reg: CollectorRegistry) -> None:
         """Families of generative models (continuous batching), labelled by model."""

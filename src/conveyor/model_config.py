@@ -15,6 +15,8 @@ DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 DEFAULT_MAX_INPUTS = 2048  # OpenAI's own limit on inputs in one embeddings request
 # `path: conveyor://NAME` names a model pushed with `conveyor models push`.
 REMOTE_MODEL_PREFIX = "conveyor://"
+# A rank-64 adapter on every projection of a 70B Llama is about 1.6 GB in bfloat16.
+DEFAULT_MAX_ADAPTER_BYTES = 4 << 30
 _MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
 
 
@@ -160,15 +162,25 @@ class LoraConfig(Strict):
     """LoRA adapters served on a generative model's one copy of the base weights.
 
     ``adapters`` maps a name (what requests put in ``model``) to a PEFT adapter
-    directory; more can be loaded at run time. ``max_loras_per_batch`` adapters are kept
-    on the device and may share a step; ``max_cpu_loras`` keep a host copy (the rest are
-    read from disk again when needed); adapters of rank above ``max_rank`` are refused.
+    directory; more can be loaded at run time from directories under ``load_roots`` (none
+    by default: run-time loading is off until the operator names where adapters may come
+    from). ``max_loras_per_batch`` adapters are kept on the device and may share a step;
+    ``max_cpu_loras`` keep a host copy (the rest are read from disk again when needed);
+    adapters of rank above ``max_rank``, or whose weights file is above
+    ``max_adapter_bytes``, are refused.
     """
 
     adapters: dict[str, Path] = Field(default_factory=dict)
+    load_roots: list[Path] = Field(
+        default_factory=list,
+        description="Directories under which run-time loads may read adapters (none: off).",
+    )
     max_loras_per_batch: int = Field(default=8, ge=1, le=1024)
     max_cpu_loras: int = Field(default=64, ge=1)
     max_rank: int = Field(default=64, ge=1, le=4096)
+    max_adapter_bytes: int = Field(
+        default=DEFAULT_MAX_ADAPTER_BYTES, ge=1, description="Bound on adapter_model.safetensors."
+    )
 
     @field_validator("adapters")
     @classmethod

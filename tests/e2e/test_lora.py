@@ -40,8 +40,17 @@ def adapters(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 
 @pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second directory run-time loads may read from."""
+    return tmp_path_factory.mktemp("scratch")
+
+
+@pytest.fixture(scope="module")
 def server(
-    tmp_path_factory: pytest.TempPathFactory, checkpoint: Path, adapters: dict[str, Path]
+    tmp_path_factory: pytest.TempPathFactory,
+    checkpoint: Path,
+    adapters: dict[str, Path],
+    scratch: Path,
 ) -> Iterator[Server]:
     generate = {
         "name": BASE,
@@ -52,7 +61,11 @@ def server(
         "max_num_seqs": 16,
         "max_num_batched_tokens": 256,
         "threads": 1,
-        "lora": {"adapters": {"sql": str(adapters["sql"])}, "max_rank": 8},
+        "lora": {
+            "adapters": {"sql": str(adapters["sql"])},
+            "max_rank": 8,
+            "load_roots": [str(adapters["sql"].parent), str(scratch)],
+        },
     }
     running = start_server(tmp_path_factory.mktemp("lora-server"), {"models": [generate]})
     yield running
@@ -127,7 +140,7 @@ def test_load_use_and_unload_at_run_time(
 
 
 def test_bad_adapters_are_refused_and_the_base_serves_on(
-    server: Server, client: openai.OpenAI, adapters: dict[str, Path], tmp_path: Path
+    server: Server, client: openai.OpenAI, adapters: dict[str, Path], scratch: Path, tmp_path: Path
 ) -> None:
     with pytest.raises(openai.NotFoundError):
         complete(client, "no-such-adapter")
@@ -136,10 +149,15 @@ def test_bad_adapters_are_refused_and_the_base_serves_on(
     )
     assert too_big.status_code == 400
     assert "above this model's max_rank 8" in too_big.json()["error"]["message"]
-    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4}))
-    broken = post(server, "load_lora_adapter", {"lora_name": "broken", "lora_path": str(tmp_path)})
-    assert broken.status_code == 400
-    assert "no adapter_model.safetensors" in broken.json()["error"]["message"]
+    (scratch / "adapter_config.json").write_text(json.dumps({"r": 4}))  # and no weights
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4}))  # outside the roots
+    refusals = [
+        post(server, "load_lora_adapter", {"lora_name": "broken", "lora_path": str(path)})
+        for path in (scratch, tmp_path, tmp_path / "missing", scratch / "missing")
+    ]
+    assert {r.status_code for r in refusals} == {400}
+    messages = {r.json()["error"]["message"] for r in refusals}
+    assert len(messages) == 1 and "lora.load_roots" in messages.pop()
     assert post(server, "unload_lora_adapter", {"lora_name": "nope"}).status_code == 404
     assert complete(client, BASE)
     assert complete(client, "sql")

@@ -29,11 +29,12 @@ async def create_batch(request: Request) -> Response:
 
 @router.get("/v1/batches")
 async def list_batches(request: Request) -> Response:
-    """The caller's batches, newest first (`after`, `limit`)."""
+    """The caller's batches, newest first (`after`, `limit`, `order`)."""
     rows, has_more = await jobs_of(request).api.list_batches(
         tenant_of(request),
         after=request.query_params.get("after"),
         limit=int_param(request, "limit"),
+        order=request.query_params.get("order"),
     )
     return json_response(list_page([batch_object(r) for r in rows], has_more))
 

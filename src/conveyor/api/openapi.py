@@ -2,7 +2,8 @@
 
 Those handlers take the raw ``Request`` (no per-request FastAPI body machinery), so the
 generated document knows nothing of their bodies; this adds each body's JSON schema,
-from the same pydantic models the handlers validate with.
+from the same pydantic models the handlers validate with, and (see `openapi_shapes`) the
+query parameters the list routes read and the 4xx each route answers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
+
+from conveyor.api.openapi_shapes import describe_errors, describe_query_parameters
 
 BodyModels = Callable[[], dict[str, type[BaseModel]]]
 FILE_UPLOAD = {
@@ -76,6 +79,16 @@ def request_body_models() -> dict[str, type[BaseModel]]:
     }
 
 
+def _routed_body_models() -> dict[str, type[BaseModel]]:
+    """Bodies of FastAPI routes that parse their own JSON, where the app has the route."""
+    from conveyor.endpoints.lora_adapters import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
+
+    return {
+        "/v1/load_lora_adapter": LoadLoraAdapterRequest,
+        "/v1/unload_lora_adapter": UnloadLoraAdapterRequest,
+    }
+
+
 def install_openapi(app: FastAPI, body_models: BodyModels = request_body_models) -> None:
     """Serve ``/openapi.json`` with request bodies from ``body_models()`` (path → model).
 
@@ -88,8 +101,13 @@ def install_openapi(app: FastAPI, body_models: BodyModels = request_body_models)
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             for path, model in body_models().items():
                 _add_json_body(schema, path, model)
+            for path, model in _routed_body_models().items():
+                if "post" in schema.get("paths", {}).get(path, {}):  # on this app
+                    _add_json_body(schema, path, model)
             _add_body(schema, "/v1/files", FILE_UPLOAD)
             _add_body(schema, "/v1/batches", {"application/json": {"schema": BATCH_CREATE}})
+            describe_query_parameters(schema)
+            describe_errors(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from conveyor.dashboard.metrics_read import MetricReader
+from conveyor.jobs.stalls import STALL_CODES
+from conveyor.jobs.views import reported_counts
 from conveyor.stores.records import BatchRecord
 from conveyor.stores.tenant_records import UsageRow
 
@@ -75,8 +77,9 @@ def gateway_models(gateway: Gateway) -> list[dict[str, Any]]:
 
 
 def job_row(record: BatchRecord) -> dict[str, Any]:
-    """One batch job: status and counts (the page derives lines/s and ETA)."""
-    counts = record.request_counts
+    """One batch job: status and counts as the Batch object reports them (the page derives
+    lines/s and ETA)."""
+    counts = reported_counts(record)
     return {
         "id": record.id,
         "tenant": record.tenant,
@@ -88,7 +91,16 @@ def job_row(record: BatchRecord) -> dict[str, Any]:
         "total": counts.total,
         "completed": counts.completed,
         "failed": counts.failed,
+        "stall": stall_of(record),
     }
+
+
+def stall_of(record: BatchRecord) -> dict[str, Any] | None:
+    """The batch's stall note (`code`, `since`, `message`), or None when it is not stalled."""
+    for error in record.errors or ():
+        if error.code in STALL_CODES:
+            return {"code": error.code, "since": error.since, "message": error.message}
+    return None
 
 
 def tenant_usage(rows: Iterable[UsageRow]) -> list[dict[str, Any]]:

@@ -2,18 +2,19 @@
 
 No HTTP here: the route parses the body and checks the caller may do it. An adapter goes
 to the generative model that has ``lora`` configured (``base_model`` picks one when
-several do); reading it runs off the event loop.
+several do), from a directory under that model's ``lora.load_roots`` only (see
+``engine.lora.files``); reading it runs off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor.errors import InvalidRequest, ModelNotFound
+from conveyor.engine.lora.files import resolve_under
+from conveyor.errors import InvalidRequest, ModelNotFound, PermissionDenied
 
 if TYPE_CHECKING:  # named in annotations only
     from conveyor.engine.generator import HostedGenerator
@@ -84,9 +85,23 @@ async def load_adapter(service: Service, body: LoadLoraAdapterRequest) -> str:
         raise InvalidRequest(
             f"the name {body.lora_name!r} is already a model or an adapter", param="lora_name"
         )
-    assert target.lora is not None  # _target picks models with lora only
-    await asyncio.to_thread(target.lora.load, body.lora_name, Path(body.lora_path))
+    await asyncio.to_thread(_read_into, target, body)
     return f"Success: LoRA adapter '{body.lora_name}' added successfully."
+
+
+def _read_into(target: HostedGenerator, body: LoadLoraAdapterRequest) -> None:
+    """Blocking: register the adapter at ``lora_path`` if it lies under the model's roots.
+
+    403 when the model allows no run-time loads; one 400 for any path it will not read.
+    """
+    settings, registry = target.config.lora, target.lora
+    assert settings is not None and registry is not None  # _target picks models with lora
+    if not settings.load_roots:
+        raise PermissionDenied(
+            f"the model {target.config.name!r} loads no LoRA adapters at run time: list the "
+            "directories they may come from in its lora.load_roots"
+        )
+    registry.load(body.lora_name, resolve_under(body.lora_path, settings.load_roots))
 
 
 def unload_adapter(service: Service, body: UnloadLoraAdapterRequest) -> str:

@@ -80,6 +80,7 @@ def _lora_runtime(config: GenerateModelConfig, device: torch.device) -> LoraRunt
         slots=config.lora.max_loras_per_batch,
         max_cpu_loras=config.lora.max_cpu_loras,
         max_rank=config.lora.max_rank,
+        max_adapter_bytes=config.lora.max_adapter_bytes,
         device=device,
         dtype=resolve_dtype(config.dtype, device),
     )

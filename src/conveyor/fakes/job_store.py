@@ -107,16 +107,21 @@ class MemoryJobStore(MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
         usage = BatchUsage(
             sum(row.input_tokens for row in rows), sum(row.output_tokens for row in rows)
         )
+        peak = RequestCounts(
+            total=counts.total,
+            completed=sum(row.peak_completed for row in rows),
+            failed=sum(row.peak_failed for row in rows),
+        )
         rec = self._batches[batch_id][1]
-        return dataclasses.replace(rec, request_counts=counts, usage=usage)
+        return dataclasses.replace(rec, request_counts=counts, usage=usage, peak_counts=peak)
 
     @op
     def list_batches(
-        self, tenant: str, after: str | None = None, limit: int = 20
+        self, tenant: str, after: str | None = None, limit: int = 20, *, order: ListOrder = "desc"
     ) -> list[BatchRecord]:
-        """The tenant's batches newest first, after the batch id `after`."""
+        """The tenant's batches newest first (oldest first for `asc`), after the id `after`."""
         rows = [(seq, r) for seq, r in self._batches.values() if r.tenant == tenant]
-        page = _page(rows, after, limit, MAX_BATCHES_PAGE)
+        page = _page(rows, after, limit, MAX_BATCHES_PAGE, is_ascending=order == "asc")
         return [b for b in (self.get_batch_any(r.id) for r in page) if b is not None]
 
     @op

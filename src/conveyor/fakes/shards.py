@@ -36,6 +36,14 @@ class _Shard:
     spec_expires_at: float | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    # The highest counts any attempt reported (a reclaim does not reset them).
+    peak_completed: int = 0
+    peak_failed: int = 0
+
+    def raise_peaks(self, num_completed: int, num_failed: int) -> None:
+        """Keep the highest counts reported so far."""
+        self.peak_completed = max(self.peak_completed, num_completed)
+        self.peak_failed = max(self.peak_failed, num_failed)
 
 
 def op(method: _F) -> _F:
@@ -174,6 +182,7 @@ class MemoryShards(MemoryBase):
             shard.record = dataclasses.replace(
                 shard.record, num_completed=num_completed, num_failed=num_failed
             )
+            shard.raise_peaks(num_completed, num_failed)
         return True
 
     @op
@@ -198,6 +207,7 @@ class MemoryShards(MemoryBase):
             num_completed=num_completed, num_failed=num_failed, committed_at=float(now),
             lease_expires_at=None,
         )  # fmt: skip
+        shard.raise_peaks(num_completed, num_failed)
         shard.input_tokens = sum(row.input_tokens for row in usage)
         shard.output_tokens = sum(row.output_tokens for row in usage)
         self._fold_usage(usage)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ class JobCounters:
         self.num_cache_hits = 0
         self.num_lines = {"completed": 0, "failed": 0}
         self.num_store_errors: dict[tuple[str, str], int] = {}
+        self.num_stalled: dict[tuple[str, str], int] = {}
 
     def cache_hit(self, count: int = 1) -> None:
         """Lines answered from the result cache."""
@@ -45,6 +46,13 @@ class JobCounters:
         self.num_store_errors[key] = self.num_store_errors.get(key, 0) + 1
         if self._metrics is not None:
             self._metrics.store_errors.labels(store, operation).inc()
+
+    def stalled(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """Batches this process sees stalled now, per (store, reason)."""
+        self.num_stalled = dict(counts)
+        if self._metrics is not None:
+            for (store, reason), count in counts.items():
+                self._metrics.batches_stalled.labels(store, reason).set(count)
 
 
 @dataclass(slots=True)

@@ -194,12 +194,14 @@ class JobOperations:
         return record
 
     async def list_batches(
-        self, tenant: str, *, after: str | None, limit: int | None
+        self, tenant: str, *, after: str | None, limit: int | None, order: str | None = None
     ) -> tuple[list[BatchRecord], bool]:
-        """One page of the tenant's batches, newest first, and whether more follow."""
+        """One page of the tenant's batches (newest first unless `asc`), and whether more
+        follow."""
         size = check_limit(limit, DEFAULT_BATCHES_PAGE, MAX_BATCHES_PAGE)
+        direction = check_order(order)
         ask = min(size + 1, MAX_BATCHES_PAGE)
-        rows = await self._ctx.store.list_batches(tenant, after, ask)
+        rows = await self._ctx.store.list_batches(tenant, after, ask, order=direction)
         return rows[:size], len(rows) > size
 
     async def cancel_batch(self, tenant: str, batch_id: str) -> BatchRecord:

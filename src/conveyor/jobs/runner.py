@@ -141,7 +141,7 @@ class ShardRunner:
             await self._release(lease)
         elif outcome is AttemptOutcome.COMMITTED:
             self.num_committed += 1
-            if self._stalls.is_noted(lease.batch_id):
+            if self._stalls.is_stalled(lease.batch_id):
                 await asyncio.to_thread(self._stalls.recovered, lease.batch_id)
             if self._committed is not None:
                 self._committed.set()  # the batch may be complete: supervise it now

@@ -87,9 +87,11 @@ class AsyncJobStore:
         """A batch regardless of tenant, or None."""
         return await self._call(self.blocking.get_batch_any, batch_id)
 
-    async def list_batches(self, tenant: str, after: str | None, limit: int) -> list[BatchRecord]:
-        """The tenant's batches newest first, after the batch id `after`."""
-        return await self._call(self.blocking.list_batches, tenant, after, limit)
+    async def list_batches(
+        self, tenant: str, after: str | None, limit: int, *, order: ListOrder = "desc"
+    ) -> list[BatchRecord]:
+        """The tenant's batches newest first (oldest first for `asc`), after the id `after`."""
+        return await self._call(self.blocking.list_batches, tenant, after, limit, order=order)
 
     async def batches_in_status(self, statuses: Iterable[BatchStatus]) -> list[BatchRecord]:
         """Every batch in one of `statuses`, oldest first."""

@@ -123,6 +123,7 @@ class Supervisor:
             model=plan.report.model, queued_input_tokens=plan.report.num_input_tokens,
         )  # fmt: skip
         if is_started:
+            self._stalls.forget(batch.id)  # a stall while planning is over
             log.info("batch %s: %d requests in %d shards",
                      batch.id, plan.report.num_requests, len(plan.shards))  # fmt: skip
             self._wake_runners.set()

@@ -14,6 +14,7 @@ BATCH_TIMESTAMPS = tuple(f.name for f in fields(BatchRecord) if f.name.endswith(
 MAX_LISTED_ERRORS = 100
 # Ends in which lines that never ran are reported in the error file, so count as failed.
 UNFINISHED_ENDS = (BatchStatus.CANCELLED, BatchStatus.EXPIRED)
+FINISHED = (BatchStatus.COMPLETED, BatchStatus.FAILED, *UNFINISHED_ENDS)
 
 
 def file_object(rec: FileRecord) -> dict[str, Any]:
@@ -40,7 +41,7 @@ def batch_object(rec: BatchRecord) -> dict[str, Any]:
     """OpenAI's Batch object; `errors` is a list object or null."""
     errors = None
     if rec.errors:
-        listed = [e.to_dict() for e in rec.errors[:MAX_LISTED_ERRORS]]
+        listed = [e.api_dict() for e in rec.errors[:MAX_LISTED_ERRORS]]
         errors = {"object": "list", "data": listed, "total_errors": len(rec.errors)}
     body: dict[str, Any] = {
         "id": rec.id,
@@ -55,7 +56,7 @@ def batch_object(rec: BatchRecord) -> dict[str, Any]:
         "error_file_id": rec.error_file_id,
     }
     body.update({name: getattr(rec, name) for name in BATCH_TIMESTAMPS})
-    counts = reported_counts(rec.status, rec.request_counts)
+    counts = reported_counts(rec)
     body["request_counts"] = {
         "total": counts.total,
         "completed": counts.completed,
@@ -73,12 +74,25 @@ def batch_object(rec: BatchRecord) -> dict[str, Any]:
     return body
 
 
-def reported_counts(status: BatchStatus, counts: RequestCounts) -> RequestCounts:
-    """The counts a client sees: in a cancelled or expired batch, lines that never ran are
-    failed (each has a record in the error file), so completed + failed = total."""
-    if status not in UNFINISHED_ENDS:
+def reported_counts(rec: BatchRecord) -> RequestCounts:
+    """The counts a client sees.
+
+    While the batch runs, each count is the most it has shown: a shard whose lease was lost
+    starts over from zero, but its lines were done once and will be again, so the figure
+    holds (`peak_counts`) instead of falling back. Were a rerun to split its lines otherwise
+    (a line failing now that had completed), failed is cut so that completed + failed never
+    passes total. A finished batch shows what its files hold: in a cancelled or expired
+    batch lines that never ran are failed (each has a record in the error file), so
+    completed + failed = total.
+    """
+    counts, status = rec.request_counts, rec.status
+    if status in UNFINISHED_ENDS:
+        return RequestCounts(counts.total, counts.completed, counts.total - counts.completed)
+    if status in FINISHED:
         return counts
-    return RequestCounts(counts.total, counts.completed, counts.total - counts.completed)
+    completed = max(counts.completed, rec.peak_counts.completed)
+    failed = min(max(counts.failed, rec.peak_counts.failed), counts.total - completed)
+    return RequestCounts(counts.total, completed, failed)
 
 
 def list_page(data: Sequence[dict[str, Any]], has_more: bool) -> dict[str, Any]:

@@ -196,6 +196,12 @@ _V7_QUEUED_TOKENS = (
     "ALTER TABLE batches ADD COLUMN queued_input_tokens BIGINT NOT NULL DEFAULT 0",
 )
 
+# Each shard's highest reported counts, kept across attempts: a batch's counts never go back.
+_V8_PEAK_COUNTS = (
+    "ALTER TABLE shards ADD COLUMN peak_completed BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE shards ADD COLUMN peak_failed BIGINT NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_INITIAL),
     Migration(2, "speculative shard attempts", _V2_SPECULATION),
@@ -204,6 +210,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "usage ledger", _V5_USAGE),
     Migration(6, "file expiry", _V6_FILE_EXPIRY),
     Migration(7, "batch queued input tokens", _V7_QUEUED_TOKENS),
+    Migration(8, "shard peak counts", _V8_PEAK_COUNTS),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

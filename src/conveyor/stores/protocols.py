@@ -89,9 +89,10 @@ class BatchStore(Protocol):
         ...
 
     def list_batches(
-        self, tenant: str, after: str | None = None, limit: int = 20
+        self, tenant: str, after: str | None = None, limit: int = 20, *, order: ListOrder = "desc"
     ) -> list[BatchRecord]:
-        """Return the tenant's batches newest first, starting after the batch id `after`."""
+        """Return the tenant's batches newest first (oldest first for `asc`), starting after
+        the batch id `after`."""
         ...
 
     def transition(

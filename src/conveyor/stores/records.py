@@ -107,25 +107,39 @@ class FileRecord:
 
 @dataclass(frozen=True, slots=True)
 class BatchError:
-    """One entry of a batch's `errors` list (OpenAI: code, message, param, line)."""
+    """One entry of a batch's `errors` list (OpenAI: code, message, param, line).
+
+    `since` (unix seconds) is Conveyor's own, kept in storage but not in OpenAI's object:
+    when the stall a stall note reports began.
+    """
 
     code: str
     message: str
     param: str | None = None
     line: int | None = None
+    since: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the JSON-ready form used in storage and API responses."""
+        """Return the JSON-ready form kept in storage (`since` only when set)."""
+        stored = self.api_dict()
+        if self.since is not None:
+            stored["since"] = self.since
+        return stored
+
+    def api_dict(self) -> dict[str, Any]:
+        """Return OpenAI's shape of the entry, as API responses list it."""
         return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
 
     @staticmethod
     def from_dict(raw: dict[str, Any]) -> BatchError:
         """Build from the JSON form written by `to_dict`."""
+        since = raw.get("since")
         return BatchError(
             code=str(raw["code"]),
             message=str(raw["message"]),
             param=raw.get("param"),
             line=raw.get("line"),
+            since=None if since is None else int(since),
         )
 
 
@@ -208,6 +222,9 @@ class BatchRecord:
     queued_input_tokens: int = 0
     request_counts: RequestCounts = field(default_factory=RequestCounts)
     usage: BatchUsage = field(default_factory=BatchUsage)
+    # Per shard the highest counts any attempt reported, summed: they survive a lost lease,
+    # which starts the live `request_counts` of that shard over (see `jobs.views`).
+    peak_counts: RequestCounts = field(default_factory=RequestCounts)
 
     def __post_init__(self) -> None:
         """Reject malformed ids, statuses and metadata before they reach a database."""
@@ -221,10 +238,13 @@ class BatchRecord:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> BatchRecord:
         """Build from `BATCH_COLUMNS` (JSON text for metadata and errors) then the shard sums
-        of lines, completed and failed requests, input and output tokens."""
+        of lines, completed and failed requests, input and output tokens, peak completed and
+        peak failed requests."""
         num_stored = len(BATCH_COLUMNS)
         values: dict[str, Any] = dict(zip(BATCH_COLUMNS, row[:num_stored], strict=True))
-        total, completed, failed, input_tokens, output_tokens = row[num_stored:]
+        total, completed, failed, input_tokens, output_tokens, peak_done, peak_failed = row[
+            num_stored:
+        ]
         values["status"] = BatchStatus(values["status"])
         values["metadata"] = None if values["metadata"] is None else json.loads(values["metadata"])
         raw_errors = values["errors"]
@@ -232,7 +252,8 @@ class BatchRecord:
             values["errors"] = [BatchError.from_dict(e) for e in json.loads(raw_errors)]
         counts = RequestCounts(total=int(total), completed=int(completed), failed=int(failed))
         usage = BatchUsage(int(input_tokens), int(output_tokens))
-        return cls(**values, request_counts=counts, usage=usage)
+        peak = RequestCounts(total=int(total), completed=int(peak_done), failed=int(peak_failed))
+        return cls(**values, request_counts=counts, usage=usage, peak_counts=peak)
 
 
 def validate_metadata(metadata: dict[str, str] | None) -> None:

@@ -89,12 +89,13 @@ class SqlBatchStore(SqlStore):
         return BatchRecord.from_row(rows[0]) if rows else None
 
     def list_batches(
-        self, tenant: str, after: str | None = None, limit: int = 20
+        self, tenant: str, after: str | None = None, limit: int = 20, *, order: ListOrder = "desc"
     ) -> list[BatchRecord]:
-        """Return the tenant's batches newest first, starting after the batch id `after`."""
+        """Return the tenant's batches newest first (oldest first for `asc`), after `after`."""
         check_limit(limit, MAX_BATCHES_PAGE)
         params = {"tenant": tenant, "after": after, "limit": limit}
-        return [BatchRecord.from_row(row) for row in self._rows(q.LIST_BATCHES, params)]
+        query = q.LIST_BATCHES_ASC if order == "asc" else q.LIST_BATCHES
+        return [BatchRecord.from_row(row) for row in self._rows(query, params)]
 
     def transition(
         self,

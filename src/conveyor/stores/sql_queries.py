@@ -173,11 +173,13 @@ def _shard_sum(column: str) -> str:
 
 # Request counts are derived from the shards on every read, never stored on the batch, so
 # they move while shards report progress and a reclaimed shard replaces (not adds to) its count.
+# The peaks are each shard's highest reported counts, which a reclaim does not reset.
 BATCH_SELECT = (
     "SELECT "
     + ", ".join(f"b.{c}" for c in BATCH_STORED_COLUMNS)
     + f", {_shard_sum('num_lines')}, {_shard_sum('num_completed')}, {_shard_sum('num_failed')}"
-    + f", {_shard_sum('input_tokens')}, {_shard_sum('output_tokens')} "
+    + f", {_shard_sum('input_tokens')}, {_shard_sum('output_tokens')}"
+    + f", {_shard_sum('peak_completed')}, {_shard_sum('peak_failed')} "
     + "FROM batches b"
 )
 
@@ -191,13 +193,21 @@ GET_BATCH = shared("get_batch", f"{BATCH_SELECT} WHERE b.id = :id AND b.tenant =
 
 GET_BATCH_ANY = shared("get_batch_any", f"{BATCH_SELECT} WHERE b.id = :id")
 
-LIST_BATCHES = shared(
-    "list_batches",
-    f"{BATCH_SELECT} WHERE b.tenant = :tenant "
-    "AND (CAST(:after AS TEXT) IS NULL "
-    "     OR b.seq < (SELECT a.seq FROM batches a WHERE a.id = :after AND a.tenant = :tenant)) "
-    "ORDER BY b.seq DESC LIMIT :limit",
-)
+
+def _list_batches_sql(is_ascending: bool) -> str:
+    """List a tenant's batches in one direction; `after` is the last id of the previous page."""
+    beyond, direction = (">", "ASC") if is_ascending else ("<", "DESC")
+    return (
+        f"{BATCH_SELECT} WHERE b.tenant = :tenant "
+        "AND (CAST(:after AS TEXT) IS NULL "
+        f"     OR b.seq {beyond} "
+        "(SELECT a.seq FROM batches a WHERE a.id = :after AND a.tenant = :tenant)) "
+        f"ORDER BY b.seq {direction} LIMIT :limit"
+    )
+
+
+LIST_BATCHES = shared("list_batches", _list_batches_sql(is_ascending=False))
+LIST_BATCHES_ASC = shared("list_batches_asc", _list_batches_sql(is_ascending=True))
 
 BATCHES_IN_STATUS = per_dialect(
     "batches_in_status",
@@ -318,16 +328,25 @@ RENEW_LEASE = shared(
     f"UPDATE shards SET lease_expires_at = :lease_expires_at {_FENCE}",
 )
 
+# Raising the peaks in the statement that writes the counts keeps them exact under
+# concurrent writers (the row is the unit; no read-modify-write across statements).
+_RAISE_PEAKS = (
+    "peak_completed = CASE WHEN :num_completed > peak_completed THEN :num_completed "
+    "ELSE peak_completed END, "
+    "peak_failed = CASE WHEN :num_failed > peak_failed THEN :num_failed ELSE peak_failed END"
+)
+
 REPORT_PROGRESS = shared(
     "report_progress",
-    f"UPDATE shards SET num_completed = :num_completed, num_failed = :num_failed {_FENCE}",
+    "UPDATE shards SET num_completed = :num_completed, num_failed = :num_failed, "
+    f"{_RAISE_PEAKS} {_FENCE}",
 )
 
 COMMIT_SHARD = shared(
     "commit_shard",
     f"UPDATE shards SET status = '{ShardStatus.DONE}', output_key = :output_key, "
     "error_key = :error_key, num_completed = :num_completed, num_failed = :num_failed, "
-    f"committed_at = :now, lease_expires_at = NULL {_FENCE} AND {LIVE_LEASE}",
+    f"{_RAISE_PEAKS}, committed_at = :now, lease_expires_at = NULL {_FENCE} AND {LIVE_LEASE}",
 )
 
 RELEASE_SHARD = shared(
@@ -386,8 +405,8 @@ COMMIT_SPECULATIVE = shared(
     "commit_speculative",
     f"UPDATE shards SET status = '{ShardStatus.DONE}', output_key = :output_key, "
     "error_key = :error_key, num_completed = :num_completed, num_failed = :num_failed, "
-    "committed_at = :now, lease_expires_at = NULL, spec_owner = NULL, spec_expires_at = NULL "
-    f"{_SPEC_FENCE} AND {live_lease('spec_expires_at')}",
+    f"{_RAISE_PEAKS}, committed_at = :now, lease_expires_at = NULL, spec_owner = NULL, "
+    f"spec_expires_at = NULL {_SPEC_FENCE} AND {live_lease('spec_expires_at')}",
 )
 
 # Only the speculative slot is freed; the original keeps running.

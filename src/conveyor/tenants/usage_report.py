@@ -13,6 +13,9 @@ BUCKET_WIDTH_S = {"1m": 60, "1h": 3600, "1d": 86_400}
 BUCKET_LIMITS = {"1m": (60, 1440), "1h": (24, 168), "1d": (7, 31)}
 GROUP_FIELDS = frozenset({"model", "tenant"})
 RESULT_OBJECT = "organization.usage.completions.result"
+# 9999-12-31T23:59:59Z: times past it (or before 1970) are no one's usage, and would
+# overflow a store's 64-bit integers long before Python's ints do.
+MAX_UNIX_S = 253_402_300_799
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,9 @@ def parse_query(
     """Check the query parameters (400 naming the wrong one)."""
     if start_time is None:
         raise InvalidRequest("missing required parameter: 'start_time'", param="start_time")
+    for name, value in (("start_time", start_time), ("end_time", end_time)):
+        if value is not None and not 0 <= value <= MAX_UNIX_S:
+            raise InvalidRequest(f"{name} must be unix seconds, 0..{MAX_UNIX_S}", param=name)
     width = bucket_width or "1d"
     if width not in BUCKET_WIDTH_S:
         raise InvalidRequest("bucket_width must be 1m, 1h or 1d", param="bucket_width")

@@ -210,6 +210,22 @@ def test_list_batches_newest_first_with_after_cursor(job_store: JobStore) -> Non
         job_store.list_batches("tenant-a", limit=0)
 
 
+def test_list_batches_ascending_pages_oldest_first(job_store: JobStore) -> None:
+    """`order=asc` lists oldest first and its `after` cursor moves forward."""
+    batches = [make_batch(created_at=1000 + i) for i in range(3)]
+    for batch in batches:
+        job_store.create_batch(batch)
+    job_store.create_batch(make_batch(tenant="tenant-b"))
+    oldest_first = [b.id for b in batches]
+
+    assert [b.id for b in job_store.list_batches("tenant-a", order="asc")] == oldest_first
+    first = job_store.list_batches("tenant-a", limit=2, order="asc")
+    rest = job_store.list_batches("tenant-a", after=first[-1].id, order="asc")
+    assert [b.id for b in first + rest] == oldest_first
+    assert job_store.list_batches("tenant-a", after=batches[-1].id, order="asc") == []
+    assert job_store.list_batches("tenant-a", after="batch_unknown", order="asc") == []
+
+
 def test_transition_is_compare_and_set(job_store: JobStore) -> None:
     """A transition applies only from the expected status and stamps `*_at`."""
     batch = make_batch()
@@ -368,6 +384,38 @@ def test_request_counts_are_summed_from_shards(job_store: JobStore) -> None:
     assert counts() == RequestCounts(total=30, completed=9, failed=1)
     assert job_store.report_progress(retry, num_completed=3, num_failed=0)
     assert counts() == RequestCounts(total=30, completed=12, failed=1)
+
+
+def test_peak_counts_keep_what_a_lost_attempt_reported(job_store: JobStore) -> None:
+    """Each shard's highest reported counts survive a reclaim and a release (the live counts
+    start over), so what a client was shown can be kept from going backwards."""
+    batch_id = running_batch(job_store, num_shards=2)
+
+    def peak() -> RequestCounts:
+        batch = job_store.get_batch_any(batch_id)
+        assert batch is not None
+        return batch.peak_counts
+
+    assert peak() == RequestCounts(total=20, completed=0, failed=0)
+    first = claim(job_store, now=0)
+    second = claim(job_store, now=0)
+    assert job_store.report_progress(first, num_completed=4, num_failed=1)
+    assert job_store.report_progress(second, num_completed=6, num_failed=0)
+    assert peak() == RequestCounts(total=20, completed=10, failed=1)
+
+    retry = claim(job_store, now=LEASE_S + 1, worker_id="worker-2")
+    assert retry.index == first.index  # the first shard's lease lapsed first
+    assert job_store.report_progress(retry, num_completed=2, num_failed=2)
+    batch = job_store.get_batch_any(batch_id)
+    assert batch is not None
+    assert batch.request_counts == RequestCounts(total=20, completed=8, failed=2)
+    assert batch.peak_counts == RequestCounts(total=20, completed=10, failed=2)
+    assert job_store.release_shard(retry)
+    assert peak() == RequestCounts(total=20, completed=10, failed=2)
+
+    again = claim(job_store, now=LEASE_S + 2, worker_id="worker-3")
+    assert job_store.commit_shard(again, LEASE_S + 3, "out/0", None, 9, 1)
+    assert peak() == RequestCounts(total=20, completed=15, failed=2)
 
 
 def test_claims_oldest_running_batch_first(job_store: JobStore) -> None:

@@ -3,8 +3,12 @@ tokenizing (the synthetic model's tokens are whitespace words), not on a byte es
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -72,3 +76,48 @@ async def test_an_admitted_request_that_fails_gives_its_tokens_back(
     answer = await http.post("/v1/embeddings", json={"model": "syn", "input": "one"})
     assert answer.status_code == 200, answer.text
     assert answer.headers["x-ratelimit-remaining-input-tokens"] == "599"  # the 3 came back
+
+
+async def test_batch_lines_spend_nothing_of_the_online_limits(tmp_path: Path) -> None:
+    # Limits far below the batch: were its lines admitted like online requests, most would
+    # fail with 429 and the buckets would be empty afterwards.
+    config = ServerConfig.model_validate({
+        "data_dir": str(tmp_path),
+        "models": [{"name": "syn", "kind": "synthetic", "batch_latency_ms": 0}],
+        "default_tenant_limits": {"rpm": 2, "input_tpm": 20},
+        "jobs": {"poll_every_s": 0.02},
+    })  # fmt: skip
+    lines = [
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "syn", "input": "one two three four five"}}
+        for i in range(8)
+    ]  # fmt: skip
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    app = create_app(config)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            upload = await client.post("/v1/files", files={"file": ("in.jsonl", data)},
+                                       data={"purpose": "batch"})  # fmt: skip
+            created = await client.post("/v1/batches", json={
+                "input_file_id": upload.json()["id"], "endpoint": "/v1/embeddings",
+                "completion_window": "24h"})  # fmt: skip
+            batch = await finished(client, created.json()["id"])
+            assert batch["status"] == "completed"
+            assert batch["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
+            assert batch["usage"]["input_tokens"] == 8 * 5  # billed, not rate limited
+            online = await client.post("/v1/embeddings", json={"model": "syn", "input": "a b"})
+    assert online.status_code == 200, online.text
+    assert online.headers["x-ratelimit-remaining-requests"] == "1"  # of 2: only this one
+    assert online.headers["x-ratelimit-remaining-input-tokens"] == "18"  # of 20
+
+
+async def finished(client: httpx.AsyncClient, batch_id: str) -> dict[str, Any]:
+    """The batch once it is in a final status (polled; fails after 30 s)."""
+    deadline = time.monotonic() + 30
+    while True:
+        batch: dict[str, Any] = (await client.get(f"/v1/batches/{batch_id}")).json()
+        if batch["status"] in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        assert time.monotonic() < deadline, batch
+        await asyncio.sleep(0.02)

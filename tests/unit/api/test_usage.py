@@ -78,3 +78,22 @@ async def test_ledger_sums_equal_the_answers_usage_and_tenants_see_only_their_ow
             "/v1/usage", params={"start_time": 0, "group_by": "tenant"}, headers=auth("a")
         )
         assert refused.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"start_time": 0, "end_time": 64000546499826758920599123263488}, "end_time"),
+        ({"start_time": -316026, "bucket_width": "1h"}, "start_time"),
+        ({"page": 2**64}, "start_time"),
+    ],
+)
+async def test_times_out_of_range_are_a_400_not_a_500(
+    app: FastAPI, params: dict[str, Any], param: str
+) -> None:
+    # Found by schemathesis once the parameters were documented: the store overflowed.
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        answer = await client.get("/v1/usage", params=params, headers=auth("a"))
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param

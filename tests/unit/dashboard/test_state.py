@@ -16,10 +16,11 @@ from conveyor.api.gateway_app import create_gateway_app
 from conveyor.config import ServerConfig
 from conveyor.dashboard.metrics_read import MetricReader
 from conveyor.dashboard.plans import generative_plan, one_shot_plan, preset_for
-from conveyor.dashboard.state import model_pulls, tenant_limits
+from conveyor.dashboard.state import job_row, model_pulls, tenant_limits
 from conveyor.gateway import GatewaySettings
 from conveyor.metrics import Metrics
 from conveyor.stores import open_job_store
+from conveyor.stores.records import BatchRecord, BatchStatus, RequestCounts
 from tests.unit.plan.test_sizing import LLAMA2_7B
 
 pytestmark = pytest.mark.anyio
@@ -120,6 +121,22 @@ def test_limits_merge_rate_limits_and_budgets_and_filter_by_tenant() -> None:
     assert rows[1]["refused"] == {"rpm": 2, "output_tpm": 1} and rows[1]["budget_usd"] is None
     assert rows[2]["num_refused"] == 0 and rows[2]["budget_usd"] == 5.0
     assert [r["tenant"] for r in tenant_limits(refusals, {"b": 4}, {}, only="a")] == ["a"]
+
+
+def running_batch(**fields: Any) -> BatchRecord:
+    return BatchRecord(
+        id="batch_1", tenant="t", endpoint="/v1/embeddings", input_file_id="file-1",
+        completion_window="24h", created_at=1, status=BatchStatus.IN_PROGRESS, **fields,
+    )  # fmt: skip
+
+
+def test_a_job_row_counts_what_the_batch_object_counts() -> None:
+    # A shard lost its lease and reran: the live counts fell, the reported ones hold.
+    rec = running_batch(
+        request_counts=RequestCounts(1000, 305, 0), peak_counts=RequestCounts(1000, 333, 2)
+    )
+    row = job_row(rec)
+    assert (row["total"], row["completed"], row["failed"]) == (1000, 333, 2)
 
 
 def test_running_pulls_show_bytes_and_progress() -> None:

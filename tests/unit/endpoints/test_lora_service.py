@@ -4,7 +4,9 @@ run-time adapters answer as models, bad adapters are refused clearly, the base s
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import os
+import shutil
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,9 @@ from conveyor.endpoints.lora_adapters import (
     load_adapter,
     unload_adapter,
 )
+from conveyor.engine.lora.files import CONFIG_FILE, CONFIG_MAX_BYTES, REFUSAL, AdapterRefused
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.errors import ConfigError, InvalidRequest, ModelNotFound
+from conveyor.errors import ConfigError, InvalidRequest, ModelNotFound, PermissionDenied
 from conveyor.openai_paths import COMPLETIONS
 from conveyor.priority import Priority
 from conveyor.service import Service
@@ -32,7 +35,12 @@ from tests.unit.model_helpers import HFReference, merged_reference, random_promp
 pytestmark = [pytest.mark.anyio, pytest.mark.model, pytest.mark.timeout(120)]
 
 
-def config_of(llama_path: Path, adapters: dict[str, str], max_rank: int = 8) -> ServerConfig:
+def config_of(
+    llama_path: Path,
+    adapters: dict[str, str],
+    max_rank: int = 8,
+    load_roots: Sequence[Path] = (),
+) -> ServerConfig:
     """A tiny generative model with LoRA on, beside nothing else."""
     model = {
         "name": "tiny",
@@ -43,14 +51,24 @@ def config_of(llama_path: Path, adapters: dict[str, str], max_rank: int = 8) -> 
         "max_model_len": 128,
         "max_num_seqs": 8,
         "max_num_batched_tokens": 64,
-        "lora": {"adapters": adapters, "max_loras_per_batch": 2, "max_rank": max_rank},
+        "lora": {
+            "adapters": adapters,
+            "max_loras_per_batch": 2,
+            "max_rank": max_rank,
+            "load_roots": [str(root) for root in load_roots],
+        },
     }
     return ServerConfig.model_validate({"models": [model]})
 
 
 @pytest.fixture
-async def service(llama_path: Path, adapter_dirs: list[Path]) -> AsyncIterator[Service]:
-    async with Service(config_of(llama_path, {"sql": str(adapter_dirs[0])})) as running:
+async def service(
+    llama_path: Path, adapter_dirs: list[Path], tmp_path: Path
+) -> AsyncIterator[Service]:
+    roots = [adapter_dirs[0].parent, tmp_path / "root"]
+    (tmp_path / "root").mkdir()
+    config = config_of(llama_path, {"sql": str(adapter_dirs[0])}, load_roots=roots)
+    async with Service(config) as running:
         yield running
 
 
@@ -87,22 +105,58 @@ async def test_bad_adapters_are_refused_and_the_base_serves_on(
     too_big = LoadLoraAdapterRequest(lora_name="big", lora_path=str(adapter_dirs[2]))
     with pytest.raises(InvalidRequest, match="rank 16, above this model's max_rank 8"):
         await load_adapter(service, too_big)
-    broken = tmp_path / "broken"
+    broken = tmp_path / "root" / "broken"
     broken.mkdir()
     (broken / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
-    with pytest.raises(InvalidRequest, match=r"no adapter_model\.safetensors"):
+    with pytest.raises(InvalidRequest, match=REFUSAL):  # no weights file
         await load_adapter(service, LoadLoraAdapterRequest(lora_name="b", lora_path=str(broken)))
     (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(InvalidRequest, match=r"cannot read adapter_model\.safetensors"):
         await load_adapter(service, LoadLoraAdapterRequest(lora_name="b", lora_path=str(broken)))
-    missing = LoadLoraAdapterRequest(lora_name="m", lora_path=str(tmp_path / "missing"))
-    with pytest.raises(InvalidRequest, match="does not exist"):
-        await load_adapter(service, missing)
     taken = LoadLoraAdapterRequest(lora_name="tiny", lora_path=str(adapter_dirs[1]))
     with pytest.raises(InvalidRequest, match="already a model or an adapter"):
         await load_adapter(service, taken)
     assert [entry["id"] for entry in adapter_entries(service)] == ["sql"]
     assert await complete(service, "tiny", [5, 6, 7])  # the base still answers
+
+
+@pytest.mark.timeout(60)  # a FIFO read without O_NONBLOCK would hang here
+async def test_every_path_it_will_not_read_gets_one_message(
+    service: Service, adapter_dirs: list[Path], tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    shutil.copytree(adapter_dirs[1], outside)  # a good adapter, in the wrong place
+    (root / "escape").symlink_to(outside)
+    fifo = root / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / CONFIG_FILE)
+    big = root / "big"
+    shutil.copytree(adapter_dirs[1], big)
+    (big / CONFIG_FILE).write_text(" " * CONFIG_MAX_BYTES + json.dumps({"r": 4}))
+    paths = [outside, root / "escape", root / ".." / "outside", fifo, big, root / "missing",
+             tmp_path / "missing"]  # fmt: skip
+    messages = set()
+    for index, path in enumerate(paths):
+        body = LoadLoraAdapterRequest(lora_name=f"x{index}", lora_path=str(path))
+        with pytest.raises(AdapterRefused) as caught:
+            await load_adapter(service, body)
+        messages.add(caught.value.message)
+    assert messages == {REFUSAL}
+    assert [entry["id"] for entry in adapter_entries(service)] == ["sql"]
+    good = LoadLoraAdapterRequest(lora_name="chat", lora_path=str(adapter_dirs[1]))
+    await load_adapter(service, good)  # under a root: loads
+    assert [entry["id"] for entry in adapter_entries(service)] == ["sql", "chat"]
+
+
+async def test_without_load_roots_nothing_loads_at_run_time(
+    llama_path: Path, adapter_dirs: list[Path]
+) -> None:
+    async with Service(config_of(llama_path, {"sql": str(adapter_dirs[0])})) as running:
+        body = LoadLoraAdapterRequest(lora_name="chat", lora_path=str(adapter_dirs[1]))
+        with pytest.raises(PermissionDenied, match=r"lora\.load_roots"):
+            await load_adapter(running, body)
+        assert [entry["id"] for entry in adapter_entries(running)] == ["sql"]
 
 
 async def test_an_unloaded_adapter_is_gone(service: Service) -> None:

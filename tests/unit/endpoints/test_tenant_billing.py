@@ -5,6 +5,8 @@ says, and rate limits count the tokens the model runs, reserving the context's r
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from fastapi import FastAPI
 
@@ -122,3 +125,88 @@ async def test_serve_admits_exact_input_tokens_and_reserves_the_context_left(
     # The chat's input stayed taken (exact, nothing to settle); the refill adds a little.
     taken = 100_000 - num_prompt - ranked.json()["usage"]["prompt_tokens"]
     assert taken <= remaining <= taken + 100
+
+
+LONG_MAX_TOKENS = 400
+
+
+@pytest.fixture
+async def long_app(llama_path: Path, tmp_path: Path) -> AsyncIterator[FastAPI]:
+    """A tiny Llama with room for long outputs, so a stream is left well before its end."""
+    tiny = {"name": "tiny", "kind": "generate", "path": str(llama_path), "block_size": 4,
+            "kv_cache_tokens": 1024, "max_model_len": 512, "max_num_seqs": 2,
+            "max_num_batched_tokens": 64}  # fmt: skip
+    config = ServerConfig.model_validate({
+        "data_dir": str(tmp_path), "models": [tiny],
+        "api_keys": [{"key": KEY, "tenant": "acme"}],
+        "tenants": [{"name": "acme", "limits": {"*": LIMITS}}],
+    })  # fmt: skip
+    app = create_app(config)
+    async with app.router.lifespan_context(app):
+        yield app
+
+
+async def stream_then_leave(app: FastAPI, num_events: int, how: str) -> list[bytes]:
+    """POST a streamed completion as raw ASGI; after `num_events` events the caller hangs
+    up (`disconnect`) or its request task is cancelled (`cancel`). The events it got."""
+    body = orjson.dumps({"model": "tiny", "prompt": "the quick brown fox", "stream": True,
+                         "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True})  # fmt: skip
+    events: list[bytes] = []
+    gone = asyncio.Event()
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            events.append(message["body"])
+            if len(events) >= num_events:
+                gone.set()
+
+    headers = [(b"authorization", f"Bearer {KEY}".encode()), (b"host", b"t"),
+               (b"content-type", b"application/json")]  # fmt: skip
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions",
+             "raw_path": b"/v1/completions", "query_string": b"", "headers": headers,
+             "client": ("127.0.0.1", 1), "server": ("t", 80), "root_path": ""}  # fmt: skip
+    call = asyncio.ensure_future(app(scope, receive, send))
+    if how == "cancel":
+        await asyncio.wait_for(gone.wait(), 30)
+        call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(call, 30)
+    return events
+
+
+@pytest.mark.parametrize("how", ["disconnect", "cancel"])
+async def test_a_stream_the_caller_leaves_settles_at_what_it_produced(
+    long_app: FastAPI, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    gate = long_app.state.guards.gate
+    settled: list[tuple[str, int]] = []
+    real_settle = gate.limiter.settle
+
+    def recording(key: str, name: str, capacity: int, delta: int, now_s: float) -> None:
+        settled.append((name, delta))
+        real_settle(key, name, capacity, delta, now_s)
+
+    monkeypatch.setattr(gate.limiter, "settle", recording)
+    events = await stream_then_leave(long_app, num_events=3, how=how)
+    assert len(events) >= 3 and b"[DONE]" not in b"".join(events)  # it left mid-stream
+    transport = httpx.ASGITransport(app=long_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as c:
+        row = (await ledger(long_app, c))["tiny"]
+    produced = row["output_tokens"]
+    # Billed what it produced: at least what the caller saw, far short of max_tokens.
+    assert 3 <= produced < LONG_MAX_TOKENS
+    # The output reserve came back but for what it produced; the input was exact.
+    assert [delta for name, delta in settled if name == "output_tokens"] == [
+        LONG_MAX_TOKENS - produced
+    ]
+    assert [name for name, _ in settled] == ["output_tokens"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,34 @@ def test_lines_a_cancelled_or_expired_batch_never_ran_count_as_failed(
 def test_running_batches_count_only_what_ran() -> None:
     body = batch_object(record(BatchStatus.IN_PROGRESS, RequestCounts(10, 3, 2)))
     assert body["request_counts"] == {"total": 10, "completed": 3, "failed": 2}
+
+
+@pytest.mark.parametrize(
+    "status", [BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING]
+)
+def test_a_running_batch_shows_its_peak_counts_after_a_lost_attempt(status: BatchStatus) -> None:
+    # Completed 333 were shown, then a shard lost its lease and reran: 305 live.
+    peak = RequestCounts(1000, 333, 4)
+    rec = dataclasses.replace(record(status, RequestCounts(1000, 305, 0)), peak_counts=peak)
+    assert batch_object(rec)["request_counts"] == {"total": 1000, "completed": 333, "failed": 4}
+
+
+def test_peaks_of_attempts_that_split_differently_never_exceed_the_total() -> None:
+    # Attempt 1 completed 8 of 10 lines, attempt 2 failed 5 of them: 8 + 5 > 10.
+    rec = dataclasses.replace(
+        record(BatchStatus.IN_PROGRESS, RequestCounts(10, 5, 5)),
+        peak_counts=RequestCounts(10, 8, 5),
+    )
+    assert batch_object(rec)["request_counts"] == {"total": 10, "completed": 8, "failed": 2}
+
+
+def test_a_finished_batch_shows_its_committed_counts() -> None:
+    # The lost attempt's results were not reproduced; the files hold what committed.
+    rec = dataclasses.replace(
+        record(BatchStatus.COMPLETED, RequestCounts(10, 7, 3)),
+        peak_counts=RequestCounts(10, 8, 3),
+    )
+    assert batch_object(rec)["request_counts"] == {"total": 10, "completed": 7, "failed": 3}
 
 
 def test_the_errors_list_is_capped_with_a_count() -> None:

@@ -125,6 +125,23 @@ async def test_files_list_oldest_first_with_order_asc() -> None:
         await api.list_files("t", purpose=None, after=None, limit=None, order="newest")
 
 
+async def test_batches_list_oldest_first_with_order_asc() -> None:
+    api, _ = service()
+    source = await upload(api, form(input_file(1)))
+    params = {"input_file_id": source.id, "endpoint": "/v1/embeddings",
+              "completion_window": "24h"}  # fmt: skip
+    ids = [(await api.create_batch("t", params)).id for _ in range(3)]
+    page, has_more = await api.list_batches("t", after=None, limit=2, order="asc")
+    assert [r.id for r in page] == ids[:2] and has_more
+    page, has_more = await api.list_batches("t", after=ids[1], limit=2, order="asc")
+    assert [r.id for r in page] == [ids[2]] and not has_more
+    page, _ = await api.list_batches("t", after=None, limit=None)
+    assert [r.id for r in page] == ids[::-1]
+    with pytest.raises(InvalidRequest, match="order") as caught:
+        await api.list_batches("t", after=None, limit=None, order="sideways")
+    assert caught.value.param == "order"
+
+
 @pytest.mark.parametrize(("params", "match"), [
     ({"endpoint": "/v1/moderations"}, "endpoint"),
     ({"completion_window": "10m"}, "completion_window"),

@@ -4,14 +4,18 @@ crashing lines. The clock is explicit; nothing waits on wall time except short h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from conveyor.errors import InvalidRequest
+from conveyor.fakes import MemoryJobStore
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.runner import ShardRunner
 from conveyor.jobs.shard import AttemptOutcome, ShardAttempt
 from conveyor.jobs.supervisor import Supervisor
+from conveyor.jobs.views import batch_object
+from conveyor.stores import open_job_store
 from conveyor.stores.records import BatchStatus, ShardStatus
 from tests.unit.jobs.fakes import (
     FakeEndpoint,
@@ -25,6 +29,8 @@ from tests.unit.jobs.fakes import (
 )
 
 pytestmark = pytest.mark.anyio
+
+DEADLINE_S = 20.0
 
 
 async def start_batch(ctx: JobsContext, num_lines: int) -> str:
@@ -148,6 +154,70 @@ async def test_a_lost_lease_commits_nothing_and_the_new_holder_finishes() -> Non
     # The lost attempt's usage went with its results: each line is billed once.
     assert found["batch"].usage.input_tokens == 10 * len("text-0")
     assert sum(row.input_tokens for row in ctx.store.blocking.list_usage(0)) == 60
+
+
+class CountsSeen:
+    """Samples a batch's reported `request_counts` on every turn of the event loop."""
+
+    def __init__(self, ctx: JobsContext, batch_id: str) -> None:
+        self._ctx, self._batch_id = ctx, batch_id
+        self.seen: list[tuple[int, int]] = []
+        self._target = 0
+        self._reached = asyncio.Event()
+        self._task = asyncio.create_task(self._sample())
+
+    def now(self) -> tuple[int, int]:
+        batch = self._ctx.store.blocking.get_batch_any(self._batch_id)
+        assert batch is not None
+        counts = batch_object(batch)["request_counts"]
+        return counts["completed"], counts["failed"]
+
+    async def _sample(self) -> None:
+        while True:
+            self.seen.append(self.now())
+            if self.seen[-1][0] >= self._target:
+                self._reached.set()
+            await asyncio.sleep(0)
+
+    async def until(self, completed: int) -> None:
+        self._target = completed
+        self._reached.clear()
+        await asyncio.wait_for(self._reached.wait(), DEADLINE_S)
+
+    async def stop(self) -> list[tuple[int, int]]:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        return self.seen
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_counts_never_go_back_when_a_lost_shard_reruns(store: str) -> None:
+    job_store = MemoryJobStore() if store == "memory" else open_job_store("sqlite://:memory:")
+    ctx = make_ctx(store=job_store, lines_per_shard=10, lease_s=5.0, max_lines_in_flight=1)
+    endpoint: FakeEndpoint = ctx.run_request  # type: ignore[assignment]
+    endpoint.blocked = {"text-6"}
+    batch_id = await start_batch(ctx, 10)
+    lease = ctx.store.blocking.claim_shard("w1", ctx.clock(), ctx.config.lease_s)
+    assert lease is not None
+    batch = ctx.store.blocking.get_batch_any(batch_id)
+    lost = asyncio.create_task(ShardAttempt(ctx, lease, batch, asyncio.Event()).run())
+    counts = CountsSeen(ctx, batch_id)
+    await counts.until(completed=6)  # the heartbeat reported lines 0-5
+    ctx.clock.now += 10  # type: ignore[attr-defined]  # w1 looks dead: its lease expired
+    taken = ctx.store.blocking.claim_shard("w2", ctx.clock(), ctx.config.lease_s)
+    assert taken is not None and taken.attempt == 2
+    assert counts.now() == (6, 0)  # the new attempt starts over; the figure holds
+    assert await lost is AttemptOutcome.LOST
+    endpoint.blocked.clear()
+    other = make_ctx(store=ctx.store.blocking, objects=ctx.objects, clock=ctx.clock, worker_id="w2")
+    rerun = ShardAttempt(other, taken, ctx.store.blocking.get_batch_any(batch_id), asyncio.Event())
+    assert await rerun.run() is AttemptOutcome.COMMITTED
+    found = await finish(ctx, batch_id)
+    seen = await counts.stop()
+    assert seen == sorted(seen) and seen[-1] == (10, 0)
+    assert found["batch"].status is BatchStatus.COMPLETED
+    assert custom_ids(found) == sorted(f"r{i}" for i in range(10))  # each exactly once
 
 
 async def test_line_usage_commits_with_the_shard_to_the_batch_tenant() -> None:

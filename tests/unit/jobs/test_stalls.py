@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
 
-from conveyor.jobs.context import JobsContext
+from conveyor.dashboard.state import job_row
+from conveyor.jobs.context import JobCounters, JobsContext
 from conveyor.jobs.runner import ShardRunner
 from conveyor.jobs.stalls import (
     StallReporter,
@@ -20,9 +22,12 @@ from conveyor.jobs.stalls import (
     failed_store,
     is_outage,
     stall_note,
+    stall_reason,
     without_stall_notes,
 )
 from conveyor.jobs.supervisor import Supervisor
+from conveyor.jobs.views import batch_object
+from conveyor.metrics import Metrics
 from conveyor.stores import JobStore, StoreError, StoreUnavailableError, open_job_store
 from conveyor.stores.errors import ObjectStoreError, ObjectStoreUnavailableError
 from conveyor.stores.records import BatchError, BatchStatus
@@ -46,7 +51,8 @@ class FullObjectStore(MemoryObjectStore):
     def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
         data = b"".join(chunks)
         if self.is_full and data:
-            raise ObjectStoreUnavailableError(f"i/o error on {key!r}: [Errno 28] No space left")
+            full = OSError(errno.ENOSPC, "No space left on device")
+            raise ObjectStoreUnavailableError(f"i/o error on {key!r}: {full}") from full
         return super().put_stream(key, [data])
 
 
@@ -111,11 +117,19 @@ def assert_completed_once_each(ctx: JobsContext, batch_id: str) -> None:
     assert records(ctx, batch.error_file_id) == []
 
 
+def num_stalled(metrics: Metrics, store: str, reason: str) -> float | None:
+    labels = {"store": store, "reason": reason}
+    return metrics.registry.get_sample_value("conveyor_batches_stalled", labels)
+
+
 async def test_a_full_object_store_stalls_the_batch_visibly_until_it_has_room() -> None:
     objects = FullObjectStore()
     ctx = make_ctx(objects=objects, lines_per_shard=5)
+    metrics = Metrics()
+    ctx.counters = JobCounters(metrics)
     batch_id = await start_batch(ctx, NUM_LINES)
     objects.is_full = True
+    stalled_at = ctx.clock()
     loops = Loops(ctx)
     try:
         # Enough failed attempts that the shards are bisected (isolate_after_attempts=2).
@@ -124,12 +138,22 @@ async def test_a_full_object_store_stalls_the_batch_visibly_until_it_has_room() 
         assert batch is not None and batch.status is BatchStatus.IN_PROGRESS
         assert [e.code for e in batch.errors or ()] == ["object_store_unavailable"]
         assert "No space left" in (batch.errors or [])[0].message
+        assert num_stalled(metrics, "object_store", "disk_full") == 1
+        assert job_row(batch)["stall"] == {
+            "code": "object_store_unavailable", "since": int(stalled_at),
+            "message": (batch.errors or [])[0].message,
+        }  # fmt: skip
+        assert batch_object(batch)["errors"]["data"][0].keys() == {"code", "message", "param",
+                                                                  "line"}  # fmt: skip
         objects.is_full = False
         await until(lambda: status_of(ctx, batch_id) is BatchStatus.COMPLETED, "completion")
         assert loops.are_running()
+        assert num_stalled(metrics, "object_store", "disk_full") == 0
     finally:
         await loops.stop()
     assert_completed_once_each(ctx, batch_id)
+    done = ctx.store.blocking.get_batch_any(batch_id)
+    assert done is not None and job_row(done)["stall"] is None
 
 
 async def test_an_unreachable_job_store_is_waited_out_without_a_restart() -> None:
@@ -173,9 +197,28 @@ def test_backoff_doubles_from_the_poll_interval_up_to_a_cap() -> None:
     assert backoff_s(3, 10.0, max_s=3.0) == 10.0  # never below the poll interval
 
 
+def test_a_full_disk_is_told_from_other_outages() -> None:
+    full = OSError(errno.ENOSPC, "No space left on device")
+    try:
+        raise ObjectStoreUnavailableError("i/o error on 'k'") from full
+    except ObjectStoreUnavailableError as wrapped:
+        assert stall_reason(wrapped) == "disk_full"
+    assert stall_reason(OSError(errno.EDQUOT, "Disk quota exceeded")) == "disk_full"
+    assert stall_reason(OSError(errno.EIO, "Input/output error")) == "unavailable"
+    assert stall_reason(StoreUnavailableError("connection refused")) == "unavailable"
+    sqlite_full = sqlite3.OperationalError("database or disk is full")
+    sqlite_full.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]
+    try:
+        raise StoreUnavailableError("sqlite unavailable") from sqlite_full
+    except StoreUnavailableError as wrapped:
+        assert stall_reason(wrapped) == "disk_full"
+
+
 def test_stall_notes_are_removed_and_other_errors_kept() -> None:
-    note = stall_note("object_store", "run_shard", OSError(errno.ENOSPC, "No space left"))
-    assert note.code == "object_store_unavailable" and "object store" in note.message
+    full = OSError(errno.ENOSPC, "No space left")
+    note = stall_note("object_store", "run_shard", full, since=1234.5)
+    assert note.code == "object_store_unavailable" and "object store is full" in note.message
+    assert note.since == 1234
     other = BatchError("invalid_json", "line 3 is not JSON", line=3)
     assert without_stall_notes([note, other]) == [other]
     assert without_stall_notes([note]) is None

@@ -204,6 +204,14 @@ function progress(fraction) {
   return bar;
 }
 
+// A stalled job's status cell: "stalled since HH:MM:SS", the store's note as its tooltip.
+function jobStatus(job) {
+  if (!job.stall) return job.status;
+  const since = job.stall.since ? new Date(job.stall.since * 1000).toLocaleTimeString() : "?";
+  return el("span", { class: "bad", title: job.stall.message },
+    `${job.status}, stalled since ${since}: ${job.stall.message}`);
+}
+
 function updateJobs(jobs, time) {
   if (!jobs) { table($("jobs"), ["batch jobs unavailable right now"], []); return; }
   table($("jobs"), ["batch", "status", "model", "progress", "lines/s", "ETA s", "failed"], jobs.map((job) => {
@@ -212,7 +220,7 @@ function updateJobs(jobs, time) {
     const perS = last && time > last.t ? (done - last.done) / (time - last.t) : null;
     jobRates.set(job.id, { t: time, done });
     const eta = perS > 0 ? (job.total - done) / perS : null;
-    return [job.id, job.status, job.model || "", progress(job.total ? done / job.total : 0),
+    return [job.id, jobStatus(job), job.model || "", progress(job.total ? done / job.total : 0),
       fmt(perS), fmt(eta, 0), job.failed];
   }));
 }

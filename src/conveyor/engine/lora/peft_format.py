@@ -19,16 +19,20 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load as load_safetensors
 
 from conveyor.engine.hf_config import DecoderConfig
+from conveyor.engine.lora.files import (
+    CONFIG_FILE,
+    CONFIG_MAX_BYTES,
+    WEIGHTS_FILE,
+    AdapterError,
+    read_adapter_file,
+)
 from conveyor.engine.weight_loader import PACKED_SHARDS
-from conveyor.errors import InvalidRequest
+from conveyor.model_config import DEFAULT_MAX_ADAPTER_BYTES
 
 __all__ = ["AdapterError", "LoraWeights", "ModuleKey", "load_peft_adapter", "read_rank"]
-
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
 
 # (decoder layer index, packed projection name)
 ModuleKey = tuple[int, str]
@@ -41,10 +45,6 @@ _PARTS: dict[str, tuple[str, int]] = {
     "down_proj": ("down_proj", 0),
 }
 _KEY = re.compile(r"\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
-
-
-class AdapterError(InvalidRequest):
-    """An adapter directory that cannot be served (missing files, unsupported options): 400."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,16 +92,25 @@ def read_rank(directory: Path, *, max_rank: int) -> tuple[int, float]:
     return rank, float(scaling)
 
 
-def load_peft_adapter(directory: Path, config: DecoderConfig, *, max_rank: int) -> LoraWeights:
-    """Read and pack an adapter for a decoder of ``config``; AdapterError when it does not fit."""
+def load_peft_adapter(
+    directory: Path,
+    config: DecoderConfig,
+    *,
+    max_rank: int,
+    max_bytes: int = DEFAULT_MAX_ADAPTER_BYTES,
+) -> LoraWeights:
+    """Read and pack an adapter for a decoder of ``config``; AdapterError when it does not fit.
+
+    The weights file is read whole through one descriptor (see `files`), at most
+    ``max_bytes``, and parsed from memory.
+    """
     rank, scaling = read_rank(directory, max_rank=max_rank)
-    weights_file = directory / WEIGHTS_FILE
-    if not weights_file.is_file():
-        raise AdapterError(f"adapter {directory} has no {WEIGHTS_FILE}", param="lora_path")
+    data = read_adapter_file(directory, WEIGHTS_FILE, max_bytes)
     try:
-        tensors = load_file(str(weights_file), device="cpu")
-    except (SafetensorError, OSError) as exc:
+        tensors = load_safetensors(data)
+    except (SafetensorError, ValueError) as exc:
         raise AdapterError(f"adapter {directory}: cannot read {WEIGHTS_FILE}: {exc}") from None
+    del data  # the tensors hold their own copy
     parts = _collect_parts(directory, tensors, config, rank)
     if not parts:
         raise AdapterError(f"adapter {directory}: {WEIGHTS_FILE} holds no LoRA weights")
@@ -111,14 +120,10 @@ def load_peft_adapter(directory: Path, config: DecoderConfig, *, max_rank: int) 
 
 def _read_config(directory: Path) -> dict[str, Any]:
     """The parsed ``adapter_config.json`` of a LoRA adapter."""
-    if not directory.is_dir():
-        raise AdapterError(f"adapter directory {directory} does not exist", param="lora_path")
-    path = directory / CONFIG_FILE
+    data = read_adapter_file(directory, CONFIG_FILE, CONFIG_MAX_BYTES)
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AdapterError(f"adapter {directory} has no {CONFIG_FILE}", param="lora_path") from None
-    except (OSError, ValueError) as exc:
+        config = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
         raise AdapterError(f"adapter {directory}: cannot read {CONFIG_FILE}: {exc}") from None
     if not isinstance(config, dict):
         raise AdapterError(f"adapter {directory}: {CONFIG_FILE} is not a JSON object")

@@ -24,6 +24,7 @@ from conveyor.engine.hf_config import DecoderConfig
 from conveyor.engine.lora.peft_format import LoraWeights, ModuleKey, load_peft_adapter
 from conveyor.engine.lora.registry import LoraRegistry
 from conveyor.engine.step import SeqChunk
+from conveyor.model_config import DEFAULT_MAX_ADAPTER_BYTES
 
 __all__ = ["LoraLinear", "LoraRuntime", "LoraStepState", "new_lora_runtime"]
 
@@ -197,11 +198,12 @@ def new_lora_runtime(
     max_rank: int,
     device: torch.device,
     dtype: torch.dtype,
+    max_adapter_bytes: int = DEFAULT_MAX_ADAPTER_BYTES,
 ) -> LoraRuntime:
     """A runtime with an empty registry that reads PEFT adapters for a decoder of ``config``."""
 
     def load(path: Path) -> tuple[int, LoraWeights]:
-        weights = load_peft_adapter(path, config, max_rank=max_rank)
+        weights = load_peft_adapter(path, config, max_rank=max_rank, max_bytes=max_adapter_bytes)
         return weights.rank, weights
 
     registry: LoraRegistry[LoraWeights] = LoraRegistry(load, max_cpu_loras=max_cpu_loras)
