@@ -204,6 +204,14 @@ class Gateway:
             )  # fmt: skip
         raise ModelNotFound(f"the model {model!r} does not exist", param="model")
 
+    def may_serve_batch_lines(self, model: str) -> bool:
+        """Whether a batch naming ``model`` may be planned: a healthy worker hosts it, or the
+        registry is unsure and some worker may (a store outage must not fail a batch whose
+        model is served; its shards wait for a worker to claim them)."""
+        if model in self.healthy_models():
+            return True
+        return self.registry.is_unsure() and self.registry.may_host(model)
+
     def count_arrival(self, model: str, num_inputs: int) -> None:
         """Feed the arrival-rate meter of ``model``."""
         meter = self._arrivals.get(model)
@@ -279,7 +287,8 @@ async def _no_shards_here(endpoint: str, body: dict[str, Any], payer: object) ->
 def gateway_jobs(gateway: Gateway, config: ServerConfig) -> JobsSubsystem:
     """Files and Batches on the shared stores: plans and finalizes batches, runs no shards.
 
-    A batch's model counts as served when a healthy worker in the registry hosts it.
+    A batch's model counts as served when a healthy worker in the registry hosts it (or
+    may, while the registry is unsure).
     """
     overrides: dict[str, Any] = {"job_store_url": gateway.settings.store_url, "is_worker": False}
     if gateway.settings.objects_url:
@@ -289,7 +298,7 @@ def gateway_jobs(gateway: Gateway, config: ServerConfig) -> JobsSubsystem:
         jobs_config,
         config.data_dir,
         _no_shards_here,
-        lambda model: model in gateway.healthy_models(),
+        gateway.may_serve_batch_lines,
         budgets=MonthlyBudgets(config.tenancy.budgets_usd),
         batch_queue_tokens=config.tenancy.batch_queue_tokens,
     )

@@ -149,3 +149,18 @@ async def test_the_gateway_answers_an_unsure_registry_s_503_with_retry_after() -
     assert answer.status_code == 503 and int(answer.headers["retry-after"]) >= 1
     assert answer.json()["error"]["code"] == "registry_unsure"
     assert unknown.status_code == 404
+
+
+async def test_a_batch_for_a_served_model_is_not_refused_while_the_registry_is_unsure() -> None:
+    store, clock = OutageStore(), Clock()
+    gateway = gateway_on(store, clock)
+    beat(store, clock.now)
+    await gateway.registry.refresh()
+    assert gateway.may_serve_batch_lines("m")
+    await outage(gateway, store, clock, length_s=10)
+    await gateway.registry.refresh()  # back, w1's row stale: unsure, not "not served"
+    assert gateway.may_serve_batch_lines("m")
+    assert not gateway.may_serve_batch_lines("never-hosted")
+    clock.now += STALE_AFTER_S  # sure again, and w1 never came back
+    await gateway.registry.refresh()
+    assert not gateway.may_serve_batch_lines("m")
