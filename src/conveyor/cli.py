@@ -264,9 +264,7 @@ def gateway(
         header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, log_format=log_format,
     )  # fmt: skip
     if require_api_keys and not settings.api_keys:
-        typer.echo("no API keys configured (CONVEYOR_API_KEYS or api_keys) and "
-                   "--require-api-keys is set", err=True)  # fmt: skip
-        raise typer.Exit(code=2)
+        _require_stored_keys(store)
     try:
         gateway_settings = GatewaySettings(
             store_url=store, objects_url=objects, stale_after_s=stale_after_s,
@@ -283,6 +281,27 @@ def gateway(
         _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
         return
     _run_gateway_processes(gateway_settings, settings, processes)
+
+
+def _require_stored_keys(store_url: str) -> None:
+    """Exit 2 unless the store holds an active API key (``--require-api-keys`` with no keys
+    in the config: keys made with ``conveyor keys create`` count as well)."""
+    from conveyor.stores import open_job_store
+    from conveyor.stores.errors import StoreError
+
+    try:
+        store = open_job_store(store_url)
+        try:
+            has_keys = bool(store.list_api_keys(include_revoked=False))
+        finally:
+            store.close()
+    except StoreError as exc:
+        typer.echo(f"--require-api-keys: cannot read the stored API keys: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    if not has_keys:
+        typer.echo("no API keys configured (CONVEYOR_API_KEYS or api_keys) or stored "
+                   "(conveyor keys create) and --require-api-keys is set", err=True)  # fmt: skip
+        raise typer.Exit(code=2)
 
 
 def _run_gateway_processes(

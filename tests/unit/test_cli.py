@@ -62,3 +62,24 @@ def test_gateway_refuses_a_target_utilisation_above_one() -> None:
     result = runner.invoke(app, argv)
     assert result.exit_code == 2
     assert "target_utilisation must be in (0, 1]" in result.stderr
+
+
+def test_require_api_keys_counts_stored_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conveyor import cli
+    from conveyor.stores import open_job_store
+    from conveyor.tenants.keys import new_key_record
+
+    monkeypatch.delenv("CONVEYOR_API_KEYS", raising=False)
+    store_url = f"sqlite:///{tmp_path}/jobs.sqlite"
+    argv = ["gateway", "--store", store_url, "--require-api-keys", "--port", "0"]
+    refused = runner.invoke(app, argv)
+    assert refused.exit_code == 2 and "--require-api-keys is set" in refused.stderr
+    store = open_job_store(store_url)
+    store.create_api_key(new_key_record("acme")[1])
+    store.close()
+    started: list[object] = []
+    monkeypatch.setattr(cli, "_run_uvicorn", lambda app, settings: started.append(app))
+    assert runner.invoke(app, argv).exit_code == 0
+    assert len(started) == 1  # a stored key is a key: the gateway starts
