@@ -14,7 +14,7 @@ from starlette.responses import Response
 from conveyor.api.request_state import int_param, is_admin, jobs_of, tenant_of
 from conveyor.api.responses import json_response
 from conveyor.errors import InvalidRequest
-from conveyor.tenants.usage_report import parse_query, usage_page
+from conveyor.tenants.usage_report import MAX_UNIX_S, parse_query, usage_page
 
 router = APIRouter()
 
@@ -27,6 +27,8 @@ async def get_usage(request: Request) -> Response:
     if "tenant" in group_by and not admin:
         raise InvalidRequest("only an admin key may group usage by tenant", param="group_by")
     page = int_param(request, "page")
+    if page is not None and not 0 <= page <= MAX_UNIX_S:  # a page is the next bucket's start
+        raise InvalidRequest("page must be a cursor this API returned (unix seconds)", param="page")
     query = parse_query(
         page if page is not None else int_param(request, "start_time"),
         int_param(request, "end_time"),
