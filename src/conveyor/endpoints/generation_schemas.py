@@ -36,6 +36,9 @@ MAX_CHOICES = 128
 MAX_SEED = 2**63 - 1
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
+# A token id key of logit_bias: vocabularies are far below 10**10 ids.
+MAX_TOKEN_ID_DIGITS = 10
+
 PROMPT_HINT = (
     "'prompt' must be a string, an array of strings, an array of token ids (integers) "
     "or an array of arrays of token ids"
@@ -97,8 +100,11 @@ class GenerationRequestBody(_Body):
     @classmethod
     def _bias_entries(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not _is_token_id_key(key):
+                raise ValueError(
+                    f"logit_bias keys must be token ids (1 to {MAX_TOKEN_ID_DIGITS} ASCII "
+                    f"digits), got {key[:24]!r}"
+                )
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be between -100 and 100, got {bias}")
         return value
@@ -135,6 +141,15 @@ class GenerationRequestBody(_Body):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+def _is_token_id_key(key: str) -> bool:
+    """Whether a logit_bias key spells a token id in ASCII digits.
+
+    ``str.isdigit`` alone also accepts superscripts (which ``int`` refuses) and other
+    scripts' digits (which ``int`` reads: Arabic-Indic "١٢" would bias token 12).
+    """
+    return 0 < len(key) <= MAX_TOKEN_ID_DIGITS and key.isascii() and key.isdigit()
 
 
 class CompletionRequest(GenerationRequestBody):

@@ -39,6 +39,10 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         ({"presence_penalty": 2.5}, "less than or equal to 2", "presence_penalty"),
         ({"frequency_penalty": -3}, "greater than or equal to -2", "frequency_penalty"),
         ({"logit_bias": {"x": 1}}, "keys must be token ids", "logit_bias"),
+        # str.isdigit() accepts these, and int() reads the second as 12: only ASCII digits.
+        ({"logit_bias": {"\u00b2": 1}}, "keys must be token ids", "logit_bias"),
+        ({"logit_bias": {"\u0661\u0662": 1}}, "keys must be token ids", "logit_bias"),
+        ({"logit_bias": {"1" * 5000: 1}}, "keys must be token ids", "logit_bias"),
         ({"logit_bias": {"5": 101}}, "between -100 and 100", "logit_bias"),
         ({"min_p": 1.5}, "less than or equal to 1", "min_p"),
         ({"repetition_penalty": 0}, "greater than 0", "repetition_penalty"),
