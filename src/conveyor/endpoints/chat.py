@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from conveyor.endpoints.chat_schemas import ChatCompletionRequest, NamedToolChoice
+from conveyor.endpoints.chat_schemas import ChatCompletionRequest, FunctionTool, NamedToolChoice
 from conveyor.endpoints.generation import (
     SYSTEM_FINGERPRINT,
     ChoiceResult,
@@ -15,11 +15,11 @@ from conveyor.endpoints.generation import (
     choice_params,
     parse_body,
     resolve_max_tokens,
-    run_unstreamed,
     sampling_params,
     token_text,
     usage_body,
 )
+from conveyor.endpoints.off_loop import run_unstreamed
 from conveyor.endpoints.tool_stream import Event, ToolCallStream, stream_deltas
 from conveyor.endpoints.tools import (
     ParsedCall,
@@ -111,25 +111,48 @@ def prepare_chat(
 def reply_grammar(generator: HostedGenerator, request: ChatCompletionRequest) -> str | None:
     """The grammar the reply must follow, checked for this model; None: free text.
 
-    A ``required`` or named ``tool_choice`` forces tool calls; otherwise a JSON
-    ``response_format`` forces JSON.
+    A ``required`` or named ``tool_choice`` forces tool calls (each forced function's
+    ``parameters`` are checked as a schema of their own too, so one no value satisfies is
+    named); otherwise a JSON ``response_format`` forces JSON.
     """
     choice = request.effective_tool_choice
-    param = "tools"
-    grammar: str | None
+    if isinstance(choice, NamedToolChoice):
+        return _forced_calls(generator, request, choice.function.name)
     if choice == "required":
-        grammar = tool_call_grammar(request, name=None)
-    elif isinstance(choice, NamedToolChoice):
-        grammar = tool_call_grammar(request, name=choice.function.name)
-    else:
-        param = "response_format"
-        grammar = _format_grammar(request)
-    if grammar is None:
-        return None
+        return _forced_calls(generator, request, None)
+    grammar = _format_grammar(request)
+    return None if grammar is None else _checked(generator, grammar, param="response_format")
+
+
+def _forced_calls(
+    generator: HostedGenerator, request: ChatCompletionRequest, name: str | None
+) -> str:
+    """The checked grammar of calls to ``name`` (None: to any of the tools)."""
+    for tool in request.tools or []:
+        if name is None or tool.function.name == name:
+            _check_parameters(generator, tool)
+    return _checked(generator, tool_call_grammar(request, name=name), param="tools")
+
+
+def _check_parameters(generator: HostedGenerator, tool: FunctionTool) -> None:
+    """400 naming ``tools`` unless the function's ``parameters`` admit some arguments."""
+    if tool.function.parameters is None:
+        return
+    what = f"function {tool.function.name!r} parameters"
+    try:
+        grammar = grammar_from_json_schema(tool.function.parameters)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid tools: {what}: {exc}", param="tools") from None
+    _checked(generator, grammar, param="tools", what=what)
+
+
+def _checked(generator: HostedGenerator, grammar: str, *, param: str, what: str = "") -> str:
+    """``grammar``, once the model's compiler accepts it; else a 400 naming ``param``."""
     try:
         generator.engine.grammars.check(grammar)
     except ValueError as exc:
-        raise InvalidRequest(f"invalid {param}: {exc}", param=param) from None
+        where = f"{param}: {what}" if what else param
+        raise InvalidRequest(f"invalid {where}: {exc}", param=param) from None
     return grammar
 
 

@@ -218,6 +218,14 @@ class ChatCompletionRequest(GenerationRequestBody):
         return total
 
     @property
+    def has_grammar(self) -> bool:
+        """Whether a JSON ``response_format`` or a forced ``tool_choice`` constrains the reply."""
+        choice = self.effective_tool_choice
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            return True
+        return self.response_format is not None and self.response_format.type != "text"
+
+    @property
     def requested_max_tokens(self) -> int | None:
         """``max_completion_tokens``, else the older ``max_tokens``; None: fill the context."""
         if self.max_completion_tokens is not None:

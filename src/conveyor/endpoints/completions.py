@@ -15,12 +15,12 @@ from conveyor.endpoints.generation import (
     choice_params,
     parse_body,
     resolve_max_tokens,
-    run_unstreamed,
     sampling_params,
     token_text,
     usage_body,
 )
 from conveyor.endpoints.generation_schemas import CompletionRequest
+from conveyor.endpoints.off_loop import run_unstreamed
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import TokenLogprobs
 from conveyor.errors import InvalidRequest

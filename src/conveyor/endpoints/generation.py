@@ -22,7 +22,6 @@ from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.errors import ConveyorError, InvalidRequest
 from conveyor.metrics import outcome_of
-from conveyor.offload import run_sized
 from conveyor.priority import Priority
 from conveyor.service import Service
 from conveyor.tenants.usage import Payer
@@ -409,28 +408,3 @@ def prepare_counted(
 def token_text(generator: HostedGenerator, token_id: int) -> str:
     """How one token reads on its own (special tokens included), for logprobs."""
     return generator.tokenizer.decode([token_id], skip_special_tokens=False)
-
-
-async def run_unstreamed(
-    service: Service,
-    request: GenerationRequestBody,
-    prepare: Callable[[Service, Any], PreparedRun],
-    make_body: Callable[[GenerationRun, Sequence[ChoiceResult]], dict[str, Any]],
-    *,
-    priority: Priority,
-    timeout_ms: float | None,
-    payer: Payer | None = None,
-) -> dict[str, Any]:
-    """Prepare a parsed request, wait for every choice, format the body; cancelling aborts it.
-
-    The path batch jobs and `endpoints.execute` take: there is nobody to stream to.
-    """
-    if request.stream:
-        raise InvalidRequest("stream: true is not supported here", param="stream")
-    prepared = await run_sized(request.input_bytes(), prepare_counted, service, prepare, request)
-    run = prepared.launch(service, priority=priority, timeout_ms=timeout_ms, payer=payer)
-    try:
-        results = await run.collect()
-    finally:
-        run.close()
-    return make_body(run, results)

@@ -86,6 +86,11 @@ class GenerationRequestBody(_Body):
         """About how many bytes of input this request carries (decides off-loop work)."""
         return 0
 
+    @property
+    def has_grammar(self) -> bool:
+        """Whether the output is constrained by a grammar (checked off the loop)."""
+        return False
+
     @field_validator("stop")
     @classmethod
     def _stop_strings(cls, value: str | list[str] | None) -> str | list[str] | None:
