@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from conveyor.endpoints.generation_schemas import GenerationRequestBody, _Body
+from conveyor.endpoints.validation import FastList
 from conveyor.engine.sampling_params import MAX_LOGPROBS
 
 __all__ = [
@@ -74,9 +75,9 @@ class ChatMessage(_Body):
     """One chat message; content as a string or a list of text parts."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[ContentPart] | None = None
+    content: StrictStr | FastList[ContentPart] | None = None
     name: StrictStr | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: FastList[ToolCall] | None = None
     tool_call_id: StrictStr | None = None
     refusal: StrictStr | None = None
     annotations: list[Any] | None = None
@@ -160,12 +161,12 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 class ChatCompletionRequest(GenerationRequestBody):
     """``POST /v1/chat/completions``; audio, images and built-in tools are not supported."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: FastList[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: list[FunctionTool] | None = None
+    tools: FastList[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
@@ -176,6 +177,16 @@ class ChatCompletionRequest(GenerationRequestBody):
     verbosity: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None
     safety_identifier: StrictStr | None = None
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _string_values(cls, value: Any) -> Any:
+        """Checked before pydantic's own pass, so the first bad value ends it (see FastList)."""
+        if isinstance(value, dict):
+            bad = next((key for key, item in value.items() if not isinstance(item, str)), None)
+            if bad is not None:
+                raise ValueError(f"metadata values must be strings ({str(bad)[:24]!r} is not)")
+        return value
 
     @field_validator("tools")
     @classmethod

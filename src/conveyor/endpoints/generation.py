@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from conveyor.endpoints.generation_schemas import PROMPT_HINT, GenerationRequestBody
+from conveyor.endpoints.validation import too_many_errors
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import GenerationOutput, TokenLogprobs
 from conveyor.engine.sampling_params import SamplingParams
@@ -62,6 +63,9 @@ def _invalid(exc: ValidationError) -> InvalidRequest:
     Our own checks (``value_error``) win over a union's per-branch type errors, and the
     branch tags pydantic puts in the location (``stop.str``) are dropped.
     """
+    crowded = too_many_errors(exc)
+    if crowded is not None:
+        return crowded
     errors = exc.errors()
     if not errors:
         return InvalidRequest("the request body is invalid")
