@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 DEFAULT_MAX_INPUTS = 2048  # OpenAI's own limit on inputs in one embeddings request
+# The default max_input_bytes is the model's token limit times this (see input_limits).
+INPUT_BYTES_PER_TOKEN = 32
 # `path: conveyor://NAME` names a model pushed with `conveyor models push`.
 REMOTE_MODEL_PREFIX = "conveyor://"
 _MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
@@ -70,6 +72,13 @@ class BatchingConfig(Strict):
         default=None,
         ge=1,
         description="Default min(2048, max_queue); above max_queue a request could never fit.",
+    )
+    max_input_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Largest text input (a rerank pair: query and document) in UTF-8 bytes, "
+        "refused with a 400 before tokenizing, or with truncate cut to it; default "
+        f"max_input_tokens x {INPUT_BYTES_PER_TOKEN}.",
     )
     memory_mb: int | None = Field(
         default=None, ge=1, description="Memory the loaded model takes (for the model budget)."
@@ -202,6 +211,12 @@ class GenerateModelConfig(Strict):
     block_size: int = Field(default=16, ge=1, le=1024)
     max_model_len: int | None = Field(
         default=None, ge=2, description="Prompt plus output; default: the model's own limit."
+    )
+    max_input_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Largest prompt text (a chat: its messages) in UTF-8 bytes, refused with "
+        f"a 400 before tokenizing; default max_model_len x {INPUT_BYTES_PER_TOKEN}.",
     )
     max_queue: int = Field(default=1024, ge=1)
     timeout_ms: float = Field(default=30_000, gt=0, description="Deadline for the first token.")

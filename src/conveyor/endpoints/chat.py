@@ -11,7 +11,7 @@ from conveyor.endpoints.generation import (
     ChoiceResult,
     GenerationRun,
     PreparedRun,
-    check_prompt_chars,
+    check_prompt_size,
     choice_params,
     parse_body,
     resolve_max_tokens,
@@ -61,7 +61,7 @@ def encode_chat(generator: HostedGenerator, request: ChatCompletionRequest) -> l
             f"model {request.model!r} has no chat template; use /v1/completions",
             param="model",
         )
-    check_prompt_chars(generator, request.input_bytes(), param="messages")
+    check_prompt_size(generator, request.input_bytes(), request.text_bytes(), param="messages")
     tokenizer = generator.tokenizer
     has_tools = tokenizer.supports_tools
     messages = template_messages(request, template_has_tools=has_tools)

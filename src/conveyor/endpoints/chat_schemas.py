@@ -15,6 +15,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, m
 from conveyor.endpoints.generation_schemas import GenerationRequestBody, _Body
 from conveyor.endpoints.validation import FastList
 from conveyor.engine.sampling_params import MAX_LOGPROBS
+from conveyor.input_limits import utf8_size
 
 __all__ = [
     "IGNORED_FIELDS",
@@ -227,6 +228,10 @@ class ChatCompletionRequest(GenerationRequestBody):
         if self.response_format is not None and self.response_format.json_schema is not None:
             total += len(str(self.response_format.json_schema.schema_ or ""))
         return total
+
+    def text_bytes(self) -> int:
+        """UTF-8 bytes of the message text (what ``max_input_bytes`` bounds)."""
+        return sum(utf8_size(message.text) for message in self.messages)
 
     @property
     def has_grammar(self) -> bool:

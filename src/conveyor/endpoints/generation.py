@@ -22,6 +22,7 @@ from conveyor.engine.outputs import GenerationOutput, TokenLogprobs
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.errors import ConveyorError, InvalidRequest
+from conveyor.input_limits import check_text_bytes
 from conveyor.metrics import outcome_of
 from conveyor.priority import Priority
 from conveyor.service import Service
@@ -32,6 +33,7 @@ __all__ = [
     "ChoiceResult",
     "GenerationRun",
     "PreparedRun",
+    "check_prompt_size",
     "check_token_ids",
     "parse_body",
     "prepare_counted",
@@ -190,6 +192,8 @@ def choice_params(params: SamplingParams, num_choices: int) -> list[SamplingPara
 def check_token_ids(generator: HostedGenerator, token_ids: Sequence[int], *, param: str) -> None:
     """400 unless every id is inside the model's vocabulary."""
     vocab_size = generator.vocab_size
+    if not token_ids or (min(token_ids) >= 0 and max(token_ids) < vocab_size):
+        return  # at C speed: the list below is built only to name the bad ids
     bad = [token for token in token_ids if not 0 <= token < vocab_size]
     if bad:
         raise InvalidRequest(f"token ids must be in [0, {vocab_size}); got {bad[:5]}", param=param)
@@ -377,8 +381,11 @@ class PreparedRun:
         )
 
 
-def check_prompt_chars(generator: HostedGenerator, num_chars: int, *, param: str) -> None:
-    """400 at once for a prompt whose length alone proves it exceeds the context.
+def check_prompt_size(
+    generator: HostedGenerator, num_chars: int, num_bytes: int, *, param: str
+) -> None:
+    """400 at once for prompt text whose length alone proves it exceeds the context, or
+    that is over the model's ``max_input_bytes``.
 
     Tokenizing megabytes only to count them takes seconds and, while millions of ids become
     Python objects, holds the interpreter lock that the event loop needs.
@@ -391,6 +398,10 @@ def check_prompt_chars(generator: HostedGenerator, num_chars: int, *, param: str
             f"least {at_least} ({num_chars} characters): shorten the prompt",
             param=param,
         )
+    check_text_bytes(
+        num_bytes, generator.max_input_bytes, subject="the prompt", param=param,
+        hint="shorten the prompt",
+    )  # fmt: skip
 
 
 def prepare_counted(
