@@ -422,4 +422,4 @@ def prepare_counted(
 
 def token_text(generator: HostedGenerator, token_id: int) -> str:
     """How one token reads on its own (special tokens included), for logprobs."""
-    return generator.tokenizer.decode([token_id], skip_special_tokens=False)
+    return generator.tokenizer.token_piece(token_id)[0]
