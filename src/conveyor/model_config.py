@@ -218,6 +218,12 @@ class GenerateModelConfig(Strict):
         description="Largest prompt text (a chat: its messages) in UTF-8 bytes, refused with "
         f"a 400 before tokenizing; default max_model_len x {INPUT_BYTES_PER_TOKEN}.",
     )
+    max_logprob_entries: int = Field(
+        default=262_144,
+        ge=1,
+        description="Logprob entries one answer may hold: output tokens (every choice's "
+        "max_tokens) x (1 + top_logprobs); more is a 400. 262144 is about 18 MB of JSON.",
+    )
     max_queue: int = Field(default=1024, ge=1)
     timeout_ms: float = Field(default=30_000, gt=0, description="Deadline for the first token.")
     job_tokens_beside_online: int | None = Field(

@@ -21,8 +21,9 @@ from starlette.responses import Response, StreamingResponse
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
 from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
-from conveyor.api.responses import json_response
+from conveyor.api.responses import raw_json_response
 from conveyor.api.timeouts import timeout_from_headers
+from conveyor.endpoints.answers import encode_body
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun
 from conveyor.endpoints.off_loop import prepare_off_loop
 from conveyor.errors import ClientGone, ConveyorError
@@ -88,7 +89,7 @@ async def respond(
         if is_stream:
             await run.first()
         else:
-            body = make_body(run, await run.collect())
+            results = await run.collect()
     except asyncio.CancelledError:
         run.close()
         if not watcher.is_gone:
@@ -101,7 +102,7 @@ async def respond(
         watcher.close()
     if not is_stream:
         run.close()
-        return json_response(body)
+        return raw_json_response(await encode_body(make_body, run, results))
     return StreamingResponse(
         _events(run, chunks),
         media_type="text/event-stream",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from conveyor.endpoints.answers import check_logprob_entries
 from conveyor.endpoints.chat_schemas import ChatCompletionRequest, FunctionTool, NamedToolChoice
 from conveyor.endpoints.generation import (
     SYSTEM_FINGERPRINT,
@@ -79,15 +80,15 @@ def prepare_chat(
 ) -> PreparedRun:
     """Check the conversation against the model and tokenize it (400 and 404 raised here)."""
     generator = service.generator(request.model)
+    requested = request.requested_max_tokens
+    if requested is not None:  # the answer's size is known before tokenizing
+        _check_answer_size(generator, request, requested)
     prompt = encode_chat(generator, request)
     param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
     max_tokens = resolve_max_tokens(
-        generator,
-        len(prompt),
-        request.requested_max_tokens,
-        param=param,
-        prompt_param="messages",
+        generator, len(prompt), requested, param=param, prompt_param="messages"
     )
+    _check_answer_size(generator, request, max_tokens)
     params = sampling_params(
         request,
         max_tokens=max_tokens,
@@ -105,6 +106,16 @@ def prepare_chat(
         choice_params(params, num_choices),
         tool_names=request.tool_names if is_parsed else (),
     )
+
+
+def _check_answer_size(
+    generator: HostedGenerator, request: ChatCompletionRequest, max_tokens: int
+) -> None:
+    """400 when ``n`` choices of ``max_tokens`` would carry too many logprob entries."""
+    check_logprob_entries(
+        generator, request.num_choices * max_tokens, request.num_logprobs,
+        param="top_logprobs" if request.top_logprobs else "logprobs",
+    )  # fmt: skip
 
 
 def reply_grammar(generator: HostedGenerator, request: ChatCompletionRequest) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from conveyor.endpoints.answers import check_logprob_entries
 from conveyor.endpoints.generation import (
     SYSTEM_FINGERPRINT,
     ChoiceResult,
@@ -84,7 +85,15 @@ def prepare_completion(
 ) -> PreparedRun:
     """Check every prompt against the model and tokenize it (400 and 404 raised here)."""
     generator = service.generator(request.model)
+    num_choices = request.num_choices
+    num_prompts = len(request.prompts())
+    if request.max_tokens is not None:  # the answer's size is known before tokenizing
+        check_logprob_entries(
+            generator, num_prompts * num_choices * request.max_tokens, request.logprobs,
+            param="logprobs",
+        )  # fmt: skip
     prompts, budgets = encode_prompts(generator, request)
+    check_logprob_entries(generator, num_choices * sum(budgets), request.logprobs, param="logprobs")
     # One params for all prompts; each request is still capped by its own context room.
     params = sampling_params(
         request,
@@ -93,7 +102,6 @@ def prepare_completion(
         vocab_size=generator.vocab_size,
     )
     # n choices per prompt, prompt-major: choice index = prompt index * n + i.
-    num_choices = request.num_choices
     per_choice = choice_params(params, num_choices)
     prefixes: tuple[str, ...] = ()
     if request.echo:

@@ -4,7 +4,8 @@ Preparing a request (tokenizing, the chat template, checking a grammar) is plain
 work. A small one runs inline: a thread hop costs more than it does. A large input runs
 on the large-input pool (``offload.run_sized``). A grammar is checked on a worker thread
 whatever its size: llguidance fills its first mask there (the GIL released), which takes
-microseconds for an ordinary schema but can take a tenth of a second for a deep one.
+microseconds for an ordinary schema but can take a tenth of a second for a deep one. A
+large answer is built off the loop too (``answers``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from conveyor.endpoints.answers import build_body
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun, prepare_counted
 from conveyor.endpoints.generation_schemas import GenerationRequestBody
 from conveyor.errors import InvalidRequest
@@ -58,4 +60,4 @@ async def run_unstreamed(
         results = await run.collect()
     finally:
         run.close()
-    return make_body(run, results)
+    return await build_body(make_body, run, results)
