@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.batching.batcher import Batcher
 from conveyor.batching.item import WorkItem
 from conveyor.errors import InvalidRequest
+from conveyor.input_limits import check_text_bytes, cut_to_bytes, input_byte_limit, utf8_size
 from conveyor.models.base import EmbeddingInput, EncodedInput
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
@@ -24,8 +25,70 @@ if TYPE_CHECKING:
 async def encode_inputs(
     hosted: HostedModel, inputs: Sequence[EmbeddingInput], truncate: bool
 ) -> list[EncodedInput]:
-    """Tokenize every input once (off the event loop when large, ``run_sized``)."""
+    """Tokenize every input once (off the event loop when large, ``run_sized``).
+
+    Texts over ``max_input_bytes`` are refused, or with ``truncate`` cut, before that.
+    """
+    limit = text_byte_limit(hosted)
+    inputs = [_bounded(item, limit, truncate, f"input[{i}]") for i, item in enumerate(inputs)]
     return await run_sized(input_bytes(inputs), hosted.model.encode, inputs, truncate=truncate)
+
+
+async def encode_pairs(
+    hosted: HostedModel, pairs: Sequence[tuple[str, str]], truncate: bool
+) -> list[EncodedInput]:
+    """Tokenize rerank pairs once (off the loop when large); 400 for a model of another kind.
+
+    Pairs over ``max_input_bytes`` are refused, or with ``truncate`` cut, before that.
+    """
+    encode = getattr(hosted.model, "encode_pairs", None)
+    if encode is None:
+        raise InvalidRequest(
+            f"the model {hosted.config.name!r} is not a rerank model", param="model"
+        )
+    pairs = _bounded_pairs(hosted, pairs, truncate)
+    num_chars = sum(len(query) + len(document) for query, document in pairs)
+    encoded: list[EncodedInput] = await run_sized(num_chars, encode, pairs, truncate=truncate)
+    return encoded
+
+
+def _bounded_pairs(
+    hosted: HostedModel, pairs: Sequence[tuple[str, str]], truncate: bool
+) -> list[tuple[str, str]]:
+    """Rerank pairs within ``max_input_bytes`` (query and document together), or a 400.
+
+    With ``truncate`` the document gives way first, as ``longest_first`` truncation would.
+    """
+    limit = text_byte_limit(hosted)
+    bounded = []
+    for index, (query, document) in enumerate(pairs):
+        size = utf8_size(query) + utf8_size(document)
+        if size > limit and truncate:
+            query = cut_to_bytes(query, limit)
+            document = cut_to_bytes(document, max(0, limit - utf8_size(query)))
+        else:
+            check_text_bytes(size, limit, subject=f"pair {index}", param="documents",
+                             hint=_SHORTEN)  # fmt: skip
+        bounded.append((query, document))
+    return bounded
+
+
+def text_byte_limit(hosted: HostedModel) -> int:
+    """The model's ``max_input_bytes`` (default: its token limit times the bytes a token)."""
+    return input_byte_limit(hosted.config.max_input_bytes, hosted.model.max_input_tokens)
+
+
+_SHORTEN = 'shorten it or send "truncate": true'
+
+
+def _bounded(item: EmbeddingInput, limit: int, truncate: bool, subject: str) -> EmbeddingInput:
+    """A text input within ``limit`` bytes: cut when truncating, else a 400 if over."""
+    if not isinstance(item, str):
+        return item
+    if truncate:
+        return cut_to_bytes(item, limit)
+    check_text_bytes(utf8_size(item), limit, subject=subject, param="input", hint=_SHORTEN)
+    return item
 
 
 def admit_encoded(

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 DEFAULT_MAX_INPUTS = 2048  # OpenAI's own limit on inputs in one embeddings request
+# The default max_input_bytes is the model's token limit times this (see input_limits).
+INPUT_BYTES_PER_TOKEN = 32
 # `path: conveyor://NAME` names a model pushed with `conveyor models push`.
 REMOTE_MODEL_PREFIX = "conveyor://"
 # A rank-64 adapter on every projection of a 70B Llama is about 1.6 GB in bfloat16.
@@ -72,6 +74,13 @@ class BatchingConfig(Strict):
         default=None,
         ge=1,
         description="Default min(2048, max_queue); above max_queue a request could never fit.",
+    )
+    max_input_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Largest text input (a rerank pair: query and document) in UTF-8 bytes, "
+        "refused with a 400 before tokenizing, or with truncate cut to it; default "
+        f"max_input_tokens x {INPUT_BYTES_PER_TOKEN}.",
     )
     memory_mb: int | None = Field(
         default=None, ge=1, description="Memory the loaded model takes (for the model budget)."
@@ -214,6 +223,18 @@ class GenerateModelConfig(Strict):
     block_size: int = Field(default=16, ge=1, le=1024)
     max_model_len: int | None = Field(
         default=None, ge=2, description="Prompt plus output; default: the model's own limit."
+    )
+    max_input_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Largest prompt text (a chat: its messages) in UTF-8 bytes, refused with "
+        f"a 400 before tokenizing; default max_model_len x {INPUT_BYTES_PER_TOKEN}.",
+    )
+    max_logprob_entries: int = Field(
+        default=262_144,
+        ge=1,
+        description="Logprob entries one answer may hold: output tokens (every choice's "
+        "max_tokens) x (1 + top_logprobs); more is a 400. 262144 is about 18 MB of JSON.",
     )
     max_queue: int = Field(default=1024, ge=1)
     timeout_ms: float = Field(default=30_000, gt=0, description="Deadline for the first token.")

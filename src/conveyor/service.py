@@ -10,7 +10,14 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from conveyor.admission import admit_encoded, check_inputs, encode_inputs, gather_items
+from conveyor.admission import (
+    admit_encoded,
+    check_inputs,
+    encode_inputs,
+    encode_pairs,
+    gather_items,
+    text_byte_limit,
+)
 from conveyor.batching.batcher import Batcher, BatcherSettings
 from conveyor.config import (
     EmbeddingModelConfig,
@@ -35,7 +42,6 @@ from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector, shorten
 from conveyor.models.registry import build_embedding_model, build_generator
 from conveyor.models.text_tokenizer import TextTokenizer
 from conveyor.observability.context import note_model
-from conveyor.offload import run_sized
 from conveyor.priority import Priority
 from conveyor.tenants.ledger import UsageLedger
 from conveyor.tenants.usage import Admission, Payer, UsageEvent, cost_usd
@@ -312,12 +318,13 @@ class Service:
         """The tokenizer of model ``name``: 404 if unknown, 400 if the model has none."""
         generator = self.generators.get(name)
         if generator is not None:
-            return TextTokenizer(generator.tokenizer.hf, generator.max_model_len)
+            hf, limit = generator.tokenizer.hf, generator.max_model_len
+            return TextTokenizer(hf, limit, generator.max_input_bytes)
         async with self.using(name) as hosted:
             hf = getattr(hosted.model, "tokenizer", None)
             if hf is None:
                 raise InvalidRequest(f"the model {name!r} has no tokenizer", param="model")
-            return TextTokenizer(hf, hosted.model.max_input_tokens)
+            return TextTokenizer(hf, hosted.model.max_input_tokens, text_byte_limit(hosted))
 
     def _check_failed(self, name: str) -> None:
         """503 naming why, for a configured model whose weights could not be fetched."""
@@ -374,14 +381,8 @@ class Service:
         """
         with counted_outcome(self.model_metrics(model)):
             async with self.using(model) as hosted:
-                encode = getattr(hosted.model, "encode_pairs", None)
-                if encode is None:
-                    raise InvalidRequest(
-                        f"the model {model!r} is not a rerank model", param="model"
-                    )
                 check_inputs(hosted, pairs, None)
-                num_chars = sum(len(q) + len(d) for q, d in pairs)
-                encoded = await run_sized(num_chars, encode, pairs, truncate=truncate)
+                encoded = await encode_pairs(hosted, pairs, truncate)
                 if payer is not None:
                     await payer.admit(model, sum(enc.num_tokens for enc in encoded), 0)
                 items, num_tokens = admit_encoded(hosted, encoded, priority, timeout_ms)

@@ -18,6 +18,11 @@ def json_response(
     )
 
 
+def raw_json_response(content: bytes, status_code: int = 200) -> Response:
+    """A response of JSON already written (a large answer is written off the loop)."""
+    return Response(content, status_code=status_code, media_type="application/json")
+
+
 def find_model(entries: list[dict[str, object]], model_id: str) -> dict[str, object]:
     """The OpenAI model object whose id is ``model_id``, or 404 in OpenAI's shape."""
     for entry in entries:

@@ -21,14 +21,11 @@ from starlette.responses import Response, StreamingResponse
 from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
 from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
-from conveyor.api.responses import json_response
+from conveyor.api.responses import raw_json_response
 from conveyor.api.timeouts import timeout_from_headers
-from conveyor.endpoints.generation import (
-    ChoiceResult,
-    GenerationRun,
-    PreparedRun,
-    prepare_counted,
-)
+from conveyor.endpoints.answers import encode_body
+from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun
+from conveyor.endpoints.off_loop import prepare_off_loop
 from conveyor.errors import ClientGone, ConveyorError
 from conveyor.offload import run_sized
 from conveyor.priority import Priority
@@ -56,13 +53,16 @@ async def serve_generation(
 ) -> Response:
     """The whole HTTP flow of a generation endpoint: parse, admit, answer as JSON or SSE.
 
-    Parsing and tokenizing a large body run off the event loop (``run_sized``). Outcome
-    metrics are the run's own business (shared with batch lines), not counted here.
+    Parsing a large body, tokenizing a large input and checking a grammar run off the
+    event loop (``run_sized``, ``prepare_off_loop``). Outcome metrics are the run's own
+    business (shared with batch lines), not counted here.
     """
     service: Service = request.app.state.service
     raw = await request.body()
     timeout_ms = timeout_from_headers(request)
-    body, prepared = await run_sized(len(raw), _parse_and_prepare, service, raw, parse, prepare)
+    body = await run_sized(len(raw), parse, raw)
+    service.generator(body.model)  # 404 / 400 for the wrong model, before any tokenizing
+    prepared = await prepare_off_loop(service, prepare, body)
     payer = service.online_payer(tenant_of(request), admission_of(request))
     await payer.admit(prepared.model, *prepared.token_ask())  # rate limits, exact tokens
     run = prepared.launch(service, priority=Priority.ONLINE, timeout_ms=timeout_ms, payer=payer)
@@ -73,18 +73,6 @@ async def serve_generation(
         make_body=make_body,
         chunks=make_chunks(run, include_usage=body.include_usage),
     )
-
-
-def _parse_and_prepare(
-    service: Service,
-    raw: bytes,
-    parse: Callable[[bytes], Any],
-    prepare: Callable[[Service, Any], PreparedRun],
-) -> tuple[Any, PreparedRun]:
-    """Parse, check the model, then prepare (one trip off the loop for a large body)."""
-    body = parse(raw)
-    service.generator(body.model)  # 404 / 400 for the wrong model, before any tokenizing
-    return body, prepare_counted(service, prepare, body)
 
 
 async def respond(
@@ -101,7 +89,7 @@ async def respond(
         if is_stream:
             await run.first()
         else:
-            body = make_body(run, await run.collect())
+            results = await run.collect()
     except asyncio.CancelledError:
         run.close()
         if not watcher.is_gone:
@@ -114,7 +102,7 @@ async def respond(
         watcher.close()
     if not is_stream:
         run.close()
-        return json_response(body)
+        return raw_json_response(await encode_body(make_body, run, results))
     return StreamingResponse(
         _events(run, chunks),
         media_type="text/event-stream",

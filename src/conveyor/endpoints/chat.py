@@ -5,21 +5,21 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from conveyor.endpoints.chat_schemas import ChatCompletionRequest, NamedToolChoice
+from conveyor.endpoints.answers import check_logprob_entries
+from conveyor.endpoints.chat_schemas import ChatCompletionRequest, FunctionTool, NamedToolChoice
 from conveyor.endpoints.generation import (
     SYSTEM_FINGERPRINT,
     ChoiceResult,
     GenerationRun,
     PreparedRun,
-    check_prompt_chars,
+    check_prompt_size,
     choice_params,
     parse_body,
     resolve_max_tokens,
-    run_unstreamed,
     sampling_params,
-    token_text,
     usage_body,
 )
+from conveyor.endpoints.off_loop import run_unstreamed
 from conveyor.endpoints.tool_stream import Event, ToolCallStream, stream_deltas
 from conveyor.endpoints.tools import (
     ParsedCall,
@@ -61,7 +61,7 @@ def encode_chat(generator: HostedGenerator, request: ChatCompletionRequest) -> l
             f"model {request.model!r} has no chat template; use /v1/completions",
             param="model",
         )
-    check_prompt_chars(generator, request.input_bytes(), param="messages")
+    check_prompt_size(generator, request.input_bytes(), request.text_bytes(), param="messages")
     tokenizer = generator.tokenizer
     has_tools = tokenizer.supports_tools
     messages = template_messages(request, template_has_tools=has_tools)
@@ -80,15 +80,15 @@ def prepare_chat(
 ) -> PreparedRun:
     """Check the conversation against the model and tokenize it (400 and 404 raised here)."""
     generator = service.generator(request.model)
+    requested = request.requested_max_tokens
+    if requested is not None:  # the answer's size is known before tokenizing
+        _check_answer_size(generator, request, requested)
     prompt = encode_chat(generator, request)
     param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
     max_tokens = resolve_max_tokens(
-        generator,
-        len(prompt),
-        request.requested_max_tokens,
-        param=param,
-        prompt_param="messages",
+        generator, len(prompt), requested, param=param, prompt_param="messages"
     )
+    _check_answer_size(generator, request, max_tokens)
     params = sampling_params(
         request,
         max_tokens=max_tokens,
@@ -108,28 +108,61 @@ def prepare_chat(
     )
 
 
+def _check_answer_size(
+    generator: HostedGenerator, request: ChatCompletionRequest, max_tokens: int
+) -> None:
+    """400 when ``n`` choices of ``max_tokens`` would carry too many logprob entries."""
+    check_logprob_entries(
+        generator, request.num_choices * max_tokens, request.num_logprobs,
+        param="top_logprobs" if request.top_logprobs else "logprobs",
+    )  # fmt: skip
+
+
 def reply_grammar(generator: HostedGenerator, request: ChatCompletionRequest) -> str | None:
     """The grammar the reply must follow, checked for this model; None: free text.
 
-    A ``required`` or named ``tool_choice`` forces tool calls; otherwise a JSON
-    ``response_format`` forces JSON.
+    A ``required`` or named ``tool_choice`` forces tool calls (each forced function's
+    ``parameters`` are checked as a schema of their own too, so one no value satisfies is
+    named); otherwise a JSON ``response_format`` forces JSON.
     """
     choice = request.effective_tool_choice
-    param = "tools"
-    grammar: str | None
+    if isinstance(choice, NamedToolChoice):
+        return _forced_calls(generator, request, choice.function.name)
     if choice == "required":
-        grammar = tool_call_grammar(request, name=None)
-    elif isinstance(choice, NamedToolChoice):
-        grammar = tool_call_grammar(request, name=choice.function.name)
-    else:
-        param = "response_format"
-        grammar = _format_grammar(request)
-    if grammar is None:
-        return None
+        return _forced_calls(generator, request, None)
+    grammar = _format_grammar(request)
+    return None if grammar is None else _checked(generator, grammar, param="response_format")
+
+
+def _forced_calls(
+    generator: HostedGenerator, request: ChatCompletionRequest, name: str | None
+) -> str:
+    """The checked grammar of calls to ``name`` (None: to any of the tools)."""
+    for tool in request.tools or []:
+        if name is None or tool.function.name == name:
+            _check_parameters(generator, tool)
+    return _checked(generator, tool_call_grammar(request, name=name), param="tools")
+
+
+def _check_parameters(generator: HostedGenerator, tool: FunctionTool) -> None:
+    """400 naming ``tools`` unless the function's ``parameters`` admit some arguments."""
+    if tool.function.parameters is None:
+        return
+    what = f"function {tool.function.name!r} parameters"
+    try:
+        grammar = grammar_from_json_schema(tool.function.parameters)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid tools: {what}: {exc}", param="tools") from None
+    _checked(generator, grammar, param="tools", what=what)
+
+
+def _checked(generator: HostedGenerator, grammar: str, *, param: str, what: str = "") -> str:
+    """``grammar``, once the model's compiler accepts it; else a 400 naming ``param``."""
     try:
         generator.engine.grammars.check(grammar)
     except ValueError as exc:
-        raise InvalidRequest(f"invalid {param}: {exc}", param=param) from None
+        where = f"{param}: {what}" if what else param
+        raise InvalidRequest(f"invalid {where}: {exc}", param=param) from None
     return grammar
 
 
@@ -285,5 +318,7 @@ def _logprobs_body(
 
 def _token_entry(generator: HostedGenerator, token_id: int, logprob: float) -> dict[str, Any]:
     """``{"token", "logprob", "bytes"}`` for one token."""
-    text = token_text(generator, token_id)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    text, raw = generator.tokenizer.token_piece(token_id)
+    # The cached tuple itself: a dict of immutable values is left out of GC passes, which
+    # otherwise took most of the time of building a million entries.
+    return {"token": text, "logprob": logprob, "bytes": raw}

@@ -13,7 +13,9 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from conveyor.endpoints.generation_schemas import GenerationRequestBody, _Body
+from conveyor.endpoints.validation import FastList
 from conveyor.engine.sampling_params import MAX_LOGPROBS
+from conveyor.input_limits import utf8_size
 
 __all__ = [
     "IGNORED_FIELDS",
@@ -74,9 +76,9 @@ class ChatMessage(_Body):
     """One chat message; content as a string or a list of text parts."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[ContentPart] | None = None
+    content: StrictStr | FastList[ContentPart] | None = None
     name: StrictStr | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: FastList[ToolCall] | None = None
     tool_call_id: StrictStr | None = None
     refusal: StrictStr | None = None
     annotations: list[Any] | None = None
@@ -160,12 +162,12 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 class ChatCompletionRequest(GenerationRequestBody):
     """``POST /v1/chat/completions``; audio, images and built-in tools are not supported."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: FastList[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: list[FunctionTool] | None = None
+    tools: FastList[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
@@ -176,6 +178,16 @@ class ChatCompletionRequest(GenerationRequestBody):
     verbosity: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None
     safety_identifier: StrictStr | None = None
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _string_values(cls, value: Any) -> Any:
+        """Checked before pydantic's own pass, so the first bad value ends it (see FastList)."""
+        if isinstance(value, dict):
+            bad = next((key for key, item in value.items() if not isinstance(item, str)), None)
+            if bad is not None:
+                raise ValueError(f"metadata values must be strings ({str(bad)[:24]!r} is not)")
+        return value
 
     @field_validator("tools")
     @classmethod
@@ -216,6 +228,18 @@ class ChatCompletionRequest(GenerationRequestBody):
         if self.response_format is not None and self.response_format.json_schema is not None:
             total += len(str(self.response_format.json_schema.schema_ or ""))
         return total
+
+    def text_bytes(self) -> int:
+        """UTF-8 bytes of the message text (what ``max_input_bytes`` bounds)."""
+        return sum(utf8_size(message.text) for message in self.messages)
+
+    @property
+    def has_grammar(self) -> bool:
+        """Whether a JSON ``response_format`` or a forced ``tool_choice`` constrains the reply."""
+        choice = self.effective_tool_choice
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            return True
+        return self.response_format is not None and self.response_format.type != "text"
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -5,25 +5,27 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from conveyor.endpoints.answers import check_logprob_entries
 from conveyor.endpoints.generation import (
     SYSTEM_FINGERPRINT,
     ChoiceResult,
     GenerationRun,
     PreparedRun,
-    check_prompt_chars,
+    check_prompt_size,
     check_token_ids,
     choice_params,
     parse_body,
     resolve_max_tokens,
-    run_unstreamed,
     sampling_params,
     token_text,
     usage_body,
 )
 from conveyor.endpoints.generation_schemas import CompletionRequest
+from conveyor.endpoints.off_loop import run_unstreamed
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import TokenLogprobs
 from conveyor.errors import InvalidRequest
+from conveyor.input_limits import utf8_size
 from conveyor.priority import Priority
 from conveyor.service import Service
 from conveyor.tenants.usage import Payer
@@ -44,20 +46,37 @@ def parse_completion_request(body: bytes | str | dict[str, Any]) -> CompletionRe
     return parse_body(CompletionRequest, body)
 
 
-def encode_prompts(generator: HostedGenerator, request: CompletionRequest) -> list[list[int]]:
-    """Token ids of every prompt (texts are tokenized, id lists are range-checked)."""
+def encode_prompts(
+    generator: HostedGenerator, request: CompletionRequest
+) -> tuple[list[list[int]], list[int]]:
+    """Token ids of every prompt and its output budget; a 400 at the first that cannot run.
+
+    Prompts are taken one at a time, so nothing after an over-long prompt is tokenized: a
+    text is bounded by its size before tokenizing, an id list by the context before its ids
+    are checked.
+    """
     prompts: list[list[int]] = []
+    budgets: list[int] = []
     for prompt in request.prompts():
         if isinstance(prompt, str):
-            check_prompt_chars(generator, len(prompt), param="prompt")
+            check_prompt_size(generator, len(prompt), utf8_size(prompt), param="prompt")
             ids = generator.tokenizer.encode(prompt)
+            budgets.append(_budget(generator, request, len(ids)))
         else:
+            budgets.append(_budget(generator, request, len(prompt)))
             check_token_ids(generator, prompt, param="prompt")
             ids = list(prompt)
         if not ids:
             raise InvalidRequest("the prompt encodes to no tokens", param="prompt")
         prompts.append(ids)
-    return prompts
+    return prompts, budgets
+
+
+def _budget(generator: HostedGenerator, request: CompletionRequest, num_prompt_tokens: int) -> int:
+    """The prompt's output budget (400 when the context has no room for it)."""
+    return resolve_max_tokens(
+        generator, num_prompt_tokens, request.max_tokens, param="max_tokens", prompt_param="prompt"
+    )
 
 
 def prepare_completion(
@@ -66,13 +85,15 @@ def prepare_completion(
 ) -> PreparedRun:
     """Check every prompt against the model and tokenize it (400 and 404 raised here)."""
     generator = service.generator(request.model)
-    prompts = encode_prompts(generator, request)
-    budgets = [
-        resolve_max_tokens(
-            generator, len(ids), request.max_tokens, param="max_tokens", prompt_param="prompt"
-        )
-        for ids in prompts
-    ]
+    num_choices = request.num_choices
+    num_prompts = len(request.prompts())
+    if request.max_tokens is not None:  # the answer's size is known before tokenizing
+        check_logprob_entries(
+            generator, num_prompts * num_choices * request.max_tokens, request.logprobs,
+            param="logprobs",
+        )  # fmt: skip
+    prompts, budgets = encode_prompts(generator, request)
+    check_logprob_entries(generator, num_choices * sum(budgets), request.logprobs, param="logprobs")
     # One params for all prompts; each request is still capped by its own context room.
     params = sampling_params(
         request,
@@ -81,7 +102,6 @@ def prepare_completion(
         vocab_size=generator.vocab_size,
     )
     # n choices per prompt, prompt-major: choice index = prompt index * n + i.
-    num_choices = request.num_choices
     per_choice = choice_params(params, num_choices)
     prefixes: tuple[str, ...] = ()
     if request.echo:

@@ -16,13 +16,14 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from conveyor.endpoints.generation_schemas import PROMPT_HINT, GenerationRequestBody
+from conveyor.endpoints.validation import too_many_errors
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import GenerationOutput, TokenLogprobs
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.errors import ConveyorError, InvalidRequest
+from conveyor.input_limits import check_text_bytes
 from conveyor.metrics import outcome_of
-from conveyor.offload import run_sized
 from conveyor.priority import Priority
 from conveyor.service import Service
 from conveyor.tenants.usage import Payer
@@ -32,6 +33,7 @@ __all__ = [
     "ChoiceResult",
     "GenerationRun",
     "PreparedRun",
+    "check_prompt_size",
     "check_token_ids",
     "parse_body",
     "prepare_counted",
@@ -63,6 +65,9 @@ def _invalid(exc: ValidationError) -> InvalidRequest:
     Our own checks (``value_error``) win over a union's per-branch type errors, and the
     branch tags pydantic puts in the location (``stop.str``) are dropped.
     """
+    crowded = too_many_errors(exc)
+    if crowded is not None:
+        return crowded
     errors = exc.errors()
     if not errors:
         return InvalidRequest("the request body is invalid")
@@ -187,6 +192,8 @@ def choice_params(params: SamplingParams, num_choices: int) -> list[SamplingPara
 def check_token_ids(generator: HostedGenerator, token_ids: Sequence[int], *, param: str) -> None:
     """400 unless every id is inside the model's vocabulary."""
     vocab_size = generator.vocab_size
+    if not token_ids or (min(token_ids) >= 0 and max(token_ids) < vocab_size):
+        return  # at C speed: the list below is built only to name the bad ids
     bad = [token for token in token_ids if not 0 <= token < vocab_size]
     if bad:
         raise InvalidRequest(f"token ids must be in [0, {vocab_size}); got {bad[:5]}", param=param)
@@ -374,8 +381,11 @@ class PreparedRun:
         )
 
 
-def check_prompt_chars(generator: HostedGenerator, num_chars: int, *, param: str) -> None:
-    """400 at once for a prompt whose length alone proves it exceeds the context.
+def check_prompt_size(
+    generator: HostedGenerator, num_chars: int, num_bytes: int, *, param: str
+) -> None:
+    """400 at once for prompt text whose length alone proves it exceeds the context, or
+    that is over the model's ``max_input_bytes``.
 
     Tokenizing megabytes only to count them takes seconds and, while millions of ids become
     Python objects, holds the interpreter lock that the event loop needs.
@@ -388,6 +398,10 @@ def check_prompt_chars(generator: HostedGenerator, num_chars: int, *, param: str
             f"least {at_least} ({num_chars} characters): shorten the prompt",
             param=param,
         )
+    check_text_bytes(
+        num_bytes, generator.max_input_bytes, subject="the prompt", param=param,
+        hint="shorten the prompt",
+    )  # fmt: skip
 
 
 def prepare_counted(
@@ -408,29 +422,4 @@ def prepare_counted(
 
 def token_text(generator: HostedGenerator, token_id: int) -> str:
     """How one token reads on its own (special tokens included), for logprobs."""
-    return generator.tokenizer.decode([token_id], skip_special_tokens=False)
-
-
-async def run_unstreamed(
-    service: Service,
-    request: GenerationRequestBody,
-    prepare: Callable[[Service, Any], PreparedRun],
-    make_body: Callable[[GenerationRun, Sequence[ChoiceResult]], dict[str, Any]],
-    *,
-    priority: Priority,
-    timeout_ms: float | None,
-    payer: Payer | None = None,
-) -> dict[str, Any]:
-    """Prepare a parsed request, wait for every choice, format the body; cancelling aborts it.
-
-    The path batch jobs and `endpoints.execute` take: there is nobody to stream to.
-    """
-    if request.stream:
-        raise InvalidRequest("stream: true is not supported here", param="stream")
-    prepared = await run_sized(request.input_bytes(), prepare_counted, service, prepare, request)
-    run = prepared.launch(service, priority=priority, timeout_ms=timeout_ms, payer=payer)
-    try:
-        results = await run.collect()
-    finally:
-        run.close()
-    return make_body(run, results)
+    return generator.tokenizer.token_piece(token_id)[0]

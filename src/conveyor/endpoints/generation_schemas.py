@@ -8,6 +8,8 @@ The chat body is in ``chat_schemas``.
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -20,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from conveyor.endpoints.validation import FastList
 from conveyor.engine.sampling_params import MAX_LOGPROBS
 
 __all__ = [
@@ -36,13 +39,21 @@ MAX_CHOICES = 128
 MAX_SEED = 2**63 - 1
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
+# A token id key of logit_bias: vocabularies are far below 10**10 ids.
+MAX_TOKEN_ID_DIGITS = 10
+
 PROMPT_HINT = (
     "'prompt' must be a string, an array of strings, an array of token ids (integers) "
     "or an array of arrays of token ids"
 )
 
 Number = StrictFloat | StrictInt
-PromptField = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+# Tried in order, each list stopping at its first bad item: a megabyte of the wrong kind is
+# refused after a few checks (smart mode validated every item against every shape).
+PromptField = Annotated[
+    StrictStr | FastList[StrictInt] | FastList[StrictStr] | FastList[FastList[StrictInt]],
+    Field(union_mode="left_to_right"),
+]
 
 
 class _Body(BaseModel):
@@ -67,7 +78,7 @@ class GenerationRequestBody(_Body):
     temperature: Number | None = Field(default=None, ge=0, le=2)
     top_p: Number | None = Field(default=None, gt=0, le=1)
     n: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES)
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: StrictStr | FastList[StrictStr] | None = None
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     presence_penalty: Number | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: Number | None = Field(default=None, ge=-2, le=2)
@@ -77,11 +88,16 @@ class GenerationRequestBody(_Body):
     min_p: Number | None = Field(default=None, ge=0, le=1)
     repetition_penalty: Number | None = Field(default=None, gt=0, le=10)
     ignore_eos: StrictBool = False
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: FastList[StrictInt] | None = None
 
     def input_bytes(self) -> int:
         """About how many bytes of input this request carries (decides off-loop work)."""
         return 0
+
+    @property
+    def has_grammar(self) -> bool:
+        """Whether the output is constrained by a grammar (checked off the loop)."""
+        return False
 
     @field_validator("stop")
     @classmethod
@@ -93,12 +109,20 @@ class GenerationRequestBody(_Body):
             raise ValueError("stop sequences must not be empty")
         return value
 
-    @field_validator("logit_bias")
+    @field_validator("logit_bias", mode="before")
     @classmethod
-    def _bias_entries(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (value or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+    def _bias_entries(cls, value: Any) -> Any:
+        """Checked before pydantic's own pass, so the first bad entry ends it (see FastList)."""
+        if not isinstance(value, dict):
+            return value
+        for key, bias in value.items():
+            if not _is_token_id_key(key):
+                raise ValueError(
+                    f"logit_bias keys must be token ids (1 to {MAX_TOKEN_ID_DIGITS} ASCII "
+                    f"digits), got {str(key)[:24]!r}"
+                )
+            if isinstance(bias, bool) or not isinstance(bias, int | float):
+                raise ValueError(f"logit_bias values must be numbers, got {str(bias)[:24]!r}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be between -100 and 100, got {bias}")
         return value
@@ -137,6 +161,17 @@ class GenerationRequestBody(_Body):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+def _is_token_id_key(key: object) -> bool:
+    """Whether a logit_bias key spells a token id in ASCII digits.
+
+    ``str.isdigit`` alone also accepts superscripts (which ``int`` refuses) and other
+    scripts' digits (which ``int`` reads: Arabic-Indic "١٢" would bias token 12).
+    """
+    if not isinstance(key, str):
+        return False
+    return 0 < len(key) <= MAX_TOKEN_ID_DIGITS and key.isascii() and key.isdigit()
+
+
 class CompletionRequest(GenerationRequestBody):
     """``POST /v1/completions``; ``prompt`` may hold several prompts (one choice each)."""
 
@@ -153,8 +188,10 @@ class CompletionRequest(GenerationRequestBody):
         if isinstance(value, list):
             if not value:
                 raise ValueError("prompt must not be an empty list")
+            if isinstance(value[0], int):
+                return value  # one prompt of ids: no per-id loop over millions here
             for index, item in enumerate(value):
-                if isinstance(item, str | list) and len(item) == 0:
+                if not item:
                     raise ValueError(f"prompt[{index}] must not be empty")
         return value
 
@@ -184,7 +221,7 @@ class CompletionRequest(GenerationRequestBody):
         if isinstance(value, str):
             return [value]
         if isinstance(value[0], int):
-            return [[int(token) for token in value]]  # type: ignore[arg-type]
+            return [value]  # the union made every item an int
         return list(value)  # type: ignore[arg-type]
 
     def input_bytes(self) -> int:

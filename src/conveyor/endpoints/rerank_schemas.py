@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from conveyor.endpoints.validation import FastList
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -26,7 +28,7 @@ class RerankRequest(_Body):
     """``POST /v1/rerank``: score each document against the query, best first."""
 
     query: StrictStr = Field(min_length=1)
-    documents: list[StrictStr | RerankDocument] = Field(min_length=1)
+    documents: FastList[StrictStr | RerankDocument] = Field(min_length=1)
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: StrictBool = True
 
@@ -38,8 +40,8 @@ class RerankRequest(_Body):
 class ScoreRequest(_Body):
     """``POST /v1/score``: one text against many (or pairwise, lists of equal length)."""
 
-    text_1: StrictStr | list[StrictStr] = Field(min_length=1)
-    text_2: StrictStr | list[StrictStr] = Field(min_length=1)
+    text_1: StrictStr | FastList[StrictStr] = Field(min_length=1)
+    text_2: StrictStr | FastList[StrictStr] = Field(min_length=1)
 
     def pairs(self) -> list[tuple[str, str]]:
         """(text_1, text_2) pairs: one against each, or zipped; ValueError if lengths differ."""

@@ -13,8 +13,13 @@ from conveyor.service import Service
 
 
 async def run_tokenize(service: Service, body: bytes | dict[str, Any]) -> dict[str, Any]:
-    """``{count, max_model_len, tokens, token_strs}`` for a prompt or a chat."""
-    request = parse_body(TokenizeRequest, body)
+    """``{count, max_model_len, tokens, token_strs}`` for a prompt or a chat.
+
+    A text over the model's ``max_input_bytes`` is refused before tokenizing; a large body
+    is parsed, and a large prompt or chat tokenized, off the event loop.
+    """
+    size = len(body) if isinstance(body, bytes) else 0
+    request = await run_sized(size, parse_body, TokenizeRequest, body)
     if (request.prompt is None) == (request.messages is None):
         raise InvalidRequest("give exactly one of 'prompt' and 'messages'", param="prompt")
     if not request.add_generation_prompt:
@@ -33,7 +38,7 @@ async def run_tokenize(service: Service, body: bytes | dict[str, Any]) -> dict[s
             param="add_special_tokens",
         )
     else:
-        ids = _chat_ids(service, request)
+        ids = await run_sized(size, _chat_ids, service, request)
     return {
         "count": len(ids),
         "max_model_len": tokenizer.max_model_len,

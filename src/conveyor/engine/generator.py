@@ -20,6 +20,7 @@ from conveyor.engine.siblings import prefix_groups
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import InvalidRequest, QueueFull
+from conveyor.input_limits import input_byte_limit
 from conveyor.metrics import GeneratorMetrics
 from conveyor.priority import Priority
 
@@ -56,6 +57,11 @@ class HostedGenerator:
     def max_model_len(self) -> int:
         """Longest prompt plus output this model serves."""
         return self.engine.config.max_model_len
+
+    @property
+    def max_input_bytes(self) -> int:
+        """Most UTF-8 bytes of prompt text a request may carry (refused before tokenizing)."""
+        return input_byte_limit(self.config.max_input_bytes, self.max_model_len)
 
     def submit(
         self,

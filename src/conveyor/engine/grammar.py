@@ -89,12 +89,25 @@ class GrammarCompiler:
             return self._ll_tokenizer
 
     def check(self, grammar: str) -> None:
-        """ValueError with llguidance's message unless ``grammar`` compiles for this model."""
+        """ValueError unless ``grammar`` compiles for this model and admits some output.
+
+        A grammar can compile yet match nothing (a schema that is only ``{"$ref": "#"}``):
+        llguidance finds that out when it fills the first mask, so one is filled here
+        (GIL released; microseconds for ordinary schemas) rather than in the engine, where
+        the reply would end at once with text that is not JSON.
+        """
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, self.ll_tokenizer()
         )
         if is_error:
             raise ValueError(messages[0] if messages else "the grammar is invalid")
+        matcher = self.matcher(grammar)
+        matcher.compute_bitmask()
+        if matcher.is_error():
+            raise ValueError(
+                "no output can satisfy it (for a JSON schema: no value matches it, as with a "
+                "$ref that leads only back to itself)"
+            )
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher at the grammar's start; ValueError if the grammar is invalid."""

@@ -30,6 +30,8 @@ class Tokenizer:
         from transformers import AutoTokenizer
 
         self._hf: Any = AutoTokenizer.from_pretrained(str(checkpoint_dir), local_files_only=True)
+        # token id -> (text, its UTF-8 bytes): at most one entry per vocabulary id.
+        self._pieces: dict[int, tuple[str, tuple[int, ...]]] = {}
 
     @property
     def hf(self) -> Any:
@@ -88,6 +90,19 @@ class Tokenizer:
         """Text of ``token_ids``; special tokens are dropped by default."""
         text: str = self._hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
         return text
+
+    def token_piece(self, token_id: int) -> tuple[str, tuple[int, ...]]:
+        """How one token reads on its own (special tokens included), and that text's bytes.
+
+        Cached: an answer with logprobs names a token and up to 20 alternatives at every
+        step, mostly the same few thousand tokens, and decoding one costs microseconds.
+        Safe from any thread (a race decodes a token twice, to the same value).
+        """
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            text = self.decode([token_id], skip_special_tokens=False)
+            piece = self._pieces[token_id] = (text, tuple(text.encode("utf-8")))
+        return piece
 
     def apply_chat_template(
         self,

@@ -7,17 +7,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import InvalidRequest
+from conveyor.input_limits import check_text_bytes, utf8_size
 
 
 @dataclass(slots=True, frozen=True)
 class TextTokenizer:
-    """A Hugging Face tokenizer and the longest input its model takes."""
+    """A Hugging Face tokenizer, the longest input its model takes, and its byte cap."""
 
     hf: Any
     max_model_len: int
+    max_input_bytes: int
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        """Token ids of ``text``."""
+        """Token ids of ``text``; 400 for a text over ``max_input_bytes``, untokenized."""
+        check_text_bytes(
+            utf8_size(text), self.max_input_bytes, subject="the prompt", param="prompt",
+            hint="send it in parts",
+        )  # fmt: skip
         ids = self.hf(text, add_special_tokens=add_special_tokens, truncation=False)["input_ids"]
         return [int(token) for token in ids]
 

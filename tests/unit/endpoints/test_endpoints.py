@@ -150,3 +150,69 @@ async def test_bad_requests(
 ) -> None:
     with pytest.raises(error, match=re.escape(message)):
         await execute(service, endpoint, body)
+
+
+@pytest.fixture
+async def capped(llama_path: Path) -> AsyncIterator[Service]:
+    """The tiny model with a small ``max_input_bytes`` (the default is 32 bytes a token)."""
+    tiny = {"name": "tiny", "kind": "generate", "path": str(llama_path), "kv_cache_tokens": 512,
+            "block_size": 4, "max_model_len": MAX_MODEL_LEN, "max_num_seqs": 2,
+            "max_num_batched_tokens": 64, "max_input_bytes": 300}  # fmt: skip
+    async with Service(ServerConfig.model_validate({"models": [tiny]})) as running:
+        yield running
+
+
+def count_encodes(service: Service, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts the tiny model's tokenizer is asked to encode from now on."""
+    tokenizer = service.generator("tiny").tokenizer
+    encode = tokenizer.encode
+    seen: list[str] = []
+
+    def counted(text: str, **kwargs: Any) -> list[int]:
+        seen.append(text)
+        return encode(text, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", counted)
+    return seen
+
+
+async def test_text_over_max_input_bytes_is_refused_before_tokenizing(
+    capped: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoded = count_encodes(capped, monkeypatch)
+    text = "hello " * 60  # 360 bytes, about 120 tokens: under the context, over the cap
+    with pytest.raises(InvalidRequest, match="max_input_bytes") as caught:
+        await execute(capped, COMPLETIONS, {"model": "tiny", "prompt": text})
+    assert caught.value.param == "prompt" and "360 bytes" in caught.value.message
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": text}]}
+    with pytest.raises(InvalidRequest, match="max_input_bytes") as caught:
+        await execute(capped, CHAT_COMPLETIONS, chat)
+    assert caught.value.param == "messages"
+    assert encoded == []
+
+
+async def test_prompts_stop_at_the_first_that_does_not_fit(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoded = count_encodes(service, monkeypatch)
+    too_long = "hello world " * 50  # 600 bytes, 353 tokens: only tokenizing tells
+    with pytest.raises(InvalidRequest, match="maximum context length"):
+        await completion(service, prompt=[too_long] + ["the quick brown fox " * 30] * 20)
+    assert encoded == [too_long]
+
+
+async def test_an_id_prompt_over_the_context_is_refused_before_its_ids_are_checked(
+    service: Service,
+) -> None:
+    with pytest.raises(InvalidRequest, match="maximum context length") as caught:
+        await completion(service, prompt=[10**6] * (MAX_MODEL_LEN + 1))
+    assert caught.value.code == "context_length_exceeded"
+
+
+async def test_an_embedding_text_over_max_input_bytes_is_refused_or_cut(service: Service) -> None:
+    word = "a" * 20_000  # one word: one token to the synthetic model, 20000 bytes to the cap
+    with pytest.raises(InvalidRequest, match="max_input_bytes") as caught:
+        await execute(service, EMBEDDINGS, {"model": "syn", "input": ["ok", word]})
+    assert caught.value.param == "input" and "input[1] is 20000 bytes" in caught.value.message
+    cut = await execute(service, EMBEDDINGS, {"model": "syn", "input": word, "truncate": True})
+    assert cut["usage"]["prompt_tokens"] == 1

@@ -110,6 +110,22 @@ async def test_bad_rerank_bodies(
     assert fragment in answer.json()["error"]["message"]
 
 
+async def test_a_pair_over_max_input_bytes_is_refused_or_cut_before_tokenizing(
+    client: httpx.AsyncClient,
+) -> None:
+    """The tiny cross-encoder takes 128 tokens, so 4096 bytes a pair by default."""
+    huge = {"model": "ranker", "query": QUERY, "documents": ["paris " * 700]}
+    refused = await client.post("/v1/rerank", json=huge)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert "max_input_bytes" in error["message"] and error["param"] == "documents"
+    cut = await client.post("/v1/rerank", json={**huge, "truncate": True})
+    # Both are cut to the same 128 tokens: cutting bytes first changed nothing.
+    short = {**huge, "documents": ["paris " * 200], "truncate": True}
+    expected = (await client.post("/v1/rerank", json=short)).json()["results"]
+    assert cut.json()["results"][0]["relevance_score"] == expected[0]["relevance_score"]
+
+
 async def test_pairs_are_batched_together_and_batch_lines_may_rerank(
     service: Service, reference: list[float]
 ) -> None:

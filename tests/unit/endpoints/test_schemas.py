@@ -5,10 +5,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from conveyor.endpoints.chat import parse_chat_request
+from conveyor.endpoints.chat_schemas import ChatCompletionRequest
 from conveyor.endpoints.completions import parse_completion_request
+from conveyor.endpoints.generation_schemas import CompletionRequest
+from conveyor.endpoints.rerank_schemas import RerankRequest, ScoreRequest
+from conveyor.endpoints.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
 from conveyor.errors import InvalidRequest
 
 COMPLETION = {"model": "m", "prompt": "hi"}
@@ -39,6 +45,10 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         ({"presence_penalty": 2.5}, "less than or equal to 2", "presence_penalty"),
         ({"frequency_penalty": -3}, "greater than or equal to -2", "frequency_penalty"),
         ({"logit_bias": {"x": 1}}, "keys must be token ids", "logit_bias"),
+        # str.isdigit() accepts these, and int() reads the second as 12: only ASCII digits.
+        ({"logit_bias": {"\u00b2": 1}}, "keys must be token ids", "logit_bias"),
+        ({"logit_bias": {"\u0661\u0662": 1}}, "keys must be token ids", "logit_bias"),
+        ({"logit_bias": {"1" * 5000: 1}}, "keys must be token ids", "logit_bias"),
         ({"logit_bias": {"5": 101}}, "between -100 and 100", "logit_bias"),
         ({"min_p": 1.5}, "less than or equal to 1", "min_p"),
         ({"repetition_penalty": 0}, "greater than 0", "repetition_penalty"),
@@ -153,3 +163,41 @@ def test_a_response_message_sent_back_as_history_validates() -> None:
     chat = parse_chat_request({**CHAT, "messages": history})
     assert chat.messages[1].tool_calls and chat.messages[1].tool_calls[0].id == "call_1"
     assert chat.messages[2].text == "ok"
+
+
+LONG = 20_000
+
+
+@pytest.mark.parametrize(
+    ("model_cls", "body"),
+    [
+        (CompletionRequest, {**COMPLETION, "prompt": [0.5] * LONG}),
+        (CompletionRequest, {**COMPLETION, "prompt": [[0.5] * LONG]}),
+        (CompletionRequest, {**COMPLETION, "stop": [1] * LONG}),
+        (CompletionRequest, {**COMPLETION, "stop_token_ids": [0.5] * LONG}),
+        (CompletionRequest, {**COMPLETION, "logit_bias": {str(i): "x" for i in range(LONG)}}),
+        (ChatCompletionRequest, {**CHAT, "messages": [1] * LONG}),
+        (ChatCompletionRequest, {**CHAT, "messages": [{"role": "user", "content": [1] * LONG}]}),
+        (ChatCompletionRequest, {**CHAT, "metadata": {str(i): 1 for i in range(LONG)}}),
+        (EmbeddingRequest, {"model": "m", "input": [0.5] * LONG}),
+        (RerankRequest, {"model": "m", "query": "q", "documents": [1] * LONG}),
+        (ScoreRequest, {"model": "m", "text_1": "q", "text_2": [1] * LONG}),
+        (TokenizeRequest, {"model": "m", "messages": [1] * LONG}),
+        (DetokenizeRequest, {"model": "m", "tokens": [0.5] * LONG}),
+    ],
+)
+def test_a_long_bad_list_stops_at_its_first_bad_item(
+    model_cls: type[BaseModel], body: dict[str, Any]
+) -> None:
+    """One error per shape tried, not one per item: pydantic reports every bad item, and
+    building those reports took seconds for a megabyte of floats where ids belong."""
+    with pytest.raises(ValidationError) as caught:
+        model_cls.model_validate_json(orjson.dumps(body))
+    assert caught.value.error_count() <= 4
+
+
+def test_a_body_with_thousands_of_mistakes_is_one_short_400() -> None:
+    """Unknown fields cannot stop at the first: their count is reported, not each one."""
+    body = {**COMPLETION, **{f"field{i}": 1 for i in range(LONG)}}
+    with pytest.raises(InvalidRequest, match=f"{LONG} problems"):
+        parse_completion_request(orjson.dumps(body))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,51 @@ async def test_an_invalid_schema_is_a_400_naming_response_format(service: Servic
     with pytest.raises(InvalidRequest, match="strin") as caught:
         await run_chat(service, body)
     assert caught.value.param == "response_format"
+
+
+# No value satisfies these: llguidance compiles them, but their language is empty, so a
+# reply could only be cut short (it was `finish_reason: "stop"` with text that is not JSON).
+UNSATISFIABLE = [
+    {"$ref": "#"},
+    {"anyOf": [{"$ref": "#"}]},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+]
+
+
+@pytest.mark.parametrize("schema", UNSATISFIABLE)
+async def test_an_unsatisfiable_schema_is_a_400_naming_response_format(
+    service: Service, schema: dict[str, Any]
+) -> None:
+    with pytest.raises(InvalidRequest, match="no output can satisfy") as caught:
+        await run_chat(service, schema_body(schema, 0))
+    assert caught.value.param == "response_format" and caught.value.status_code == 400
+
+
+async def test_a_forced_tool_with_unsatisfiable_parameters_is_a_400_naming_tools(
+    service: Service,
+) -> None:
+    tool = {"type": "function", "function": {"name": "loop", "parameters": {"$ref": "#"}}}
+    body = {**tool_body("required", 0), "tools": [tool]}
+    with pytest.raises(InvalidRequest, match="no output can satisfy") as caught:
+        await run_chat(service, body)
+    assert caught.value.param == "tools"
+
+
+async def test_a_grammar_is_checked_off_the_event_loop(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Filling a deep schema's first mask can take a tenth of a second: not on the loop."""
+    grammars = service.generator("tiny").engine.grammars
+    checked_on: list[int] = []
+    check = grammars.check
+
+    def recording(grammar: str) -> None:
+        checked_on.append(threading.get_ident())
+        check(grammar)
+
+    monkeypatch.setattr(grammars, "check", recording)
+    await run_chat(service, {**schema_body({"type": "object"}, 0), "max_completion_tokens": 2})
+    assert checked_on and threading.get_ident() not in checked_on
 
 
 WEATHER = {

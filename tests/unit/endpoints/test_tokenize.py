@@ -70,10 +70,13 @@ async def test_tokenize_a_chat_as_the_chat_endpoint_sends_it(
         ("/tokenize", {"model": "nope", "prompt": "a"}, 404, "nope"),
         ("/tokenize", {"model": "syn", "prompt": "a"}, 400, "no tokenizer"),
         ("/tokenize", {"model": "tiny", "prompt": "a", "extra": 1}, 400, "extra"),
+        # Over max_input_bytes (by default 32 bytes a token of the context): not tokenized.
+        ("/tokenize", {"model": "tiny", "prompt": "x" * (32 * MAX_MODEL_LEN + 1)}, 400,
+         "max_input_bytes"),
         ("/detokenize", {"model": "tiny", "tokens": [10**9]}, 400, "vocabulary"),
         ("/detokenize", {"model": "tiny"}, 400, "tokens"),
     ],
-)
+)  # fmt: skip
 async def test_bad_bodies_are_400_or_404(
     client: httpx.AsyncClient, path: str, body: dict[str, object], status: int, fragment: str
 ) -> None:

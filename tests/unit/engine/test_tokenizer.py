@@ -141,3 +141,17 @@ def test_min_tokens_never_exceeds_the_real_count(tokenizer: Tokenizer, text: str
     """The length bound used to refuse huge prompts untokenized is a true lower bound."""
     assert tokenizer.min_tokens(len(text)) <= len(tokenizer.encode(text, add_special_tokens=False))
     assert tokenizer.max_token_chars >= 1
+
+
+def test_a_token_piece_is_decoded_once(tokenizer_dir: Path) -> None:
+    """Logprobs name a token and its alternatives at every step: each is decoded once."""
+    tokenizer = Tokenizer(tokenizer_dir)
+    ids = tokenizer.encode(TEXT)
+    expected = [tokenizer.decode([token], skip_special_tokens=False) for token in ids]
+    decoded: list[list[int]] = []
+    decode = tokenizer.hf.decode
+    tokenizer.hf.decode = lambda ids, **kwargs: decoded.append(ids) or decode(ids, **kwargs)
+    pieces = [tokenizer.token_piece(token) for token in ids + ids]
+    assert [text for text, _ in pieces] == expected + expected
+    assert [bytes(raw) for _, raw in pieces] == [text.encode() for text in expected * 2]
+    assert len(decoded) == len(set(ids))
