@@ -8,6 +8,7 @@ the memory it took is handed back afterwards.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,23 @@ def test_a_declared_body_over_the_cap_is_413(server: Server) -> None:
     assert set(error) == {"message", "type", "param", "code"}
     assert error["code"] == "request_too_large"
     assert "max_request_bytes" in error["message"]
+
+
+def test_a_client_that_sends_its_whole_oversized_body_sees_the_413(server: Server) -> None:
+    """Answered at the head, the rest of the body is read and dropped before the connection
+    closes: closing on unread bytes resets the connection, and the 413 may be lost with it."""
+    port = int(server.url.rsplit(":", 1)[1])
+    size = MAX_REQUEST_BYTES + (1 << 20)
+    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: conveyor\r\nContent-Type: application/json\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % size)
+        for _ in range(size // 65536):  # no reset on the way: the server read it all
+            sock.sendall(b"x" * 65536)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_too_large"
 
 
 def test_a_chunked_body_over_the_cap_is_413(server: Server) -> None:
