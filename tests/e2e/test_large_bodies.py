@@ -7,6 +7,7 @@ the memory it took is handed back afterwards.
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 from collections.abc import Iterator
@@ -87,6 +88,32 @@ def test_a_body_under_the_cap_is_served(server: Server) -> None:
     response = httpx.post(f"{server.api}/embeddings", json={"model": "syn", "input": [words] * 500})
     assert response.status_code == 200, response.text
     assert len(response.json()["data"]) == 500
+
+
+def test_a_small_request_is_answered_while_a_large_body_is_in_progress(server: Server) -> None:
+    """Most of a large body is in while its last bytes are held back: the request is in
+    progress on the server the whole time the small requests are sent and answered."""
+    inputs = ["w" * 10_000] * 500  # one token each, 5 MB in all
+    body = json.dumps({"model": "syn", "input": inputs}).encode()
+    large = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=60)
+    large.putrequest("POST", "/v1/embeddings")
+    large.putheader("Content-Type", "application/json")
+    large.putheader("Content-Length", str(len(body)))
+    large.endheaders(body[:-10])
+    with httpx.Client(base_url=server.api, timeout=10) as client:
+        small = [client.post("/embeddings", json={"model": "syn", "input": f"hi {i}"})
+                 for i in range(5)]  # fmt: skip
+    assert [r.status_code for r in small] == [200] * 5
+    assert large.sock is not None
+    large.sock.settimeout(0.5)  # no answer yet: the large request still waits for its body
+    with pytest.raises(TimeoutError):
+        large.sock.recv(1, socket.MSG_PEEK)
+    large.sock.settimeout(60)
+    large.send(body[-10:])
+    response = large.getresponse()
+    assert response.status == 200
+    assert len(json.loads(response.read())["data"]) == len(inputs)
+    large.close()
 
 
 def test_a_chat_body_longer_than_the_context_is_refused_without_tokenizing(
