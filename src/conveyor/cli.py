@@ -41,7 +41,7 @@ def _load_or_exit(config: Path | None, **overrides: object) -> ServerConfig:
 
 # Connection limits every serving command takes (None: the config file's value).
 MaxConnections = Annotated[
-    int | None, typer.Option(help="Open connections per process; beyond it: 503.")
+    int | None, typer.Option(help="Requests in progress per process; beyond it: 503.")
 ]
 HeaderTimeoutS = Annotated[
     float | None, typer.Option(help="Seconds a client may take to send a request head.")

@@ -122,8 +122,21 @@ class ServerConfig(_Strict):
     max_connections: int = Field(
         default=2048,
         ge=1,
-        description="Open connections (and requests in progress) per process; beyond it "
-        "a new request gets 503 and its connection is closed.",
+        description="Connections per process. A request that finds this many others in "
+        "progress gets 503 and its connection is closed; a connection with no request in "
+        "progress (still sending a head, or idle) gives its place to a new one when all are "
+        "taken (503 if it had begun a request), so clients that never finish a request "
+        "cannot keep others out.",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Largest request head, request line and header fields together "
+        "(431, then closed).",
+    )
+    max_headers: int = Field(
+        default=100, ge=1, le=10_000, description="Most header fields in a request (431)."
     )
     header_timeout_s: float = Field(
         default=10.0,
@@ -137,6 +150,12 @@ class ServerConfig(_Strict):
         gt=0,
         le=3600,
         description="Longest wait for the next chunk of a request body (408, then closed).",
+    )
+    body_min_bytes_per_s: float = Field(
+        default=500.0,
+        ge=0,
+        description="Once body_timeout_s has passed, a request body must have arrived at "
+        "this average rate or more (408, then closed; as Apache's MinRate); 0: no minimum.",
     )
     metrics_auth: bool = Field(
         default=False, description="/metrics needs an API key like every /v1 route."

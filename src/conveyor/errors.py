@@ -81,6 +81,15 @@ class RequestTooLarge(ConveyorError):
         return {"Connection": "close"}
 
 
+class HeadersTooLarge(ConveyorError):
+    """The request head is longer than ``max_header_bytes`` or has more than ``max_headers``
+    fields: 431, and the connection is closed (what more the client sends is dropped)."""
+
+    status_code = 431
+    error_type = "invalid_request_error"
+    default_code = "headers_too_large"
+
+
 class AuthenticationFailed(ConveyorError):
     """Missing or wrong API key: 401."""
 
@@ -174,6 +183,18 @@ class ServiceUnavailable(ConveyorError):
     status_code = 503
     error_type = "server_error"
     default_code = "unavailable"
+
+
+class TooManyConnections(ServiceUnavailable):
+    """Every place under ``max_connections`` is held by a request in progress, or this
+    connection made way for a newer one before it sent a whole request head: 503."""
+
+    default_code = "too_many_connections"
+    default_retry_after_s = 1
+
+    def headers(self) -> dict[str, str]:
+        """Retry on a new connection: this one is closed."""
+        return {**super().headers(), "Connection": "close"}
 
 
 class StoreUnavailable(ServiceUnavailable):

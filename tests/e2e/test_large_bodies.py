@@ -7,7 +7,9 @@ the memory it took is handed back afterwards.
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +53,23 @@ def test_a_declared_body_over_the_cap_is_413(server: Server) -> None:
     assert "max_request_bytes" in error["message"]
 
 
+def test_a_client_that_sends_its_whole_oversized_body_sees_the_413(server: Server) -> None:
+    """Answered at the head, the rest of the body is read and dropped before the connection
+    closes: closing on unread bytes resets the connection, and the 413 may be lost with it."""
+    port = int(server.url.rsplit(":", 1)[1])
+    size = MAX_REQUEST_BYTES + (1 << 20)
+    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: conveyor\r\nContent-Type: application/json\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % size)
+        for _ in range(size // 65536):  # no reset on the way: the server read it all
+            sock.sendall(b"x" * 65536)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_too_large"
+
+
 def test_a_chunked_body_over_the_cap_is_413(server: Server) -> None:
     def chunks() -> Iterator[bytes]:
         yield b'{"model": "syn", "input": "'
@@ -69,6 +88,32 @@ def test_a_body_under_the_cap_is_served(server: Server) -> None:
     response = httpx.post(f"{server.api}/embeddings", json={"model": "syn", "input": [words] * 500})
     assert response.status_code == 200, response.text
     assert len(response.json()["data"]) == 500
+
+
+def test_a_small_request_is_answered_while_a_large_body_is_in_progress(server: Server) -> None:
+    """Most of a large body is in while its last bytes are held back: the request is in
+    progress on the server the whole time the small requests are sent and answered."""
+    inputs = ["w" * 10_000] * 500  # one token each, 5 MB in all
+    body = json.dumps({"model": "syn", "input": inputs}).encode()
+    large = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=60)
+    large.putrequest("POST", "/v1/embeddings")
+    large.putheader("Content-Type", "application/json")
+    large.putheader("Content-Length", str(len(body)))
+    large.endheaders(body[:-10])
+    with httpx.Client(base_url=server.api, timeout=10) as client:
+        small = [client.post("/embeddings", json={"model": "syn", "input": f"hi {i}"})
+                 for i in range(5)]  # fmt: skip
+    assert [r.status_code for r in small] == [200] * 5
+    assert large.sock is not None
+    large.sock.settimeout(0.5)  # no answer yet: the large request still waits for its body
+    with pytest.raises(TimeoutError):
+        large.sock.recv(1, socket.MSG_PEEK)
+    large.sock.settimeout(60)
+    large.send(body[-10:])
+    response = large.getresponse()
+    assert response.status == 200
+    assert len(json.loads(response.read())["data"]) == len(inputs)
+    large.close()
 
 
 def test_a_chat_body_longer_than_the_context_is_refused_without_tokenizing(

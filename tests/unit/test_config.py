@@ -80,6 +80,9 @@ models:
         ("header_timeout_s: 0\n", "header_timeout_s"),
         ("body_timeout_s: -1\n", "body_timeout_s"),
         ("max_connections: 0\n", "max_connections"),
+        ("max_header_bytes: 100\n", "max_header_bytes"),
+        ("max_headers: 0\n", "max_headers"),
+        ("body_min_bytes_per_s: -1\n", "body_min_bytes_per_s"),
         ("api_keys:\n  - {tenant: a}\n", "exactly one of key and key_sha256"),
         (
             f"api_keys:\n  - {{key: sk-12345678, key_sha256: {'ab' * 32}}}\n",
@@ -140,6 +143,8 @@ def test_connection_limits_have_defaults_and_take_overrides(tmp_path: Path) -> N
         30.0,
         2048,
     )
+    head_and_rate = (config.max_header_bytes, config.max_headers, config.body_min_bytes_per_s)
+    assert head_and_rate == (64 * 1024, 100, 500.0)
     path = write(tmp_path, "header_timeout_s: 2.5\nmax_connections: 100\n")
     config = load_config(path, env={}, overrides={"body_timeout_s": 5, "max_connections": None})
     assert (config.header_timeout_s, config.body_timeout_s, config.max_connections) == (

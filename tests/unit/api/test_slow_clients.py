@@ -1,129 +1,32 @@
-"""The slow-client protocol's timers, driven by hand: no real clock, no sockets."""
+"""The slow-client protocol's clocks and its lingering close, driven by hand: no real
+clock, no sockets."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Any
-
 import pytest
-import uvicorn
-from starlette.types import Receive, Scope, Send
-from uvicorn.server import ServerState
 
+from conveyor.api.connection_limits import Linger, ReadTimeouts, timeout_response
 from conveyor.api.disconnect import DISCONNECT_HOOK, DisconnectHook
-from conveyor.api.slow_clients import (
-    ReadTimeouts,
-    SlowClientProtocol,
-    slow_client_protocol,
-    timeout_response,
+from conveyor.api.slow_clients import SlowClientProtocol, slow_client_protocol
+from tests.unit.api.protocol_fakes import (
+    HEAD,
+    TIMEOUTS,
+    Transport,
+    apps_done,
+    connect,
+    refuse_unread,
 )
 
 pytestmark = pytest.mark.anyio
 
-TIMEOUTS = ReadTimeouts(header_timeout_s=10.0, body_timeout_s=30.0)
-HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n"
 
-
-class Timer:
-    """A timer the test's clock fires."""
-
-    def __init__(self, when: float, callback: Callable[[], None]) -> None:
-        self.when = when
-        self.callback = callback
-        self.is_cancelled = False
-
-    def cancel(self) -> None:
-        self.is_cancelled = True
-
-
-class FakeClockLoop:
-    """The running loop for tasks; time moves only when the test advances it."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.now = 1000.0
-        self.timers: list[Timer] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
-        self.timers.append(Timer(when, callback))
-        return self.timers[-1]
-
-    def call_later(self, delay_s: float, callback: Callable[[], None]) -> Timer:
-        return self.call_at(self.now + delay_s, callback)
-
-    def create_task(self, coro: Coroutine[Any, Any, None], **kwargs: Any) -> asyncio.Task[None]:
-        return self.loop.create_task(coro, **kwargs)
-
-    def armed(self) -> list[Timer]:
-        return [t for t in self.timers if not t.is_cancelled]
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock, firing every timer that falls due on the way, in order."""
-        end = self.now + seconds
-        while due := sorted((t for t in self.armed() if t.when <= end), key=lambda t: t.when):
-            timer = due[0]
-            self.now = max(self.now, timer.when)
-            timer.cancel()
-            timer.callback()
-        self.now = end
-
-
-class Transport(asyncio.Transport):
-    """Collects what the server writes; knows whether it was closed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.is_closed = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.is_closed = True
-
-    def is_closing(self) -> bool:
-        return self.is_closed
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 8000)}.get(name)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
-async def echo_length(scope: Scope, receive: Receive, send: Send) -> None:
-    """Read the whole body, answer 200."""
-    more_body = True
-    while more_body:
-        message = await receive()
-        more_body = message.get("more_body", False)
-    await send(
-        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]}
+def answered_and_lingering(transport: Transport, status: bytes) -> bool:
+    """The server answered ``status`` and half-closed, still reading (see `Linger`)."""
+    return (
+        transport.written.startswith(b"HTTP/1.1 " + status + b" ")
+        and transport.is_eof_written
+        and not transport.is_closed
     )
-    await send({"type": "http.response.body", "body": b""})
-
-
-async def apps_done(protocol: SlowClientProtocol) -> None:
-    """Wait until every request the protocol started has been answered."""
-    await asyncio.gather(*protocol.tasks)
-
-
-def connect() -> tuple[SlowClientProtocol, FakeClockLoop, Transport]:
-    loop = FakeClockLoop(asyncio.get_running_loop())
-    config = uvicorn.Config(echo_length, http="httptools", log_level="warning")
-    protocol_class = slow_client_protocol(TIMEOUTS)
-    protocol = protocol_class(config, ServerState(), {}, _loop=loop)  # type: ignore[arg-type]
-    transport = Transport()
-    protocol.connection_made(transport)
-    return protocol, loop, transport
 
 
 async def test_a_connection_that_sends_nothing_is_closed_quietly() -> None:
@@ -141,8 +44,10 @@ async def test_a_trickled_head_gets_408_at_the_header_timeout() -> None:
     loop.advance(TIMEOUTS.header_timeout_s - 5 - 0.1)
     assert not transport.is_closed
     loop.advance(0.1)
-    assert transport.written.startswith(b"HTTP/1.1 408 ")
-    assert b"request_timeout" in transport.written and transport.is_closed
+    assert answered_and_lingering(transport, b"408")
+    assert b"request_timeout" in transport.written
+    loop.advance(Linger().seconds)
+    assert transport.is_closed
 
 
 async def test_the_body_clock_restarts_with_each_chunk_and_stops_when_complete() -> None:
@@ -165,9 +70,8 @@ async def test_a_stalled_body_gets_408_and_the_app_sees_a_disconnect() -> None:
     protocol.data_received(HEAD + b"\r\nab")
     loop.advance(TIMEOUTS.body_timeout_s)
     await apps_done(protocol)
-    assert transport.written.startswith(b"HTTP/1.1 408 ")
+    assert answered_and_lingering(transport, b"408")
     assert b"HTTP/1.1 200" not in transport.written  # the app's answer never follows the 408
-    assert transport.is_closed
 
 
 async def test_a_body_we_stopped_reading_is_not_the_clients_fault() -> None:
@@ -178,7 +82,7 @@ async def test_a_body_we_stopped_reading_is_not_the_clients_fault() -> None:
     assert not transport.is_closed
     protocol.flow.resume_reading()  # from here the client must move again, in time
     loop.advance(TIMEOUTS.body_timeout_s)
-    assert transport.is_closed and transport.written.startswith(b"HTTP/1.1 408 ")
+    assert answered_and_lingering(transport, b"408")
 
 
 async def test_a_later_request_gets_its_own_header_clock() -> None:
@@ -191,7 +95,7 @@ async def test_a_later_request_gets_its_own_header_clock() -> None:
     loop.advance(TIMEOUTS.header_timeout_s - 0.1)
     assert not transport.is_closed
     loop.advance(0.1)
-    assert transport.is_closed and transport.written.count(b"HTTP/1.1 408 ") == 1
+    assert transport.is_eof_written and transport.written.count(b"HTTP/1.1 408 ") == 1
 
 
 async def test_one_timer_serves_many_requests_on_a_connection() -> None:
@@ -241,3 +145,95 @@ async def test_an_answered_request_retires_its_hook() -> None:
     await apps_done(protocol)
     protocol.connection_lost(None)
     assert not hook.is_fired
+
+
+RATED = ReadTimeouts(header_timeout_s=10.0, body_timeout_s=30.0, body_min_bytes_per_s=100.0)
+LONG_HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Length: 10000\r\n\r\n"
+
+
+def test_a_body_deadline_is_the_sooner_of_a_silence_and_the_rate() -> None:
+    # 30 s of grace, then 100 bytes/s on average: 200 bytes buy 2 s more.
+    assert RATED.body_deadline(started_s=0, num_bytes=200, last_byte_s=31) == 32
+    assert RATED.body_deadline(started_s=0, num_bytes=5000, last_byte_s=1) == 31  # silence
+    assert TIMEOUTS.body_deadline(started_s=0, num_bytes=0, last_byte_s=100) == 130  # no rate
+
+
+def test_a_negative_rate_is_refused() -> None:
+    with pytest.raises(ValueError, match="body_min_bytes_per_s"):
+        ReadTimeouts(header_timeout_s=1, body_timeout_s=1, body_min_bytes_per_s=-1)
+
+
+async def test_a_body_below_the_minimum_rate_gets_408_though_never_silent() -> None:
+    protocol, loop, transport = connect(slow_client_protocol(RATED))
+    protocol.data_received(LONG_HEAD)
+    for _ in range(3):  # 1 byte every 10 s: never 30 s of silence, far below 100 bytes/s
+        loop.advance(10)
+        protocol.data_received(b" ")
+    assert not transport.written
+    loop.advance(1)  # 30 s of grace and 3 bytes' worth (0.03 s) are spent
+    assert answered_and_lingering(transport, b"408")
+    assert b"slower than 100 bytes/s" in transport.written
+    await apps_done(protocol)
+
+
+async def test_a_body_at_the_minimum_rate_is_read_whole() -> None:
+    protocol, loop, transport = connect(slow_client_protocol(RATED))
+    protocol.data_received(LONG_HEAD)
+    for _ in range(100):  # 100 bytes/s for 100 s
+        loop.advance(1)
+        protocol.data_received(b" " * 100)
+    await apps_done(protocol)
+    assert transport.written.startswith(b"HTTP/1.1 200 ") and not transport.is_eof_written
+
+
+async def test_an_answer_before_the_body_is_in_closes_the_connection_lingering() -> None:
+    protocol, loop, transport = connect(app=refuse_unread)
+    protocol.data_received(HEAD + b"\r\n")  # the body (4 bytes) is still to come
+    await apps_done(protocol)
+    head = transport.written.partition(b"\r\n\r\n")[0]
+    assert b"HTTP/1.1 401 " in head and b"connection: close" in head
+    assert answered_and_lingering(transport, b"401")
+    protocol.data_received(b"abcd" + HEAD + b"\r\nabcd")  # read and dropped: no second answer
+    loop.advance(Linger().seconds - 0.1)
+    assert transport.written.count(b"HTTP/1.1 ") == 1 and not transport.is_closed
+    loop.advance(0.1)
+    assert transport.is_closed
+
+
+async def test_an_answer_after_the_body_keeps_the_connection() -> None:
+    protocol, _, transport = connect(app=refuse_unread)
+    for _ in range(2):
+        protocol.data_received(HEAD + b"\r\nabcd")  # unread by the app, but all in
+        await apps_done(protocol)
+    assert transport.written.count(b"HTTP/1.1 401 ") == 2
+    assert b"connection: close" not in transport.written and not transport.is_eof_written
+
+
+async def test_a_linger_ends_once_the_client_has_sent_its_share() -> None:
+    protocol_class = slow_client_protocol(TIMEOUTS, linger=Linger(seconds=5, max_bytes=100))
+    protocol, _, transport = connect(protocol_class, app=refuse_unread)
+    protocol.data_received(HEAD.replace(b"4", b"1000") + b"\r\n")
+    await apps_done(protocol)
+    protocol.data_received(b"x" * 100)
+    assert not transport.is_closed
+    protocol.data_received(b"x")
+    assert transport.is_closed
+
+
+async def test_a_graceful_shutdown_ends_a_linger_at_once() -> None:
+    protocol, _, transport = connect(app=refuse_unread)
+    protocol.data_received(HEAD + b"\r\n")
+    await apps_done(protocol)
+    assert answered_and_lingering(transport, b"401")
+    protocol.shutdown()
+    assert transport.is_closed
+
+
+async def test_a_shutdown_during_a_body_is_not_undone_when_the_body_is_in() -> None:
+    protocol, _, transport = connect()
+    protocol.data_received(HEAD + b"\r\nab")
+    protocol.shutdown()  # uvicorn: no keep-alive after the request in progress
+    protocol.data_received(b"cd")
+    await apps_done(protocol)
+    assert transport.written.startswith(b"HTTP/1.1 200 ")
+    assert b"connection: close" in transport.written
