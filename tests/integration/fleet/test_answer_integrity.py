@@ -58,6 +58,7 @@ class FlakyWorker:
     def __init__(self) -> None:
         self.seen: Counter[str] = Counter()
         self.port = 0
+        self._server: asyncio.Server | None = None
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -67,13 +68,26 @@ class FlakyWorker:
         assert self._started.wait(10)
 
     def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._shut_down(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
+
+    async def _shut_down(self) -> None:
+        """Close the server and end every connection's task while the loop still runs."""
+        assert self._server is not None
+        self._server.close()
+        current = asyncio.current_task()
+        tasks = [task for task in asyncio.all_tasks() if task is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
+        start = asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = self._loop.run_until_complete(start)
+        self.port = self._server.sockets[0].getsockname()[1]
         self._started.set()
         self._loop.run_forever()
 
