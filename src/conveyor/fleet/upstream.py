@@ -119,6 +119,7 @@ class _Connection(asyncio.Protocol):
         self.has_headers = False
         self.is_complete = False
         self.is_keep_alive = False
+        self.has_received = False  # any byte of an answer to this exchange
         # A 1xx answer is being parsed: its headers and its end are not the answer's.
         self._is_interim = False
         self.error: UpstreamError | None = None
@@ -142,6 +143,7 @@ class _Connection(asyncio.Protocol):
         if not self._is_in_exchange:  # nothing was asked: the worker is out of step
             self.close()
             return
+        self.has_received = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -363,20 +365,36 @@ class UpstreamPool:
         origin = self._origins.get(address)
         if origin is None:
             origin = self._origins[address] = parse_origin(address)
+        request = encode_head(method, target, origin, headers, len(body)) + body
         await self._take_slot(deadline)
         connection: _Connection | None = None
         try:
-            connection = await self._connection_to(origin, deadline)
-            head = encode_head(method, target, origin, headers, len(body))
-            connection.start(head + body, deadline)
-            while not connection.has_headers:
-                await connection.wait()
+            connection = self._idle_connection(origin)
+            if connection is not None:
+                try:
+                    await self._exchange(connection, request, deadline)
+                    return UpstreamResponse(self, connection)
+                except ConnectionBroken:
+                    if connection.has_received:
+                        raise
+                    # Closed with no byte answered: most likely the worker ended the idle
+                    # connection as it was reused (its keep-alive ran out, or its connection
+                    # budget made way). As HTTP clients do, once more on a fresh connection.
+            connection = await self._new_connection(origin, deadline)
+            await self._exchange(connection, request, deadline)
         except BaseException:  # cancelled too: the slot and the socket must not leak
             self._slots.release()
             if connection is not None:
                 connection.fail(ConnectionBroken("the exchange was abandoned"))
             raise
         return UpstreamResponse(self, connection)
+
+    @staticmethod
+    async def _exchange(connection: _Connection, request: bytes, deadline: float) -> None:
+        """Send ``request`` and wait for the answer's status line and headers."""
+        connection.start(request, deadline)
+        while not connection.has_headers:
+            await connection.wait()
 
     async def _take_slot(self, deadline: float) -> None:
         if not self._slots.locked():
@@ -388,8 +406,8 @@ class UpstreamPool:
         except TimeoutError:
             raise UpstreamTimeout("no connection to a worker came free in time") from None
 
-    async def _connection_to(self, origin: _Origin, deadline: float) -> _Connection:
-        """A pooled connection, or a new one."""
+    def _idle_connection(self, origin: _Origin) -> _Connection | None:
+        """The newest idle connection to ``origin`` still open and not expired, if any."""
         idle = self._idle.get(origin)
         now = self._clock()
         while idle:
@@ -397,6 +415,10 @@ class UpstreamPool:
             if connection.is_usable and now - connection.idle_since < self.limits.idle_expiry_s:
                 return connection
             connection.close()
+        return None
+
+    async def _new_connection(self, origin: _Origin, deadline: float) -> _Connection:
+        """A new connection, within ``connect_timeout_s`` and the deadline."""
         loop = asyncio.get_running_loop()
         timeout_s = min(self.limits.connect_timeout_s, max(0.0, deadline - loop.time()))
         try:

@@ -396,3 +396,37 @@ async def test_bytes_after_a_complete_answer_are_never_taken_for_the_next_one(
         answer = await pool.request(server.address, "POST", "/", [], b"next", deadline())
         assert await answer.read() == b'{"for":"next"}'
     assert server.num_connections >= 3  # each poisoned connection was dropped, not reused
+
+
+async def test_a_kept_alive_connection_closed_unanswered_is_retried_once_on_a_fresh_one(
+    serve: Callable[[Script], Awaitable[ScriptedServer]],
+) -> None:
+    """A worker may close an idle connection (its keep-alive ran out, or its connection
+    budget made way) just as the gateway reuses it: the request was never read, so it goes
+    once more on a new connection instead of failing (and ejecting a healthy worker)."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server.read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        if server.num_connections == 1:  # the first connection: closed at its next request
+            await server.read_request(reader)
+
+    server = await serve(script)
+    pool = UpstreamPool()
+    assert await post(pool, server.address) == b"{}"
+    assert await post(pool, server.address) == b"{}"  # the reused one broke: a new one served
+    assert server.num_connections == 2
+
+
+async def test_a_fresh_connection_closed_unanswered_is_broken_not_retried(
+    serve: Callable[[Script], Awaitable[ScriptedServer]],
+) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server.read_request(reader)  # and close without answering
+
+    server = await serve(script)
+    pool = UpstreamPool()
+    with pytest.raises(ConnectionBroken):
+        await post(pool, server.address)
+    assert server.num_connections == 1
