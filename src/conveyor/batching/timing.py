@@ -11,7 +11,10 @@ slow. A real change in speed still shows: each batch moves the fit further.
 The model also keeps how far recent batches fell from the fit (`spread_s`, the root mean
 square of their errors): batches of one size differ by what is in them (longer texts) and
 by what else the machine runs, and a caller sizing batches for a latency bound leaves
-room for that.
+room for that. And it keeps the hand-off between batches (`overhead_s`): a batch's end
+reaches the event loop, and the next batch starts, only when the loop gets to it, which
+under a flood of requests is tens of milliseconds a batch that the model's own time
+does not show.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class BatchTimeModel:
         self._nn = 0.0
         self._nt = 0.0
         self._squared_error = 0.0
+        self._overhead_s: float | None = None
 
     @property
     def is_warm(self) -> bool:
@@ -63,6 +67,20 @@ class BatchTimeModel:
         self._nn += w * (batch_size * batch_size - self._nn)
         self._nt += w * (batch_size * seconds - self._nt)
         self.num_observations += 1
+
+    def observe_overhead(self, seconds: float) -> None:
+        """Record one hand-off: a batch's wall time from being taken to its end being seen
+        on the event loop, less its model time (weighted as the fit is)."""
+        seconds = max(0.0, seconds)
+        if self._overhead_s is None:
+            self._overhead_s = seconds
+        else:
+            self._overhead_s += self.alpha * (seconds - self._overhead_s)
+
+    @property
+    def overhead_s(self) -> float:
+        """The recent hand-off time a batch (0 until one was observed)."""
+        return self._overhead_s or 0.0
 
     @property
     def spread_s(self) -> float:
@@ -90,10 +108,24 @@ class BatchTimeModel:
         intercept = max(0.0, self._t - slope * self._n)
         return intercept + slope * batch_size
 
-    def predicted_wait_s(self, num_ahead: int, cap: int) -> float:
-        """Time until an input with ``num_ahead`` inputs before it has its result."""
+    def predicted_wait_s(
+        self, num_ahead: int, cap: int, *, running_size: int = 0, running_for_s: float = 0.0
+    ) -> float:
+        """Time until an input with ``num_ahead`` inputs queued before it has its result.
+
+        It waits out the batch running now (``running_size`` inputs, started
+        ``running_for_s`` ago; 0: none), then every full batch ahead of it and its own.
+        Each batch counts its hand-off (``overhead_s``) and a spread (``spread_s``) beyond
+        the fit: admission goes by this prediction, and an admitted input should not miss
+        its deadline because the batches ahead ran a little slower than their mean.
+        """
+        margin_s = self.overhead_s + self.spread_s
         num_batches = math.ceil((num_ahead + 1) / max(1, cap))
-        return num_batches * self.seconds_for(cap)
+        queued_s = num_batches * (self.seconds_for(cap) + margin_s)
+        if running_size < 1:
+            return queued_s
+        running_s = self.seconds_for(running_size) + margin_s
+        return queued_s + max(0.0, running_s - running_for_s)
 
     def drain_time_s(self, num_queued: int, cap: int) -> float:
         """Time to run the whole queue at full batches."""

@@ -124,6 +124,45 @@ def test_predicted_wait_counts_the_batch_the_new_input_rides_in(
 
 
 @pytest.mark.parametrize(
+    ("running_size", "running_for_s", "left_s"),
+    [(0, 0.0, 0.0), (10, 0.0, 0.030), (10, 0.010, 0.020), (10, 0.5, 0.0)],
+)
+def test_predicted_wait_adds_what_is_left_of_the_running_batch(
+    running_size: int, running_for_s: float, left_s: float
+) -> None:
+    """Before the queue ahead, the input waits out the batch running now (never less than 0)."""
+    model = _linear_model()
+    queued_s = 2 * (0.020 + 0.001 * 100)  # 150 ahead in batches of 100: the 2nd batch
+    wait_s = model.predicted_wait_s(
+        150, cap=100, running_size=running_size, running_for_s=running_for_s
+    )
+    assert wait_s == pytest.approx(queued_s + left_s, rel=0.01)
+
+
+def test_predicted_wait_counts_each_batch_a_spread_longer() -> None:
+    """Batches that run +-10 ms around the fit: each one waited for counts 10 ms longer."""
+    model = BatchTimeModel(alpha=0.1)
+    for index in range(200):
+        model.observe(4, 0.100 + (0.010 if index % 2 else -0.010))
+    assert model.spread_s == pytest.approx(0.010, rel=0.1)
+    assert model.predicted_wait_s(7, cap=4) == pytest.approx(2 * (0.100 + 0.010), rel=0.02)
+    wait_s = model.predicted_wait_s(7, cap=4, running_size=4, running_for_s=0.0)
+    assert wait_s == pytest.approx(3 * (0.100 + 0.010), rel=0.02)
+
+
+def test_predicted_wait_counts_each_batch_with_its_hand_off() -> None:
+    """Time between batches (the loop seeing one end, taking the next) counts per batch."""
+    model = _linear_model()
+    for _ in range(100):
+        model.observe_overhead(0.030)
+    assert model.overhead_s == pytest.approx(0.030)
+    per_batch_s = 0.020 + 0.001 * 100 + 0.030
+    assert model.predicted_wait_s(150, cap=100) == pytest.approx(2 * per_batch_s, rel=0.01)
+    wait_s = model.predicted_wait_s(150, cap=100, running_size=100, running_for_s=0.0)
+    assert wait_s == pytest.approx(3 * per_batch_s, rel=0.01)
+
+
+@pytest.mark.parametrize(
     ("num_queued", "cap", "num_batches"),
     [
         (0, 100, 0),
