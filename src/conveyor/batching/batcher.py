@@ -95,7 +95,9 @@ class Batcher:
         self._is_stopping = False
         self._last_online_at = -math.inf
         self.num_running = 0
-        self._running_since = 0.0  # when the batch running now was taken (loop clock)
+        # The batch running now and when it was taken (loop clock).
+        self._running: list[WorkItem] | None = None
+        self._running_since = 0.0
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -283,6 +285,7 @@ class Batcher:
             m.queue_wait_s.observe(now - item.enqueued_at)
         batch_taken(batch, now)
         self.num_running = len(batch)
+        self._running = batch
         self._running_since = now
         m.in_flight.set(len(batch))
         self._gauge_queue()
@@ -315,7 +318,9 @@ class Batcher:
             self.metrics.model_s.observe(model_s)
             self.metrics.inputs_processed.inc(len(batch))
             self.metrics.service_rate.set(self.timing.service_rate(self.settings.max_batch_size))
-        if self.num_running == len(batch):
+        # The next batch may already run (it starts before this one's results go out).
+        if self._running is batch:
+            self._running = None
             self.num_running = 0
             self.metrics.in_flight.set(0)
         batch_done(self.name, batch, model_s or 0.0, self._require_loop().time())

@@ -230,6 +230,26 @@ async def test_the_running_batch_counts_in_the_predicted_wait(make_batcher) -> N
     assert await asyncio.gather(*(i.future for i in patient)) == ["out:patient-0", "out:patient-1"]
 
 
+async def test_a_batch_started_behind_one_of_its_size_still_counts_as_running(
+    make_batcher,
+) -> None:
+    """The next batch starts before the last one's results go out: delivering them must not
+    clear the running count of the batch of the same size that runs now."""
+    model = GatedModel()
+    batcher, metrics = make_batcher(model, max_batch_size=2)
+    first = [submit(batcher, i) for i in range(2)]
+    await model.wait_started()
+    second = [submit(batcher, 10 + i) for i in range(2)]
+    model.release_all()
+    await asyncio.gather(*(i.future for i in first))
+    await model.wait_started()  # the second batch runs
+    assert batcher.num_running == 2
+    assert not batcher.is_idle
+    assert counter(metrics, "conveyor_in_flight", model="m") == 2
+    model.release_all()
+    await asyncio.gather(*(i.future for i in second))
+
+
 async def test_a_busy_loop_between_batches_counts_in_the_predicted_wait(make_batcher) -> None:
     """A batch's end waits for the event loop: that hand-off is learnt beside model time."""
     model = GatedModel()
