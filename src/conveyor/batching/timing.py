@@ -46,8 +46,13 @@ class BatchTimeModel:
         self._t = 0.0
         self._nn = 0.0
         self._nt = 0.0
+        # Both spreads are averages started from 0: each keeps the weight it has seen so
+        # far (1 - (1 - alpha) ** n) and is divided by it, so early values are not too small.
         self._squared_error = 0.0
+        self._error_weight = 0.0
         self._overhead_s: float | None = None
+        self._overhead_variance = 0.0
+        self._overhead_weight = 0.0
 
     @property
     def is_warm(self) -> bool:
@@ -61,6 +66,7 @@ class BatchTimeModel:
             seconds = min(seconds, self.max_outlier_ratio * predicted_s + OUTLIER_SLACK_S)
             error_s = seconds - predicted_s
             self._squared_error += self.alpha * (error_s * error_s - self._squared_error)
+            self._error_weight += self.alpha * (1.0 - self._error_weight)
         w = 1.0 if self.num_observations == 0 else self.alpha
         self._n += w * (batch_size - self._n)
         self._t += w * (seconds - self._t)
@@ -74,8 +80,11 @@ class BatchTimeModel:
         seconds = max(0.0, seconds)
         if self._overhead_s is None:
             self._overhead_s = seconds
-        else:
-            self._overhead_s += self.alpha * (seconds - self._overhead_s)
+            return
+        deviation_s = seconds - self._overhead_s
+        self._overhead_variance += self.alpha * (deviation_s**2 - self._overhead_variance)
+        self._overhead_weight += self.alpha * (1.0 - self._overhead_weight)
+        self._overhead_s += self.alpha * deviation_s
 
     @property
     def overhead_s(self) -> float:
@@ -83,10 +92,15 @@ class BatchTimeModel:
         return self._overhead_s or 0.0
 
     @property
+    def overhead_spread_s(self) -> float:
+        """How far recent hand-offs fell from ``overhead_s`` (root mean square)."""
+        return _unbiased_root(self._overhead_variance, self._overhead_weight)
+
+    @property
     def spread_s(self) -> float:
         """How far recent batches fell from the fit: the root mean square of their errors
         (weighted as the fit is; 0 until warm)."""
-        return math.sqrt(self._squared_error)
+        return _unbiased_root(self._squared_error, self._error_weight)
 
     @property
     def has_slope(self) -> bool:
@@ -115,11 +129,11 @@ class BatchTimeModel:
 
         It waits out the batch running now (``running_size`` inputs, started
         ``running_for_s`` ago; 0: none), then every full batch ahead of it and its own.
-        Each batch counts its hand-off (``overhead_s``) and a spread (``spread_s``) beyond
-        the fit: admission goes by this prediction, and an admitted input should not miss
-        its deadline because the batches ahead ran a little slower than their mean.
+        Each batch counts its hand-off (``overhead_s``) and the spreads of both beyond the
+        fit: admission goes by this prediction, and an admitted input should not miss its
+        deadline because the batches ahead ran a little slower than their mean.
         """
-        margin_s = self.overhead_s + self.spread_s
+        margin_s = self.overhead_s + self.overhead_spread_s + self.spread_s
         num_batches = math.ceil((num_ahead + 1) / max(1, cap))
         queued_s = num_batches * (self.seconds_for(cap) + margin_s)
         if running_size < 1:
@@ -135,3 +149,8 @@ class BatchTimeModel:
         """Inputs per second at full batches (0 when unknown)."""
         seconds = self.seconds_for(cap)
         return cap / seconds if seconds > 0 else 0.0
+
+
+def _unbiased_root(mean_square: float, weight: float) -> float:
+    """The root of an average started from 0, scaled by the weight it has seen (0: none)."""
+    return math.sqrt(mean_square / weight) if weight > 0 else 0.0

@@ -162,6 +162,31 @@ def test_predicted_wait_counts_each_batch_with_its_hand_off() -> None:
     assert wait_s == pytest.approx(3 * per_batch_s, rel=0.01)
 
 
+def test_a_hand_off_that_varies_counts_its_spread_too() -> None:
+    """Hand-offs of 1 or 5 ms: each batch waited for counts their mean (3 ms) and spread
+    (2 ms), so the sum over many batches stays above what they took."""
+    model = _linear_model()
+    for index in range(200):
+        model.observe_overhead(0.005 if index % 2 else 0.001)
+    assert model.overhead_s == pytest.approx(0.003, rel=0.1)
+    assert model.overhead_spread_s == pytest.approx(0.002, rel=0.15)
+    per_batch_s = 0.020 + 0.001 * 100 + 0.003 + 0.002
+    assert model.predicted_wait_s(150, cap=100) == pytest.approx(2 * per_batch_s, rel=0.01)
+
+
+def test_spreads_are_known_from_the_first_errors_not_grown_into() -> None:
+    """A spread is an average started from nothing, so it is scaled by the weight seen so
+    far: the first batches after warm-up, which admission already trusts, count in full."""
+    model = BatchTimeModel(alpha=0.1, min_observations=3)
+    for _ in range(3):
+        model.observe(4, 0.100)
+    model.observe(4, 0.110)  # the first error against the fit: 10 ms
+    assert model.spread_s == pytest.approx(0.010)
+    model.observe_overhead(0.002)
+    model.observe_overhead(0.004)  # the first deviation from the mean hand-off: 2 ms
+    assert model.overhead_spread_s == pytest.approx(0.002)
+
+
 @pytest.mark.parametrize(
     ("num_queued", "cap", "num_batches"),
     [
