@@ -95,7 +95,8 @@ class Batcher:
         self._is_stopping = False
         self._last_online_at = -math.inf
         self.num_running = 0
-        # The batch running now and when it was taken (loop clock).
+        # The batch running now and when it was taken, on the monotonic clock: uvloop's
+        # loop time is read once per loop turn, and under a flood a turn is milliseconds.
         self._running: list[WorkItem] | None = None
         self._running_since = 0.0
 
@@ -170,7 +171,7 @@ class Batcher:
         queue has drained can succeed."""
         wait_s = self.timing.predicted_wait_s(
             self.queue.num_ahead_of(priority), cap,
-            running_size=self.num_running, running_for_s=now - self._running_since,
+            running_size=self.num_running, running_for_s=time.monotonic() - self._running_since,
         )  # fmt: skip
         if now + wait_s > deadline:
             raise QueueFull(
@@ -215,18 +216,17 @@ class Batcher:
             except Exception as exc:  # the executor itself failed: fail the batch, keep going
                 log.exception("batch failed outside the model")
                 outcome = _Outcome([exc] * len(batch), None)
-            self._note_hand_off(outcome)
+            self._note_cycle(batch, outcome)
             pending = None
             ready = None if self._is_stopping else self._take_if_ready()
             if ready is not None:
                 pending = (ready, self._launch(ready))
             self._deliver(batch, outcome)
 
-    def _note_hand_off(self, outcome: _Outcome) -> None:
-        """Teach the timing model how long past its model time a batch held the model."""
+    def _note_cycle(self, batch: list[WorkItem], outcome: _Outcome) -> None:
+        """Teach the timing model how long the batch held the model as the loop saw it."""
         if outcome.model_s is not None:
-            seen_s = self._require_loop().time() - self._running_since
-            self.timing.observe_overhead(seen_s - outcome.model_s)
+            self.timing.observe_cycle(len(batch), time.monotonic() - self._running_since)
 
     async def _next_batch(self) -> list[WorkItem] | None:
         """The next batch once one should close; None when stopping."""
@@ -286,7 +286,7 @@ class Batcher:
         batch_taken(batch, now)
         self.num_running = len(batch)
         self._running = batch
-        self._running_since = now
+        self._running_since = time.monotonic()
         m.in_flight.set(len(batch))
         self._gauge_queue()
 

@@ -11,21 +11,30 @@ slow. A real change in speed still shows: each batch moves the fit further.
 The model also keeps how far recent batches fell from the fit (`spread_s`, the root mean
 square of their errors): batches of one size differ by what is in them (longer texts) and
 by what else the machine runs, and a caller sizing batches for a latency bound leaves
-room for that. And it keeps the hand-off between batches (`overhead_s`): a batch's end
-reaches the event loop, and the next batch starts, only when the loop gets to it, which
-under a flood of requests is tens of milliseconds a batch that the model's own time
-does not show.
+room for that.
+
+For admission it also keeps the most that any of the last ``EXCESS_WINDOW`` batches held
+the model past the fit, as the event loop saw them (`excess_s`): a batch's end reaches
+the loop, and the next batch starts, only when the loop gets to it, and under a flood of
+requests that adds milliseconds a batch that the model's own time does not show. A
+recent maximum, not an average: an average learnt while idle lags a flood's first
+seconds, and every batch ahead that runs longer than predicted moves an admitted input
+towards a 504, while counting a batch a little long only refuses a few more inputs.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 # Added to the outlier cap so a model whose batches take ~0 s can still learn it slowed down.
 OUTLIER_SLACK_S = 0.01
 # Below this weighted variance of batch sizes (relative to the mean size squared, so float
 # rounding cannot pass for spread), every batch had the same size: no slope can be fitted.
 MIN_SIZE_VARIANCE_RATIO = 1e-6
+# Batches whose excess over the fit counts in ``excess_s``: enough to hold the slowest of
+# the last seconds of a flood, few enough that one stall is forgotten within a few seconds.
+EXCESS_WINDOW = 20
 
 
 class BatchTimeModel:
@@ -46,13 +55,8 @@ class BatchTimeModel:
         self._t = 0.0
         self._nn = 0.0
         self._nt = 0.0
-        # Both spreads are averages started from 0: each keeps the weight it has seen so
-        # far (1 - (1 - alpha) ** n) and is divided by it, so early values are not too small.
         self._squared_error = 0.0
-        self._error_weight = 0.0
-        self._overhead_s: float | None = None
-        self._overhead_variance = 0.0
-        self._overhead_weight = 0.0
+        self._excesses_s: deque[float] = deque(maxlen=EXCESS_WINDOW)
 
     @property
     def is_warm(self) -> bool:
@@ -66,7 +70,6 @@ class BatchTimeModel:
             seconds = min(seconds, self.max_outlier_ratio * predicted_s + OUTLIER_SLACK_S)
             error_s = seconds - predicted_s
             self._squared_error += self.alpha * (error_s * error_s - self._squared_error)
-            self._error_weight += self.alpha * (1.0 - self._error_weight)
         w = 1.0 if self.num_observations == 0 else self.alpha
         self._n += w * (batch_size - self._n)
         self._t += w * (seconds - self._t)
@@ -74,33 +77,25 @@ class BatchTimeModel:
         self._nt += w * (batch_size * seconds - self._nt)
         self.num_observations += 1
 
-    def observe_overhead(self, seconds: float) -> None:
-        """Record one hand-off: a batch's wall time from being taken to its end being seen
-        on the event loop, less its model time (weighted as the fit is)."""
-        seconds = max(0.0, seconds)
-        if self._overhead_s is None:
-            self._overhead_s = seconds
-            return
-        deviation_s = seconds - self._overhead_s
-        self._overhead_variance += self.alpha * (deviation_s**2 - self._overhead_variance)
-        self._overhead_weight += self.alpha * (1.0 - self._overhead_weight)
-        self._overhead_s += self.alpha * deviation_s
+    def observe_cycle(self, batch_size: int, seconds: float) -> None:
+        """Record how long a batch held the model as the event loop saw it: from being
+        taken to its end being seen there (model time and hand-off together).
+
+        The excess over the fit counts for at most what the outlier cap allows."""
+        predicted_s = self.seconds_for(batch_size)
+        cap_s = (self.max_outlier_ratio - 1) * predicted_s + OUTLIER_SLACK_S
+        self._excesses_s.append(min(max(0.0, seconds - predicted_s), cap_s))
 
     @property
-    def overhead_s(self) -> float:
-        """The recent hand-off time a batch (0 until one was observed)."""
-        return self._overhead_s or 0.0
-
-    @property
-    def overhead_spread_s(self) -> float:
-        """How far recent hand-offs fell from ``overhead_s`` (root mean square)."""
-        return _unbiased_root(self._overhead_variance, self._overhead_weight)
+    def excess_s(self) -> float:
+        """The most a recent batch held the model past the fit (0 before any was seen)."""
+        return max(self._excesses_s, default=0.0)
 
     @property
     def spread_s(self) -> float:
         """How far recent batches fell from the fit: the root mean square of their errors
         (weighted as the fit is; 0 until warm)."""
-        return _unbiased_root(self._squared_error, self._error_weight)
+        return math.sqrt(self._squared_error)
 
     @property
     def has_slope(self) -> bool:
@@ -128,17 +123,14 @@ class BatchTimeModel:
         """Time until an input with ``num_ahead`` inputs queued before it has its result.
 
         It waits out the batch running now (``running_size`` inputs, started
-        ``running_for_s`` ago; 0: none), then every full batch ahead of it and its own.
-        Each batch counts its hand-off (``overhead_s``) and the spreads of both beyond the
-        fit: admission goes by this prediction, and an admitted input should not miss its
-        deadline because the batches ahead ran a little slower than their mean.
+        ``running_for_s`` ago; 0: none), then every full batch ahead of it and its own,
+        each counted ``excess_s`` longer than the fit.
         """
-        margin_s = self.overhead_s + self.overhead_spread_s + self.spread_s
         num_batches = math.ceil((num_ahead + 1) / max(1, cap))
-        queued_s = num_batches * (self.seconds_for(cap) + margin_s)
+        queued_s = num_batches * (self.seconds_for(cap) + self.excess_s)
         if running_size < 1:
             return queued_s
-        running_s = self.seconds_for(running_size) + margin_s
+        running_s = self.seconds_for(running_size) + self.excess_s
         return queued_s + max(0.0, running_s - running_for_s)
 
     def drain_time_s(self, num_queued: int, cap: int) -> float:
@@ -149,8 +141,3 @@ class BatchTimeModel:
         """Inputs per second at full batches (0 when unknown)."""
         seconds = self.seconds_for(cap)
         return cap / seconds if seconds > 0 else 0.0
-
-
-def _unbiased_root(mean_square: float, weight: float) -> float:
-    """The root of an average started from 0, scaled by the weight it has seen (0: none)."""
-    return math.sqrt(mean_square / weight) if weight > 0 else 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor.batching.governor import BatchSizeGovernor
-from conveyor.batching.timing import BatchTimeModel
+from conveyor.batching.timing import EXCESS_WINDOW, BatchTimeModel
 
 
 def test_governor_halves_then_probes_back_up() -> None:
@@ -139,52 +139,39 @@ def test_predicted_wait_adds_what_is_left_of_the_running_batch(
     assert wait_s == pytest.approx(queued_s + left_s, rel=0.01)
 
 
-def test_predicted_wait_counts_each_batch_a_spread_longer() -> None:
-    """Batches that run +-10 ms around the fit: each one waited for counts 10 ms longer."""
-    model = BatchTimeModel(alpha=0.1)
-    for index in range(200):
-        model.observe(4, 0.100 + (0.010 if index % 2 else -0.010))
-    assert model.spread_s == pytest.approx(0.010, rel=0.1)
-    assert model.predicted_wait_s(7, cap=4) == pytest.approx(2 * (0.100 + 0.010), rel=0.02)
-    wait_s = model.predicted_wait_s(7, cap=4, running_size=4, running_for_s=0.0)
-    assert wait_s == pytest.approx(3 * (0.100 + 0.010), rel=0.02)
-
-
-def test_predicted_wait_counts_each_batch_with_its_hand_off() -> None:
-    """Time between batches (the loop seeing one end, taking the next) counts per batch."""
+def test_each_batch_counts_the_most_a_recent_one_ran_past_the_fit() -> None:
+    """Batches the loop saw end 1, 5 and 2 ms past the fit: each one waited for counts 5."""
     model = _linear_model()
-    for _ in range(100):
-        model.observe_overhead(0.030)
-    assert model.overhead_s == pytest.approx(0.030)
-    per_batch_s = 0.020 + 0.001 * 100 + 0.030
+    for excess_s in (0.001, 0.005, 0.002):
+        model.observe_cycle(100, 0.020 + 0.001 * 100 + excess_s)
+    assert model.excess_s == pytest.approx(0.005)
+    per_batch_s = 0.020 + 0.001 * 100 + 0.005
     assert model.predicted_wait_s(150, cap=100) == pytest.approx(2 * per_batch_s, rel=0.01)
     wait_s = model.predicted_wait_s(150, cap=100, running_size=100, running_for_s=0.0)
     assert wait_s == pytest.approx(3 * per_batch_s, rel=0.01)
 
 
-def test_a_hand_off_that_varies_counts_its_spread_too() -> None:
-    """Hand-offs of 1 or 5 ms: each batch waited for counts their mean (3 ms) and spread
-    (2 ms), so the sum over many batches stays above what they took."""
+def test_a_slow_batch_is_forgotten_after_the_window() -> None:
+    """The excess is the most of the last EXCESS_WINDOW batches, never one faster than the fit."""
     model = _linear_model()
-    for index in range(200):
-        model.observe_overhead(0.005 if index % 2 else 0.001)
-    assert model.overhead_s == pytest.approx(0.003, rel=0.1)
-    assert model.overhead_spread_s == pytest.approx(0.002, rel=0.15)
-    per_batch_s = 0.020 + 0.001 * 100 + 0.003 + 0.002
-    assert model.predicted_wait_s(150, cap=100) == pytest.approx(2 * per_batch_s, rel=0.01)
+    model.observe_cycle(10, 0.030 + 0.008)
+    for _ in range(EXCESS_WINDOW - 1):
+        model.observe_cycle(10, 0.030 + 0.001)
+    assert model.excess_s == pytest.approx(0.008)
+    model.observe_cycle(10, 0.020)  # faster than the fit: no excess, and the 8 ms leaves
+    assert model.excess_s == pytest.approx(0.001)
 
 
-def test_spreads_are_known_from_the_first_errors_not_grown_into() -> None:
-    """A spread is an average started from nothing, so it is scaled by the weight seen so
-    far: the first batches after warm-up, which admission already trusts, count in full."""
-    model = BatchTimeModel(alpha=0.1, min_observations=3)
-    for _ in range(3):
-        model.observe(4, 0.100)
-    model.observe(4, 0.110)  # the first error against the fit: 10 ms
-    assert model.spread_s == pytest.approx(0.010)
-    model.observe_overhead(0.002)
-    model.observe_overhead(0.004)  # the first deviation from the mean hand-off: 2 ms
-    assert model.overhead_spread_s == pytest.approx(0.002)
+def test_one_stalled_batch_counts_no_more_than_an_outlier() -> None:
+    """A loop frozen for 35 s behind a 30 ms batch: it counts as 4 x 30 ms + 10 ms at most."""
+    model = _linear_model()
+    model.observe_cycle(10, 35.0)
+    assert model.excess_s == pytest.approx(3 * 0.030 + 0.010, rel=0.01)
+
+
+def test_an_unobserved_model_has_no_excess() -> None:
+    """Before any batch was seen on the loop, batches count as the fit says."""
+    assert BatchTimeModel().excess_s == 0.0
 
 
 @pytest.mark.parametrize(
