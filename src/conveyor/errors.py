@@ -69,6 +69,13 @@ class InputRejected(InvalidRequest):
     default_code = "input_rejected"
 
 
+class DeadlineTooShort(InvalidRequest):
+    """The request's own work outlasts its deadline on this model whatever the load (a
+    prompt's prefill alone): 400, since retrying it as it is can never succeed."""
+
+    default_code = "deadline_too_short"
+
+
 class RequestTooLarge(ConveyorError):
     """The request body is larger than ``max_request_bytes``: 413."""
 

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import Server
+from tests.overload import burst, statuses
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +47,35 @@ def test_queue_full_gets_429_with_computed_retry_after(server_factory) -> None:
         server.metric("conveyor_requests_total", model="slow", outcome="rejected_queue_full") >= 1
     )
     assert post(server, "after the storm", timeout=30).status_code == 200
+
+
+# Ten times what the model serves: batches of 4 inputs every 200 ms are 20 inputs/s.
+OVERLOAD_MODEL = {"max_batch_size": 4, "batch_latency_ms": 200, "max_queue": 2048}
+OVERLOAD_RATE_PER_S = 200
+OVERLOAD_REQUESTS = 400  # two seconds of it
+OVERLOAD_TIMEOUT_MS = 2000  # ten batches: the queue a request can wait through
+
+
+def test_ten_times_capacity_is_refused_with_429s_and_never_a_5xx(server_factory) -> None:
+    """Refusals for the load are 429s with Retry-After; every admitted request meets its
+    deadline, so nothing is a 504 (or any 5xx)."""
+    server: Server = server_factory(slow_model(**OVERLOAD_MODEL))
+    # The model learns its batch time from its first three batches (until then it admits
+    # up to the queue bound): one request each.
+    for index in range(3):
+        assert post(server, f"warm-up {index}", timeout=30).status_code == 200
+    answers = burst(
+        f"{server.api}/embeddings", {"model": "slow", "input": "x"},
+        num_requests=OVERLOAD_REQUESTS, rate_per_s=OVERLOAD_RATE_PER_S,
+        timeout_ms=OVERLOAD_TIMEOUT_MS,
+    )  # fmt: skip
+    counts = statuses(answers)
+    assert set(counts) == {200, 429}, counts
+    assert counts[200] >= 20, counts  # the model kept serving at its rate meanwhile
+    refused = [answer for answer in answers if answer.status == 429]
+    assert {answer.code for answer in refused} <= {"deadline_unreachable", "queue_full"}
+    assert all(int(answer.retry_after or 0) >= 1 for answer in refused)
+    assert server.metric("conveyor_requests_total", model="slow", outcome="deadline") == 0
 
 
 BLOCKER_MS = 2000  # the blocker holds the model this long: a window, not a guess at order

@@ -95,6 +95,10 @@ class Batcher:
         self._is_stopping = False
         self._last_online_at = -math.inf
         self.num_running = 0
+        # The batch running now and when it was taken, on the monotonic clock: uvloop's
+        # loop time is read once per loop turn, and under a flood a turn is milliseconds.
+        self._running: list[WorkItem] | None = None
+        self._running_since = 0.0
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -125,7 +129,9 @@ class Batcher:
     def submit(
         self, payload: Any, num_tokens: int, priority: Priority, deadline: float
     ) -> WorkItem:
-        """Admit one input or raise at once (429 queue full, 504 cannot meet deadline).
+        """Admit one input or raise at once: 429 when the queue is full or when the
+        predicted wait would pass the deadline (both are load; an admitted input that
+        then misses its deadline is the 504).
 
         ``deadline`` is on the event loop's clock (``loop.time()``).
         """
@@ -141,12 +147,7 @@ class Batcher:
                 retry_after_s=self.retry_after_s(cap),
             )
         if self.timing.is_warm and not self.is_idle:
-            wait_s = self.timing.predicted_wait_s(self.queue.num_ahead_of(priority), cap)
-            if now + wait_s > deadline:
-                raise DeadlineExceeded(
-                    f"predicted wait {wait_s * 1000:.0f} ms exceeds the request deadline",
-                    code="deadline_unreachable",
-                )
+            self._refuse_if_late(priority, cap, now, deadline)
         item = WorkItem(payload, num_tokens, priority, now, deadline, loop.create_future())
         self.queue.put(item)
         if priority is Priority.ONLINE:
@@ -163,6 +164,23 @@ class Batcher:
         An idle model admits every input; only its own deadline timer can still fail it.
         """
         return self.num_running == 0 and self.queue.num_queued == 0
+
+    def _refuse_if_late(self, priority: Priority, cap: int, now: float, deadline: float) -> None:
+        """429 when the predicted wait (the running batch, then the queue ahead) passes
+        ``deadline``: the model is over capacity for this deadline, so a retry once the
+        queue has drained can succeed."""
+        wait_s = self.timing.predicted_wait_s(
+            self.queue.num_ahead_of(priority), cap,
+            running_size=self.num_running, running_for_s=time.monotonic() - self._running_since,
+        )  # fmt: skip
+        if now + wait_s > deadline:
+            raise QueueFull(
+                f"model {self.name!r} is over capacity: the predicted wait "
+                f"({wait_s * 1000:.0f} ms) exceeds the request's deadline "
+                f"({max(0.0, deadline - now) * 1000:.0f} ms left)",
+                retry_after_s=self.retry_after_s(cap),
+                code="deadline_unreachable",
+            )
 
     def abandon(self, item: WorkItem) -> None:
         """The caller left: drop the input if it has not run yet."""
@@ -198,11 +216,17 @@ class Batcher:
             except Exception as exc:  # the executor itself failed: fail the batch, keep going
                 log.exception("batch failed outside the model")
                 outcome = _Outcome([exc] * len(batch), None)
+            self._note_cycle(batch, outcome)
             pending = None
             ready = None if self._is_stopping else self._take_if_ready()
             if ready is not None:
                 pending = (ready, self._launch(ready))
             self._deliver(batch, outcome)
+
+    def _note_cycle(self, batch: list[WorkItem], outcome: _Outcome) -> None:
+        """Teach the timing model how long the batch held the model as the loop saw it."""
+        if outcome.model_s is not None:
+            self.timing.observe_cycle(len(batch), time.monotonic() - self._running_since)
 
     async def _next_batch(self) -> list[WorkItem] | None:
         """The next batch once one should close; None when stopping."""
@@ -261,6 +285,8 @@ class Batcher:
             m.queue_wait_s.observe(now - item.enqueued_at)
         batch_taken(batch, now)
         self.num_running = len(batch)
+        self._running = batch
+        self._running_since = time.monotonic()
         m.in_flight.set(len(batch))
         self._gauge_queue()
 
@@ -292,7 +318,9 @@ class Batcher:
             self.metrics.model_s.observe(model_s)
             self.metrics.inputs_processed.inc(len(batch))
             self.metrics.service_rate.set(self.timing.service_rate(self.settings.max_batch_size))
-        if self.num_running == len(batch):
+        # The next batch may already run (it starts before this one's results go out).
+        if self._running is batch:
+            self._running = None
             self.num_running = 0
             self.metrics.in_flight.set(0)
         batch_done(self.name, batch, model_s or 0.0, self._require_loop().time())

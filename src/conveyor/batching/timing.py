@@ -12,17 +12,29 @@ The model also keeps how far recent batches fell from the fit (`spread_s`, the r
 square of their errors): batches of one size differ by what is in them (longer texts) and
 by what else the machine runs, and a caller sizing batches for a latency bound leaves
 room for that.
+
+For admission it also keeps the most that any of the last ``EXCESS_WINDOW`` batches held
+the model past the fit, as the event loop saw them (`excess_s`): a batch's end reaches
+the loop, and the next batch starts, only when the loop gets to it, and under a flood of
+requests that adds milliseconds a batch that the model's own time does not show. A
+recent maximum, not an average: an average learnt while idle lags a flood's first
+seconds, and every batch ahead that runs longer than predicted moves an admitted input
+towards a 504, while counting a batch a little long only refuses a few more inputs.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 # Added to the outlier cap so a model whose batches take ~0 s can still learn it slowed down.
 OUTLIER_SLACK_S = 0.01
 # Below this weighted variance of batch sizes (relative to the mean size squared, so float
 # rounding cannot pass for spread), every batch had the same size: no slope can be fitted.
 MIN_SIZE_VARIANCE_RATIO = 1e-6
+# Batches whose excess over the fit counts in ``excess_s``: enough to hold the slowest of
+# the last seconds of a flood, few enough that one stall is forgotten within a few seconds.
+EXCESS_WINDOW = 20
 
 
 class BatchTimeModel:
@@ -44,6 +56,7 @@ class BatchTimeModel:
         self._nn = 0.0
         self._nt = 0.0
         self._squared_error = 0.0
+        self._excesses_s: deque[float] = deque(maxlen=EXCESS_WINDOW)
 
     @property
     def is_warm(self) -> bool:
@@ -63,6 +76,20 @@ class BatchTimeModel:
         self._nn += w * (batch_size * batch_size - self._nn)
         self._nt += w * (batch_size * seconds - self._nt)
         self.num_observations += 1
+
+    def observe_cycle(self, batch_size: int, seconds: float) -> None:
+        """Record how long a batch held the model as the event loop saw it: from being
+        taken to its end being seen there (model time and hand-off together).
+
+        The excess over the fit counts for at most what the outlier cap allows."""
+        predicted_s = self.seconds_for(batch_size)
+        cap_s = (self.max_outlier_ratio - 1) * predicted_s + OUTLIER_SLACK_S
+        self._excesses_s.append(min(max(0.0, seconds - predicted_s), cap_s))
+
+    @property
+    def excess_s(self) -> float:
+        """The most a recent batch held the model past the fit (0 before any was seen)."""
+        return max(self._excesses_s, default=0.0)
 
     @property
     def spread_s(self) -> float:
@@ -90,10 +117,21 @@ class BatchTimeModel:
         intercept = max(0.0, self._t - slope * self._n)
         return intercept + slope * batch_size
 
-    def predicted_wait_s(self, num_ahead: int, cap: int) -> float:
-        """Time until an input with ``num_ahead`` inputs before it has its result."""
+    def predicted_wait_s(
+        self, num_ahead: int, cap: int, *, running_size: int = 0, running_for_s: float = 0.0
+    ) -> float:
+        """Time until an input with ``num_ahead`` inputs queued before it has its result.
+
+        It waits out the batch running now (``running_size`` inputs, started
+        ``running_for_s`` ago; 0: none), then every full batch ahead of it and its own,
+        each counted ``excess_s`` longer than the fit.
+        """
         num_batches = math.ceil((num_ahead + 1) / max(1, cap))
-        return num_batches * self.seconds_for(cap)
+        queued_s = num_batches * (self.seconds_for(cap) + self.excess_s)
+        if running_size < 1:
+            return queued_s
+        running_s = self.seconds_for(running_size) + self.excess_s
+        return queued_s + max(0.0, running_s - running_for_s)
 
     def drain_time_s(self, num_queued: int, cap: int) -> float:
         """Time to run the whole queue at full batches."""

@@ -8,6 +8,7 @@ builds one from a ``kind: generate`` config entry.
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,8 +76,9 @@ class HostedGenerator:
 
         Raises 429 when the waiting queue would exceed ``max_queue`` and 400 for a
         prompt the engine cannot run. ``params`` is one for all prompts or one per prompt.
-        The stream fails with 504 if no token has come
-        by the deadline (``timeout_ms``, default the model's).
+        The stream fails with 504 if no token has come by the deadline (``timeout_ms``,
+        default the model's), and with 400 at once for a prompt whose prefill alone
+        would outlast it (``prefill_time``).
         """
         if not prompts:
             raise InvalidRequest("at least one prompt is needed", param="prompt")
@@ -86,6 +88,8 @@ class HostedGenerator:
         if len(per_prompt) != len(prompts):
             raise ValueError("need one params for all prompts or one per prompt")
         groups = prefix_groups(base_id, prompts)
+        timeout_s = (timeout_ms or self.config.timeout_ms) / 1000
+        deadline_s = time.monotonic() + timeout_s
         try:
             requests = [
                 self.engine.new_request(
@@ -96,6 +100,7 @@ class HostedGenerator:
                     index=index,
                     prefix_group=groups[index],
                     adapter_id=0 if self.adapter is None else self.adapter.adapter_id,
+                    deadline_s=deadline_s,
                 )
                 for index, (ids, choice) in enumerate(zip(prompts, per_prompt, strict=True))
             ]
@@ -115,8 +120,7 @@ class HostedGenerator:
         except BaseException:
             stream.close()  # aborts the prompts that did get queued
             raise
-        deadline_s = (timeout_ms or self.config.timeout_ms) / 1000
-        stream.set_deadline(stream.loop.time() + deadline_s)
+        stream.set_deadline(stream.loop.time() + timeout_s)
         return stream
 
     def _check_queue(self, num_new: int) -> None:

@@ -35,6 +35,7 @@ from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
 from conveyor.engine.job_share import JobShare
 from conveyor.engine.null_metrics import null_generator_metrics
 from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
+from conveyor.engine.prefill_time import PrefillTime
 from conveyor.engine.prefix_digest import PrefixDigest
 from conveyor.engine.request import GenerationRequest
 from conveyor.engine.sampling import Sampler
@@ -115,6 +116,7 @@ class LLMEngine:
         self._entries: dict[str, _Entry] = {}
         self._next_arrival = 0
         self._mean_run_s = 0.0
+        self.prefill_time = PrefillTime()
         self._inbox = Inbox()
         self._spans = StepTracer(name)
         self._thread: threading.Thread | None = None
@@ -158,8 +160,10 @@ class LLMEngine:
         index: int = 0,
         prefix_group: str | None = None,
         adapter_id: int = 0,
+        deadline_s: float | None = None,
     ) -> GenerationRequest:
-        """Build a request for this engine; ValueError if it cannot run (too long, empty)."""
+        """Build a request (first token due by ``deadline_s``, monotonic); ValueError if it
+        cannot run (too long, empty)."""
         return GenerationRequest(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -173,6 +177,7 @@ class LLMEngine:
             prefix_group=prefix_group,
             adapter_id=adapter_id,
             origin=current_request(),
+            deadline_s=deadline_s,
         )
 
     def add_request(self, request: GenerationRequest, stream: GenerationStream) -> None:
@@ -252,6 +257,10 @@ class LLMEngine:
         """Hand a request to the scheduler; a refusal fails only that request."""
         request.seq.arrival = self._next_arrival
         self._next_arrival += 1
+        refusal = self.prefill_time.refusal(request.seq, self._scheduler, request.deadline_s)
+        if refusal is not None:
+            deliver_threadsafe([(stream, refusal)])
+            return
         try:
             if request.params.grammar is not None:
                 request.matcher = self.grammars.matcher(request.params.grammar)
@@ -306,6 +315,7 @@ class LLMEngine:
             self.stats.grammar_wait_s += pending.wait_s
         self.stats.num_steps += 1
         self._phases.count_run(ran_s - started_s, self._runner)
+        self.prefill_time.observe(output.num_batched_tokens, self.token_budget, ran_s - started_s)
         self._charge(output, chunks, ran_s - started_s)
         requests = [self._entries[item.seq.seq_id].request for item in output.scheduled]
         note_admissions(self.stats, self._metrics, output, requests)

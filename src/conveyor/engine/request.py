@@ -53,6 +53,8 @@ class GenerationRequest:
     adapter_id: int = 0
     # The HTTP request (or batch line) this came from: its trace gets the engine's spans.
     origin: RequestContext | None = None
+    # When its first token is due (``time.monotonic()``); None: no deadline.
+    deadline_s: float | None = None
     seq: Sequence = field(init=False)
     generator: torch.Generator | None = field(init=False)
     detokenizer: Detokenizer = field(init=False)

@@ -17,6 +17,10 @@ Policy, kept deliberately simple:
   free blocks allow.  So an online prompt takes the step's token budget before
   any batch-job prefill does.  A prompt longer than the remaining budget is
   prefilled in chunks over several steps.
+* Room for arrivals.  While a sequence of its class waits, running prefills
+  leave half of what is left of the step to admission (``ADMISSION_SHARE``),
+  and take back what admission did not use: a short request behind a long
+  prompt starts the next step, and the long prompt loses nothing to it.
 * Job share.  While online traffic is present, batch-job sequences take at most
   a capped number of a step's tokens (see ``job_share``): job decodes past the
   cap sit the step out keeping their blocks, job prefills are chunked to fit, so
@@ -45,13 +49,16 @@ from dataclasses import dataclass
 
 from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.job_share import JobShare
-from conveyor.engine.sequence import Sequence, SequenceStatus, check_token_id
+from conveyor.engine.sequence import Sequence, SequenceStatus
 from conveyor.engine.siblings import waits_for_sibling
-from conveyor.engine.step_plan import ScheduledSeq, SchedulerOutput, StepPlan
+from conveyor.engine.step_plan import ScheduledSeq, SchedulerOutput, StepPlan, check_sampled
 from conveyor.priority import Priority
 
 # Steps in a row that batch-job sequences may sit out while online prompts are prefilled.
 MAX_BATCH_PAUSE_STEPS = 8
+# What running prefills leave to admission while one of their class waits: a long arrival
+# starts at once with a chunk like theirs, and beside a stream of arrivals they keep half.
+ADMISSION_SHARE = 0.5
 
 
 def _order_key(seq: Sequence) -> tuple[int, int]:
@@ -233,14 +240,25 @@ class Scheduler:
             if seq.status is SequenceStatus.RUNNING and is_decode and seq.priority in classes:
                 self._schedule_running(seq, plan)
         for priority in classes:
-            for seq in list(self._running):
-                is_prefill = seq.num_uncomputed_tokens > 1
-                if seq.status is SequenceStatus.RUNNING and is_prefill and seq.priority is priority:
-                    self._schedule_running(seq, plan)
-            if not plan.is_short:
-                self._admit_waiting(plan, priority)
+            self._schedule_class(plan, priority)
         self._pending = plan.to_output()
         return self._pending
+
+    def _schedule_class(self, plan: StepPlan, priority: Priority) -> None:
+        """Running prefills of ``priority``, then its waiting sequences (see "Room for
+        arrivals" in the module docstring)."""
+        prefills = [
+            s for s in self._running if s.num_uncomputed_tokens > 1 and s.priority is priority
+        ]
+        is_waiting = bool(self._waiting) and self._waiting[0].priority is priority
+        held = int(plan.room_for(priority) * ADMISSION_SHARE) if is_waiting else 0
+        for seq in prefills:
+            if seq.status is SequenceStatus.RUNNING:
+                self._schedule_running(seq, plan, held)
+        if not plan.is_short:
+            self._admit_waiting(plan, priority)
+        for seq in prefills:
+            self._top_up(seq, plan)
 
     def _classes_this_step(self) -> tuple[Priority, ...]:
         """The priority classes this step serves.
@@ -283,9 +301,10 @@ class Scheduler:
             for seq in self._running
         )
 
-    def _schedule_running(self, seq: Sequence, plan: StepPlan) -> None:
-        """Give a running sequence its next chunk, preempting others for blocks."""
-        if plan.room_for(seq.priority) == 0:
+    def _schedule_running(self, seq: Sequence, plan: StepPlan, held: int = 0) -> None:
+        """Give a running sequence its next chunk, preempting others for blocks; it leaves
+        ``held`` of the step's tokens to admission."""
+        if plan.room_for(seq.priority) - held <= 0:
             return
         while (room := self._block_manager.num_appendable_tokens(seq)) < 1:
             victim = self._running[-1]
@@ -294,9 +313,21 @@ class Scheduler:
             if victim is seq:
                 return
         # A prefill squeezed for blocks takes a shorter chunk instead of preempting.
-        num_new = min(seq.num_uncomputed_tokens, plan.room_for(seq.priority), room)
+        num_new = min(seq.num_uncomputed_tokens, plan.room_for(seq.priority) - held, room)
         self._block_manager.append(seq, num_new)
         plan.add(ScheduledSeq(seq, num_new))
+
+    def _top_up(self, seq: Sequence, plan: StepPlan) -> None:
+        """Give a running prefill the step's tokens that admission left, as free blocks
+        allow (nobody is preempted for them)."""
+        if seq.status is not SequenceStatus.RUNNING:  # preempted for an online arrival
+            return
+        granted = plan.num_new_tokens(seq)
+        appendable = self._block_manager.num_appendable_tokens(seq)
+        total = min(seq.num_uncomputed_tokens, granted + plan.room_for(seq.priority), appendable)
+        if total > granted:
+            self._block_manager.append(seq, total)
+            plan.add(ScheduledSeq(seq, total))
 
     def _preempt(self, victim: Sequence, plan: StepPlan) -> None:
         """Free a running sequence's blocks and requeue it at its arrival position."""
@@ -394,7 +425,7 @@ class Scheduler:
         if output is not self._pending:
             raise ValueError("output is not the latest schedule() result, or was postprocessed")
         live = [item for item in output.scheduled if self._is_running(item.seq)]
-        self._check_sampled(output, live, sampled)
+        check_sampled(output, live, sampled)
         self._pending = None
         capped: list[Sequence] = []
         for item in live:
@@ -411,21 +442,3 @@ class Scheduler:
     def _is_running(self, seq: Sequence) -> bool:
         """Whether ``seq`` itself (not a namesake) is still running."""
         return self._by_id.get(seq.seq_id) is seq and seq.status is SequenceStatus.RUNNING
-
-    @staticmethod
-    def _check_sampled(
-        output: SchedulerOutput, live: list[ScheduledSeq], sampled: dict[str, int]
-    ) -> None:
-        """Every live sampling sequence has a valid token; no token lacks one."""
-        expected = {item.seq.seq_id for item in live if item.needs_logits}
-        gone = {item.seq.seq_id for item in output.scheduled} - {i.seq.seq_id for i in live}
-        missing = expected - sampled.keys()
-        if missing:
-            raise ValueError(f"no sampled token for {sorted(missing)}")
-        unexpected = sampled.keys() - expected - gone
-        if unexpected:
-            raise ValueError(
-                f"sampled tokens for sequences that did not sample: {sorted(unexpected)}"
-            )
-        for seq_id in expected:
-            check_token_id(seq_id, sampled[seq_id])

@@ -1,13 +1,14 @@
 """One step's plan: which sequences compute how many tokens, and who was preempted for it.
 
-Plain records the scheduler fills (``StepPlan``) and hands out (``SchedulerOutput``).
+Plain records the scheduler fills (``StepPlan``) and hands out (``SchedulerOutput``), and
+the check of a finished step's sampled tokens against its plan (``check_sampled``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conveyor.engine.sequence import Sequence
+from conveyor.engine.sequence import Sequence, check_token_id
 from conveyor.engine.step import SeqChunk
 from conveyor.priority import Priority
 
@@ -104,8 +105,17 @@ class StepPlan:
             return self.budget_left
         return min(self.budget_left, self.job_budget_left)
 
+    def num_new_tokens(self, seq: Sequence) -> int:
+        """Tokens ``seq`` computes in this step so far (0: not scheduled)."""
+        scheduled = self.scheduled.get(seq.seq_id)
+        return 0 if scheduled is None else scheduled.num_new_tokens
+
     def add(self, scheduled: ScheduledSeq) -> None:
-        """Schedule a sequence and charge its tokens to the budget."""
+        """Schedule a sequence, or give a scheduled one a new chunk in its place in the
+        step, and charge its tokens to the budget."""
+        previous = self.scheduled.get(scheduled.seq.seq_id)
+        if previous is not None:
+            self._charge(previous, -previous.num_new_tokens)
         self.scheduled[scheduled.seq.seq_id] = scheduled
         self._charge(scheduled, scheduled.num_new_tokens)
 
@@ -127,3 +137,19 @@ class StepPlan:
         return SchedulerOutput(
             list(self.scheduled.values()), self.preempted, self.num_batched_tokens
         )
+
+
+def check_sampled(
+    output: SchedulerOutput, live: list[ScheduledSeq], sampled: dict[str, int]
+) -> None:
+    """Every live sampling sequence of ``output`` has a valid token; no token lacks one."""
+    expected = {item.seq.seq_id for item in live if item.needs_logits}
+    gone = {item.seq.seq_id for item in output.scheduled} - {i.seq.seq_id for i in live}
+    missing = expected - sampled.keys()
+    if missing:
+        raise ValueError(f"no sampled token for {sorted(missing)}")
+    unexpected = sampled.keys() - expected - gone
+    if unexpected:
+        raise ValueError(f"sampled tokens for sequences that did not sample: {sorted(unexpected)}")
+    for seq_id in expected:
+        check_token_id(seq_id, sampled[seq_id])

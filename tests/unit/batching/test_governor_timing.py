@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor.batching.governor import BatchSizeGovernor
-from conveyor.batching.timing import BatchTimeModel
+from conveyor.batching.timing import EXCESS_WINDOW, BatchTimeModel
 
 
 def test_governor_halves_then_probes_back_up() -> None:
@@ -121,6 +121,57 @@ def test_predicted_wait_counts_the_batch_the_new_input_rides_in(
     model = _linear_model()
     expected_s = num_batches * (0.020 + 0.001 * cap)
     assert model.predicted_wait_s(num_ahead, cap=cap) == pytest.approx(expected_s, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("running_size", "running_for_s", "left_s"),
+    [(0, 0.0, 0.0), (10, 0.0, 0.030), (10, 0.010, 0.020), (10, 0.5, 0.0)],
+)
+def test_predicted_wait_adds_what_is_left_of_the_running_batch(
+    running_size: int, running_for_s: float, left_s: float
+) -> None:
+    """Before the queue ahead, the input waits out the batch running now (never less than 0)."""
+    model = _linear_model()
+    queued_s = 2 * (0.020 + 0.001 * 100)  # 150 ahead in batches of 100: the 2nd batch
+    wait_s = model.predicted_wait_s(
+        150, cap=100, running_size=running_size, running_for_s=running_for_s
+    )
+    assert wait_s == pytest.approx(queued_s + left_s, rel=0.01)
+
+
+def test_each_batch_counts_the_most_a_recent_one_ran_past_the_fit() -> None:
+    """Batches the loop saw end 1, 5 and 2 ms past the fit: each one waited for counts 5."""
+    model = _linear_model()
+    for excess_s in (0.001, 0.005, 0.002):
+        model.observe_cycle(100, 0.020 + 0.001 * 100 + excess_s)
+    assert model.excess_s == pytest.approx(0.005)
+    per_batch_s = 0.020 + 0.001 * 100 + 0.005
+    assert model.predicted_wait_s(150, cap=100) == pytest.approx(2 * per_batch_s, rel=0.01)
+    wait_s = model.predicted_wait_s(150, cap=100, running_size=100, running_for_s=0.0)
+    assert wait_s == pytest.approx(3 * per_batch_s, rel=0.01)
+
+
+def test_a_slow_batch_is_forgotten_after_the_window() -> None:
+    """The excess is the most of the last EXCESS_WINDOW batches, never one faster than the fit."""
+    model = _linear_model()
+    model.observe_cycle(10, 0.030 + 0.008)
+    for _ in range(EXCESS_WINDOW - 1):
+        model.observe_cycle(10, 0.030 + 0.001)
+    assert model.excess_s == pytest.approx(0.008)
+    model.observe_cycle(10, 0.020)  # faster than the fit: no excess, and the 8 ms leaves
+    assert model.excess_s == pytest.approx(0.001)
+
+
+def test_one_stalled_batch_counts_no_more_than_an_outlier() -> None:
+    """A loop frozen for 35 s behind a 30 ms batch: it counts as 4 x 30 ms + 10 ms at most."""
+    model = _linear_model()
+    model.observe_cycle(10, 35.0)
+    assert model.excess_s == pytest.approx(3 * 0.030 + 0.010, rel=0.01)
+
+
+def test_an_unobserved_model_has_no_excess() -> None:
+    """Before any batch was seen on the loop, batches count as the fit says."""
+    assert BatchTimeModel().excess_s == 0.0
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,13 @@ from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.llm_engine import LLMEngine
 from conveyor.engine.model_runner import ModelRunner, StepOutOfMemory
 from conveyor.engine.outputs import FinishReason
+from conveyor.engine.prefill_time import PrefillTime
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.step import SeqChunk
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import (
     DeadlineExceeded,
+    DeadlineTooShort,
     ModelFault,
     ModelOutOfMemory,
     QueueFull,
@@ -243,12 +245,14 @@ async def test_idle_engine_waits_without_stepping(llama_path: Path) -> None:
         assert engine.stats.num_steps == steps
 
 
-def hosted(path: Path, *, max_queue: int, timeout_ms: float = 30_000) -> HostedGenerator:
+def hosted(
+    path: Path, *, max_queue: int, timeout_ms: float = 30_000, **engine_overrides: int
+) -> HostedGenerator:
     """A hosted model whose engine is NOT started: requests stay queued."""
     config = GenerateModelConfig(
         kind="generate", name="tiny", path=path, max_queue=max_queue, timeout_ms=timeout_ms
     )
-    engine_cfg = engine_config()
+    engine_cfg = engine_config(**engine_overrides)
     engine = LLMEngine(make_runner(path, engine_cfg), Tokenizer(path), engine_cfg)
     metrics = Metrics().for_generator("tiny")
     return HostedGenerator(config, engine, Tokenizer(path), metrics, VOCAB_SIZE, created_at=0)
@@ -292,6 +296,40 @@ async def test_no_first_token_by_the_deadline_is_504_and_aborts(llama_path: Path
     assert generator.engine.stats.num_generated_tokens == 0
     assert generator.engine.num_used_blocks == 0
     generator.stop()
+
+
+class FullStepsOfTwoSeconds(PrefillTime):
+    """Full 32-token steps measured at 2 s; the tiny model's own (fast) steps are not kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        super().observe(32, 32, 2.0)
+
+    def observe(self, num_tokens: int, budget: int, seconds: float) -> None:
+        """Keeps the 2 s steps: the test is about admission, not this machine's speed."""
+
+
+async def test_a_prompt_whose_prefill_alone_outlasts_its_deadline_is_refused_with_400(
+    llama_path: Path,
+) -> None:
+    """Three full steps (6 s at least) cannot meet a 1 s deadline: refused before it is
+    queued, whatever the load. The same prompt from the prefix cache, or a short one, can."""
+    generator = hosted(llama_path, max_queue=10, max_num_batched_tokens=32)
+    engine = generator.engine
+    engine.prefill_time = FullStepsOfTwoSeconds()
+    cached, uncached = random_prompts([100, 100], VOCAB_SIZE, seed=21)
+    engine.start()
+    try:
+        await collect(generator.submit([cached], GREEDY, timeout_ms=30_000))
+        with pytest.raises(DeadlineTooShort):
+            await collect(generator.submit([uncached], GREEDY, timeout_ms=1000))
+        again = await collect(generator.submit([cached], GREEDY, timeout_ms=1000))
+        short = await collect(generator.submit([PROMPT], GREEDY, timeout_ms=1000))
+        await wait_idle(engine)
+    finally:
+        generator.stop()
+    assert len(again.token_ids) == len(short.token_ids) == GREEDY.max_tokens
+    assert engine.stats.num_prompt_tokens == 2 * len(cached) + len(PROMPT)  # never queued
 
 
 async def test_an_engine_bug_fails_everything_and_refuses_new_work(

@@ -18,6 +18,7 @@ TORCH_FREE_MODULES = (
     "conveyor.engine.inbox",
     "conveyor.engine.lora.registry",
     "conveyor.engine.outputs",
+    "conveyor.engine.prefill_time",
     "conveyor.engine.sampling_params",
     "conveyor.engine.scheduler",
     "conveyor.engine.sequence",
