@@ -45,7 +45,8 @@ def outcome_of(status_code: int) -> str:
 
 CLOSE_REASONS = ("full", "tokens", "wait")
 # Why a generation request ended: OpenAI's finish reasons, a caller's abort, an engine error.
-FINISH_REASONS = ("stop", "length", "abort", "error")
+# "shed": refused while waiting (429), its seat predicted to come after its deadline.
+FINISH_REASONS = ("stop", "length", "abort", "error", "shed")
 # Where an engine step's time goes (see llm_engine.LLMEngine._step).
 STEP_PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
 LENGTH_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072 tokens

@@ -82,13 +82,15 @@ class HostedGenerator:
         """
         if not prompts:
             raise InvalidRequest("at least one prompt is needed", param="prompt")
+        timeout_s = (timeout_ms or self.config.timeout_ms) / 1000
         self._check_queue(len(prompts))
+        if priority is Priority.ONLINE:
+            self._check_wait(len(prompts), timeout_s)
         base_id = uuid.uuid4().hex
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else params
         if len(per_prompt) != len(prompts):
             raise ValueError("need one params for all prompts or one per prompt")
         groups = prefix_groups(base_id, prompts)
-        timeout_s = (timeout_ms or self.config.timeout_ms) / 1000
         deadline_s = time.monotonic() + timeout_s
         try:
             requests = [
@@ -139,6 +141,23 @@ class HostedGenerator:
                 f"model {self.config.name!r} queue is full ({num_waiting} requests waiting, "
                 f"at most {self.config.max_queue})",
                 retry_after_s=max(1, round(self.engine.estimated_drain_s())),
+            )
+
+    def _check_wait(self, num_new: int, timeout_s: float) -> None:
+        """429 when the seats measured to come free would not reach these in time.
+
+        Over capacity, not a timeout: admitted, they would wait out their deadline and get
+        504 (the wait behind the online requests already waiting, by the turnover the engine
+        measured while saturated; batch lines wait longer and are not refused by it).
+        """
+        wait_s = self.engine.predicted_online_wait_s(num_new)
+        if wait_s is not None and wait_s > timeout_s:
+            raise QueueFull(
+                f"model {self.config.name!r} is over capacity: the predicted wait for a seat "
+                f"({wait_s * 1000:.0f} ms) exceeds the request's deadline "
+                f"({timeout_s * 1000:.0f} ms)",
+                retry_after_s=max(1, round(self.engine.estimated_drain_s())),
+                code="deadline_unreachable",
             )
 
     def stop(self) -> None:

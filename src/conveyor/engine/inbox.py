@@ -46,6 +46,7 @@ class Inbox:
         self._commands: list[Command] = []
         self._num_pending_adds = 0
         self._num_waiting = 0
+        self._num_waiting_online = 0
         self._num_running = 0
         self._is_idle = True
         self._is_stopping = False
@@ -57,6 +58,13 @@ class Inbox:
         """Requests posted or waiting in the scheduler (as of the last publish)."""
         with self._wakeup:
             return self._num_pending_adds + self._num_waiting
+
+    @property
+    def num_waiting_online(self) -> int:
+        """Online requests an online arrival would queue behind: those waiting in the
+        scheduler, and every posted add not yet taken (its class is not counted apart)."""
+        with self._wakeup:
+            return self._num_pending_adds + self._num_waiting_online
 
     @property
     def num_running(self) -> int:
@@ -104,6 +112,7 @@ class Inbox:
             commands, self._commands = self._commands, []
             # Moved from "pending" to the scheduler's queue, so num_waiting stays whole.
             self._num_waiting += self._num_pending_adds
+            self._num_waiting_online += self._num_pending_adds
             self._num_pending_adds = 0
             return commands
 
@@ -114,10 +123,11 @@ class Inbox:
             self._num_pending_adds = 0
             return commands
 
-    def publish(self, *, num_waiting: int, num_running: int) -> None:
+    def publish(self, *, num_waiting: int, num_waiting_online: int, num_running: int) -> None:
         """Record the scheduler's queue sizes for callers to read."""
         with self._wakeup:
             self._num_waiting = num_waiting
+            self._num_waiting_online = num_waiting_online
             self._num_running = num_running
 
     def mark_idle(self) -> None:

@@ -42,6 +42,7 @@ from conveyor.engine.sampling import Sampler
 from conveyor.engine.sampling_mask import MaskComputer
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.scheduler import Scheduler
+from conveyor.engine.seat_turnover import SeatTurnover, late_ones
 from conveyor.engine.step import SeqChunk, StepExecutor
 from conveyor.engine.step_plan import SchedulerOutput
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe
@@ -51,6 +52,7 @@ from conveyor.errors import (
     InvalidRequest,
     ModelFault,
     ModelOutOfMemory,
+    QueueFull,
     ServiceUnavailable,
 )
 from conveyor.metrics import GeneratorMetrics
@@ -66,6 +68,8 @@ log = logging.getLogger(__name__)
 
 # Weight of the newest finished request in the running mean of request run time.
 _RUN_TIME_SMOOTHING = 0.1
+# How often waiting requests are checked against their deadlines (``_shed_late``).
+SHED_EVERY_S = 0.025
 
 
 @dataclass(slots=True)
@@ -117,6 +121,8 @@ class LLMEngine:
         self._next_arrival = 0
         self._mean_run_s = 0.0
         self.prefill_time = PrefillTime()
+        self.turnover = SeatTurnover()
+        self._next_shed_s = 0.0
         self._inbox = Inbox()
         self._spans = StepTracer(name)
         self._thread: threading.Thread | None = None
@@ -192,8 +198,16 @@ class LLMEngine:
 
     def estimated_drain_s(self) -> float:
         """Rough seconds until the requests waiting now have all been admitted."""
+        interval_s = self.turnover.mean_interval_s
+        if interval_s is not None:  # measured while saturated: seats come free this fast
+            return self.num_waiting * interval_s
         seats = self.config.max_num_seqs
         return math.ceil(self.num_waiting / seats) * max(self._mean_run_s, 0.1)
+
+    def predicted_online_wait_s(self, num_new: int) -> float | None:
+        """Seconds until the last of ``num_new`` online arrivals would get a seat, by the
+        measured turnover (None before it is measured)."""
+        return self.turnover.predicted_wait_s(self._inbox.num_waiting_online + num_new - 1)
 
     def wait_until_idle(self, timeout_s: float | None = None) -> bool:
         """Block until no request is queued or unfinished; False on timeout.
@@ -236,6 +250,7 @@ class LLMEngine:
                     self._step()
                 started_s = time.perf_counter()
                 self._publish()
+                self._shed_late()
                 self._phases.count("postprocess", time.perf_counter() - started_s)
         except Exception:
             log.exception("engine %s crashed", self.name)
@@ -272,6 +287,31 @@ class LLMEngine:
         self._spans.queued(request.request_id, request.origin, request.arrival_s)
         self.stats.num_prompt_tokens += len(request.prompt_token_ids)
         self._metrics.prompt_tokens.inc(len(request.prompt_token_ids))
+
+    def _shed_late(self) -> None:
+        """Refuse (429) waiting online requests whose seat, at the measured turnover, would
+        come after their first-token deadline: over capacity, said before the deadline
+        passes, rather than a 504 at it. Checked at most every ``SHED_EVERY_S``."""
+        now_s = time.monotonic()
+        interval_s = self.turnover.mean_interval_s
+        if interval_s is None or now_s < self._next_shed_s:
+            return
+        self._next_shed_s = now_s + SHED_EVERY_S
+        waiting = [self._entries[seq.seq_id].request for seq in self._scheduler.waiting_online()]
+        deadlines = [r.deadline_s if r.first_token_s is None else None for r in waiting]
+        deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = []
+        for index in late_ones(deadlines, now_s, interval_s):
+            request_id = waiting[index].request_id
+            self._scheduler.abort(request_id)
+            refusal = QueueFull(
+                f"model {self.name!r} is over capacity: this request would get a seat only "
+                "after its deadline", retry_after_s=max(1, round(self.estimated_drain_s())),
+                code="deadline_unreachable",
+            )  # fmt: skip
+            deliveries.append((self._entries.pop(request_id).stream, refusal))
+        if deliveries:
+            self._metrics.finished["shed"].inc(len(deliveries))
+            deliver_threadsafe(deliveries)
 
     def _abort_now(self, request_id: str) -> None:
         """Free an aborted request's blocks (it may have finished meanwhile)."""
@@ -409,6 +449,7 @@ class LLMEngine:
         request = entry.request
         del self._entries[request.request_id]
         self._scheduler.finish(request.request_id)
+        self.turnover.on_finish(time.monotonic(), self._scheduler.num_waiting)
         self.stats.num_finished += 1
         record_finish(self._metrics, request)
         if request.first_token_s is not None and request.finished_s is not None:
@@ -450,7 +491,12 @@ class LLMEngine:
         stats = self.stats
         stats.max_num_used_blocks = max(stats.max_num_used_blocks, manager.num_used_blocks)
         stats.max_num_running = max(stats.max_num_running, scheduler.num_running)
-        self._inbox.publish(num_waiting=scheduler.num_waiting, num_running=scheduler.num_running)
+        self._inbox.publish(
+            num_waiting=scheduler.num_waiting,
+            num_waiting_online=scheduler.num_waiting_online,
+            num_running=scheduler.num_running,
+        )
+        self.turnover.on_queue(scheduler.num_waiting)
         metrics = self._metrics
         metrics.running.set(scheduler.num_running)
         metrics.waiting.set(scheduler.num_waiting)

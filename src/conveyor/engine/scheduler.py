@@ -147,6 +147,16 @@ class Scheduler:
         return len(self._waiting)
 
     @property
+    def num_waiting_online(self) -> int:
+        """Online sequences waiting for admission (the queue holds online ones first)."""
+        after_online = (int(Priority.ONLINE) + 1, -1)
+        return bisect.bisect_left(self._waiting, after_online, key=_order_key)
+
+    def waiting_online(self) -> list[Sequence]:
+        """The online sequences waiting for admission, in the order they will be admitted."""
+        return self._waiting[: self.num_waiting_online]
+
+    @property
     def num_running(self) -> int:
         """Sequences holding KV-cache blocks."""
         return len(self._running)

@@ -16,12 +16,12 @@ def test_adds_count_as_waiting_from_post_until_the_scheduler_reports() -> None:
     inbox = Inbox()
     assert inbox.post(_add("a")) and inbox.post(_add("b"))
     assert inbox.post(AbortCommand("a"))
-    assert inbox.num_waiting == 2
+    assert inbox.num_waiting == inbox.num_waiting_online == 2  # an add's class is not known
     commands = inbox.take(has_work=False)
     assert commands is not None and len(commands) == 3
-    assert inbox.num_waiting == 2  # handed to the scheduler, still waiting
-    inbox.publish(num_waiting=0, num_running=2)
-    assert (inbox.num_waiting, inbox.num_running) == (0, 2)
+    assert inbox.num_waiting == inbox.num_waiting_online == 2  # handed over, still waiting
+    inbox.publish(num_waiting=3, num_waiting_online=1, num_running=2)
+    assert (inbox.num_waiting, inbox.num_waiting_online, inbox.num_running) == (3, 1, 2)
 
 
 def test_take_returns_at_once_when_the_scheduler_has_work() -> None:

@@ -18,6 +18,7 @@ from conveyor.engine.model_runner import ModelRunner, StepOutOfMemory
 from conveyor.engine.outputs import FinishReason
 from conveyor.engine.prefill_time import PrefillTime
 from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.seat_turnover import SeatTurnover
 from conveyor.engine.step import SeqChunk
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import (
@@ -29,6 +30,7 @@ from conveyor.errors import (
     ServiceUnavailable,
 )
 from conveyor.metrics import STEP_PHASES, Metrics
+from conveyor.priority import Priority
 from tests.unit.model_helpers import (
     GREEDY,
     HFReference,
@@ -296,6 +298,61 @@ async def test_no_first_token_by_the_deadline_is_504_and_aborts(llama_path: Path
     assert generator.engine.stats.num_generated_tokens == 0
     assert generator.engine.num_used_blocks == 0
     generator.stop()
+
+
+class FixedTurnover(SeatTurnover):
+    """Seats measured to come free every ``interval_s``; the tiny model's own finishes are
+    not kept (the tests are about admission, not this machine's speed)."""
+
+    def __init__(self, interval_s: float | None) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+
+    @property
+    def mean_interval_s(self) -> float | None:
+        return self.interval_s
+
+    def predicted_wait_s(self, num_ahead: int) -> float | None:
+        return None if self.interval_s is None else (num_ahead + 1) * self.interval_s
+
+    def on_finish(self, now_s: float, num_waiting: int) -> None:
+        """Kept fixed."""
+
+
+async def test_an_online_request_whose_seat_would_come_too_late_is_429(llama_path: Path) -> None:
+    generator = hosted(llama_path, max_queue=10)
+    generator.engine.turnover = FixedTurnover(1.0)  # a seat a second
+    for _ in range(3):
+        generator.submit([PROMPT], GREEDY, timeout_ms=30_000)
+    with pytest.raises(QueueFull) as caught:  # three ahead: a seat in 4 s, due in 2
+        generator.submit([PROMPT], GREEDY, timeout_ms=2000)
+    assert caught.value.code == "deadline_unreachable"
+    assert int(caught.value.headers()["Retry-After"]) >= 1
+    generator.submit([PROMPT], GREEDY, timeout_ms=5000)  # a seat in 4 s: in time
+    # A batch line is not refused by the wait (it waits behind online traffic anyway).
+    generator.submit([PROMPT], GREEDY, priority=Priority.BATCH, timeout_ms=2000)
+    generator.stop()
+
+
+async def test_a_waiting_request_is_shed_with_429_once_its_seat_would_come_too_late(
+    llama_path: Path,
+) -> None:
+    generator = hosted(llama_path, max_queue=10, max_num_seqs=1)
+    engine = generator.engine
+    engine.turnover = FixedTurnover(None)  # nothing measured yet: both are admitted
+    long = generator.submit([PROMPT], SamplingParams(max_tokens=100, ignore_eos=True))
+    late = generator.submit([PROMPT], GREEDY, timeout_ms=5000)
+    engine.turnover = FixedTurnover(100.0)  # then seats turn out to come free every 100 s
+    engine.start()
+    try:
+        with pytest.raises(QueueFull) as caught:
+            await collect(late)
+        assert caught.value.code == "deadline_unreachable"
+        assert len((await collect(long)).token_ids) == 100  # the running one is never shed
+        await wait_idle(engine)
+    finally:
+        generator.stop()
+    assert engine.num_used_blocks == 0
 
 
 class FullStepsOfTwoSeconds(PrefillTime):

@@ -543,6 +543,19 @@ def test_waiting_order_is_priority_then_arrival() -> None:
     assert [seq.seq_id for seq in harness.done] == ["o1", "o3", "b0", "b2"]
 
 
+def test_the_online_waiting_are_counted_and_listed_apart_from_batch_lines() -> None:
+    harness = make_harness(max_num_seqs=1)
+    for seq_id, priority in [("b0", 1), ("o1", 0), ("b2", 1), ("o3", 0), ("o4", 0)]:
+        harness.add(seq_id, [1], max_tokens=2, priority=Priority(priority))
+    scheduler = harness.scheduler
+    assert scheduler.num_waiting_online == 3
+    assert [seq.seq_id for seq in scheduler.waiting_online()] == ["o1", "o3", "o4"]
+    harness.step()  # o1 takes the one seat
+    assert [seq.seq_id for seq in scheduler.waiting_online()] == ["o3", "o4"]
+    harness.drain()
+    assert scheduler.num_waiting_online == 0 and scheduler.waiting_online() == []
+
+
 # -- prefix caching ---------------------------------------------------------------
 
 
