@@ -57,10 +57,51 @@ class TextFormatter(logging.Formatter):
         return f"{text} [{pairs}]"
 
 
+# uvicorn's warnings about one connection's bad bytes: anyone can send them, as fast as
+# they like, so each is logged at most once per PER_CONNECTION_WARNING_EVERY_S.
+PER_CONNECTION_WARNINGS = frozenset(
+    {"Invalid HTTP request received.", "Unsupported upgrade request."}
+)
+PER_CONNECTION_WARNING_EVERY_S = 60.0
+
+
+class RepeatLimit(logging.Filter):
+    """Lets a per-connection warning through once per interval, with how many were held
+    back since; every other record passes."""
+
+    def __init__(
+        self, every_s: float = PER_CONNECTION_WARNING_EVERY_S, clock: Any = time.monotonic
+    ) -> None:
+        super().__init__()
+        self._every_s = every_s
+        self._clock = clock
+        self._next_s: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a repeat inside the interval; the first after it names the count."""
+        message = record.getMessage()
+        if message not in PER_CONNECTION_WARNINGS:
+            return True
+        now_s = self._clock()
+        if now_s < self._next_s.get(message, 0.0):
+            self._held[message] = self._held.get(message, 0) + 1
+            return False
+        self._next_s[message] = now_s + self._every_s
+        held = self._held.pop(message, 0)
+        if held:
+            record.msg, record.args = f"{message} ({held} more held back)", ()
+        return True
+
+
 def configure_logging(level: str, log_format: LogFormat = "text") -> None:
     """Send the root logger to stderr in ``log_format`` at ``level`` (replacing handlers)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    # On the logger, not a handler: uvicorn logs through handlers of its own.
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, RepeatLimit) for f in uvicorn_errors.filters):
+        uvicorn_errors.addFilter(RepeatLimit())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
