@@ -7,7 +7,7 @@ this module without loading torch; the sampler that applies them lives in ``samp
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 __all__ = ["MAX_LOGPROBS", "SamplingParams"]
@@ -27,7 +27,8 @@ class SamplingParams:
     and ``repetition_penalty`` (over prompt and output; 1.0 is off) discourage repeats;
     ``logit_bias`` adds to chosen tokens' logits; ``min_p`` drops tokens less likely than
     that fraction of the top one. ``grammar`` (llguidance's grammar string, see
-    ``engine.grammar``) restricts output to the grammar. Lists are stored as tuples.
+    ``engine.grammar``) restricts output to the grammar. Lists are stored as tuples
+    (``stop_token_ids`` as a frozenset).
     """
 
     temperature: float = 1.0
@@ -36,7 +37,8 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 16
     stop: Sequence[str] = ()
-    stop_token_ids: Sequence[int] = ()
+    # A set once built: each generated token is looked up in it.
+    stop_token_ids: Collection[int] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
     presence_penalty: float = 0.0
@@ -68,7 +70,7 @@ class SamplingParams:
         self._check_shaping()
         # Frozen, so normalise through object.__setattr__: tuples keep the params hashable.
         object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "stop_token_ids", frozenset(self.stop_token_ids))
         object.__setattr__(self, "logit_bias", tuple(self.logit_bias))
 
     def _check_shaping(self) -> None:

@@ -37,7 +37,10 @@ def test_invalid_params_name_the_field(kwargs: dict[str, Any], field_name: str) 
 def test_lists_are_stored_as_tuples_and_params_are_hashable() -> None:
     params = SamplingParams(stop=["a", "b"], stop_token_ids=[5], logprobs=0, top_k=-1)
     assert params.stop == ("a", "b")
-    assert params.stop_token_ids == (5,)
+    # A set, looked up once per generated token (a list was scanned whole: with the 3M ids a
+    # body may carry, each token cost seconds on the engine thread).
+    assert params.stop_token_ids == frozenset({5})
+    assert SamplingParams(stop_token_ids=[7, 5, 7]).stop_token_ids == frozenset({5, 7})
     assert hash(params) == hash(
         SamplingParams(stop=("a", "b"), stop_token_ids=(5,), logprobs=0, top_k=-1)
     )
