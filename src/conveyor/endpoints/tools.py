@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.endpoints.chat_schemas import ChatCompletionRequest, ChatMessage, FunctionTool
+from conveyor.endpoints.tool_schema import calls_schema
 from conveyor.engine.grammar import grammar_from_lark, json_lark_rule
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
 CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
 _BLOCK = re.compile(re.escape(CALL_START) + r"(.*?)" + re.escape(CALL_END), re.DOTALL)
-_NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,27 +60,11 @@ def new_call_id() -> str:
 def tool_call_grammar(request: ChatCompletionRequest, *, name: str | None) -> str:
     """Grammar of the whole reply: one call to ``name``, or one or more calls to any tool."""
     tools = [tool for tool in request.tools or [] if name is None or tool.function.name == name]
-    schema = (
-        _call_schema(tools[0]) if len(tools) == 1 else {"anyOf": [_call_schema(t) for t in tools]}
-    )
+    schema = calls_schema(tools)
     many = name is None and request.parallel_tool_calls is not False
     start = 'start: call ("\\n" call)*' if many else "start: call"
     call = f'call: "{CALL_START}\\n" {json_lark_rule(schema)} "\\n{CALL_END}"'
     return grammar_from_lark(f"{start}\n{call}\n")
-
-
-def _call_schema(tool: FunctionTool) -> dict[str, Any]:
-    """Schema of one call's JSON: the function's name and its arguments."""
-    function = tool.function
-    return {
-        "type": "object",
-        "properties": {
-            "name": {"const": function.name},
-            "arguments": function.parameters or _NO_ARGUMENTS,
-        },
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
 
 
 def parse_tool_calls(text: str, names: tuple[str, ...]) -> tuple[str | None, list[ParsedCall]]:
