@@ -49,6 +49,15 @@ def _local_dir_exists(value: Path | str | None) -> Path | str | None:
     return value
 
 
+def _local_checkpoint_exists(value: Path | str) -> Path | str:
+    """After validation: a local generative checkpoint is a directory or a ``.gguf`` file."""
+    if isinstance(value, Path) and value.is_file() and value.suffix == ".gguf":
+        return value
+    if isinstance(value, Path) and not value.is_dir():
+        raise ValueError(f"model path {value} is neither a directory nor a .gguf file")
+    return value
+
+
 class Strict(BaseModel):
     """Base for config sections: unknown keys are mistakes, not silently ignored."""
 
@@ -182,6 +191,9 @@ class LoraConfig(Strict):
 class GenerateModelConfig(Strict):
     """A generative Llama-family checkpoint served with continuous batching.
 
+    ``path`` names a Hugging Face directory, a ``.gguf`` file (or a directory holding
+    exactly one and no config.json), or a pushed model.
+
     The KV cache holds ``kv_cache_tokens`` tokens, or on CUDA takes
     ``kv_cache_memory_fraction`` of the device; with neither, 0.9 of a CUDA device or
     16384 tokens elsewhere. ``max_queue`` bounds requests waiting for admission.
@@ -189,7 +201,7 @@ class GenerateModelConfig(Strict):
 
     kind: Literal["generate"]
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
-    path: Path | str = Field(description="A directory or conveyor://NAME.")
+    path: Path | str = Field(description="A directory, a .gguf file or conveyor://NAME.")
     device: str = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_num_seqs: int = Field(default=64, ge=1, le=65536)
@@ -214,7 +226,7 @@ class GenerateModelConfig(Strict):
     lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
 
     _path_kind = field_validator("path", mode="before")(_model_path)
-    _path_exists = field_validator("path")(_local_dir_exists)
+    _path_exists = field_validator("path")(_local_checkpoint_exists)
 
     @model_validator(mode="after")
     def _consistent_limits(self) -> GenerateModelConfig:
