@@ -92,6 +92,11 @@ class GgufTensor:
     hf_name: str
     type_name: str
     shape: tuple[int, ...]  # torch order: GGUF lists dimensions the other way round
+    # Where ``gguf`` found the data, and the array it read there (numpy dtype and shape: a
+    # quantised tensor is rows of bytes), so the loader maps it again without re-parsing.
+    data_offset: int
+    stored_dtype: str
+    stored_shape: tuple[int, ...]
 
     @property
     def num_elements(self) -> int:
@@ -157,6 +162,8 @@ def _read_gguf(path: Path, _mtime_ns: int, _size: int) -> GgufModel:
         reader = GGUFReader(path)
     except (ValueError, OSError) as exc:
         raise ValueError(f"{path.name} is not a readable GGUF file: {exc}") from None
+    if reader.byte_order != "I":
+        raise ValueError(f"{path.name}: GGUF files of the other byte order are not supported")
     metadata = {name: _field_value(field) for name, field in _small_fields(reader)}
     architecture = str(metadata.get("general.architecture", ""))
     if architecture not in GGUF_ARCHITECTURES:
@@ -199,7 +206,11 @@ def _checked_tensor(file_name: str, tensor: Any) -> GgufTensor:
     if hf_name is None:
         raise ValueError(f"{file_name}: unexpected tensor {tensor.name!r}")
     shape = tuple(int(size) for size in reversed(tensor.shape.tolist()))
-    return GgufTensor(tensor.name, hf_name, type_name, shape)
+    stored = tensor.data
+    return GgufTensor(
+        tensor.name, hf_name, type_name, shape, int(tensor.data_offset), stored.dtype.str,
+        tuple(int(size) for size in stored.shape),
+    )  # fmt: skip
 
 
 @functools.cache

@@ -16,9 +16,9 @@ The weight loader copies the tensors into the decoder (converting to its dtype),
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -37,23 +37,16 @@ def gguf_tensors(
 ) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     """``(hf_name, read)`` for every tensor; ``read()`` dequantises it to float32.
 
-    Reading is deferred so that a caller skipping a tensor never dequantises it; the file
-    stays memory-mapped until the iterator is exhausted.
+    The tensors are where ``read_gguf`` found them (its parse of the header is memoised, so
+    the file's metadata is not read twice); reading is deferred so that a skipped tensor is
+    never dequantised.
     """
-    from gguf import GGUFReader
-
     model = read_gguf(file)  # checked: every name maps, every type dequantises
-    reader = GGUFReader(model.file)
+    mapped = np.memmap(model.file, dtype=np.uint8, mode="r")
     permuted = model.architecture in _PERMUTED_ARCHITECTURES
-    for raw, tensor in zip(reader.tensors, model.tensors, strict=True):
+    for tensor in model.tensors:
         heads = _permuted_heads(tensor, config) if permuted else None
-
-        def read(
-            raw: Any = raw, tensor: GgufTensor = tensor, heads: int | None = heads
-        ) -> torch.Tensor:
-            return _dequantised(raw, tensor, heads)
-
-        yield tensor.hf_name, read
+        yield tensor.hf_name, functools.partial(_dequantised, mapped, tensor, heads)
 
 
 def _permuted_heads(tensor: GgufTensor, config: DecoderConfig) -> int | None:
@@ -65,11 +58,15 @@ def _permuted_heads(tensor: GgufTensor, config: DecoderConfig) -> int | None:
     return None
 
 
-def _dequantised(raw: Any, tensor: GgufTensor, heads: int | None) -> torch.Tensor:
+def _dequantised(mapped: np.ndarray, tensor: GgufTensor, heads: int | None) -> torch.Tensor:
     """One tensor as float32 in torch's shape, its rows restored to Hugging Face order."""
-    from gguf import dequantize
+    from gguf import GGMLQuantizationType, dequantize
 
-    values = np.asarray(dequantize(raw.data, raw.tensor_type), dtype=np.float32)
+    dtype = np.dtype(tensor.stored_dtype)
+    size = int(np.prod(tensor.stored_shape, dtype=np.int64)) * dtype.itemsize
+    stored = mapped[tensor.data_offset : tensor.data_offset + size]
+    raw = stored.view(dtype).reshape(tensor.stored_shape)
+    values = np.asarray(dequantize(raw, GGMLQuantizationType[tensor.type_name]), np.float32)
     if not values.flags.writeable:  # an F32 tensor comes back as a view of the mapped file
         values = values.copy()
     weights = torch.from_numpy(values).reshape(tensor.shape)
