@@ -25,6 +25,7 @@ from conveyor.engine.model_runner import ModelRunner
 from conveyor.engine.step import SeqChunk
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.engine.weight_loader import count_checkpoint_params, load_weights
+from conveyor.plan.shape import load_shape
 from conveyor.startup_checks import generate_model_problems
 from conveyor.testing import build_tiny_llama, build_tiny_qwen2, build_tiny_qwen3
 from tests.unit.engine.gguf_files import llama_cpp_permute, write_gguf
@@ -101,6 +102,9 @@ def test_the_decoder_config_from_the_metadata_is_the_checkpoints(pair: tuple[Pat
     assert from_gguf.rms_norm_eps == pytest.approx(from_dir.rms_norm_eps, rel=1e-6)
     assert dataclasses.replace(from_gguf, rms_norm_eps=from_dir.rms_norm_eps) == from_dir
     assert count_checkpoint_params(file) == count_checkpoint_params(checkpoint)
+    shape = load_shape(file)
+    assert shape.name == "model"
+    assert dataclasses.replace(shape, name=checkpoint.name) == load_shape(checkpoint)
 
 
 def test_the_loaded_weights_are_the_checkpoints_bit_for_bit(pair: tuple[Path, Path]) -> None:
