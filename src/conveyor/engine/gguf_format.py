@@ -30,6 +30,7 @@ __all__ = [
     "GgufModel",
     "GgufTensor",
     "find_gguf_file",
+    "hf_config_of",
     "hf_tensor_name",
     "read_gguf",
 ]
