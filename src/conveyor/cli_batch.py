@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
+import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -27,10 +29,14 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from conveyor.openai_paths import BATCH_ENDPOINTS
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
 MAX_PRINTED_ERRORS = 100
 TIMEOUT_S = 60.0
+# Distinct urls remembered while scanning a file (more only make the refusal longer).
+MAX_NAMED_URLS = 8
 
 batch_app = typer.Typer(help="Batch jobs on a running server (OpenAI's Batch API).")
 console = Console(stderr=True)
@@ -202,10 +208,91 @@ def _exit_for(batch: dict[str, Any]) -> None:
         raise typer.Exit(code=1)
 
 
+class UrlTally:
+    """The ``url`` each line of a batch file names: how many lines, and the first (1-based).
+
+    Lines that are blank, not JSON objects or without a string url are not counted: the
+    server lists them when it validates the file.
+    """
+
+    def __init__(self) -> None:
+        self.lines: dict[str, list[int]] = {}  # url -> [count, first line]
+        self.unnamed = 0  # lines whose url was past the first MAX_NAMED_URLS distinct ones
+
+    def add(self, line_no: int, raw: bytes) -> None:
+        """Count the url of line ``line_no`` (1-based)."""
+        if not raw.strip():
+            return
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return
+        url = data.get("url") if isinstance(data, dict) else None
+        if not isinstance(url, str):
+            return
+        if url in self.lines:
+            self.lines[url][0] += 1
+        elif len(self.lines) < MAX_NAMED_URLS:
+            self.lines[url] = [1, line_no]
+        else:
+            self.unnamed += 1
+
+    def describe(self) -> str:
+        """``/v1/embeddings (3 lines from line 1), ...``."""
+        parts = [f"{url} ({count} line{'s' * (count != 1)} from line {first})"
+                 for url, (count, first) in self.lines.items()]  # fmt: skip
+        if self.unnamed:
+            parts.append(f"{self.unnamed} more lines with other urls")
+        return ", ".join(parts)
+
+
+def tally_urls(lines: Iterable[bytes]) -> UrlTally:
+    """The urls of every line, read one line at a time."""
+    tally = UrlTally()
+    for line_no, raw in enumerate(lines, start=1):
+        tally.add(line_no, raw)
+    return tally
+
+
+def choose_endpoint(tally: UrlTally, endpoint: str | None) -> str:
+    """The endpoint the batch calls: ``endpoint`` if given, else the one url of every line.
+
+    ValueError, before anything is uploaded, for what the server would refuse: lines that
+    mix urls, lines whose url is not ``endpoint``, an endpoint batches do not support.
+    """
+    urls = list(tally.lines)
+    mixed = len(urls) > 1 or tally.unnamed > 0
+    if mixed and endpoint is None:
+        raise ValueError(f"the lines call several endpoints: {tally.describe()}; a batch calls "
+                         "one, so split the file")  # fmt: skip
+    if endpoint is not None and (mixed or urls not in ([], [endpoint])):
+        raise ValueError(f"--endpoint is {endpoint} but the lines call {tally.describe()}: "
+                         "the server would refuse every line that differs")  # fmt: skip
+    chosen = endpoint or (urls[0] if urls else None)
+    if chosen is None:
+        raise ValueError("no line names a url; give --endpoint")
+    if chosen not in BATCH_ENDPOINTS:
+        raise ValueError(f"batches call one of {', '.join(BATCH_ENDPOINTS)}, not {chosen}")
+    return chosen
+
+
+def _file_endpoint(file: Path, endpoint: str | None) -> str:
+    """``choose_endpoint`` for a file on disk, or exit 2 with the reason."""
+    with file.open("rb") as handle:
+        tally = tally_urls(handle)
+    try:
+        return choose_endpoint(tally, endpoint)
+    except ValueError as exc:
+        console.print(f"[red]error[/red] {escape(f'{file}: {exc}')}", highlight=False)
+        raise typer.Exit(code=2) from None
+
+
 @batch_app.command()
 def submit(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL input.")],
-    endpoint: Annotated[str, typer.Option(help="Endpoint every line calls.")] = "/v1/embeddings",
+    endpoint: Annotated[
+        str | None, typer.Option(help="Endpoint every line calls (default: the lines' url).")
+    ] = None,
     completion_window: Annotated[str, typer.Option(help="e.g. 24h, 1h.")] = "24h",
     metadata: Annotated[list[str] | None, typer.Option(help="key=value (repeatable).")] = None,
     watch: Annotated[bool, typer.Option(help="Follow progress until the batch ends.")] = False,
@@ -213,11 +300,16 @@ def submit(
     url: UrlOption = DEFAULT_URL,
     api_key: KeyOption = None,
 ) -> None:
-    """Upload FILE and start a batch over it; print the batch id."""
+    """Upload FILE and start a batch over it; print the batch id.
+
+    The endpoint is the one url every line names; lines mixing urls, or naming another
+    than ``--endpoint``, are refused before anything is uploaded.
+    """
+    chosen = _file_endpoint(file, endpoint)
     with _client(url, api_key) as client:
         uploaded = client.upload(file)
         batch = client.create(
-            uploaded["id"], endpoint, completion_window, _parse_metadata(metadata or [])
+            uploaded["id"], chosen, completion_window, _parse_metadata(metadata or [])
         )
         typer.echo(batch["id"])
         if watch:

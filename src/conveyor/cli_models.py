@@ -1,4 +1,5 @@
-"""`conveyor models push | list | rm`: pushed models in the job and object stores.
+"""`conveyor models push | list | rm`: pushed models in the job and object stores; and
+`conveyor models import`: a GGUF file as a checkpoint directory (to serve or push).
 
 `--store` and `--objects` name the fleet's shared stores (as for `conveyor worker`); without
 them the defaults under the config's `data_dir` are used, as `conveyor serve` does.
@@ -111,3 +112,25 @@ def rm(
         typer.echo(f"no model named {name!r}", err=True)
         raise typer.Exit(code=1)
     typer.echo(f"{name}: removed, {deleted} chunks deleted")
+
+
+@models_app.command("import")
+def import_command(
+    source: Annotated[Path, typer.Argument(help="A .gguf file (or a directory holding one).")],
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write (new or empty).")],
+    dtype: Annotated[str, typer.Option(help="float32 (exact), float16 or bfloat16.")] = "float32",
+) -> None:
+    """Write a GGUF file as safetensors weights, tokenizer and config.json in OUT_DIR."""
+    from conveyor.engine.gguf_import import import_gguf
+
+    try:
+        result = import_gguf(source, out_dir, dtype=dtype)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"import failed: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    files = len(result.weight_files)
+    typer.echo(
+        f"{result.directory}: {result.num_params} parameters in {files} safetensors "
+        f"file{'' if files == 1 else 's'} ({result.weight_bytes} bytes, {dtype}), "
+        "tokenizer and config"
+    )

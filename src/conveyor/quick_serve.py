@@ -1,7 +1,8 @@
 """``conveyor serve PATH_OR_NAME``: one model's config entry from a directory or a name.
 
 What a vLLM or TEI user types: a checkpoint and a few flags, no YAML. The kind comes from
-the checkpoint's ``architectures`` unless ``--kind`` names it.
+the checkpoint's ``architectures`` unless ``--kind`` names it; a ``.gguf`` file is generative.
+The default models' names serve them from their packages (SmolLM2 with its default settings).
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conveyor.config import DEFAULT_MODEL_NAME
+from conveyor.config import (
+    CHAT_MODEL_INSTALL,
+    DEFAULT_CHAT_MODEL_NAME,
+    DEFAULT_CHAT_MODEL_SETTINGS,
+    DEFAULT_MODEL_NAME,
+    bundled_chat_model_path,
+)
 from conveyor.errors import ConfigError
 
 KINDS = ("embedding", "generate", "rerank")
@@ -25,12 +32,18 @@ KIND_OPTIONS = {
 
 
 def resolve_checkpoint(path_or_name: str) -> Path | None:
-    """The model's directory; None for the bundled model; a cached hub name works offline."""
+    """The model's directory or GGUF file; None for the bundled MiniLM; a cached hub name
+    works offline."""
     path = Path(path_or_name).expanduser()
-    if path.is_dir():
+    if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
         return path.resolve()
     if path_or_name == DEFAULT_MODEL_NAME:
         return None
+    if path_or_name == DEFAULT_CHAT_MODEL_NAME:
+        bundled = bundled_chat_model_path()
+        if bundled is None:
+            raise ConfigError(f"{DEFAULT_CHAT_MODEL_NAME} needs its package: {CHAT_MODEL_INSTALL}")
+        return bundled
     try:
         from huggingface_hub import snapshot_download
 
@@ -46,6 +59,8 @@ def detect_kind(checkpoint: Path | None) -> str:
     """``generate`` for a causal LM, ``rerank`` for sequence classification, else embedding."""
     if checkpoint is None:
         return "embedding"
+    if checkpoint.is_file():
+        return "generate"  # a .gguf file: only generative architectures load from one
     config_path = checkpoint / "config.json"
     try:
         architectures = json.loads(config_path.read_text()).get("architectures") or []
@@ -76,12 +91,20 @@ def model_entry(
         if kinds is not None and kind not in kinds:
             flag = "--" + key.replace("_", "-")
             raise ConfigError(f"{flag} applies to {' and '.join(kinds)} models, not {kind}")
-    is_directory = checkpoint is not None and Path(path_or_name).expanduser().is_dir()
-    name = served_model_name or (checkpoint.name if checkpoint and is_directory else path_or_name)
-    entry: dict[str, Any] = {"name": name, "kind": kind, **given}
+    name = served_model_name or _default_name(path_or_name, checkpoint)
+    defaults = DEFAULT_CHAT_MODEL_SETTINGS if path_or_name == DEFAULT_CHAT_MODEL_NAME else {}
+    entry: dict[str, Any] = {"name": name, "kind": kind, **defaults, **given}
     if checkpoint is not None:
         entry["path"] = str(checkpoint)
     return entry
+
+
+def _default_name(path_or_name: str, checkpoint: Path | None) -> str:
+    """A directory's name, a GGUF file's stem, else what was typed (a model's name)."""
+    typed = Path(path_or_name).expanduser()
+    if checkpoint is None or not typed.exists():
+        return path_or_name
+    return checkpoint.stem if checkpoint.is_file() else checkpoint.name
 
 
 def quick_models(path_or_name: str | None, flags: dict[str, Any]) -> list[dict[str, Any]] | None:

@@ -13,7 +13,8 @@ from conveyor.errors import ConfigError
 
 
 def generate_model_problems(config: GenerateModelConfig) -> list[str]:
-    """Start-up failures of one generative model that its config and config.json reveal.
+    """Start-up failures of one generative model that its config and config.json (or GGUF
+    metadata) reveal.
 
     A KV cache sized by memory fraction is only known once the device is probed, so only
     ``kv_cache_tokens`` is checked here (the engine checks the rest when it starts).
@@ -21,7 +22,7 @@ def generate_model_problems(config: GenerateModelConfig) -> list[str]:
     try:
         decoder = DecoderConfig.from_hf(load_hf_config(config.path))
     except (OSError, ValueError, KeyError) as exc:
-        return [f"model {config.name!r}: cannot read the checkpoint's config.json: {exc}"]
+        return [f"model {config.name!r}: cannot read the checkpoint's config: {exc}"]
     checkpoint_len = decoder.max_position_embeddings
     max_model_len = config.max_model_len or checkpoint_len
     problems = [max_model_len_problem(config.name, max_model_len, checkpoint_len)]

