@@ -18,9 +18,9 @@ Policy, kept deliberately simple:
   any batch-job prefill does.  A prompt longer than the remaining budget is
   prefilled in chunks over several steps.
 * Room for arrivals.  While a sequence of its class waits, running prefills
-  leave half of what is left of the step to admission (``ADMISSION_SHARE``),
-  and take back what admission did not use: a short request behind a long
-  prompt starts the next step, and the long prompt loses nothing to it.
+  leave half of what is left of the step to admission (``ADMISSION_SHARE``), as
+  does an admitted online prompt for those behind it; prefills take back what
+  admission left: a short request behind long prompts starts the next step.
 * Job share.  While online traffic is present, batch-job sequences take at most
   a capped number of a step's tokens (see ``job_share``): job decodes past the
   cap sit the step out keeping their blocks, job prefills are chunked to fit, so
@@ -56,8 +56,7 @@ from conveyor.priority import Priority
 
 # Steps in a row that batch-job sequences may sit out while online prompts are prefilled.
 MAX_BATCH_PAUSE_STEPS = 8
-# What running prefills leave to admission while one of their class waits: a long arrival
-# starts at once with a chunk like theirs, and beside a stream of arrivals they keep half.
+# The share of a step's room left to the sequences waiting behind ("Room for arrivals").
 ADMISSION_SHARE = 0.5
 
 
@@ -77,15 +76,13 @@ class SchedulerConfig:
     max_loras_per_batch: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        names = ["max_num_seqs", "max_num_batched_tokens", "max_model_len"]
+        if self.max_loras_per_batch is not None:
+            names.append("max_loras_per_batch")
+        for name in names:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        loras = self.max_loras_per_batch
-        if loras is not None and (
-            isinstance(loras, bool) or not isinstance(loras, int) or loras < 1
-        ):
-            raise ValueError(f"max_loras_per_batch must be an int >= 1, got {loras!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
@@ -265,20 +262,14 @@ class Scheduler:
         for seq in prefills:
             if seq.status is SequenceStatus.RUNNING:
                 self._schedule_running(seq, plan, held)
-        if not plan.is_short:
-            self._admit_waiting(plan, priority)
-        for seq in prefills:
+        admitted = [] if plan.is_short else self._admit_waiting(plan, priority)
+        for seq in prefills + admitted:
             self._top_up(seq, plan)
 
     def _classes_this_step(self) -> tuple[Priority, ...]:
-        """The priority classes this step serves.
-
-        While an online prompt waits or is being prefilled, batch-job sequences sit the
-        step out (keeping their blocks): a step's time grows with every sequence in it, and
-        the online caller's first token should not wait for a full batch of job decodes.
-        They sit out at most ``MAX_BATCH_PAUSE_STEPS`` steps in a row, so the job always
-        progresses.
-        """
+        """The priority classes this step serves: online alone while an online prompt waits
+        or is prefilled (a step's time grows with every sequence in it), for at most
+        ``MAX_BATCH_PAUSE_STEPS`` steps in a row, so batch jobs always progress."""
         has_batch = any(seq.priority is not Priority.ONLINE for seq in self._running)
         is_paused = has_batch and self._num_batch_pauses < MAX_BATCH_PAUSE_STEPS
         if is_paused and self._has_online_prefill():
@@ -349,38 +340,43 @@ class Scheduler:
         bisect.insort(self._waiting, victim, key=_order_key)
         plan.preempted.append(victim)
 
-    def _admit_waiting(self, plan: StepPlan, priority: Priority) -> None:
-        """Admit waiting sequences of ``priority`` in order while seats, budget, blocks allow.
+    def _admit_waiting(self, plan: StepPlan, priority: Priority) -> list[Sequence]:
+        """Admit waiting sequences of ``priority`` in order while seats, budget, blocks allow
+        (an online one leaves half of the room to online ones behind it); return them.
 
         The queue head blocks everything behind it, whatever their class, except a head
         whose LoRA adapter would exceed ``max_loras_per_batch``: it is stepped over.
         """
         manager = self._block_manager
         skipped = 0  # sequences left waiting because every adapter slot is taken
+        admitted: list[Sequence] = []
         # Changes only when a sequence is admitted (or preempted to admit one): a long
         # queue of stepped-over sequences must not rescan the running ones each.
         active = self._running_adapters()
-        while len(self._waiting) > skipped and plan.room_for(priority) > 0:
+        while len(self._waiting) > skipped and (room := plan.room_for(priority)) > 0:
             seq = self._waiting[skipped]
             if seq.priority is not priority:
-                return
+                break
             if not self._adapter_fits(seq, active):
                 skipped += 1
                 continue
             if waits_for_sibling(seq, self._running, manager.block_size):
-                return
-            num_new = min(
-                seq.num_tokens - manager.num_cache_hit_tokens(seq), plan.room_for(priority)
-            )
+                break
+            behind = self._waiting[skipped + 1 : skipped + 2]
+            if priority is Priority.ONLINE and behind and behind[0].priority is priority:
+                room -= int(room * ADMISSION_SHARE)
+            num_new = min(seq.num_tokens - manager.num_cache_hit_tokens(seq), room)
             if not self._fits(seq, num_new) and not self._make_room(seq, num_new, plan):
-                return
+                break
             self._waiting.pop(skipped)
             manager.allocate(seq)
             manager.append(seq, num_new)
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self._running, seq, key=_order_key)
             plan.add(ScheduledSeq(seq, num_new))
+            admitted.append(seq)
             active = self._running_adapters()
+        return admitted
 
     def _fits(self, seq: Sequence, num_new: int) -> bool:
         """Whether ``seq`` can be admitted now with ``num_new`` tokens: a seat and blocks."""

@@ -522,6 +522,30 @@ def test_a_waiting_request_that_cannot_get_in_costs_the_prefill_nothing() -> Non
     assert chunk_sizes(harness.step()) == {"long": 2048}
 
 
+def test_a_short_request_behind_long_arrivals_starts_the_step_it_arrives() -> None:
+    """Long prompts queued ahead of a short one do not hold it back: each admitted prompt
+    leaves half of what is left to those waiting behind it, and the step stays full."""
+    harness = long_prompt_harness()
+    harness.add("running", [4] * 30_000, max_tokens=1)
+    harness.step()
+    for index in range(3):
+        harness.add(f"long-{index}", [5 + index] * 30_000, max_tokens=1)
+    harness.add("short", [1, 2], max_tokens=1)
+    sizes = chunk_sizes(harness.step())
+    assert sizes == {"running": 1024 + 126, "long-0": 512, "long-1": 256, "long-2": 128,
+                     "short": 2}  # fmt: skip
+    assert [seq.seq_id for seq in harness.done] == ["short"]
+
+
+def test_prompts_admitted_together_take_back_what_the_queue_did_not_use() -> None:
+    """A long prompt admitted with half the step, beside one that then finds no seat, gets
+    the rest of the step: nothing held back for the queue is lost."""
+    harness = long_prompt_harness(max_num_seqs=1)
+    harness.add("long", [5] * 30_000, max_tokens=1)
+    harness.add("short", [1, 2], max_tokens=1)
+    assert chunk_sizes(harness.step()) == {"long": 2048}
+
+
 def test_batch_jobs_sit_out_online_prefills_for_a_bounded_number_of_steps() -> None:
     from conveyor.engine.scheduler import MAX_BATCH_PAUSE_STEPS
 
@@ -810,8 +834,8 @@ def test_finish_frees_and_rejects_unknown_ids() -> None:
 def test_postprocess_validates_before_changing_anything() -> None:
     harness = make_harness(max_num_batched_tokens=8)
     long = harness.add("long", list(range(20)), max_tokens=2)
-    short = harness.add("short", [1, 2], max_tokens=2)
     output = harness.scheduler.schedule()
+    short = harness.add("short", [1, 2], max_tokens=2)  # arrives after the first plan
     assert chunk_sizes(output) == {"long": 8}
     with pytest.raises(ValueError, match="did not sample"):
         harness.scheduler.postprocess(output, {"long": 3})
