@@ -8,6 +8,7 @@ the generation routes answer as JSON or server-sent events (``api.sse``).
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
@@ -22,7 +23,7 @@ from conveyor.endpoints.chat import chat_body, chat_chunks, parse_chat_request, 
 from conveyor.endpoints.completions import (
     completion_body,
     completion_chunks,
-    parse_completion_request,
+    parse_completion_body,
     prepare_completion,
 )
 from conveyor.endpoints.embeddings import parse_embedding_request, run_embeddings
@@ -57,8 +58,9 @@ async def create_embeddings(request: Request) -> Response:
 @router.post("/v1/completions")
 async def create_completion(request: Request) -> Response:
     """OpenAI text completions; one choice per prompt, ``stream: true`` for SSE."""
+    parse = functools.partial(parse_completion_body, request.app.state.service)
     return await serve_generation(
-        request, parse_completion_request, prepare_completion, completion_body, completion_chunks
+        request, parse, prepare_completion, completion_body, completion_chunks
     )
 
 

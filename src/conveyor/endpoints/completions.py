@@ -22,10 +22,12 @@ from conveyor.endpoints.generation import (
 )
 from conveyor.endpoints.generation_schemas import CompletionRequest
 from conveyor.endpoints.off_loop import run_unstreamed
+from conveyor.endpoints.raw_id_lists import count_id_lists
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import TokenLogprobs
 from conveyor.errors import InvalidRequest
 from conveyor.input_limits import utf8_size
+from conveyor.offload import LARGE_INPUT_BYTES
 from conveyor.priority import Priority
 from conveyor.service import Service
 from conveyor.tenants.usage import Payer
@@ -33,8 +35,10 @@ from conveyor.tenants.usage import Payer
 __all__ = [
     "completion_body",
     "completion_chunks",
+    "parse_completion_body",
     "parse_completion_request",
     "prepare_completion",
+    "refuse_long_id_prompts",
     "run_completion",
 ]
 
@@ -44,6 +48,30 @@ OBJECT = "text_completion"
 def parse_completion_request(body: bytes | str | dict[str, Any]) -> CompletionRequest:
     """Validate a completions body; any mistake is a 400 naming the field."""
     return parse_body(CompletionRequest, body)
+
+
+def parse_completion_body(service: Service, raw: bytes) -> CompletionRequest:
+    """``parse_completion_request`` of an HTTP body; a large one whose prompt of token ids
+    leaves no room in the model's context is refused first, from its bytes."""
+    if len(raw) >= LARGE_INPUT_BYTES:
+        refuse_long_id_prompts(service, raw)
+    return parse_completion_request(raw)
+
+
+def refuse_long_id_prompts(service: Service, raw: bytes) -> None:
+    """The 400 a prompt of token ids with no room left in the context gets, before parsing.
+
+    Parsing millions of ids holds the interpreter lock the event loop needs for as long;
+    ``raw_id_lists`` counts them in the bytes. Nothing is refused when that cannot tell.
+    """
+    counted = count_id_lists(raw, "prompt")
+    model = counted.fields.get("model") if counted is not None else None
+    if counted is None or not isinstance(model, str):
+        return
+    generator = service.generator(model)
+    for size in counted.sizes:  # the first prompt with no room is the one named
+        if size >= generator.max_model_len:
+            resolve_max_tokens(generator, size, None, param="max_tokens", prompt_param="prompt")
 
 
 def encode_prompts(
