@@ -3,7 +3,8 @@
 A server runs under a little load; the page must show the model's name and non-zero
 throughput in its charts, the plan beside the measured figures, the limits the tenant hit
 and the (empty) model pulls, with no console error. The screenshot is saved (set
-CONVEYOR_DASHBOARD_SCREENSHOT to a path to keep it, e.g. docs/dashboard.png).
+CONVEYOR_DASHBOARD_SCREENSHOT to a path to keep it, e.g. docs/dashboard.png). A stalled
+batch's row says since when and why.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
+from conveyor.dashboard.state import job_row
+from conveyor.stores.records import BatchError, BatchRecord, BatchStatus
 from tests.e2e.conftest import Server
 from tests.missing import missing
 
@@ -120,3 +123,51 @@ def test_the_dashboard_charts_live_throughput(loaded_server: Server, tmp_path: P
     keep = os.environ.get("CONVEYOR_DASHBOARD_SCREENSHOT")
     if keep:
         shutil.copyfile(shot, keep)
+
+
+def stalled_row(since: int) -> dict[str, Any]:
+    """The dashboard state's row of a batch whose shard outputs cannot be written."""
+    note = BatchError(
+        "object_store_unavailable",
+        "the object store is full (No space left on device); the batch resumes once it has room",
+        since=since,
+    )
+    record = BatchRecord("batch_stalled", "default", "/v1/embeddings", "file-in", "24h",
+                         created_at=since - 60, status=BatchStatus.IN_PROGRESS, model="syn",
+                         errors=[note])  # fmt: skip
+    return job_row(record)
+
+
+def test_a_stalled_batch_shows_since_when_and_why(
+    server_factory: Callable[[dict[str, Any]], Server],
+) -> None:
+    """The page renders the stall note a job row carries; that the state carries it while
+    a disk is full is tests/integration/jobs/test_full_disk.py's part."""
+    sync_playwright = _browser_or_skip()
+    server = server_factory({"models": [SYN]})
+    row = stalled_row(since=1_700_000_000)
+    errors: list[str] = []
+
+    def with_the_stalled_batch(route: Any) -> None:
+        answer = route.fetch()
+        state = answer.json()
+        state["jobs"] = [*(state["jobs"] or []), row]
+        route.fulfill(response=answer, json=state)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        page = browser.new_page()
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.route("**/v1/dashboard/state", with_the_stalled_batch)
+        page.goto(f"{server.url}/dashboard")
+        status = page.locator("#jobs tr", has_text="batch_stalled").locator("td").nth(1)
+        status.locator("span.bad").wait_for(timeout=SHOWN_TIMEOUT_MS)
+        shown_since = page.evaluate("(s) => new Date(s * 1000).toLocaleTimeString()", 1_700_000_000)
+        text = status.inner_text()
+        assert text == f"in_progress, stalled since {shown_since}: {row['stall']['message']}"
+        assert status.locator("span.bad").get_attribute("title") == row["stall"]["message"]
+        browser.close()
+    assert errors == []
