@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
+from conveyor.batching import batcher as batcher_module
 from conveyor.batching.batcher import Batcher
 from conveyor.config import SyntheticModelConfig
 from conveyor.errors import ServiceUnavailable
 from conveyor.metrics import Metrics
 from conveyor.models.synthetic import SyntheticModel
+from conveyor.observability.context import RequestContext, request_scope
 from conveyor.priority import Priority
 from tests.unit.batching.test_batcher import GatedModel, counter, settings, submit
 
@@ -68,6 +70,48 @@ async def test_stop_ends_the_model_thread_the_batcher_made() -> None:
     assert not threads[0].is_alive()
 
 
+async def test_the_model_runs_on_one_thread_of_the_batchers_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One batch at a time, always on the same thread: a model need not be thread-safe."""
+    made: list[dict[str, Any]] = []
+
+    def recording(*args: Any, **kwargs: Any) -> ThreadPoolExecutor:
+        made.append({"args": args, **kwargs})
+        return ThreadPoolExecutor(*args, **kwargs)
+
+    monkeypatch.setattr(batcher_module, "ThreadPoolExecutor", recording)
+    batcher, _ = make(lambda payloads: payloads, name="embedder")
+    await batcher.stop()
+    assert made == [{"args": (1,), "thread_name_prefix": "model-embedder"}]
+
+
+async def test_the_batchs_span_names_its_model_and_links_its_requests() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    batcher, _ = make(lambda payloads: payloads, name="embedder", max_wait_ms=0)
+    batcher.start()
+    try:
+        span = tracer.start_span("request")
+        request = RequestContext("r-1", "/v1/embeddings", span=span, tracer=tracer)
+        with request_scope(request):
+            item = submit(batcher, "a")
+        assert await item.future == "a"
+        span.end()
+    finally:
+        await batcher.stop()
+    (batch_span,) = [s for s in exporter.get_finished_spans() if s.name == "conveyor.model_batch"]
+    assert batch_span.attributes is not None
+    assert batch_span.attributes["conveyor.model"] == "embedder"
+    assert list(batch_span.attributes["conveyor.request_ids"]) == ["r-1"]  # type: ignore[arg-type]
+
+
 async def test_stop_leaves_an_executor_the_caller_passed_in_usable() -> None:
     executor = ThreadPoolExecutor(1)
     try:
@@ -104,9 +148,13 @@ async def test_a_batch_failing_outside_the_model_fails_its_inputs_and_the_loop_g
     batcher, metrics = make(run, max_batch_size=1, max_wait_ms=0)
     batcher.start()
     try:
+        request = RequestContext("r-1", "/v1/embeddings")
+        with request_scope(request):
+            broken = submit(batcher, "broken")
         with pytest.raises(TypeError):
-            await submit(batcher, "broken").future
+            await broken.future
         assert counter(metrics, "conveyor_model_seconds_sum", model="m") == 0  # no model time
+        assert broken.model_s == 0.0 and request.model_s == 0.0  # nor billed or logged
         assert batcher.timing.num_observations == 0  # nor a 0 s batch taught to the fit
         assert batcher.num_running == 0
         assert await submit(batcher, "fine").future == "out:fine"

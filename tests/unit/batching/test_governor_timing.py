@@ -46,6 +46,7 @@ def test_timing_constant_batch_time() -> None:
         model.observe(100, 0.020)
     assert model.is_warm
     assert model.seconds_for(100) == pytest.approx(0.020)
+    assert model.seconds_per_input() == 0.0  # one size seen: no slope to fit
     # 250 ahead with batches of 100: the new input rides in the 3rd batch.
     assert model.predicted_wait_s(250, cap=100) == pytest.approx(0.060)
     assert model.drain_time_s(1000, cap=100) == pytest.approx(0.200)
@@ -125,7 +126,7 @@ def test_predicted_wait_counts_the_batch_the_new_input_rides_in(
 
 @pytest.mark.parametrize(
     ("running_size", "running_for_s", "left_s"),
-    [(0, 0.0, 0.0), (10, 0.0, 0.030), (10, 0.010, 0.020), (10, 0.5, 0.0)],
+    [(0, 0.0, 0.0), (1, 0.0, 0.021), (10, 0.0, 0.030), (10, 0.010, 0.020), (10, 0.5, 0.0)],
 )
 def test_predicted_wait_adds_what_is_left_of_the_running_batch(
     running_size: int, running_for_s: float, left_s: float
@@ -137,6 +138,14 @@ def test_predicted_wait_adds_what_is_left_of_the_running_batch(
         150, cap=100, running_size=running_size, running_for_s=running_for_s
     )
     assert wait_s == pytest.approx(queued_s + left_s, rel=0.01)
+
+
+def test_a_running_batch_of_unknown_age_counts_whole() -> None:
+    """Without ``running_for_s`` the running batch is taken as just started."""
+    model = _linear_model()
+    queued_s = 2 * (0.020 + 0.001 * 100)
+    wait_s = model.predicted_wait_s(150, cap=100, running_size=10)
+    assert wait_s == pytest.approx(queued_s + 0.030, rel=0.01)
 
 
 def test_each_batch_counts_the_most_a_recent_one_ran_past_the_fit() -> None:
@@ -199,6 +208,7 @@ def test_an_unobserved_model_knows_nothing() -> None:
     """Before the first batch every prediction is zero and the service rate unknown (0)."""
     model = BatchTimeModel()
     assert model.seconds_for(100) == 0.0
+    assert model.seconds_per_input() == 0.0
     assert model.service_rate(100) == 0.0
     assert model.predicted_wait_s(10, cap=4) == 0.0
 

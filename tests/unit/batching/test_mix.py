@@ -42,6 +42,10 @@ def test_with_one_batch_size_seen_the_cost_is_taken_as_proportional() -> None:
 
 def test_a_cold_model_or_a_cap_of_one_is_left_alone() -> None:
     assert mixed_batch_limit(100, BatchTimeModel(), slack_s=0.01) == 100
+    warming = BatchTimeModel(min_observations=3)
+    for _ in range(2):  # some cost seen, but not yet enough to go by
+        warming.observe(100, 0.05)
+    assert mixed_batch_limit(100, warming, slack_s=0.0) == 100
     assert mixed_batch_limit(1, fitted(0.02, 0.0003), slack_s=0.0) == 1
 
 
