@@ -110,6 +110,18 @@ def test_same_three_block_prompt_shares_blocks_and_recomputes_the_last() -> None
     assert_pool_whole(manager)
 
 
+def test_cached_blocks_are_shared_only_under_the_same_adapter() -> None:
+    """The same tokens under another LoRA adapter, or the base model, hold other KV values."""
+    manager = BlockManager(32, 4)
+    prompt = list(range(100, 112))  # three full blocks: two are shareable
+    run_prefill(manager, Sequence("lora-1", prompt, adapter_id=1))
+    for seq_id, adapter_id, num_shared in [("again", 1, 8), ("lora-2", 2, 0), ("base", 0, 0)]:
+        seq = Sequence(seq_id, prompt, adapter_id=adapter_id)
+        assert manager.num_cache_hit_tokens(seq) == num_shared, seq_id
+    run_prefill(manager, Sequence("base-first", prompt))
+    assert manager.num_cache_hit_tokens(Sequence("base-again", prompt)) == 8
+
+
 def test_prompt_past_a_block_boundary_reuses_every_full_block() -> None:
     manager = BlockManager(16, 4)
     prompt = list(range(13))

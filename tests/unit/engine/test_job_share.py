@@ -119,6 +119,16 @@ def test_a_job_prefill_is_chunked_to_the_cap_beside_online_traffic() -> None:
     assert job.num_output_tokens == 1
 
 
+def test_a_running_online_prefill_is_never_capped_by_the_job_share() -> None:
+    """The job cap binds batch-job tokens only: an online prompt prefilled over several
+    steps takes what the step has, beside an online arrival too."""
+    harness = capped_harness(4, max_num_batched_tokens=32)
+    harness.add("long", list(range(1, 61)), max_tokens=1, priority=Priority.ONLINE)
+    assert chunk_sizes(harness.step()) == {"long": 32}
+    harness.add("short", [1, 2, 3], max_tokens=1, priority=Priority.ONLINE)
+    assert chunk_sizes(harness.step()) == {"long": 28, "short": 3}  # the rest of its prompt
+
+
 def test_the_cap_lifts_once_online_traffic_has_been_gone_for_linger_s() -> None:
     clock = FakeClock()
     harness = capped_harness(2, clock, max_num_seqs=8)

@@ -546,6 +546,30 @@ def test_prompts_admitted_together_take_back_what_the_queue_did_not_use() -> Non
     assert chunk_sizes(harness.step()) == {"long": 2048}
 
 
+def test_an_online_prompt_fits_by_what_its_cached_prefix_leaves_to_compute() -> None:
+    """Whether a waiting online prompt can start (and batch jobs sit the step out for it)
+    counts only the tokens its cached prefix does not hold: here 2 tokens, one free block,
+    though its 14 tokens would not fit the two free blocks."""
+    harness = make_harness(num_blocks=7, max_num_batched_tokens=16, max_model_len=24)
+    prefix = list(range(20, 32))  # three full blocks
+    harness.add("job", [1, 2], max_tokens=20, priority=Priority.BATCH)
+    harness.add("holder", [*prefix, 7], max_tokens=20)  # keeps the prefix's blocks in use
+    assert chunk_sizes(harness.step()) == {"holder": 13, "job": 2}
+    assert harness.manager.num_free_blocks == 2
+    harness.add("reuser", [*prefix, 8, 9], max_tokens=1)
+    assert chunk_sizes(harness.step()) == {"holder": 1, "reuser": 2}  # the job sat out
+
+
+def test_batch_jobs_sit_out_an_online_prefills_last_two_tokens_too() -> None:
+    harness = make_harness(max_num_batched_tokens=8)
+    harness.add("job", [1, 2], max_tokens=20, priority=Priority.BATCH)
+    harness.step()
+    harness.add("online", list(range(1, 11)), max_tokens=1)
+    assert chunk_sizes(harness.step()) == {"online": 8}
+    assert chunk_sizes(harness.step()) == {"online": 2}  # still a prefill: the job waits
+    assert chunk_sizes(harness.step()) == {"job": 1}
+
+
 def test_batch_jobs_sit_out_online_prefills_for_a_bounded_number_of_steps() -> None:
     from conveyor.engine.scheduler import MAX_BATCH_PAUSE_STEPS
 

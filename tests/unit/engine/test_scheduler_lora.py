@@ -6,7 +6,7 @@ import pytest
 
 from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.scheduler import Scheduler, SchedulerConfig
-from conveyor.engine.sequence import Sequence
+from conveyor.engine.sequence import Priority, Sequence
 from tests.unit.engine.test_scheduler import FakeRunner, Harness, reference_tokens
 
 
@@ -58,3 +58,18 @@ def test_bad_adapter_limits_are_refused() -> None:
         SchedulerConfig(8, 64, 64, max_loras_per_batch=0)
     with pytest.raises(ValueError, match="adapter_id"):
         Sequence("s", [1], adapter_id=-1)
+
+
+def test_an_online_request_waiting_for_an_adapter_slot_does_not_pause_batch_jobs() -> None:
+    """Batch jobs sit out steps only for an online prompt that can run: one whose adapter
+    has no slot cannot, so the job's sequence keeps decoding beside it."""
+    harness = lora_harness(1)
+    job = Sequence("job", [1, 2, 3], Priority.BATCH, arrival=0, adapter_id=1)
+    harness.scheduler.add(job)
+    harness.max_tokens["job"], harness.live["job"] = 10, job
+    harness.next_arrival = 1
+    harness.step()  # the job's prefill
+    add(harness, "online", adapter_id=2)
+    for _ in range(3):
+        output = harness.step()
+        assert [item.seq.seq_id for item in output.scheduled] == ["job"]
