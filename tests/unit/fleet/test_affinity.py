@@ -211,3 +211,43 @@ def test_equal_matches_and_loads_go_to_the_sessions_worker() -> None:
         loads = {w.worker_id: (2 if w is owner else 0) for w in workers}
         busy = pick(workers, Affinity(PromptKey(PROMPT), session=session), loads)
         assert busy is not None and busy[0] is not owner
+
+
+def session_owned_by(worker_id: str, workers: list[WorkerView]) -> str:
+    """A session whose consistent worker among ``workers`` is ``worker_id``."""
+    return next(
+        session
+        for session in (f"s-{index}" for index in range(1000))
+        if rendezvous_order(session, workers)[0].worker_id == worker_id
+    )
+
+
+def test_affinity_picks_among_workers_with_the_model_loaded() -> None:
+    """A session that hashes to a worker without the model loaded goes to a warm one."""
+    cold = WorkerView("cold", "http://cold:1", frozenset({M}), frozenset(), last_heartbeat_at=100)
+    workers = [view("warm"), cold]
+    session = session_owned_by("cold", workers)
+    r = router()
+    assert r.choose(workers, M, now=100, affinity=Affinity(session=session)) == workers[0]
+    assert r.num_routed == {"session": 1}
+
+
+def test_with_no_worker_warm_affinity_picks_among_them_all() -> None:
+    workers = [
+        WorkerView(w, f"http://{w}:1", frozenset({M}), frozenset(), last_heartbeat_at=100)
+        for w in ("a", "b", "c")
+    ]
+    session = session_owned_by("b", workers)
+    r = router()
+    assert r.choose(workers, M, now=100, affinity=Affinity(session=session)) == workers[1]
+    assert r.num_routed == {"session": 1}
+
+
+def test_the_load_bound_through_the_router_counts_the_reported_queue() -> None:
+    """A session's worker whose reported queue for the model is past the bound is passed
+    over for the next worker in the session's order."""
+    workers = [view("a", depth=10), view("b")]
+    session = session_owned_by("a", workers)
+    r = router(AffinitySettings(load_bound=4))
+    assert r.choose(workers, M, now=100, affinity=Affinity(session=session)) == workers[1]
+    assert r.num_routed == {"session": 1}
