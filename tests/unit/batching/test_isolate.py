@@ -151,3 +151,21 @@ def test_an_oom_inside_a_bisected_half_still_halves() -> None:
     assert results == [2, 4, 6, 8]
     assert ooms == [2, 2]
     assert [len(c) for c in calls] == [4, 2, 1, 1, 2, 1, 1]
+
+
+def test_a_lowered_cap_never_rises_again_within_one_run() -> None:
+    """A half split off before the cap fell to 1 runs its inputs alone after its own OOM,
+    though the governor reports a larger cap by then (it may have probed back up)."""
+    sizes: list[int] = []
+
+    def model(payloads: list[Any]) -> list[int]:
+        sizes.append(len(payloads))
+        if len(payloads) == 8:
+            raise RuntimeError("a fault: the batch is split in halves")
+        if len(payloads) > 1:
+            raise ModelOutOfMemory("too big")
+        return [p * 2 for p in payloads]
+
+    results = run_isolated(model, list(range(8)), cap=8, on_oom=lambda size: 8)
+    assert results == [p * 2 for p in range(8)]
+    assert sizes == [8, 4, 2, 1, 1, 1, 1, 4, 1, 1, 1, 1]
