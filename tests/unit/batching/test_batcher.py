@@ -447,6 +447,24 @@ async def test_while_online_traffic_is_present_job_batches_stay_short(make_batch
     assert len(model.batches[0]) == 100
 
 
+async def test_the_mixed_batch_slack_is_read_in_milliseconds(make_batcher) -> None:
+    """3.9024 ms of slack: (20.3 + 50 + 3.9024) / 2 ms is 57.0013 inputs past the first at
+    0.3 ms each, so 57 fit; 0.1% less slack and 56 would."""
+    model = GatedModel()
+    batcher, _ = make_batcher(model, max_batch_size=100, max_queue=1000, max_wait_ms=0,
+                              mixed_batch_slack_ms=3.9024)  # fmt: skip
+    for _ in range(4):
+        for size in (1, 50, 100):
+            batcher.timing.observe(size, 0.02 + 0.0003 * size)
+    batcher.timing.observe = lambda *args: None  # keep that fit
+    online = submit(batcher, "online")
+    await model.wait_started()
+    jobs = [submit(batcher, f"job-{i}", Priority.BATCH) for i in range(100)]
+    model.open_forever()
+    await asyncio.gather(online.future, *(i.future for i in jobs))
+    assert len(model.batches[1]) == 57
+
+
 async def test_without_online_traffic_job_batches_are_full(make_batcher) -> None:
     model = GatedModel()
     batcher, _ = make_batcher(model, max_batch_size=100, max_queue=1000, online_recent_s=0.0)

@@ -163,3 +163,20 @@ def test_online_traffic_counts_as_present_to_the_end_of_its_window() -> None:
 
     assert run_virtual(main(1.0)) == 58  # t(58) = 37.4 ms <= (20.3 + 50 + 5) / 2
     assert run_virtual(main(1.001)) == 100
+
+
+def test_stop_waits_thirty_seconds_for_a_stuck_batch_by_default() -> None:
+    model = GatedModel()
+
+    async def main() -> float:
+        batcher = started(model, max_batch_size=1, max_wait_ms=0)
+        batcher.submit("stuck", 1, Priority.ONLINE, math.inf)
+        await model.wait_started()
+        stopping_at = asyncio.get_running_loop().time()
+        await batcher.stop()
+        return asyncio.get_running_loop().time() - stopping_at
+
+    try:
+        assert run_virtual(main()) == 30.0
+    finally:
+        model.open_forever()

@@ -112,6 +112,32 @@ async def test_the_batchs_span_names_its_model_and_links_its_requests() -> None:
     assert list(batch_span.attributes["conveyor.request_ids"]) == ["r-1"]  # type: ignore[arg-type]
 
 
+async def test_the_next_batch_starts_before_the_last_ones_results_go_out() -> None:
+    """While batch N's results are handed out on the loop, batch N + 1 already runs."""
+    model = GatedModel()
+    first: list[Any] = []
+    seen_at_launch: list[bool] = []
+
+    class Recording(ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            seen_at_launch.append(all(item.future.done() for item in first))
+            return super().submit(fn, *args, **kwargs)
+
+    executor = Recording(1)
+    batcher, _ = make(model, max_batch_size=2, max_wait_ms=0, executor=executor)
+    batcher.start()
+    try:
+        first.extend(submit(batcher, f"a{i}") for i in range(2))
+        await model.wait_started()
+        second = [submit(batcher, f"b{i}") for i in range(2)]
+        model.open_forever()
+        await asyncio.gather(*(item.future for item in first + second))
+        assert seen_at_launch == [False, False]  # at each launch the first's results were not out
+    finally:
+        await batcher.stop()
+        executor.shutdown()
+
+
 async def test_stop_leaves_an_executor_the_caller_passed_in_usable() -> None:
     executor = ThreadPoolExecutor(1)
     try:

@@ -127,6 +127,22 @@ def test_a_running_online_prefill_is_never_capped_by_the_job_share() -> None:
     assert chunk_sizes(harness.step()) == {"long": 32}
     harness.add("short", [1, 2, 3], max_tokens=1, priority=Priority.ONLINE)
     assert chunk_sizes(harness.step()) == {"long": 28, "short": 3}  # the rest of its prompt
+    harness.add("first", list(range(100, 160)), max_tokens=1, priority=Priority.ONLINE)
+    assert chunk_sizes(harness.step()) == {"first": 32}
+    harness.add("second", list(range(200, 260)), max_tokens=1, priority=Priority.ONLINE)
+    assert chunk_sizes(harness.step()) == {"first": 16, "second": 16}  # half the step each
+
+
+def test_the_cap_holds_while_an_online_request_runs_past_linger_s() -> None:
+    clock = FakeClock()
+    harness = capped_harness(2, clock, max_num_seqs=8)
+    harness.add("online", [1, 2], max_tokens=30, priority=Priority.ONLINE)
+    for i in range(5):
+        harness.add(f"job{i}", [i + 1, 2], max_tokens=30, priority=Priority.BATCH)
+    harness.step()
+    clock.now_s += 5.0  # no online arrival since, but the online request still decodes
+    step = chunk_sizes(harness.step())
+    assert step["online"] == 1 and job_tokens(harness.step()) == 2
 
 
 def test_the_cap_lifts_once_online_traffic_has_been_gone_for_linger_s() -> None:

@@ -546,6 +546,22 @@ def test_prompts_admitted_together_take_back_what_the_queue_did_not_use() -> Non
     assert chunk_sizes(harness.step()) == {"long": 2048}
 
 
+def test_with_nobody_waiting_a_prefill_short_of_blocks_is_preempted_at_once() -> None:
+    """Room is held back from running prefills only while someone waits: otherwise the
+    newer of two prefills that finds no free block is preempted in that step, giving its
+    blocks back, as any running sequence short of blocks is."""
+    harness = make_harness(num_blocks=9, max_num_batched_tokens=16, max_model_len=32)
+    harness.add("job-a", list(range(1, 26)), max_tokens=4, priority=Priority.BATCH)
+    harness.add("online", list(range(30, 39)), max_tokens=1)
+    assert chunk_sizes(harness.step()) == {"online": 9, "job-a": 7}
+    harness.add("job-b", list(range(50, 78)), max_tokens=4, priority=Priority.BATCH)
+    assert chunk_sizes(harness.step()) == {"job-a": 8, "job-b": 8}
+    assert harness.manager.num_free_blocks == 3  # job-a's last 10 tokens take all three
+    output = harness.step()
+    assert chunk_sizes(output) == {"job-a": 10}
+    assert [seq.seq_id for seq in output.preempted] == ["job-b"]
+
+
 def test_an_online_prompt_fits_by_what_its_cached_prefix_leaves_to_compute() -> None:
     """Whether a waiting online prompt can start (and batch jobs sit the step out for it)
     counts only the tokens its cached prefix does not hold: here 2 tokens, one free block,
