@@ -7,6 +7,7 @@ import json
 import orjson
 import pytest
 
+from conveyor.endpoints import raw_id_lists
 from conveyor.endpoints.raw_id_lists import MAX_COUNTED_LISTS, count_id_lists
 
 
@@ -86,3 +87,15 @@ def test_a_client_cannot_pass_its_own_number_off_as_the_list() -> None:
     """The list is replaced by a random number; a number the client wrote is not it."""
     raw = b'{"metadata": {"prompt": [1, 2, 3]}, "prompt": 12345}'
     assert count_id_lists(raw, "prompt") is None
+
+
+@pytest.mark.parametrize("window_bytes", [1, 3, 7])
+def test_a_list_read_a_window_at_a_time_counts_the_same(
+    monkeypatch: pytest.MonkeyPatch, window_bytes: int
+) -> None:
+    monkeypatch.setattr(raw_id_lists, "WINDOW_BYTES", window_bytes)
+    counted = count_id_lists(body(prompt=[[10, 200, 3000], [], [1] * 9]), "prompt")
+    assert counted is not None and counted.sizes == [3, 0, 9]
+    blank = count_id_lists(b'{"model": "m", "prompt": [        ]}', "prompt")
+    assert blank is not None and blank.sizes == [0]
+    assert count_id_lists(body(prompt=[1] * 20 + [1.5]), "prompt") is None  # in the last window
