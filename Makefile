@@ -42,21 +42,15 @@ test: $(BIN)/.installed lint  ## install, lint, type-check, run every test, prin
 
 # Mutation testing of the pure core against the unit tests (README: "Mutation testing").
 MUTATE_JOBS ?= 1
+# The score and every survivor with its verdict go to bench/results/mutation.json.
 mutate: $(BIN)/.installed  ## mutate the pure core, run the unit tests on each mutant, print the score
 	rm -rf mutants
-	$(BIN)/mutmut run --max-children $(MUTATE_JOBS) > mutants.log 2>&1 || (tail -n 20 mutants.log; exit 1)
+	started=$$(date +%s); \
+	$(BIN)/mutmut run --max-children $(MUTATE_JOBS) > mutants.log 2>&1 || { tail -n 20 mutants.log; exit 1; }; \
+	echo $$(( $$(date +%s) - started )) > mutants/run_seconds
 	$(BIN)/mutmut results
-	$(BIN)/mutmut export-cicd-stats
-	$(BIN)/python -c "$$MUTATION_SCORE"
-
-define MUTATION_SCORE
-import json
-s = json.load(open("mutants/mutmut-cicd-stats.json"))
-caught = s["killed"] + s["timeout"]
-tried = s["total"] - s["skipped"]
-print(f"mutation score: {caught}/{tried} caught ({100 * caught / tried:.1f}%), {s['survived']} survived")
-endef
-export MUTATION_SCORE
+	$(BIN)/python -m bench.mutation_report --run-seconds "$$(cat mutants/run_seconds)" \
+		--load "$$(cut -d' ' -f3 /proc/loadavg)" --history "make mutate, load average over 15 min at its end"
 
 bench-online: $(BIN)/.installed
 	$(BIN)/python -m bench.online
