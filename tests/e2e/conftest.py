@@ -119,6 +119,14 @@ def main_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     stop_server(server)
 
 
+@pytest.fixture(scope="session")
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``conveyor serve`` with no model configured (MiniLM and SmolLM2), shared by the session."""
+    server = start_server(tmp_path_factory.mktemp("defaults"), {}, ready_timeout_s=300)
+    yield server
+    stop_server(server)
+
+
 @pytest.fixture()
 def server_factory(tmp_path: Path) -> Iterator[Any]:
     """Start servers with custom configs; all are stopped after the test."""
