@@ -80,8 +80,8 @@ def parity_problems(
     scored: Scored, token_ids: Sequence[int], logprobs: Sequence[float]
 ) -> list[str]:
     """How Conveyor's greedy tokens and their log-probabilities depart from transformers'
-    (empty when they agree): the first differing token, then every logprob off by more
-    than ``LOGPROB_TOLERANCE`` before it."""
+    (empty when they agree): the first differing token, and how many logprobs before it are
+    off by more than ``LOGPROB_TOLERANCE`` (the worst named)."""
     problems: list[str] = []
     if len(logprobs) != len(token_ids):
         problems.append(f"{len(logprobs)} logprobs for {len(token_ids)} tokens")
@@ -96,11 +96,15 @@ def parity_problems(
             )
             agree = position
             break
-    for position in range(min(agree, len(logprobs))):
-        difference = abs(logprobs[position] - scored.logprobs[position])
-        if difference > LOGPROB_TOLERANCE:
-            problems.append(
-                f"token {position}: logprob {logprobs[position]:.6f}, transformers' "
-                f"{scored.logprobs[position]:.6f} (off by {difference:.2e})"
-            )
+    off = [
+        position
+        for position in range(min(agree, len(logprobs)))
+        if abs(logprobs[position] - scored.logprobs[position]) > LOGPROB_TOLERANCE
+    ]
+    if off:
+        worst = max(off, key=lambda position: abs(logprobs[position] - scored.logprobs[position]))
+        problems.append(
+            f"{len(off)} logprobs off by more than {LOGPROB_TOLERANCE}; the worst, token "
+            f"{worst}: {logprobs[worst]:.6f}, transformers' {scored.logprobs[worst]:.6f}"
+        )
     return problems
