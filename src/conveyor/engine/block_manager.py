@@ -175,8 +175,11 @@ class BlockManager:
 
         Stops before the block holding the last token: that token is always
         computed (its logits give the next sample), and computing it must write
-        into a private block, never into one another sequence shares.
+        into a private block, never into one another sequence shares. None for a
+        sequence that computes every position (``uses_prefix_cache`` False).
         """
+        if not seq.uses_prefix_cache:
+            return []
         num_reusable = (seq.num_tokens - 1) // self._block_size
         hits: list[int] = []
         for index in range(num_reusable):

@@ -101,6 +101,18 @@ class LlamaDecoder(nn.Module):
         self, step: StepInput, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> torch.Tensor:
         """Run one step; returns logits [len(step.logits_indices), vocab] in the model dtype."""
+        # Only rows that need logits go through the final norm and the (large) LM head.
+        return self.logits(self.hidden_states(step, kv_caches)[step.logits_indices])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] of hidden states [rows, hidden] from ``hidden_states``."""
+        logits: torch.Tensor = self.lm_head(self.model.norm(hidden))
+        return logits
+
+    def hidden_states(
+        self, step: StepInput, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """Run the decoder layers over the step; the last layer's output [T, hidden]."""
         h = self.model.embed_tokens(step.input_ids)
         rope = rope_angles(step.positions, self.inv_freq, h.dtype)
         block_size = kv_caches[0][0].shape[1]
@@ -112,7 +124,5 @@ class LlamaDecoder(nn.Module):
             self.model.layers, self.config.sliding_windows, kv_caches, strict=True
         ):
             h = layer(h, rope, step, kv_cache, masks[window])
-        # Only rows that need logits go through the final norm and the (large) LM head.
-        last = self.model.norm(h[step.logits_indices])
-        logits: torch.Tensor = self.lm_head(last)
-        return logits
+        hidden: torch.Tensor = h
+        return hidden

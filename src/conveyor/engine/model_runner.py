@@ -20,6 +20,8 @@ from conveyor.engine.decode_buckets import plan_decode_buckets
 from conveyor.engine.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
 from conveyor.engine.llama import LlamaDecoder
 from conveyor.engine.lora.runtime import LoraRuntime
+from conveyor.engine.outputs import TokenLogprobs
+from conveyor.engine.prompt_scoring import score_rows, scoring_rows
 from conveyor.engine.step import SeqChunk
 from conveyor.engine.step_inputs import DecodeBatch, DecodeBucket, PrefillSpan, StepInput
 from conveyor.engine.weight_loader import count_checkpoint_params, load_weights
@@ -192,6 +194,8 @@ class ModelRunner:
         self.decode_bucket_cost_blocks = decode_bucket_cost_blocks
         self.eos_token_ids = read_eos_token_ids(self.checkpoint_dir, raw_config)
         self.last_prepare_s = 0.0  # of the last execute (see step.PrepareTimed)
+        # Of the last execute, one per chunk with scoring (see step.ScoresPrompts).
+        self.last_prompt_scores: list[tuple[TokenLogprobs, ...]] = []
         self.model = self._load_model()
         # Multi-LoRA: chunks with an adapter_id get that adapter's delta (see engine/lora).
         self.lora = lora
@@ -218,27 +222,20 @@ class ModelRunner:
     def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
         """Run one step; float32 logits [num chunks needing logits, vocab], in chunk order.
 
-        Raises ValueError for a chunk that breaks the contract (empty, past
-        ``max_model_len``, block table too short or out of range, unknown token id) and
-        :class:`StepOutOfMemory` when the device runs out of memory; the step can then be
-        retried smaller, since every slot it had written is written again.
+        Chunks with ``scoring`` also get their positions scored, in
+        :attr:`last_prompt_scores`. Raises ValueError for a chunk that breaks the contract
+        (empty, past ``max_model_len``, block table too short or out of range, unknown token
+        id) and :class:`StepOutOfMemory` when the device runs out of memory; the step can
+        then be retried smaller, since every slot it had written is written again.
         """
+        self.last_prompt_scores = []
         if not chunks:
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
         for chunk in chunks:
             self._check_chunk(chunk)
         try:
             with torch.inference_mode():
-                started_s = time.perf_counter()
-                step = self._prepare(chunks)
-                self.last_prepare_s = time.perf_counter() - started_s
-                if self.lora is not None:
-                    self.lora.begin_step(chunks)
-                try:
-                    logits: torch.Tensor = self.model(step, self.kv_caches).to(torch.float32)
-                finally:
-                    if self.lora is not None:
-                        self.lora.end_step()
+                logits = self._run(chunks)
             if self.device.type == "cuda":
                 # Sampling waits for the logits anyway; waiting here puts the model's time
                 # in the step's forward phase, not in whatever reads the logits first.
@@ -251,6 +248,25 @@ class ModelRunner:
                 f"out of device memory running a step of {len(chunks)} sequences and "
                 f"{sum(len(chunk.token_ids) for chunk in chunks)} tokens"
             ) from error
+
+    def _run(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+        """The forward pass (inside inference mode): logits, and scores where asked."""
+        started_s = time.perf_counter()
+        step = self._prepare(chunks)
+        self.last_prepare_s = time.perf_counter() - started_s
+        if self.lora is not None:
+            self.lora.begin_step(chunks)
+        try:
+            hidden = self.model.hidden_states(step, self.kv_caches)
+        finally:
+            if self.lora is not None:
+                self.lora.end_step()
+        # Only rows that need logits go through the final norm and the (large) LM head.
+        logits = self.model.logits(hidden[step.logits_indices]).to(torch.float32)
+        scoring = scoring_rows(chunks)
+        if len(scoring):
+            self.last_prompt_scores = score_rows(self.model.logits, hidden, scoring)
+        return logits
 
     def _load_model(self) -> LlamaDecoder:
         """Build the decoder on the device and fill it from the checkpoint."""
@@ -307,6 +323,14 @@ class ModelRunner:
         # Checked here because an out-of-range embedding index is a fatal device assert on CUDA.
         if min(chunk.token_ids) < 0 or max(chunk.token_ids) >= self.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.vocab_size})")
+        scoring = chunk.scoring
+        if scoring is not None:
+            if not chunk.start_pos <= scoring.first_pos < scoring.end_pos <= chunk.end_pos:
+                raise ValueError("scored positions must lie inside the chunk")
+            if min(scoring.target_ids) < 0 or max(scoring.target_ids) >= self.vocab_size:
+                raise ValueError(f"scored token ids must be in [0, {self.vocab_size})")
+            if not 0 <= scoring.num_top <= self.vocab_size:
+                raise ValueError(f"num_top must be in [0, {self.vocab_size}]")
 
     def _plan_on_cpu(self, chunks: Sequence[SeqChunk]) -> _CpuPlan:
         """Pack token ids, positions and slots; split chunks into prefill and decode groups."""

@@ -21,7 +21,10 @@ class SamplingParams:
     """How to pick each next token of one request, and when to stop.
 
     ``temperature`` 0 means greedy; ``top_k`` 0 or -1 and ``top_p`` 1.0 mean no cut;
-    ``logprobs`` is how many top alternatives to return per token (None: no logprobs).
+    ``logprobs`` is how many top alternatives to return per token (None: no logprobs);
+    ``prompt_logprobs`` the same for every prompt token after the first (None: none; the
+    prompt is then computed in full, never served from the prefix cache). ``max_tokens``
+    0 runs the prompt and samples nothing (for its prompt logprobs).
     ``stop`` strings and ``stop_token_ids`` end the request; ``ignore_eos`` keeps it going
     past EOS. ``presence_penalty`` / ``frequency_penalty`` (OpenAI's, over generated tokens)
     and ``repetition_penalty`` (over prompt and output; 1.0 is off) discourage repeats;
@@ -41,6 +44,7 @@ class SamplingParams:
     stop_token_ids: Collection[int] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -56,7 +60,7 @@ class SamplingParams:
         _check_int("top_k", self.top_k, low=-1, high=None)
         if self.seed is not None:
             _check_int("seed", self.seed, low=0, high=_MAX_SEED)
-        _check_int("max_tokens", self.max_tokens, low=1, high=None)
+        _check_int("max_tokens", self.max_tokens, low=0, high=None)
         if isinstance(self.stop, str):
             raise ValueError("stop must be a list of strings, not a single string")
         if any(not isinstance(text, str) or not text for text in self.stop):
@@ -67,6 +71,8 @@ class SamplingParams:
             raise ValueError("ignore_eos must be a boolean")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=MAX_LOGPROBS)
         self._check_shaping()
         # Frozen, so normalise through object.__setattr__: tuples keep the params hashable.
         object.__setattr__(self, "stop", tuple(self.stop))

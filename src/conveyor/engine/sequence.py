@@ -46,6 +46,9 @@ class Sequence:
     # The LoRA adapter this sequence runs with (0: the base model alone). Ids are never
     # reused, so the KV blocks of one adapter are never served to another.
     adapter_id: int = 0
+    # False: every position is computed, none served from the prefix cache (prompt
+    # logprobs need each position's logits); its blocks still enter the cache for others.
+    uses_prefix_cache: bool = True
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = field(init=False, default=0)
     block_table: list[int] = field(init=False, default_factory=list)
@@ -77,6 +80,8 @@ class Sequence:
             raise ValueError(f"sequence {self.seq_id!r}: adapter_id must be an int")
         if self.adapter_id < 0:
             raise ValueError(f"sequence {self.seq_id!r}: adapter_id must be >= 0")
+        if not isinstance(self.uses_prefix_cache, bool):
+            raise ValueError(f"sequence {self.seq_id!r}: uses_prefix_cache must be a bool")
         # Accepts plain ints too; raises ValueError for an unknown class.
         self.priority = Priority(self.priority)
         # Copies so later edits of the caller's list cannot change the request.

@@ -11,10 +11,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from conveyor.engine.outputs import TokenLogprobs
+
 if TYPE_CHECKING:  # named in annotations only
     import torch
 
-__all__ = ["PrepareTimed", "SeqChunk", "StepExecutor"]
+__all__ = ["PrepareTimed", "PromptScoring", "ScoresPrompts", "SeqChunk", "StepExecutor"]
+
+
+@dataclass(slots=True, frozen=True)
+class PromptScoring:
+    """Positions of a chunk whose next-token logprobs the caller wants (prompt logprobs).
+
+    Position ``first_pos + i`` is scored against ``target_ids[i]``, the token that follows
+    it, with the ``num_top`` most likely tokens there.
+    """
+
+    first_pos: int
+    target_ids: tuple[int, ...]
+    num_top: int = 0
+
+    @property
+    def end_pos(self) -> int:
+        """Position one past the last scored one."""
+        return self.first_pos + len(self.target_ids)
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,6 +54,8 @@ class SeqChunk:
     needs_logits: bool
     # The sequence's LoRA adapter (0: the base model alone).
     adapter_id: int = 0
+    # Positions to score for prompt logprobs (None: none, and no cost).
+    scoring: PromptScoring | None = None
 
     @property
     def end_pos(self) -> int:
@@ -50,6 +72,16 @@ class StepExecutor(Protocol):
 
     def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
         """Run one step; logits [chunks needing logits, vocab] in chunk order."""
+
+
+@runtime_checkable
+class ScoresPrompts(Protocol):
+    """An executor that scores prompt positions (``SeqChunk.scoring``) as it runs a step."""
+
+    @property
+    def last_prompt_scores(self) -> Sequence[tuple[TokenLogprobs, ...]]:
+        """One entry per chunk of the last ``execute`` that had ``scoring``, in chunk
+        order: a ``TokenLogprobs`` per scored position (the target token's logprob)."""
 
 
 @runtime_checkable

@@ -110,6 +110,23 @@ def test_same_three_block_prompt_shares_blocks_and_recomputes_the_last() -> None
     assert_pool_whole(manager)
 
 
+def test_a_sequence_off_the_prefix_cache_computes_everything_but_fills_the_cache() -> None:
+    manager = BlockManager(16, 4)
+    prompt = list(range(100, 112))
+    first = make_seq("a", prompt)
+    run_prefill(manager, first)
+    scored = Sequence("b", prompt, uses_prefix_cache=False)
+    assert manager.num_cache_hit_tokens(scored) == 0
+    manager.allocate(scored)
+    assert (scored.block_table, scored.num_computed_tokens) == ([], 0)
+    compute(manager, scored)
+    assert not set(scored.block_table) & set(first.block_table)
+    manager.free(first)  # its blocks stay findable, but the scored copy's are as good
+    manager.free(scored)
+    reader = make_seq("c", [*prompt, 7])
+    assert manager.num_cache_hit_tokens(reader) == 12
+
+
 def test_prompt_past_a_block_boundary_reuses_every_full_block() -> None:
     manager = BlockManager(16, 4)
     prompt = list(range(13))

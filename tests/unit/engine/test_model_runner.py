@@ -19,7 +19,7 @@ from conveyor.engine.model_runner import (
     num_kv_blocks_for_tokens,
     resolve_dtype,
 )
-from conveyor.engine.step import SeqChunk
+from conveyor.engine.step import PromptScoring, SeqChunk
 from conveyor.errors import ModelOutOfMemory
 from conveyor.testing import build_tiny_llama
 
@@ -77,6 +77,9 @@ def test_step_without_logits_still_fills_the_cache(runner: ModelRunner) -> None:
         (SeqChunk((5,), 0, (NUM_KV_BLOCKS,), True), "block ids"),
         (SeqChunk((512,), 0, (0,), True), "token ids"),
         (SeqChunk((5,), 1024, (0,) * 257, True), "max_model_len"),
+        (SeqChunk((5, 6), 0, (0,), True, scoring=PromptScoring(1, (7, 8))), "inside the chunk"),
+        (SeqChunk((5, 6), 0, (0,), True, scoring=PromptScoring(0, (512,))), "scored token ids"),
+        (SeqChunk((5, 6), 0, (0,), True, scoring=PromptScoring(0, (7,), -1)), "num_top"),
     ],
 )
 def test_bad_chunks_are_rejected(runner: ModelRunner, chunk: SeqChunk, message: str) -> None:
@@ -90,7 +93,7 @@ def test_out_of_memory_in_a_step_becomes_step_out_of_memory(
     def explode(*args: Any, **kwargs: Any) -> torch.Tensor:
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(runner.model, "forward", explode)
+    monkeypatch.setattr(runner.model, "hidden_states", explode)
     with pytest.raises(StepOutOfMemory) as caught:
         runner.execute([SeqChunk((5, 6), 0, (0,), True)])
     assert isinstance(caught.value, ModelOutOfMemory)
@@ -109,7 +112,7 @@ def test_other_runtime_errors_are_not_called_out_of_memory(
     def explode(*args: Any, **kwargs: Any) -> torch.Tensor:
         raise RuntimeError("shape mismatch")
 
-    monkeypatch.setattr(runner.model, "forward", explode)
+    monkeypatch.setattr(runner.model, "hidden_states", explode)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         runner.execute([SeqChunk((5, 6), 0, (0,), True)])
 

@@ -20,12 +20,15 @@ from conveyor.engine.sampling_params import SamplingParams
         ({"top_k": -2}, "top_k"),
         ({"top_k": 2.5}, "top_k"),
         ({"seed": -1}, "seed"),
-        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
         ({"stop": "END"}, "stop"),
         ({"stop": ["ok", ""]}, "stop"),
         ({"stop_token_ids": [-3]}, "stop_token_ids"),
         ({"logprobs": 21}, "logprobs"),
         ({"logprobs": -1}, "logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"prompt_logprobs": True}, "prompt_logprobs"),
         ({"ignore_eos": "yes"}, "ignore_eos"),
     ],
 )
@@ -44,3 +47,8 @@ def test_lists_are_stored_as_tuples_and_params_are_hashable() -> None:
     assert hash(params) == hash(
         SamplingParams(stop=("a", "b"), stop_token_ids=(5,), logprobs=0, top_k=-1)
     )
+
+
+def test_max_tokens_0_is_a_prompt_only_request() -> None:
+    params = SamplingParams(max_tokens=0, prompt_logprobs=0)
+    assert (params.max_tokens, params.prompt_logprobs) == (0, 0)

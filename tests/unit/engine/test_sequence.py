@@ -94,6 +94,7 @@ def test_equality_is_identity() -> None:
         ({"seq_id": "s", "prompt_token_ids": [1], "priority": 7}, "Priority"),
         ({"seq_id": "s", "prompt_token_ids": [1], "prefix_group": ""}, "prefix_group"),
         ({"seq_id": "s", "prompt_token_ids": [1], "prefix_group": 3}, "prefix_group"),
+        ({"seq_id": "s", "prompt_token_ids": [1], "uses_prefix_cache": 0}, "uses_prefix_cache"),
     ],
 )
 def test_bad_construction_raises(kwargs: dict[str, object], match: str) -> None:
