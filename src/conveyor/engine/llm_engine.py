@@ -440,10 +440,10 @@ class LLMEngine:
             entry.request.request_id: token
             for entry, token in zip(sampling, result.token_ids, strict=True)
         }
+        unsampled = {e.request.request_id for e in needs_logits if not e.request.max_output_tokens}
+        capped = self._scheduler.postprocess(output, sampled, unsampled)
         now_s = time.monotonic()
-        # Retired first, so the scheduler expects no token of theirs.
         deliveries = self._end_unsampled(needs_logits, now_s)
-        capped = self._scheduler.postprocess(output, sampled)
         self._scheduler.restore_token_budget()
         for row, entry in enumerate(sampling):
             logprobs = result.logprobs[row] if result.logprobs else None

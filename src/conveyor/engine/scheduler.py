@@ -45,6 +45,7 @@ Policy, kept deliberately simple:
 from __future__ import annotations
 
 import bisect
+from collections.abc import Set
 from dataclasses import dataclass
 
 from conveyor.engine.block_manager import BlockManager
@@ -422,27 +423,30 @@ class Scheduler:
         needed = manager.num_blocks_needed(num_new)
         return bool(victims) and manager.num_free_blocks + reclaimable >= needed
 
-    def postprocess(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
+    def postprocess(
+        self, output: SchedulerOutput, sampled: dict[str, int], unsampled: Set[str] = frozenset()
+    ) -> list[Sequence]:
         """Apply a step the model completed: advance caches, append sampled tokens.
 
         ``output`` must be the latest ``schedule()`` result, postprocessed once.
         ``sampled`` maps the seq_id of every scheduled sequence with ``needs_logits`` to its
-        new token.  Sequences aborted or finished since ``schedule`` are
-        ignored, with their tokens.  Returns the sequences that reached
-        ``max_model_len``: the caller must ``finish`` them before the next step.
-        Everything is validated before anything changes.
+        new token, but for those in ``unsampled`` (they end here without a token: the
+        caller finishes them next; their blocks are cached all the same).  Sequences
+        aborted or finished since ``schedule`` are ignored, with their tokens.  Returns the
+        sequences that reached ``max_model_len``: the caller must ``finish`` them before the
+        next step.  Everything is validated before anything changes.
         """
         if output is not self._pending:
             raise ValueError("output is not the latest schedule() result, or was postprocessed")
         live = [item for item in output.scheduled if self._is_running(item.seq)]
-        check_sampled(output, live, sampled)
+        check_sampled(output, live, sampled, unsampled)
         self._pending = None
         capped: list[Sequence] = []
         for item in live:
             seq = item.seq
             seq.num_computed_tokens += item.num_new_tokens
             self._block_manager.cache_computed_blocks(seq)
-            if item.needs_logits:
+            if item.needs_logits and seq.seq_id not in unsampled:
                 seq.append_token(sampled[seq.seq_id])
                 if seq.num_tokens >= self._config.max_model_len:
                     capped.append(seq)

@@ -6,6 +6,7 @@ the check of a finished step's sampled tokens against its plan (``check_sampled`
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 from conveyor.engine.sequence import Sequence, check_token_id
@@ -140,10 +141,14 @@ class StepPlan:
 
 
 def check_sampled(
-    output: SchedulerOutput, live: list[ScheduledSeq], sampled: dict[str, int]
+    output: SchedulerOutput,
+    live: list[ScheduledSeq],
+    sampled: dict[str, int],
+    unsampled: Set[str] = frozenset(),
 ) -> None:
-    """Every live sampling sequence of ``output`` has a valid token; no token lacks one."""
-    expected = {item.seq.seq_id for item in live if item.needs_logits}
+    """Every live sampling sequence of ``output`` (but the ``unsampled``) has a valid
+    token; no token lacks one."""
+    expected = {i.seq.seq_id for i in live if i.needs_logits and i.seq.seq_id not in unsampled}
     gone = {item.seq.seq_id for item in output.scheduled} - {i.seq.seq_id for i in live}
     missing = expected - sampled.keys()
     if missing:

@@ -111,18 +111,19 @@ async def test_a_prompt_prefilled_in_chunks_is_scored_whole(
         assert_matches_hf(llama_reference, prompt, prompt_logprobs_of(result))
 
 
-async def test_a_cached_prompt_is_computed_again_and_still_fills_the_cache(
+async def test_a_scored_prompt_fills_the_cache_but_never_reads_it(
     llama_path: Path, llama_reference: HFReference
 ) -> None:
     prompt = random_prompts([40], VOCAB_SIZE, seed=34)[0]
     plain = SamplingParams(temperature=0.0, max_tokens=2)
     with running_engine(llama_path, engine_config()) as engine:
-        await generate(engine, [prompt], plain)  # fills the cache with the prompt's blocks
-        (result,) = await generate(engine, [prompt], scored())
-        assert result.outputs[-1].num_cached_tokens == 0  # no position came from the cache
-        (again,) = await generate(engine, [prompt + [7]], plain)
-        assert again.outputs[-1].num_cached_tokens == 40  # served from the scored run's blocks
-    assert_matches_hf(llama_reference, prompt, prompt_logprobs_of(result))
+        (first,) = await generate(engine, [prompt], scored())
+        (reader,) = await generate(engine, [[*prompt, 7]], plain)
+        assert reader.outputs[-1].num_cached_tokens == 40  # the scored run's blocks
+        (again,) = await generate(engine, [prompt], scored())
+        assert again.outputs[-1].num_cached_tokens == 0  # every position computed again
+    for result in (first, again):
+        assert_matches_hf(llama_reference, prompt, prompt_logprobs_of(result))
 
 
 async def test_positions_recomputed_after_a_preemption_are_scored_once(

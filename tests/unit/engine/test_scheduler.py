@@ -835,6 +835,19 @@ def test_postprocess_validates_before_changing_anything() -> None:
     assert (long.token_ids[-1], short.token_ids[-1]) == (3, 4)
 
 
+def test_an_unsampled_prompt_ends_with_its_blocks_cached_and_no_token() -> None:
+    harness = make_harness()
+    prompt = list(range(1, 10))
+    scored = harness.add("scored", prompt, max_tokens=0)
+    output = harness.scheduler.schedule()
+    with pytest.raises(ValueError, match="did not sample"):
+        harness.scheduler.postprocess(output, {"scored": 3}, {"scored"})
+    assert harness.scheduler.postprocess(output, {}, {"scored"}) == []
+    assert scored.token_ids == prompt and scored.num_computed_tokens == 9
+    harness.scheduler.finish("scored")
+    assert harness.manager.num_cache_hit_tokens(Sequence("next", [*prompt, 5])) == 8
+
+
 def test_out_of_memory_retry_with_a_smaller_budget() -> None:
     harness = make_harness(max_num_batched_tokens=16)
     scheduler = harness.scheduler
