@@ -53,8 +53,11 @@ def answer_bytes(results: Sequence[ChoiceResult]) -> int:
     total = 0
     for result in results:
         total += len(result.text)
-        if result.logprobs:
-            total += ENTRY_BYTES * len(result.logprobs) * (1 + len(result.logprobs[0].top))
+        entries = list(result.logprobs)
+        if result.prompt_logprobs is not None:
+            entries.extend(result.prompt_logprobs.entries)
+        if entries:
+            total += ENTRY_BYTES * len(entries) * (1 + len(entries[0].top))
     return total
 
 

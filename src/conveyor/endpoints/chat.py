@@ -105,6 +105,7 @@ def prepare_chat(
         [prompt] * num_choices,
         choice_params(params, num_choices),
         tool_names=request.tool_names if is_parsed else (),
+        num_choices=num_choices,
     )
 
 
