@@ -78,7 +78,7 @@ class GenerationRequest:
     model_s: float = field(init=False, default=0.0)
     # Prompt logprobs so far: entry i is about prompt token i + 1 (see ``PromptLogprobs``).
     prompt_scores: list[TokenLogprobs] = field(init=False, default_factory=list)
-    is_prompt_scored: bool = field(init=False, default=False)
+    is_prompt_logprobs_sent: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) >= self.max_model_len:
@@ -207,9 +207,9 @@ class GenerationRequest:
 
     def _take_prompt_logprobs(self) -> PromptLogprobs | None:
         """The prompt's logprobs, once (for the first output), when they were asked for."""
-        if self.params.prompt_logprobs is None or self.is_prompt_scored:
+        if self.params.prompt_logprobs is None or self.is_prompt_logprobs_sent:
             return None
-        self.is_prompt_scored = True
+        self.is_prompt_logprobs_sent = True
         return PromptLogprobs(tuple(self.prompt_token_ids), tuple(self.prompt_scores))
 
     def _output(
