@@ -158,3 +158,14 @@ async def test_usage_counts_each_prompt_once_whatever_its_choices(service: Servi
     triple = ChatCompletion.model_validate(await run_chat(service, {**body, "n": 1}))
     assert single.usage is not None and triple.usage is not None
     assert single.usage.prompt_tokens == triple.usage.prompt_tokens
+
+
+async def test_every_choice_of_an_echoed_prompt_carries_its_logprobs(service: Service) -> None:
+    result = await echoed(
+        service, prompt="one two three four", logprobs=1, max_tokens=2, n=2, ignore_eos=True
+    )
+    first, second = (choice["logprobs"] for choice in result["choices"])
+    num_prompt = result["usage"]["prompt_tokens"]
+    for key in ("tokens", "token_logprobs", "text_offset"):
+        assert first[key][:num_prompt] == second[key][:num_prompt]
+    assert len(first["tokens"]) == len(second["tokens"]) == num_prompt + 2
