@@ -149,7 +149,7 @@ async def test_usage_counts_each_prompt_once_whatever_its_choices(service: Servi
     prompts = random_prompts([31, 5], 512, seed=43)
     result = await completion(service, prompt=prompts[0], n=3, max_tokens=2)
     assert result.usage is not None and result.usage.prompt_tokens == 31
-    both = await completion(service, prompt=prompts, n=3, max_tokens=2)
+    both = await completion(service, prompt=prompts, n=3, max_tokens=2, ignore_eos=True)
     assert len(both.choices) == 6 and both.usage is not None
     assert both.usage.prompt_tokens == 36 and both.usage.completion_tokens == 12
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 3,
