@@ -88,7 +88,7 @@ def launch_server(tmp: Path, config: dict[str, Any]) -> Server:
 
 
 def wait_until_ready(server: Server, ready_timeout_s: float = 90) -> Server:
-    """Wait until the server's /ready answers 200; stop it if it does not in time."""
+    """Wait until the server's /ready answers 200; shut it down if it does not in time."""
     process = server.process
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
