@@ -429,12 +429,11 @@ class Scheduler:
         """Apply a step the model completed: advance caches, append sampled tokens.
 
         ``output`` must be the latest ``schedule()`` result, postprocessed once.
-        ``sampled`` maps the seq_id of every scheduled sequence with ``needs_logits`` to its
-        new token, but for those in ``unsampled`` (they end here without a token: the
-        caller finishes them next; their blocks are cached all the same).  Sequences
-        aborted or finished since ``schedule`` are ignored, with their tokens.  Returns the
-        sequences that reached ``max_model_len``: the caller must ``finish`` them before the
-        next step.  Everything is validated before anything changes.
+        ``sampled`` maps the seq_id of every scheduled sequence with ``needs_logits`` but
+        the ``unsampled`` (the caller ends those next, their blocks cached) to its new
+        token.  Sequences aborted or finished since ``schedule`` are ignored, with their
+        tokens.  Returns the sequences that reached ``max_model_len``: the caller must
+        ``finish`` them before the next step.  Everything is validated first.
         """
         if output is not self._pending:
             raise ValueError("output is not the latest schedule() result, or was postprocessed")
