@@ -121,7 +121,7 @@ def import_command(
     dtype: Annotated[str, typer.Option(help="float32 (exact), float16 or bfloat16.")] = "float32",
 ) -> None:
     """Write a GGUF file as safetensors weights, tokenizer and config.json in OUT_DIR."""
-    from conveyor.engine.gguf_import import import_gguf
+    from conveyor.engine.model.gguf_import import import_gguf
 
     try:
         result = import_gguf(source, out_dir, dtype=dtype)

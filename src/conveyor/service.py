@@ -48,7 +48,7 @@ from conveyor.tenants.usage import Admission, Payer, UsageEvent, cost_usd
 
 if TYPE_CHECKING:
     from conveyor.engine.generator import HostedGenerator
-    from conveyor.engine.sampling_params import SamplingParams
+    from conveyor.engine.sampling.params import SamplingParams
     from conveyor.engine.stream import GenerationStream
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ KV cache too small for one sequence is one line naming the model, not a tracebac
 from __future__ import annotations
 
 from conveyor.config import GenerateModelConfig, ServerConfig, remote_model_name
-from conveyor.engine.hf_config import DecoderConfig, load_hf_config
-from conveyor.engine.limits import kv_pool_problem, max_model_len_problem
+from conveyor.engine.core.limits import kv_pool_problem, max_model_len_problem
+from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.errors import ConfigError
 
 

@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from conveyor.engine.core.step import StepExecutor
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.model_runner import ModelRunner
+from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.outputs import FinishReason, GenerationOutput
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.step import StepExecutor
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.priority import Priority

@@ -30,8 +30,8 @@ from conveyor.endpoints.tools import (
     tool_call_grammar,
 )
 from conveyor.engine.generator import HostedGenerator
-from conveyor.engine.grammar import grammar_from_json_schema
 from conveyor.engine.outputs import TokenLogprobs
+from conveyor.engine.sampling.grammar import grammar_from_json_schema
 from conveyor.errors import InvalidRequest
 from conveyor.priority import Priority
 from conveyor.service import Service

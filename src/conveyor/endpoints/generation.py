@@ -19,7 +19,7 @@ from conveyor.endpoints.generation_schemas import PROMPT_HINT, GenerationRequest
 from conveyor.endpoints.validation import too_many_errors
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import GenerationOutput, TokenLogprobs
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.errors import ConveyorError, InvalidRequest
 from conveyor.input_limits import check_text_bytes

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from conveyor.engine.block_manager import BlockManager
-from conveyor.engine.engine_config import EngineStats
+from conveyor.engine.core.block_manager import BlockManager
+from conveyor.engine.core.engine_config import EngineStats
+from conveyor.engine.core.step import PrepareTimed, StepExecutor
+from conveyor.engine.core.step_plan import SchedulerOutput
 from conveyor.engine.request import GenerationRequest
-from conveyor.engine.step import PrepareTimed, StepExecutor
-from conveyor.engine.step_plan import SchedulerOutput
 from conveyor.metrics import GeneratorMetrics
 
 

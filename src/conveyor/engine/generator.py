@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from conveyor.config import GenerateModelConfig
-from conveyor.engine.lora.registry import AdapterEntry, LoraRegistry
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.siblings import prefix_groups
+from conveyor.engine.core.siblings import prefix_groups
+from conveyor.engine.model.lora.registry import AdapterEntry, LoraRegistry
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import InvalidRequest, QueueFull

@@ -22,7 +22,7 @@ from conveyor.endpoints.lora_adapters import (
     load_adapter,
     unload_adapter,
 )
-from conveyor.engine.lora.files import CONFIG_FILE, CONFIG_MAX_BYTES, REFUSAL, AdapterRefused
+from conveyor.engine.model.lora.files import CONFIG_FILE, CONFIG_MAX_BYTES, REFUSAL, AdapterRefused
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import ConfigError, InvalidRequest, ModelNotFound, PermissionDenied
 from conveyor.openai_paths import COMPLETIONS
