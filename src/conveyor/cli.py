@@ -31,7 +31,7 @@ from conveyor.startup_checks import check_models
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from conveyor.gateway import GatewaySettings
+    from conveyor.gateway.process import GatewaySettings
 
 app = typer.Typer(help="Conveyor: batched inference behind an OpenAI-compatible API.")
 app.add_typer(batch_app, name="batch")
@@ -278,7 +278,7 @@ def gateway(
     """Route online requests to the fleet's workers; holds no model."""
     from conveyor.api.gateway_app import create_gateway_app
     from conveyor.fleet.affinity import AffinitySettings
-    from conveyor.gateway import GatewaySettings, parse_model_dirs
+    from conveyor.gateway.process import GatewaySettings, parse_model_dirs
 
     settings = _load_or_exit(
         config, host=host, port=port, max_connections=max_connections,

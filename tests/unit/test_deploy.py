@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from conveyor.gateway import Gateway, GatewaySettings
+from conveyor.gateway.process import Gateway, GatewaySettings
 from conveyor.stores import open_job_store
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from conveyor.api.app import create_app
 from conveyor.api.gateway_app import create_gateway_app
 from conveyor.cli import app as cli_app
 from conveyor.config import ServerConfig
-from conveyor.gateway import GatewaySettings
+from conveyor.gateway.process import GatewaySettings
 from conveyor.models.base import shorten_vectors
 from conveyor.models.synthetic import synthetic_vector
 from conveyor.openai_paths import PROXIED_ENDPOINTS

@@ -15,7 +15,7 @@ from conveyor.api.app import create_app
 from conveyor.api.gateway_app import create_gateway_app
 from conveyor.config import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
-from conveyor.gateway import GatewaySettings
+from conveyor.gateway.process import GatewaySettings
 from conveyor.service import Service
 from conveyor.stores import open_job_store
 

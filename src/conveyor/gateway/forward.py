@@ -1,5 +1,9 @@
 """Forward one online request to a worker, retrying elsewhere until bytes reach the client.
 
+What a worker is sent: the client's bytes, its headers less hop-by-hop ones and any only
+the fleet may say (``worker_headers``), the target as the client wrote it, and the
+request's prefix and session hint for the router (``affinity_hint``).
+
 A failure before any byte of the response left the gateway (connection refused or reset,
 worker died, worker answered 503) is retried on another worker, within the request's
 deadline and an attempt limit. Once an event stream has started, a failure ends it with an
@@ -13,7 +17,7 @@ import enum
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import orjson
 from starlette.responses import StreamingResponse
@@ -21,11 +25,16 @@ from starlette.types import Receive, Scope, Send
 
 from conveyor.errors import DeadlineExceeded, ServiceUnavailable
 from conveyor.fleet.affinity import Affinity
+from conveyor.fleet.credential import VOUCHED_HEADERS, FleetCredential, vouch_headers
 from conveyor.fleet.router import Router, WorkerView
 from conveyor.fleet.upstream import UpstreamError, UpstreamTimeout
 from conveyor.metrics import GatewayMetrics
 from conveyor.observability.context import note_model
 from conveyor.observability.tracing import child_span, outbound_headers
+from conveyor.tenants.keyring import ANONYMOUS, Principal
+
+if TYPE_CHECKING:
+    from conveyor.gateway.process import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +51,10 @@ DROPPED_REQUEST_HEADERS = frozenset(
 DROPPED_RESPONSE_HEADERS = frozenset(
     {b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
 )
+# Never passed on from a client: hop-by-hop headers and what only the fleet may say...
+_NOT_FORWARDED = DROPPED_REQUEST_HEADERS | VOUCHED_HEADERS
+# ...and, when the gateway calls workers with the fleet key, the client's own key.
+_NOT_FORWARDED_WITH_FLEET_KEY = _NOT_FORWARDED | {b"authorization"}
 EVENT_STREAM = b"text/event-stream"
 # Below this much time left an attempt cannot do useful work.
 MIN_ATTEMPT_S = 0.005
@@ -163,6 +176,37 @@ def stream_error_event(message: str) -> bytes:
     """An SSE event in OpenAI's error shape, ending a stream that broke half-way."""
     error = {"message": message, "type": "server_error", "param": None, "code": "worker_failed"}
     return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+
+def request_target(scope: Scope) -> str:
+    """The request target as the client sent it (still percent-encoded), with its query."""
+    raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+    query: bytes = scope.get("query_string", b"")
+    return (raw_path + b"?" + query if query else raw_path).decode("latin-1")
+
+
+def worker_headers(scope: Scope, credential: FleetCredential | None) -> list[tuple[bytes, bytes]]:
+    """The headers a worker gets: the client's, less hop-by-hop ones and any a client may not
+    send (``X-Conveyor-Tenant``); with the fleet key, that key instead of the client's and
+    the caller the gateway authenticated."""
+    if credential is None:
+        return [(k, v) for k, v in scope["headers"] if k.lower() not in _NOT_FORWARDED]
+    dropped = _NOT_FORWARDED_WITH_FLEET_KEY
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in dropped]
+    principal = scope.get("state", {}).get("principal", ANONYMOUS)
+    if not isinstance(principal, Principal):  # set by the key middleware, always in front
+        principal = ANONYMOUS
+    headers.append((b"authorization", credential.authorization))
+    headers.extend(vouch_headers(principal.tenant, principal.is_admin))
+    return headers
+
+
+async def affinity_hint(gateway: Gateway, scope: Scope, body: bytes, model: str) -> Affinity | None:
+    """The request's prefix and session hint, when the gateway routes by affinity."""
+    if gateway.router.affinity is None:
+        return None
+    sizes = {h.block_size for v in gateway.registry.views if (h := v.prefixes.get(model))}
+    return await gateway.hints.read(scope["path"], scope["headers"], body, model, sizes)
 
 
 class Proxy:

@@ -13,7 +13,9 @@ import pytest
 from starlette.responses import StreamingResponse
 
 from conveyor.errors import DeadlineExceeded, ServiceUnavailable
-from conveyor.fleet.proxy import (
+from conveyor.fleet.router import Ejections, Router, WorkerView
+from conveyor.fleet.upstream import ConnectFailed, ConnectionBroken, UpstreamTimeout
+from conveyor.gateway.forward import (
     OutboundRequest,
     ProxiedResponse,
     Proxy,
@@ -21,8 +23,6 @@ from conveyor.fleet.proxy import (
     forwardable_headers,
     stream_error_event,
 )
-from conveyor.fleet.router import Ejections, Router, WorkerView
-from conveyor.fleet.upstream import ConnectFailed, ConnectionBroken, UpstreamTimeout
 from conveyor.metrics import GatewayMetrics
 
 pytestmark = pytest.mark.anyio

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.gateway import Gateway, GatewaySettings
+from conveyor.gateway.process import Gateway, GatewaySettings
 from conveyor.stores import open_job_store
 
 pytestmark = pytest.mark.anyio

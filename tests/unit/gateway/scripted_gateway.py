@@ -14,7 +14,7 @@ import httpx
 
 from conveyor.api.gateway_app import create_gateway_app
 from conveyor.config import ServerConfig
-from conveyor.gateway import Gateway, GatewaySettings
+from conveyor.gateway.process import Gateway, GatewaySettings
 from conveyor.stores import open_job_store
 from conveyor.stores.tenant_records import ApiKeyRecord
 

@@ -23,7 +23,7 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from conveyor.fleet.proxy import ProxiedResponse
+from conveyor.gateway.forward import ProxiedResponse
 from conveyor.observability.context import RequestContext, current_request
 from conveyor.tenants.estimate import ask_of
 from conveyor.tenants.gate import RateLimitGate, Reservation, reservation_headers

@@ -1,8 +1,8 @@
-"""The gateway process: holds no model; authenticates, admits, routes and answers.
+"""One gateway's state: holds no model; authenticates, admits, routes and answers.
 
 It reads the worker registry from the shared job store, sends each online request to a
 healthy worker hosting its model (see ``fleet.router``), retries failures on other workers
-(``fleet.proxy``) and exports the fleet's scaling signal (``fleet.scaling``).
+(``gateway.forward``) and exports the fleet's scaling signal (``fleet.scaling``).
 
 It also serves ``/v1/files`` and ``/v1/batches`` on the fleet's shared job and object stores:
 it plans and finalizes batches but runs no shards (``jobs.is_worker`` is off); the workers
@@ -24,13 +24,13 @@ from conveyor.config import ServerConfig
 from conveyor.errors import ModelNotFound, ServiceUnavailable
 from conveyor.fleet.affinity import AffinitySettings
 from conveyor.fleet.credential import FleetCredential
-from conveyor.fleet.proxy import Proxy, ProxySettings
 from conveyor.fleet.registry import FleetRegistry, model_loads
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.fleet.route_hint import HintReader
 from conveyor.fleet.router import Ejections, Router, WorkerView
 from conveyor.fleet.scaling import ModelDemand, RateMeter, desired_replicas
 from conveyor.fleet.upstream import PoolLimits, UpstreamPool
+from conveyor.gateway.forward import Proxy, ProxySettings
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.metrics import GatewayMetrics
 from conveyor.stores import ObjectStore, StoreError

@@ -14,10 +14,11 @@ import httpx
 import orjson
 import pytest
 
-from conveyor.api.fleet import is_proxied, read_model, scan_model
+from conveyor.api.fleet import is_proxied
 from conveyor.errors import InvalidRequest
+from conveyor.gateway.sniff import read_model, scan_model
 from conveyor.tenants.keys import new_key_record
-from tests.unit.fleet.scripted_gateway import gateway_before
+from tests.unit.gateway.scripted_gateway import gateway_before
 
 pytestmark = pytest.mark.anyio
 

@@ -18,13 +18,13 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from conveyor.api.proxy_limits import ProxyLimits, StreamMeter, answer_usage
-from conveyor.gateway import Gateway
+from conveyor.gateway.limits import ProxyLimits, StreamMeter, answer_usage
+from conveyor.gateway.process import Gateway
 from conveyor.metrics import TenantMetrics
 from conveyor.tenants.config import TenancyConfig
 from conveyor.tenants.gate import RateLimitGate, Reservation
 from conveyor.tenants.limiter import MemoryRateLimiter
-from tests.unit.fleet.scripted_gateway import gateway_before
+from tests.unit.gateway.scripted_gateway import gateway_before
 
 pytestmark = pytest.mark.anyio
 

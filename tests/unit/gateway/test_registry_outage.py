@@ -13,7 +13,7 @@ import pytest
 from conveyor.api.fleet import ProxyApp
 from conveyor.errors import ModelNotFound, ServiceUnavailable
 from conveyor.fakes import MemoryJobStore
-from conveyor.gateway import Gateway, GatewaySettings
+from conveyor.gateway.process import Gateway, GatewaySettings
 from conveyor.stores.errors import StoreUnavailableError
 from conveyor.stores.records import WorkerRecord
 
