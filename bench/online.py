@@ -71,7 +71,7 @@ MAX_CONNECTIONS = 1024
 NOBATCH_CLOSED_CLIENTS = 8
 BUSY_PCT = 85.0  # a core (or all of them) counts as saturated above this share
 OTHERS_MAX_PCT = 25.0  # more CPU than this taken by strangers spoils a run
-SERVE_CODE = "from conveyor.cli import app; app()"
+SERVE_CODE = "from conveyor.cli.main import app; app()"
 
 HTTP = "http.trivial"
 MINILM_RAW = "minilm.raw"

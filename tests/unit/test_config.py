@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.cli import _note_a_missing_default_model
+from conveyor.cli.main import _note_a_missing_default_model
 from conveyor.config import (
     DEFAULT_CHAT_MODEL_NAME,
     DEFAULT_MODEL_NAME,

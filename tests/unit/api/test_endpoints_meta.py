@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import conveyor
 from conveyor.api.app import create_app
 from conveyor.api.gateway_app import create_gateway_app
-from conveyor.cli import app as cli_app
+from conveyor.cli.main import app as cli_app
 from conveyor.config import ServerConfig
 from conveyor.gateway.process import GatewaySettings
 from conveyor.models.base import shorten_vectors

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from conveyor.cli import app as cli_app
+from conveyor.cli.main import app as cli_app
 from conveyor.engine.model.gguf_import import import_gguf, plan_shards
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.model.llama import LlamaDecoder

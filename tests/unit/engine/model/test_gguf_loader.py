@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from conveyor.cli.startup_checks import generate_model_problems
 from conveyor.config import GenerateModelConfig
 from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.gguf_format import find_gguf_file, hf_tensor_name, read_gguf
@@ -26,7 +27,6 @@ from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.model.weight_loader import count_checkpoint_params, load_weights
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.plan.shape import load_shape
-from conveyor.startup_checks import generate_model_problems
 from conveyor.testing import build_tiny_llama, build_tiny_qwen2, build_tiny_qwen3
 from tests.unit.engine.gguf_files import llama_cpp_permute, write_gguf
 

@@ -9,8 +9,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from conveyor.cli import app
-from conveyor.cli_usage import span_s
+from conveyor.cli.main import app
+from conveyor.cli.usage import span_s
 from conveyor.stores import open_job_store
 from conveyor.stores.tenant_records import UsageRow
 

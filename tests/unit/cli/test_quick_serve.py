@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conveyor.cli import app as cli_app
+from conveyor.cli.main import app as cli_app
+from conveyor.cli.quick_serve import model_entry, quick_models
+from conveyor.cli.startup_checks import check_models
 from conveyor.config import (
     DEFAULT_CHAT_MODEL_NAME,
     DEFAULT_CHAT_MODEL_SETTINGS,
@@ -19,8 +21,6 @@ from conveyor.config import (
     load_config,
 )
 from conveyor.errors import ConfigError
-from conveyor.quick_serve import model_entry, quick_models
-from conveyor.startup_checks import check_models
 
 LLAMA_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,

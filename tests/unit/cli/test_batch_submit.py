@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conveyor import cli_batch
-from conveyor.cli import app as cli_app
-from conveyor.cli_batch import choose_endpoint, tally_urls
+from conveyor.cli import batch as cli_batch
+from conveyor.cli.batch import choose_endpoint, tally_urls
+from conveyor.cli.main import app as cli_app
 
 CHAT = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conveyor.cli import app
+from conveyor.cli.main import app
 
 runner = CliRunner()
 
@@ -67,7 +67,7 @@ def test_gateway_refuses_a_target_utilisation_above_one() -> None:
 def test_require_api_keys_counts_stored_keys(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from conveyor import cli
+    from conveyor.cli import main as cli
     from conveyor.stores import open_job_store
     from conveyor.tenants.keys import new_key_record
 

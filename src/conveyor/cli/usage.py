@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from conveyor.cli_keys import DataDirOption, StoreOption, opened_store
+from conveyor.cli.keys import DataDirOption, StoreOption, opened_store
 from conveyor.stores.tenant_records import UsageRow
 from conveyor.tenants.usage import merge_rows
 

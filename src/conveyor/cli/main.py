@@ -12,11 +12,13 @@ import typer
 from starlette.types import ASGIApp
 
 import conveyor
-from conveyor.cli_batch import batch_app
-from conveyor.cli_keys import keys_app
-from conveyor.cli_models import models_app
-from conveyor.cli_plan import plan
-from conveyor.cli_usage import usage_command
+from conveyor.cli.batch import batch_app
+from conveyor.cli.keys import keys_app
+from conveyor.cli.models import models_app
+from conveyor.cli.plan import plan
+from conveyor.cli.quick_serve import quick_models
+from conveyor.cli.startup_checks import check_models
+from conveyor.cli.usage import usage_command
 from conveyor.config import (
     CHAT_MODEL_INSTALL,
     DEFAULT_CHAT_MODEL_NAME,
@@ -25,8 +27,6 @@ from conveyor.config import (
     load_config,
 )
 from conveyor.errors import ConfigError
-from conveyor.quick_serve import quick_models
-from conveyor.startup_checks import check_models
 
 T = TypeVar("T")
 

@@ -10,8 +10,8 @@ import pytest
 from openai.types import Batch
 from typer.testing import CliRunner
 
-from conveyor import cli_batch
-from conveyor.cli import app as cli_app
+from conveyor.cli import batch as cli_batch
+from conveyor.cli.main import app as cli_app
 from conveyor.jobs.views import MAX_LISTED_ERRORS, batch_object
 from conveyor.stores.records import BatchError, BatchRecord, BatchStatus, RequestCounts
 
