@@ -31,10 +31,10 @@ from safetensors.torch import load_file, save_file
 
 from bench.common import RESULTS_DIR, machine_info, package_versions, write_json
 from bench.rounds import alternate_cases, median_per_case
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import execute
+from conveyor.host.service import Service
 from conveyor.openai_paths import COMPLETIONS
-from conveyor.service import Service
 from conveyor.testing import build_lora_adapter, build_tiny_llama
 
 MODEL = "llama"

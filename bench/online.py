@@ -416,7 +416,7 @@ class MiniLMRaw:
     def __init__(self, sentences: Sequence[str]) -> None:
         import torch
 
-        from conveyor.config import EmbeddingModelConfig
+        from conveyor.config.model_config import EmbeddingModelConfig
         from conveyor.models.embedding import SentenceEmbeddingModel
 
         self._torch = torch
@@ -440,7 +440,7 @@ class SyntheticRaw:
     """The synthetic model in this process (its batch time is a sleep)."""
 
     def __init__(self, sentences: Sequence[str]) -> None:
-        from conveyor.config import SyntheticModelConfig
+        from conveyor.config.model_config import SyntheticModelConfig
         from conveyor.models.synthetic import SyntheticModel
 
         self._model = SyntheticModel(

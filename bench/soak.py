@@ -472,7 +472,7 @@ def chat_result(entry: dict[str, Any], reps: list[dict[str, Any]]) -> dict[str, 
 
 def default_cap() -> int | None:
     """The model's default cap on batch-job tokens a step beside online traffic."""
-    from conveyor.model_config import GenerateModelConfig
+    from conveyor.config.model_config import GenerateModelConfig
 
     cap: int | None = GenerateModelConfig.model_fields["job_tokens_beside_online"].default
     return cap

@@ -20,7 +20,7 @@ import gguf
 import pytest
 import torch
 
-from conveyor.config import bundled_chat_model_path
+from conveyor.config.model_config import bundled_chat_model_path
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
 from conveyor.engine.model.gguf_import import import_gguf
 from conveyor.engine.model.model_runner import ModelRunner

@@ -16,7 +16,7 @@ from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.budget import BudgetMiddleware, budget_refusals_counter
 from conveyor.api.edge import Dispatch, Edge, EdgeApp, Shortcut
 from conveyor.api.rate_limit import TicketIssuer
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.fleet.credential import FleetCredential
 from conveyor.metrics import TenantMetrics
 from conveyor.observability.tracing import build_provider, tracer_of

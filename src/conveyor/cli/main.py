@@ -19,13 +19,12 @@ from conveyor.cli.plan import plan
 from conveyor.cli.quick_serve import quick_models
 from conveyor.cli.startup_checks import check_models
 from conveyor.cli.usage import usage_command
-from conveyor.config import (
+from conveyor.config.model_config import (
     CHAT_MODEL_INSTALL,
     DEFAULT_CHAT_MODEL_NAME,
     DEFAULT_MODEL_NAME,
-    ServerConfig,
-    load_config,
 )
+from conveyor.config.settings import ServerConfig, load_config
 from conveyor.errors import ConfigError
 
 T = TypeVar("T")
@@ -220,7 +219,7 @@ def worker(
     ] = None,
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
-    from conveyor.worker import WorkerSettings, parse_listen, run_worker
+    from conveyor.cli.worker import WorkerSettings, parse_listen, run_worker
 
     settings = _load_or_exit(
         config, max_connections=max_connections, header_timeout_s=header_timeout_s,

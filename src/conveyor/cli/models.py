@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from conveyor.config import load_config
+from conveyor.config.settings import load_config
 from conveyor.distribution.manifest import MIB, check_model_name
 from conveyor.distribution.push import push_model, remove_model
 from conveyor.errors import ConfigError

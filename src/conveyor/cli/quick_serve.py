@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conveyor.config import (
+from conveyor.config.model_config import (
     CHAT_MODEL_INSTALL,
     DEFAULT_CHAT_MODEL_NAME,
-    DEFAULT_CHAT_MODEL_SETTINGS,
     DEFAULT_MODEL_NAME,
     bundled_chat_model_path,
 )
+from conveyor.config.settings import DEFAULT_CHAT_MODEL_SETTINGS
 from conveyor.errors import ConfigError
 
 KINDS = ("embedding", "generate", "rerank")

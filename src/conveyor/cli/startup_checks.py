@@ -6,7 +6,8 @@ KV cache too small for one sequence is one line naming the model, not a tracebac
 
 from __future__ import annotations
 
-from conveyor.config import GenerateModelConfig, ServerConfig, remote_model_name
+from conveyor.config.model_config import GenerateModelConfig, remote_model_name
+from conveyor.config.settings import ServerConfig
 from conveyor.engine.core.limits import kv_pool_problem, max_model_len_problem
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.errors import ConfigError

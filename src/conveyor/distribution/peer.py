@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.chunk_server import chunk_app
 from conveyor.distribution.manifest import MIB

@@ -11,11 +11,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from conveyor.config import (
-    ModelEntry,
-    ServerConfig,
-    remote_model_name,
-)
+from conveyor.config.model_config import ModelEntry, remote_model_name
+from conveyor.config.settings import ServerConfig
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.disk_budget import DiskBudgetExceeded, plan_disk_eviction
 from conveyor.distribution.errors import ModelPullFailed

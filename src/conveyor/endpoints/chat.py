@@ -33,8 +33,8 @@ from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import TokenLogprobs
 from conveyor.engine.sampling.grammar import grammar_from_json_schema
 from conveyor.errors import InvalidRequest
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = [

@@ -22,10 +22,10 @@ from conveyor.engine.outputs import GenerationOutput, TokenLogprobs
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.errors import ConveyorError, InvalidRequest
+from conveyor.host.service import Service
 from conveyor.input_limits import check_text_bytes
 from conveyor.metrics import outcome_of
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = [

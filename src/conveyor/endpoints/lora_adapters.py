@@ -18,7 +18,7 @@ from conveyor.errors import InvalidRequest, ModelNotFound, PermissionDenied
 
 if TYPE_CHECKING:  # named in annotations only
     from conveyor.engine.generator import HostedGenerator
-    from conveyor.service import Service
+    from conveyor.host.service import Service
 
 __all__ = [
     "LoadLoraAdapterRequest",

@@ -18,9 +18,9 @@ from conveyor.endpoints.answers import build_body
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun, prepare_counted
 from conveyor.endpoints.generation_schemas import GenerationRequestBody
 from conveyor.errors import InvalidRequest
-from conveyor.offload import LARGE_INPUT_BYTES, run_sized
+from conveyor.host.offload import LARGE_INPUT_BYTES, run_sized
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = ["prepare_off_loop", "run_unstreamed"]

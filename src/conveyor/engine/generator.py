@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from conveyor.config import GenerateModelConfig
+from conveyor.config.model_config import GenerateModelConfig
 from conveyor.engine.core.siblings import prefix_groups
 from conveyor.engine.model.lora.registry import AdapterEntry, LoraRegistry
 from conveyor.engine.sampling.params import SamplingParams

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from conveyor.config import GenerateModelConfig, local_model_path
+from conveyor.config.model_config import GenerateModelConfig, local_model_path
 from conveyor.engine.core.limits import max_model_len_problem
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine

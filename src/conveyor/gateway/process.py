@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.errors import ModelNotFound, ServiceUnavailable
 from conveyor.fleet.affinity import AffinitySettings
 from conveyor.fleet.credential import FleetCredential

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from conveyor.config import (
+from conveyor.config.model_config import (
     EmbeddingModelConfig,
     GenerateModelConfig,
     RerankModelConfig,

@@ -13,13 +13,12 @@ from typer.testing import CliRunner
 from conveyor.cli.main import app as cli_app
 from conveyor.cli.quick_serve import model_entry, quick_models
 from conveyor.cli.startup_checks import check_models
-from conveyor.config import (
+from conveyor.config.model_config import (
     DEFAULT_CHAT_MODEL_NAME,
-    DEFAULT_CHAT_MODEL_SETTINGS,
     DEFAULT_MODEL_NAME,
     bundled_chat_model_path,
-    load_config,
 )
+from conveyor.config.settings import DEFAULT_CHAT_MODEL_SETTINGS, load_config
 from conveyor.errors import ConfigError
 
 LLAMA_CONFIG = {

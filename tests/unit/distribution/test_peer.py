@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from conveyor.config import ServerConfig, load_config
+from conveyor.config.settings import ServerConfig, load_config
 from conveyor.distribution.peer import PeerNode, PeerSettings, pull_settings
 from conveyor.distribution.planner import Peer, PlanState, choose_peer, rarest_first
 from conveyor.distribution.push import push_model

@@ -19,7 +19,7 @@ import pytest
 from fastapi import FastAPI
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.testing import build_tiny_cross_encoder
 
 # Each test starts a tiny Llama and a cross-encoder (the first also imports transformers).

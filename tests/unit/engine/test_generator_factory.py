@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.config import GenerateModelConfig
+from conveyor.config.model_config import GenerateModelConfig
 from conveyor.engine.generator_factory import DEFAULT_CPU_KV_CACHE_TOKENS, load_generator
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.errors import ConfigError

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conveyor.config import GenerateModelConfig
+from conveyor.config.model_config import GenerateModelConfig
 from conveyor.engine.core.prefill_time import PrefillTime
 from conveyor.engine.core.seat_turnover import SeatTurnover
 from conveyor.engine.core.step import SeqChunk

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from conveyor.api.gateway_app import create_gateway_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.gateway.process import Gateway, GatewaySettings
 from conveyor.stores import open_job_store
 from conveyor.stores.tenant_records import ApiKeyRecord

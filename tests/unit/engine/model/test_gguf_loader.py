@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conveyor.cli.startup_checks import generate_model_problems
-from conveyor.config import GenerateModelConfig
+from conveyor.config.model_config import GenerateModelConfig
 from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.gguf_format import find_gguf_file, hf_tensor_name, read_gguf
 from conveyor.engine.model.gguf_loader import unpermute_rows

@@ -21,6 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
+from conveyor.config.model_config import DEFAULT_MAX_ADAPTER_BYTES
 from conveyor.engine.model.hf_config import DecoderConfig
 from conveyor.engine.model.lora.files import (
     CONFIG_FILE,
@@ -30,7 +31,6 @@ from conveyor.engine.model.lora.files import (
     read_adapter_file,
 )
 from conveyor.engine.model.weight_loader import PACKED_SHARDS
-from conveyor.model_config import DEFAULT_MAX_ADAPTER_BYTES
 
 __all__ = ["AdapterError", "LoraWeights", "ModuleKey", "load_peft_adapter", "read_rank"]
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from conveyor.config.model_config import DEFAULT_MAX_ADAPTER_BYTES
 from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.hf_config import DecoderConfig
 from conveyor.engine.model.lora.peft_format import LoraWeights, ModuleKey, load_peft_adapter
 from conveyor.engine.model.lora.registry import LoraRegistry
-from conveyor.model_config import DEFAULT_MAX_ADAPTER_BYTES
 
 __all__ = ["LoraLinear", "LoraRuntime", "LoraStepState", "new_lora_runtime"]
 

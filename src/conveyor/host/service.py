@@ -10,23 +10,15 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from conveyor.admission import (
-    admit_encoded,
-    check_inputs,
-    encode_inputs,
-    encode_pairs,
-    gather_items,
-    text_byte_limit,
-)
 from conveyor.batching.batcher import Batcher, BatcherSettings
-from conveyor.config import (
+from conveyor.config.model_config import (
     EmbeddingModelConfig,
     GenerateModelConfig,
     ModelEntry,
     RerankModelConfig,
-    ServerConfig,
     SyntheticModelConfig,
 )
+from conveyor.config.settings import ServerConfig
 from conveyor.errors import (
     ConveyorError,
     InvalidRequest,
@@ -36,8 +28,16 @@ from conveyor.errors import (
     ServiceUnavailable,
     TokensExceedLimit,
 )
+from conveyor.host.hosted_model import (
+    admit_encoded,
+    check_inputs,
+    encode_inputs,
+    encode_pairs,
+    gather_items,
+    text_byte_limit,
+)
+from conveyor.host.model_cache import CacheFull, ModelCache
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
-from conveyor.model_cache import CacheFull, ModelCache
 from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector, shorten_vectors
 from conveyor.models.registry import build_embedding_model, build_generator
 from conveyor.models.text_tokenizer import TextTokenizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.model_cache import CacheFull, ModelCache
+from conveyor.host.model_cache import CacheFull, ModelCache
 
 
 def test_models_fit_without_eviction_until_the_budget() -> None:

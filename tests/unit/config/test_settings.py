@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from conveyor.cli.main import _note_a_missing_default_model
-from conveyor.config import (
+from conveyor.config.model_config import (
     DEFAULT_CHAT_MODEL_NAME,
     DEFAULT_MODEL_NAME,
     GenerateModelConfig,
     SyntheticModelConfig,
     bundled_chat_model_path,
-    load_config,
 )
+from conveyor.config.settings import load_config
 from conveyor.errors import ConfigError
 
 SHA_OF_SK_12345678 = hashlib.sha256(b"sk-12345678").hexdigest()

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from conveyor.config import ServerConfig
+from conveyor.cli.worker import DrainGate, service_load
+from conveyor.config.settings import ServerConfig
 from conveyor.errors import ModelNotFound, ServiceUnavailable
+from conveyor.host.service import OneShotConfig, Service
 from conveyor.models.base import EmbeddingModel
 from conveyor.models.registry import build_embedding_model
-from conveyor.service import OneShotConfig, Service
-from conveyor.worker import DrainGate, service_load
 
 pytestmark = pytest.mark.anyio
 

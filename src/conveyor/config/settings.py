@@ -16,16 +16,9 @@ from pydantic import (
     model_validator,
 )
 
-from conveyor.errors import ConfigError
-from conveyor.fleet.key_config import FleetConfig
-from conveyor.jobs.config import JobsConfig
-from conveyor.model_config import (
-    CHAT_MODEL_INSTALL,
+from conveyor.config.model_config import (
     DEFAULT_CHAT_MODEL_NAME,
-    DEFAULT_MAX_INPUTS,
     DEFAULT_MODEL_NAME,
-    REMOTE_MODEL_PREFIX,
-    BatchingConfig,
     EmbeddingModelConfig,
     GenerateModelConfig,
     ModelConfig,
@@ -34,9 +27,10 @@ from conveyor.model_config import (
     Strict,
     SyntheticModelConfig,
     bundled_chat_model_path,
-    local_model_path,
-    remote_model_name,
 )
+from conveyor.errors import ConfigError
+from conveyor.fleet.key_config import FleetConfig
+from conveyor.jobs.config import JobsConfig
 from conveyor.observability.settings import TracingConfig
 from conveyor.tenants.config import (
     ModelLimits,
@@ -45,32 +39,6 @@ from conveyor.tenants.config import (
     TenancyConfig,
     TenantConfig,
 )
-
-# Re-exported: a configuration's model entries are part of its public names.
-__all__ = [
-    "CHAT_MODEL_INSTALL",
-    "DEFAULT_CHAT_MODEL_NAME",
-    "DEFAULT_CHAT_MODEL_SETTINGS",
-    "DEFAULT_MAX_INPUTS",
-    "DEFAULT_MODEL_NAME",
-    "REMOTE_MODEL_PREFIX",
-    "ApiKey",
-    "BatchingConfig",
-    "EmbeddingModelConfig",
-    "GenerateModelConfig",
-    "ModelConfig",
-    "ModelEntry",
-    "RerankModelConfig",
-    "ServerConfig",
-    "SyntheticModelConfig",
-    "bundled_chat_model_path",
-    "default_chat_model_config",
-    "default_model_config",
-    "default_model_configs",
-    "load_config",
-    "local_model_path",
-    "remote_model_name",
-]
 
 _Strict = Strict
 

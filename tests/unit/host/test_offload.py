@@ -9,7 +9,7 @@ import weakref
 import pytest
 
 from conveyor.errors import InvalidRequest
-from conveyor.offload import LARGE_INPUT_BYTES, run_sized
+from conveyor.host.offload import LARGE_INPUT_BYTES, run_sized
 
 pytestmark = pytest.mark.anyio
 

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from conveyor.api.app import create_app
 from conveyor.api.errors import error_response
 from conveyor.api.server import uvicorn_config
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.distribution.manifest import MIB
 from conveyor.distribution.peer import PeerNode, PeerSettings
 from conveyor.distribution.resolver import has_remote_models
@@ -36,10 +36,10 @@ from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.credential import credential_from
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.registry_store import WorkerRegistryStore
+from conveyor.host.service import Service
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.metrics import Metrics
 from conveyor.prefix.report import prefix_report
-from conveyor.service import Service
 from conveyor.stores import StoreError, open_job_store
 
 log = logging.getLogger(__name__)

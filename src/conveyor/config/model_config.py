@@ -1,6 +1,6 @@
 """The model entries of a configuration: one-shot kinds and generative models, validated once.
 
-`config.ServerConfig` holds a list of these; the names are re-exported by `conveyor.config`.
+``settings.ServerConfig`` holds a list of these.
 """
 
 from __future__ import annotations

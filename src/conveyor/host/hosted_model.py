@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 from conveyor.batching.batcher import Batcher
 from conveyor.batching.item import WorkItem
 from conveyor.errors import InvalidRequest
+from conveyor.host.offload import run_sized
 from conveyor.input_limits import check_text_bytes, cut_to_bytes, input_byte_limit, utf8_size
 from conveyor.models.base import EmbeddingInput, EncodedInput
-from conveyor.offload import run_sized
 from conveyor.priority import Priority
 
 if TYPE_CHECKING:
-    from conveyor.service import HostedModel
+    from conveyor.host.service import HostedModel
 
 
 async def encode_inputs(
