@@ -12,11 +12,8 @@ from typing import TYPE_CHECKING
 
 from conveyor.batching.batcher import Batcher, BatcherSettings
 from conveyor.config.model_config import (
-    EmbeddingModelConfig,
     GenerateModelConfig,
     ModelEntry,
-    RerankModelConfig,
-    SyntheticModelConfig,
 )
 from conveyor.config.settings import ServerConfig
 from conveyor.errors import (
@@ -28,14 +25,7 @@ from conveyor.errors import (
     ServiceUnavailable,
     TokensExceedLimit,
 )
-from conveyor.host.hosted_model import (
-    admit_encoded,
-    check_inputs,
-    encode_inputs,
-    encode_pairs,
-    gather_items,
-    text_byte_limit,
-)
+from conveyor.host.hosted_model import HostedModel, OneShotConfig
 from conveyor.host.model_cache import CacheFull, ModelCache
 from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector, shorten_vectors
@@ -55,23 +45,11 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 
-OneShotConfig = SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig
 ModelFactory = Callable[[OneShotConfig], EmbeddingModel]
 GeneratorFactory = Callable[[GenerateModelConfig, GeneratorMetrics], "HostedGenerator"]
 AnyModelConfig = ModelEntry
 # Points a model entry at local weights (pulls `conveyor://NAME` models); see distribution.
 ModelResolver = Callable[[AnyModelConfig], Awaitable[AnyModelConfig]]
-
-
-@dataclass(slots=True)
-class HostedModel:
-    """A loaded one-shot model, its config, its batcher and its metric children."""
-
-    config: OneShotConfig
-    model: EmbeddingModel
-    batcher: Batcher
-    metrics: ModelMetrics
-    created_at: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -324,7 +302,7 @@ class Service:
             hf = getattr(hosted.model, "tokenizer", None)
             if hf is None:
                 raise InvalidRequest(f"the model {name!r} has no tokenizer", param="model")
-            return TextTokenizer(hf, hosted.model.max_input_tokens, text_byte_limit(hosted))
+            return TextTokenizer(hf, hosted.model.max_input_tokens, hosted.text_byte_limit())
 
     def _check_failed(self, name: str) -> None:
         """503 naming why, for a configured model whose weights could not be fetched."""
@@ -352,14 +330,14 @@ class Service:
         note_model(model)
         with counted_outcome(self.model_metrics(model)):
             async with self.using(model) as hosted:
-                check_inputs(hosted, inputs, dimensions)
-                encoded = await encode_inputs(hosted, inputs, truncate)
+                hosted.check_inputs(inputs, dimensions)
+                encoded = await hosted.encode_inputs(inputs, truncate)
                 if payer is not None:
                     num_tokens = sum(enc.num_tokens for enc in encoded)
                     if not payer.admit_now(model, num_tokens, 0):  # no await on the hot path
                         await payer.wait_admitted(model, num_tokens, 0)
-                items, num_tokens = admit_encoded(hosted, encoded, priority, timeout_ms)
-                vectors = await gather_items(hosted.batcher, items)
+                items, num_tokens = hosted.admit_encoded(encoded, priority, timeout_ms)
+                vectors = await hosted.gather_items(items)
                 if dimensions is not None and dimensions < hosted.model.dim:
                     vectors = shorten_vectors(vectors, dimensions)
         self.bill(payer, model, num_tokens, 0, sum(item.model_s for item in items))
@@ -381,12 +359,12 @@ class Service:
         """
         with counted_outcome(self.model_metrics(model)):
             async with self.using(model) as hosted:
-                check_inputs(hosted, pairs, None)
-                encoded = await encode_pairs(hosted, pairs, truncate)
+                hosted.check_inputs(pairs, None)
+                encoded = await hosted.encode_pairs(pairs, truncate)
                 if payer is not None:
                     await payer.admit(model, sum(enc.num_tokens for enc in encoded), 0)
-                items, num_tokens = admit_encoded(hosted, encoded, priority, timeout_ms)
-                scores = await gather_items(hosted.batcher, items)
+                items, num_tokens = hosted.admit_encoded(encoded, priority, timeout_ms)
+                scores = await hosted.gather_items(items)
         self.bill(payer, model, num_tokens, 0, sum(item.model_s for item in items))
         return EmbedResult(scores, num_tokens)
 

@@ -16,7 +16,8 @@ from conveyor.distribution.errors import UnknownModel
 from conveyor.distribution.manifest import chunk_key
 from conveyor.distribution.push import push_model
 from conveyor.errors import ServiceUnavailable
-from conveyor.host.service import OneShotConfig, Service
+from conveyor.host.hosted_model import OneShotConfig
+from conveyor.host.service import Service
 from conveyor.models.base import EmbeddingModel
 from conveyor.models.synthetic import SyntheticModel
 from conveyor.stores import open_job_store, open_object_store

@@ -9,7 +9,8 @@ import pytest
 from conveyor.cli.worker import DrainGate, service_load
 from conveyor.config.settings import ServerConfig
 from conveyor.errors import ModelNotFound, ServiceUnavailable
-from conveyor.host.service import OneShotConfig, Service
+from conveyor.host.hosted_model import OneShotConfig
+from conveyor.host.service import Service
 from conveyor.models.base import EmbeddingModel
 from conveyor.models.registry import build_embedding_model
 
