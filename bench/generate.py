@@ -47,7 +47,7 @@ from conveyor.engine.model.model_runner import ModelRunner, resolve_dtype
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 
 HF_SEQUENTIAL = "hf_sequential"
 HF_STATIC = "hf_static"

@@ -27,8 +27,8 @@ from bench.common import RESULTS_DIR, machine_info, package_versions, write_json
 from bench.rounds import alternate_cases, median_per_case
 from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.chat import run_chat
+from conveyor.fakes.checkpoints import build_tiny_llama
 from conveyor.host.service import Service
-from conveyor.testing import build_tiny_llama
 
 MODEL = "llama"
 CASES = ("free", "schema")

@@ -26,7 +26,7 @@ from conveyor.engine.model.gguf_import import import_gguf
 from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import torch_threads
+from conveyor.fakes.checkpoints import torch_threads
 from tests.unit.model_helpers import generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]

@@ -25,10 +25,10 @@ from conveyor.endpoints.lora_adapters import (
 from conveyor.engine.model.lora.files import CONFIG_FILE, CONFIG_MAX_BYTES, REFUSAL, AdapterRefused
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import ConfigError, InvalidRequest, ModelNotFound, PermissionDenied
+from conveyor.fakes.checkpoints import build_lora_adapter
 from conveyor.host.service import Service
 from conveyor.openai_paths import COMPLETIONS
 from conveyor.priority import Priority
-from conveyor.testing import build_lora_adapter
 from tests.unit.model_helpers import HFReference, merged_reference, random_prompts
 
 # Building PEFT adapters (peft's first import included) takes seconds on a busy machine.

@@ -11,10 +11,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from conveyor.engine.tokenizer import Tokenizer
+from conveyor.fakes.checkpoints import build_tiny_tokenizer
 from conveyor.fleet.affinity import AffinitySettings
 from conveyor.fleet.prompt_tokens import GatewayTokenizer
 from conveyor.fleet.route_hint import HintReader, chat_messages
-from conveyor.testing import build_tiny_tokenizer
 
 pytestmark = pytest.mark.model  # builds a tokenizer with transformers: not in mutation runs
 

@@ -18,7 +18,7 @@ from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.model.llama import LlamaDecoder
 from conveyor.engine.model.weight_loader import load_weights
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.unit.engine.gguf_files import write_gguf
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs

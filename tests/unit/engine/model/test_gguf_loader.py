@@ -26,8 +26,8 @@ from conveyor.engine.model.llama import LlamaDecoder
 from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.model.weight_loader import count_checkpoint_params, load_weights
 from conveyor.engine.tokenizer import Tokenizer
+from conveyor.fakes.checkpoints import build_tiny_llama, build_tiny_qwen2, build_tiny_qwen3
 from conveyor.plan.shape import load_shape
-from conveyor.testing import build_tiny_llama, build_tiny_qwen2, build_tiny_qwen3
 from tests.unit.engine.gguf_files import llama_cpp_permute, write_gguf
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs

@@ -18,7 +18,7 @@ import torch
 
 from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.model_runner import ModelRunner
-from conveyor.testing import (
+from conveyor.fakes.checkpoints import (
     build_tiny_llama,
     build_tiny_mistral,
     build_tiny_qwen2,

@@ -15,7 +15,7 @@ from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.model.lora.peft_format import AdapterError, load_peft_adapter
 from conveyor.engine.model.lora.runtime import new_lora_runtime
-from conveyor.testing import build_lora_adapter, build_tiny_llama
+from conveyor.fakes.checkpoints import build_lora_adapter, build_tiny_llama
 
 # Building PEFT adapters (peft's first import included) takes seconds on a busy machine.
 pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]

@@ -21,7 +21,7 @@ from conveyor.engine.model.model_runner import (
     resolve_dtype,
 )
 from conveyor.errors import ModelOutOfMemory
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 

@@ -14,7 +14,7 @@ from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.model.llama import LlamaDecoder
 from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.model.weight_loader import count_checkpoint_params, load_weights
-from conveyor.testing import build_tiny_llama, torch_threads
+from conveyor.fakes.checkpoints import build_tiny_llama, torch_threads
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 

@@ -12,7 +12,7 @@ from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.sampling.sampler import Sampler, new_generator
-from conveyor.testing import build_tiny_llama, torch_threads
+from conveyor.fakes.checkpoints import build_tiny_llama, torch_threads
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
