@@ -18,7 +18,7 @@ from conveyor.api.edge import Dispatch, Edge, EdgeApp, Shortcut
 from conveyor.api.rate_limit import TicketIssuer
 from conveyor.config.settings import ServerConfig
 from conveyor.fleet.credential import FleetCredential
-from conveyor.metrics import TenantMetrics
+from conveyor.observability.metrics import TenantMetrics
 from conveyor.observability.tracing import build_provider, tracer_of
 from conveyor.stores.protocols import ApiKeyStore
 from conveyor.tenants.config import RateLimitsConfig

@@ -38,7 +38,7 @@ from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.host.service import Service
 from conveyor.jobs.subsystem import JobsSubsystem
-from conveyor.metrics import Metrics
+from conveyor.observability.metrics import Metrics
 from conveyor.prefix.report import prefix_report
 from conveyor.stores import StoreError, open_job_store
 

@@ -18,7 +18,7 @@ from conveyor.distribution.disk_budget import DiskBudgetExceeded, plan_disk_evic
 from conveyor.distribution.errors import ModelPullFailed
 from conveyor.distribution.manifest import MIB, Manifest
 from conveyor.distribution.puller import ModelPuller
-from conveyor.metrics import DistributionMetrics
+from conveyor.observability.metrics import DistributionMetrics
 from conveyor.stores import open_job_store, open_object_store
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from conveyor.engine.stream import GenerationStream
 from conveyor.errors import ConveyorError, InvalidRequest
 from conveyor.host.service import Service
 from conveyor.input_limits import check_text_bytes
-from conveyor.metrics import outcome_of
+from conveyor.observability.metrics import outcome_of
 from conveyor.priority import Priority
 from conveyor.tenants.usage import Payer
 

@@ -9,7 +9,7 @@ from conveyor.engine.core.engine_config import EngineStats
 from conveyor.engine.core.step import PrepareTimed, StepExecutor
 from conveyor.engine.core.step_plan import SchedulerOutput
 from conveyor.engine.request import GenerationRequest
-from conveyor.metrics import GeneratorMetrics
+from conveyor.observability.metrics import GeneratorMetrics
 
 
 class StepPhases:

@@ -22,7 +22,7 @@ from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import InvalidRequest, QueueFull
 from conveyor.input_limits import input_byte_limit
-from conveyor.metrics import GeneratorMetrics
+from conveyor.observability.metrics import GeneratorMetrics
 from conveyor.priority import Priority
 
 if TYPE_CHECKING:  # only named in annotations: callers of submit() need not load torch

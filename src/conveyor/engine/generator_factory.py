@@ -24,7 +24,7 @@ from conveyor.engine.model.model_runner import (
 )
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import ConfigError, ConveyorError
-from conveyor.metrics import GeneratorMetrics
+from conveyor.observability.metrics import GeneratorMetrics
 
 __all__ = ["DEFAULT_CPU_KV_CACHE_TOKENS", "load_generator"]
 

@@ -55,10 +55,10 @@ from conveyor.errors import (
     QueueFull,
     ServiceUnavailable,
 )
-from conveyor.metrics import GeneratorMetrics
 from conveyor.observability.context import current_request
 from conveyor.observability.engine_spans import StepTracer
 from conveyor.observability.logs import log_event
+from conveyor.observability.metrics import GeneratorMetrics
 from conveyor.priority import Priority
 from conveyor.tenants.usage import split_by_tokens
 

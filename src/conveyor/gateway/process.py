@@ -32,7 +32,7 @@ from conveyor.fleet.scaling import ModelDemand, RateMeter, desired_replicas
 from conveyor.fleet.upstream import PoolLimits, UpstreamPool
 from conveyor.gateway.forward import Proxy, ProxySettings
 from conveyor.jobs.subsystem import JobsSubsystem
-from conveyor.metrics import GatewayMetrics
+from conveyor.observability.metrics import GatewayMetrics
 from conveyor.stores import ObjectStore, StoreError
 from conveyor.tenants.budget import MonthlyBudgets
 

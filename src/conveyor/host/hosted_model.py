@@ -21,8 +21,8 @@ from conveyor.config.model_config import (
 from conveyor.errors import InvalidRequest
 from conveyor.host.offload import run_sized
 from conveyor.input_limits import check_text_bytes, cut_to_bytes, input_byte_limit, utf8_size
-from conveyor.metrics import ModelMetrics
 from conveyor.models.base import EmbeddingInput, EmbeddingModel, EncodedInput
+from conveyor.observability.metrics import ModelMetrics
 from conveyor.priority import Priority
 
 OneShotConfig = SyntheticModelConfig | EmbeddingModelConfig | RerankModelConfig

@@ -27,11 +27,11 @@ from conveyor.errors import (
 )
 from conveyor.host.hosted_model import HostedModel, OneShotConfig
 from conveyor.host.model_cache import CacheFull, ModelCache
-from conveyor.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector, shorten_vectors
 from conveyor.models.registry import build_embedding_model, build_generator
 from conveyor.models.text_tokenizer import TextTokenizer
 from conveyor.observability.context import note_model
+from conveyor.observability.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
 from conveyor.priority import Priority
 from conveyor.tenants.ledger import UsageLedger
 from conveyor.tenants.usage import Admission, Payer, UsageEvent, cost_usd

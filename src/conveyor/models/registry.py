@@ -10,8 +10,8 @@ from conveyor.config.model_config import (
     RerankModelConfig,
     SyntheticModelConfig,
 )
-from conveyor.metrics import GeneratorMetrics
 from conveyor.models.base import EmbeddingModel
+from conveyor.observability.metrics import GeneratorMetrics
 
 if TYPE_CHECKING:
     from conveyor.engine.generator import HostedGenerator

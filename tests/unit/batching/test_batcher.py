@@ -13,8 +13,8 @@ import pytest
 from conveyor.batching.batcher import Batcher, BatcherSettings
 from conveyor.config.model_config import SyntheticModelConfig
 from conveyor.errors import DeadlineExceeded, InputRejected, QueueFull, ServiceUnavailable
-from conveyor.metrics import Metrics
 from conveyor.models.synthetic import SyntheticModel
+from conveyor.observability.metrics import Metrics
 from conveyor.priority import Priority
 
 pytestmark = pytest.mark.anyio

@@ -18,7 +18,7 @@ from conveyor.dashboard.metrics_read import MetricReader
 from conveyor.dashboard.plans import generative_plan, one_shot_plan, preset_for
 from conveyor.dashboard.state import job_row, model_pulls, tenant_limits
 from conveyor.gateway.process import GatewaySettings
-from conveyor.metrics import Metrics
+from conveyor.observability.metrics import Metrics
 from conveyor.stores import open_job_store
 from conveyor.stores.records import BatchRecord, BatchStatus, RequestCounts
 from tests.unit.plan.test_sizing import LLAMA2_7B

@@ -29,7 +29,7 @@ from conveyor.errors import (
     QueueFull,
     ServiceUnavailable,
 )
-from conveyor.metrics import STEP_PHASES, Metrics
+from conveyor.observability.metrics import STEP_PHASES, Metrics
 from conveyor.priority import Priority
 from tests.unit.model_helpers import (
     GREEDY,

@@ -23,7 +23,7 @@ from conveyor.gateway.forward import (
     forwardable_headers,
     stream_error_event,
 )
-from conveyor.metrics import GatewayMetrics
+from conveyor.observability.metrics import GatewayMetrics
 
 pytestmark = pytest.mark.anyio
 M = "m"

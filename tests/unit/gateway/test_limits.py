@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from conveyor.gateway.limits import ProxyLimits, StreamMeter, answer_usage
 from conveyor.gateway.process import Gateway
-from conveyor.metrics import TenantMetrics
+from conveyor.observability.metrics import TenantMetrics
 from conveyor.tenants.config import TenancyConfig
 from conveyor.tenants.gate import RateLimitGate, Reservation
 from conveyor.tenants.limiter import MemoryRateLimiter

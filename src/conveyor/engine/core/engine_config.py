@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from conveyor.engine.core.job_share import JobShareConfig
 from conveyor.engine.core.scheduler import SchedulerConfig
-from conveyor.metrics import STEP_PHASES
+from conveyor.observability.metrics import STEP_PHASES
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from conveyor import large_json
-from conveyor.large_json import PIECE_ITEMS, dumps_in_pieces
+from conveyor.endpoints import large_json
+from conveyor.endpoints.large_json import PIECE_ITEMS, dumps_in_pieces
 
 ENTRY = {"token": "tok", "logprob": -0.25, "bytes": (116, 111, 107),
          "top_logprobs": [{"token": "a", "logprob": -1.5, "bytes": (97,)}] * 5}  # fmt: skip
