@@ -2,7 +2,7 @@
 
 Preparing a request (tokenizing, the chat template, checking a grammar) is plain CPU
 work. A small one runs inline: a thread hop costs more than it does. A large input runs
-on the large-input pool (``offload.run_sized``). A grammar is checked on a worker thread
+on the large-input pool (``host.offload.run_sized``). A grammar is checked on a worker thread
 whatever its size: llguidance fills its first mask there (the GIL released), which takes
 microseconds for an ordinary schema but can take a tenth of a second for a deep one. A
 large answer is built off the loop too (``answers``).

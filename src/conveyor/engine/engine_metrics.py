@@ -20,7 +20,7 @@ class StepPhases:
         self._counters = metrics.step_phase_s
 
     def count(self, phase: str, seconds: float) -> None:
-        """Add ``seconds`` to ``phase`` (one of ``metrics.STEP_PHASES``)."""
+        """Add ``seconds`` to ``phase`` (one of ``observability.metrics.STEP_PHASES``)."""
         self._totals[phase] += seconds
         self._counters[phase].inc(seconds)
 

@@ -1,6 +1,6 @@
 """The two limits a generative model must meet to start, as one-line messages (torch-free).
 
-Shared by ``startup_checks`` (before anything loads) and the generator factory (at load), so
+Shared by ``cli.startup_checks`` (before anything loads) and the generator factory (at load), so
 ``check-config``, ``serve`` and the engine say the same thing.
 """
 
