@@ -152,7 +152,7 @@ def minilm_entry() -> dict[str, Any]:
 def chat_entry(work_dir: Path, cap: int | None, *, is_capped: bool) -> dict[str, Any]:
     """A tiny random Llama (the batch benchmark's size); ``cap``: its job tokens a step
     beside online traffic (None: the default), unless ``is_capped`` is False (no cap)."""
-    from conveyor.testing import build_tiny_llama
+    from conveyor.fakes.checkpoints import build_tiny_llama
 
     checkpoint = build_tiny_llama(work_dir / "tiny-llama", size="bench")
     entry: dict[str, Any] = {
@@ -472,7 +472,7 @@ def chat_result(entry: dict[str, Any], reps: list[dict[str, Any]]) -> dict[str, 
 
 def default_cap() -> int | None:
     """The model's default cap on batch-job tokens a step beside online traffic."""
-    from conveyor.model_config import GenerateModelConfig
+    from conveyor.config.model_config import GenerateModelConfig
 
     cap: int | None = GenerateModelConfig.model_fields["job_tokens_beside_online"].default
     return cap

@@ -25,10 +25,10 @@ from typing import Any
 
 from bench.common import RESULTS_DIR, machine_info, package_versions, write_json
 from bench.rounds import alternate_cases, median_per_case
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.chat import run_chat
-from conveyor.service import Service
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
+from conveyor.host.service import Service
 
 MODEL = "llama"
 CASES = ("free", "schema")

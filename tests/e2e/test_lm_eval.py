@@ -26,8 +26,8 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
 from lm_eval.tasks import TaskManager
 
-from conveyor.config import bundled_chat_model_path
-from conveyor.testing import torch_threads
+from conveyor.config.model_config import bundled_chat_model_path
+from conveyor.fakes.checkpoints import torch_threads
 from tests.e2e.conftest import Server, launch_server, stop_server, wait_until_ready
 from tests.e2e.test_batch_api import FAST_JOBS, jsonl, results, submit, wait_until
 from tests.gguf_readers import shared_gguf_readers

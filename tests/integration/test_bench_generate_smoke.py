@@ -19,7 +19,7 @@ from bench.generate import (
     with_rate,
 )
 
-from conveyor.metrics import STEP_PHASES
+from conveyor.observability.metrics import STEP_PHASES
 from tests.bench_smoke import run_smoke
 
 SUMMARY_FIELDS = {

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun
+from conveyor.endpoints.large_json import dumps_in_pieces
 from conveyor.engine.generator import HostedGenerator
 from conveyor.errors import InvalidRequest
-from conveyor.large_json import dumps_in_pieces
-from conveyor.offload import run_sized
+from conveyor.host.offload import run_sized
 
 __all__ = ["ENTRY_BYTES", "answer_bytes", "build_body", "check_logprob_entries", "encode_body"]
 

@@ -30,11 +30,11 @@ from conveyor.endpoints.tools import (
     tool_call_grammar,
 )
 from conveyor.engine.generator import HostedGenerator
-from conveyor.engine.grammar import grammar_from_json_schema
 from conveyor.engine.outputs import FinishReason, TokenLogprobs
+from conveyor.engine.sampling.grammar import grammar_from_json_schema
 from conveyor.errors import InvalidRequest
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = [

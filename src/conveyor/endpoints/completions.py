@@ -25,9 +25,9 @@ from conveyor.endpoints.generation_schemas import CompletionRequest
 from conveyor.endpoints.off_loop import run_unstreamed
 from conveyor.engine.generator import HostedGenerator
 from conveyor.errors import InvalidRequest
+from conveyor.host.service import Service
 from conveyor.input_limits import utf8_size
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = [

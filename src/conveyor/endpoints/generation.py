@@ -19,13 +19,13 @@ from conveyor.endpoints.generation_schemas import PROMPT_HINT, GenerationRequest
 from conveyor.endpoints.validation import too_many_errors
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import GenerationOutput, PromptLogprobs, TokenLogprobs
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.errors import ConveyorError, InvalidRequest
+from conveyor.host.service import Service
 from conveyor.input_limits import check_text_bytes
-from conveyor.metrics import outcome_of
+from conveyor.observability.metrics import outcome_of
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = [

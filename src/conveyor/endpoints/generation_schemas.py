@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from conveyor.endpoints.validation import FastList
-from conveyor.engine.sampling_params import MAX_LOGPROBS
+from conveyor.engine.sampling.params import MAX_LOGPROBS
 
 __all__ = [
     "MAX_CHOICES",

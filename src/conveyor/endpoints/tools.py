@@ -28,7 +28,7 @@ from typing import Any
 
 from conveyor.endpoints.chat_schemas import ChatCompletionRequest, ChatMessage, FunctionTool
 from conveyor.endpoints.tool_schema import calls_schema
-from conveyor.engine.grammar import grammar_from_lark, json_lark_rule
+from conveyor.engine.sampling.grammar import grammar_from_lark, json_lark_rule
 
 __all__ = [
     "CALL_END",

@@ -21,8 +21,15 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.engine.block_manager import BlockManager
-from conveyor.engine.engine_config import EngineConfig, EngineStats
+from conveyor.engine.core.block_manager import BlockManager
+from conveyor.engine.core.engine_config import EngineConfig, EngineStats
+from conveyor.engine.core.job_share import JobShare
+from conveyor.engine.core.prefill_time import PrefillTime
+from conveyor.engine.core.prefix_digest import PrefixDigest
+from conveyor.engine.core.scheduler import Scheduler
+from conveyor.engine.core.seat_turnover import SeatTurnover, late_ones
+from conveyor.engine.core.step import ScoresPrompts, SeqChunk, StepExecutor
+from conveyor.engine.core.step_plan import SchedulerOutput
 from conveyor.engine.engine_metrics import (
     StepPhases,
     note_admissions,
@@ -30,21 +37,14 @@ from conveyor.engine.engine_metrics import (
     publish_kv_usage,
     record_finish,
 )
-from conveyor.engine.grammar import GrammarCompiler
 from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
-from conveyor.engine.job_share import JobShare
 from conveyor.engine.null_metrics import null_generator_metrics
 from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
-from conveyor.engine.prefill_time import PrefillTime
-from conveyor.engine.prefix_digest import PrefixDigest
 from conveyor.engine.request import GenerationRequest
-from conveyor.engine.sampling import Sampler
-from conveyor.engine.sampling_mask import MaskComputer
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.scheduler import Scheduler
-from conveyor.engine.seat_turnover import SeatTurnover, late_ones
-from conveyor.engine.step import ScoresPrompts, SeqChunk, StepExecutor
-from conveyor.engine.step_plan import SchedulerOutput
+from conveyor.engine.sampling.grammar import GrammarCompiler
+from conveyor.engine.sampling.mask import MaskComputer
+from conveyor.engine.sampling.params import SamplingParams
+from conveyor.engine.sampling.sampler import Sampler
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import (
@@ -55,10 +55,10 @@ from conveyor.errors import (
     QueueFull,
     ServiceUnavailable,
 )
-from conveyor.metrics import GeneratorMetrics
 from conveyor.observability.context import current_request
 from conveyor.observability.engine_spans import StepTracer
 from conveyor.observability.logs import log_event
+from conveyor.observability.metrics import GeneratorMetrics
 from conveyor.priority import Priority
 from conveyor.tenants.usage import split_by_tokens
 

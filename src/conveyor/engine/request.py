@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from conveyor.engine.core.sequence import Sequence
+from conveyor.engine.core.step import PromptScoring, SeqChunk
 from conveyor.engine.outputs import (
     FinishReason,
     GenerationOutput,
@@ -20,11 +22,9 @@ from conveyor.engine.outputs import (
     RequestTimings,
     TokenLogprobs,
 )
-from conveyor.engine.sampling import new_generator
-from conveyor.engine.sampling_logits import TokenHistory
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.sequence import Sequence
-from conveyor.engine.step import PromptScoring, SeqChunk
+from conveyor.engine.sampling.logits import TokenHistory
+from conveyor.engine.sampling.params import SamplingParams
+from conveyor.engine.sampling.sampler import new_generator
 from conveyor.engine.tokenizer import Detokenizer, Tokenizer
 from conveyor.observability.context import RequestContext
 from conveyor.priority import Priority

@@ -14,7 +14,7 @@ import torch
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.chat import run_chat
 from conveyor.endpoints.completions import (
     completion_chunks,
@@ -23,8 +23,8 @@ from conveyor.endpoints.completions import (
     run_completion,
 )
 from conveyor.engine.tokenizer import Tokenizer
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 from tests.unit.model_helpers import HFReference, random_prompts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.model]

@@ -16,11 +16,11 @@ import jsonschema_rs
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.chat import chat_chunks, parse_chat_request, prepare_chat, run_chat
 from conveyor.errors import InvalidRequest
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 
 # `model`: runs a real (tiny) torch model, so mutation runs leave it out.
 pytestmark = [pytest.mark.anyio, pytest.mark.model]

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
+from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.llm_engine import LLMEngine
-from conveyor.engine.model_runner import ModelRunner
+from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.outputs import FinishReason, PromptLogprobs
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.step import SeqChunk
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import InvalidRequest
 from tests.unit.model_helpers import (

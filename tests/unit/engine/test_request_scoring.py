@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from conveyor.engine.core.step import PromptScoring, SeqChunk
 from conveyor.engine.outputs import FinishReason, PromptLogprobs, TokenLogprobs
 from conveyor.engine.request import GenerationRequest
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.step import PromptScoring, SeqChunk
+from conveyor.engine.sampling.params import SamplingParams
 
 PROMPT = [11, 12, 13, 14, 15, 16, 17]
 
