@@ -46,13 +46,13 @@ from bench.common import (
     wait_until_quiet,
     write_json,
 )
-from conveyor.config import bundled_chat_model_path
+from conveyor.config.model_config import bundled_chat_model_path
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.model_runner import ModelRunner, resolve_dtype
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.model.model_runner import ModelRunner, resolve_dtype
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 
 HF_SEQUENTIAL = "hf_sequential"
 HF_STATIC = "hf_static"

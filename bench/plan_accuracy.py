@@ -202,7 +202,7 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def start_server(stack: ExitStack, work_dir: Path) -> ServerProcess:
     """``conveyor serve`` with both models, ready."""
-    from conveyor.testing import build_tiny_llama
+    from conveyor.fakes.checkpoints import build_tiny_llama
 
     checkpoint = build_tiny_llama(work_dir / "tiny-llama")
     llama = {"name": "llama", "kind": "generate", "path": str(checkpoint), "device": "cpu",

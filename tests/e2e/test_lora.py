@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import build_lora_adapter, build_tiny_llama
+from conveyor.fakes.checkpoints import build_lora_adapter, build_tiny_llama
 from tests.e2e.conftest import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from conveyor.config import bundled_chat_model_path
+from conveyor.config.model_config import bundled_chat_model_path
 
 if TYPE_CHECKING:  # torch loads only when a test asks for the model
-    from conveyor.engine.model_runner import ModelRunner
+    from conveyor.engine.model.model_runner import ModelRunner
     from conveyor.engine.tokenizer import Tokenizer
     from tests.integration.smollm2_reference import HFScorer
 
@@ -74,8 +74,8 @@ def shared_gguf_reads() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def one_torch_thread() -> Iterator[None]:
-    """Torch on one thread for a module (see ``conveyor.testing.torch_threads``)."""
-    from conveyor.testing import torch_threads
+    """Torch on one thread for a module (see ``conveyor.fakes.checkpoints.torch_threads``)."""
+    from conveyor.fakes.checkpoints import torch_threads
 
     with torch_threads(1):
         yield
@@ -99,7 +99,7 @@ def smollm2_tokenizer(smollm2_path: Path) -> Tokenizer:
 @pytest.fixture(scope="session")
 def smollm2_runner(smollm2_path: Path) -> ModelRunner:
     """Conveyor's float32 runner on the CPU, with room for every engine the tests build."""
-    from conveyor.engine.model_runner import ModelRunner
+    from conveyor.engine.model.model_runner import ModelRunner
 
     with shared_gguf_reads():
         return ModelRunner(

@@ -24,8 +24,8 @@ from bench.generate import (
     with_rate,
 )
 
-from conveyor.config import bundled_chat_model_path
-from conveyor.metrics import STEP_PHASES
+from conveyor.config.model_config import bundled_chat_model_path
+from conveyor.observability.metrics import STEP_PHASES
 from tests.bench_smoke import run_smoke
 
 SUMMARY_FIELDS = {

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from bench.soak import SERVED_CHAT, chat_entry
 
-from conveyor.config import DEFAULT_CHAT_MODEL_SETTINGS, bundled_chat_model_path
+from conveyor.config.model_config import bundled_chat_model_path
+from conveyor.config.settings import DEFAULT_CHAT_MODEL_SETTINGS
 from tests.bench_smoke import run_smoke
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from bench.structured import model_path, result_name
 
-from conveyor.config import bundled_chat_model_path
+from conveyor.config.model_config import bundled_chat_model_path
 from tests.bench_smoke import run_smoke
 
 

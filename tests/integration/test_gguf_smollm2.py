@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from conveyor.engine.gguf_import import import_gguf
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.model_runner import ModelRunner
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.model.gguf_import import import_gguf
+from conveyor.engine.model.model_runner import ModelRunner
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import torch_threads
+from conveyor.fakes.checkpoints import torch_threads
 from tests.integration.smollm2_fixtures import shared_gguf_reads
 from tests.unit.model_helpers import generate
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from conveyor.engine.engine_config import EngineStats
+from conveyor.engine.core.engine_config import EngineStats
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.model_runner import ModelRunner
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.model.model_runner import ModelRunner
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.tokenizer import Tokenizer
 from tests.integration.smollm2_reference import NEAR_TIE, HFScorer, parity_problems
 from tests.unit.model_helpers import Result, generate

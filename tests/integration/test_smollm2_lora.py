@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 import torch
 
-from conveyor.engine.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.lora.runtime import LoraRuntime, new_lora_runtime
-from conveyor.engine.model_runner import ModelRunner
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
+from conveyor.engine.model.lora.runtime import LoraRuntime, new_lora_runtime
+from conveyor.engine.model.model_runner import ModelRunner
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import LORA_TARGET_MODULES
+from conveyor.fakes.checkpoints import LORA_TARGET_MODULES
 from tests.integration.smollm2_fixtures import shared_gguf_reads
 from tests.integration.smollm2_reference import HFScorer, parity_problems
 from tests.unit.model_helpers import Result, collect

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.config import GenerateModelConfig
+from conveyor.config.model_config import GenerateModelConfig
 from conveyor.endpoints.generation import choice_params
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.model_runner import ModelRunner
+from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.null_metrics import null_generator_metrics
 from conveyor.engine.outputs import GenerationOutput
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.tokenizer import Tokenizer
 from tests.unit.model_helpers import collect, submit
 

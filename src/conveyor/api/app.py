@@ -14,11 +14,11 @@ from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.fleet.credential import FleetCredential
+from conveyor.host.service import Service
 from conveyor.jobs.subsystem import JobsSubsystem
-from conveyor.service import Service
 from conveyor.stores import open_job_store
 
 if TYPE_CHECKING:

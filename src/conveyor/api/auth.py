@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor.api.errors import error_response
-from conveyor.config import ApiKey
+from conveyor.config.settings import ApiKey
 from conveyor.errors import AuthenticationFailed, ServiceUnavailable
 from conveyor.fleet.credential import FleetCredential, vouched_principal
 from conveyor.tenants.keyring import ANONYMOUS, KeyRing, Principal

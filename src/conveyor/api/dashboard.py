@@ -74,7 +74,7 @@ async def dashboard_state(request: Request) -> Response:
     limits = _limits(request, only)
     gateway = getattr(state, "gateway", None)
     if gateway is not None:
-        from conveyor.api.fleet import fleet_document
+        from conveyor.gateway.status import fleet_document
 
         fleet = fleet_document(gateway)
         models = gateway_models(gateway)

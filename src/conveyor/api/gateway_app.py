@@ -18,11 +18,11 @@ from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
-from conveyor.api.proxy_limits import ProxyLimits
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.fleet.credential import credential_from
 from conveyor.fleet.registry_store import WorkerRegistryStore
-from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
+from conveyor.gateway.limits import ProxyLimits
+from conveyor.gateway.process import Gateway, GatewaySettings, gateway_jobs
 from conveyor.stores import open_job_store, open_object_store
 from conveyor.stores.protocols import ApiKeyStore
 

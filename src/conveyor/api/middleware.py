@@ -16,9 +16,9 @@ from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.budget import BudgetMiddleware, budget_refusals_counter
 from conveyor.api.edge import Dispatch, Edge, EdgeApp, Shortcut
 from conveyor.api.rate_limit import TicketIssuer
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.fleet.credential import FleetCredential
-from conveyor.metrics import TenantMetrics
+from conveyor.observability.metrics import TenantMetrics
 from conveyor.observability.tracing import build_provider, tracer_of
 from conveyor.stores.protocols import ApiKeyStore
 from conveyor.tenants.config import RateLimitsConfig
@@ -97,7 +97,7 @@ def install_middleware(
     gate is built only when some tenant has an online limit (its metrics go to `registry`)
     and is no layer: with `counts_tokens` (`serve`) the edge issues each limited request a
     ticket that the app admits once the request is tokenized; otherwise (the gateway) the
-    app applies the returned guards' gate itself (`api.proxy_limits`).
+    app applies the returned guards' gate itself (`gateway.limits`).
     Traces go to ``tracer_provider`` when given (tests), else to the config's OTLP endpoint.
     With `fleet_credential` (a fleet worker) the fleet key is accepted for the caller its
     gateway names, and a key is required even with none configured.

@@ -27,9 +27,9 @@ from conveyor.endpoints.answers import encode_body
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun
 from conveyor.endpoints.off_loop import prepare_off_loop
 from conveyor.errors import ClientGone, ConveyorError
-from conveyor.offload import run_sized
+from conveyor.host.offload import run_sized
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 
 __all__ = ["DONE_EVENT", "encode_event", "respond"]
 

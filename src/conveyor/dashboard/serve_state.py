@@ -14,7 +14,7 @@ from conveyor.dashboard.state import common_figures
 
 if TYPE_CHECKING:
     from conveyor.engine.generator import HostedGenerator
-    from conveyor.service import Service
+    from conveyor.host.service import Service
 
 
 def one_shot_model(reader: MetricReader, service: Service, name: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from conveyor.stores.records import BatchRecord
 from conveyor.stores.tenant_records import UsageRow
 
 if TYPE_CHECKING:
-    from conveyor.gateway import Gateway
+    from conveyor.gateway.process import Gateway
 
 USAGE_WINDOW_S = 3600
 TENANTS_NOTE = (

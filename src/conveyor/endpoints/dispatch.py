@@ -14,11 +14,11 @@ from conveyor.endpoints.completions import run_completion
 from conveyor.endpoints.embeddings import run_embeddings
 from conveyor.endpoints.rerank import run_rerank
 from conveyor.errors import InvalidRequest
+from conveyor.host.service import Service
 from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RERANK
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.budget import MonthlyBudgets
 from conveyor.tenants.usage import Payer
 

@@ -2,7 +2,7 @@
 
 Preparing a request (tokenizing, the chat template, checking a grammar) is plain CPU
 work. A small one runs inline: a thread hop costs more than it does. A large input runs
-on the large-input pool (``offload.run_sized``). A grammar is checked on a worker thread
+on the large-input pool (``host.offload.run_sized``). A grammar is checked on a worker thread
 whatever its size: llguidance fills its first mask there (the GIL released), which takes
 microseconds for an ordinary schema but can take a tenth of a second for a deep one. A
 large answer is built off the loop too (``answers``).
@@ -18,9 +18,9 @@ from conveyor.endpoints.answers import build_body
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun, prepare_counted
 from conveyor.endpoints.generation_schemas import GenerationRequestBody
 from conveyor.errors import InvalidRequest
-from conveyor.offload import LARGE_INPUT_BYTES, run_sized
+from conveyor.host.offload import LARGE_INPUT_BYTES, run_sized
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = ["prepare_off_loop", "run_unstreamed"]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 
-from conveyor.engine.block_manager import BlockManager
-from conveyor.engine.engine_config import EngineStats
+from conveyor.engine.core.block_manager import BlockManager
+from conveyor.engine.core.engine_config import EngineStats
+from conveyor.engine.core.step import PrepareTimed, StepExecutor
+from conveyor.engine.core.step_plan import SchedulerOutput
 from conveyor.engine.request import GenerationRequest
-from conveyor.engine.step import PrepareTimed, StepExecutor
-from conveyor.engine.step_plan import SchedulerOutput
-from conveyor.metrics import GeneratorMetrics
+from conveyor.observability.metrics import GeneratorMetrics
 
 
 class StepPhases:
@@ -20,7 +20,7 @@ class StepPhases:
         self._counters = metrics.step_phase_s
 
     def count(self, phase: str, seconds: float) -> None:
-        """Add ``seconds`` to ``phase`` (one of ``metrics.STEP_PHASES``)."""
+        """Add ``seconds`` to ``phase`` (one of ``observability.metrics.STEP_PHASES``)."""
         self._totals[phase] += seconds
         self._counters[phase].inc(seconds)
 

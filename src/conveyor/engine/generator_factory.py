@@ -9,13 +9,13 @@ import time
 
 import torch
 
-from conveyor.config import GenerateModelConfig, local_model_path
+from conveyor.config.model_config import GenerateModelConfig, local_model_path
+from conveyor.engine.core.limits import max_model_len_problem
 from conveyor.engine.generator import HostedGenerator
-from conveyor.engine.hf_config import DecoderConfig, load_hf_config
-from conveyor.engine.limits import max_model_len_problem
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.lora.runtime import LoraRuntime, new_lora_runtime
-from conveyor.engine.model_runner import (
+from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
+from conveyor.engine.model.lora.runtime import LoraRuntime, new_lora_runtime
+from conveyor.engine.model.model_runner import (
     ModelRunner,
     num_kv_blocks_for_memory_fraction,
     num_kv_blocks_for_tokens,
@@ -24,7 +24,7 @@ from conveyor.engine.model_runner import (
 )
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import ConfigError, ConveyorError
-from conveyor.metrics import GeneratorMetrics
+from conveyor.observability.metrics import GeneratorMetrics
 
 __all__ = ["DEFAULT_CPU_KV_CACHE_TOKENS", "load_generator"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from conveyor.metrics import FINISH_REASONS, OUTCOMES, STEP_PHASES, GeneratorMetrics
+from conveyor.observability.metrics import FINISH_REASONS, OUTCOMES, STEP_PHASES, GeneratorMetrics
 
 __all__ = ["null_generator_metrics"]
 

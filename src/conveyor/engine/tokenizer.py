@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.engine.gguf_format import find_gguf_file
+from conveyor.engine.model.gguf_format import find_gguf_file
 
 __all__ = ["DetokenizedText", "Detokenizer", "Tokenizer"]
 

@@ -1,6 +1,6 @@
 """Settings of the batch-jobs subsystem: the `jobs` section of the server config.
 
-Kept free of other Conveyor imports so `conveyor.config` can embed it without a cycle.
+Kept free of other Conveyor imports so `conveyor.config.settings` can embed it without a cycle.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.engine.gguf_format import GGUF_SUFFIX
-from conveyor.engine.hf_config import DecoderConfig, load_hf_config
+from conveyor.engine.model.gguf_format import GGUF_SUFFIX
+from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 

@@ -13,12 +13,12 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from conveyor.api.app import create_app
 from conveyor.api.gateway_app import create_gateway_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.dashboard.metrics_read import MetricReader
 from conveyor.dashboard.plans import generative_plan, one_shot_plan, preset_for
 from conveyor.dashboard.state import job_row, model_pulls, tenant_limits
-from conveyor.gateway import GatewaySettings
-from conveyor.metrics import Metrics
+from conveyor.gateway.process import GatewaySettings
+from conveyor.observability.metrics import Metrics
 from conveyor.stores import open_job_store
 from conveyor.stores.records import BatchRecord, BatchStatus, RequestCounts
 from tests.unit.plan.test_sizing import LLAMA2_7B
@@ -185,7 +185,7 @@ class _FakeHosted:
     """What the plan reads of a hosted generator: its config and its KV cache's size."""
 
     def __init__(self, path: Path) -> None:
-        from conveyor.model_config import GenerateModelConfig
+        from conveyor.config.model_config import GenerateModelConfig
 
         self.config = GenerateModelConfig(
             kind="generate", name="tiny", path=path, device="cpu", max_num_seqs=16

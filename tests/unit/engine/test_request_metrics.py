@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
-from conveyor.service import Service
+from conveyor.config.settings import ServerConfig
+from conveyor.host.service import Service
 
 # `model`: runs a real (tiny) torch model, so mutation runs leave it out.
 pytestmark = [pytest.mark.anyio, pytest.mark.model]

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import build_tiny_tokenizer
+from conveyor.fakes.checkpoints import build_tiny_tokenizer
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 

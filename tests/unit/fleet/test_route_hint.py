@@ -11,10 +11,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from conveyor.engine.tokenizer import Tokenizer
+from conveyor.fakes.checkpoints import build_tiny_tokenizer
 from conveyor.fleet.affinity import AffinitySettings
 from conveyor.fleet.prompt_tokens import GatewayTokenizer
 from conveyor.fleet.route_hint import HintReader, chat_messages
-from conveyor.testing import build_tiny_tokenizer
 
 pytestmark = pytest.mark.model  # builds a tokenizer with transformers: not in mutation runs
 
@@ -124,7 +124,7 @@ async def test_read_tokenizes_off_the_loop_and_prehashes_the_block_sizes(
 
 
 def test_prefix_tokenizer_pairs_are_parsed_strictly() -> None:
-    from conveyor.gateway import parse_model_dirs
+    from conveyor.gateway.process import parse_model_dirs
 
     assert parse_model_dirs(["a=/m/a", "b=/m/b=c"]) == {"a": "/m/a", "b": "/m/b=c"}
     for bad in ("a", "=/m", "a="):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conveyor.cli import app
+from conveyor.cli.main import app
 from conveyor.plan.calibrate import SoloTimes
 from conveyor.plan.curves import LinearCurve
 from conveyor.plan.gpus import GPUS, gpu_spec
