@@ -131,7 +131,7 @@ def main_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """``conveyor serve`` with no model configured (MiniLM and SmolLM2), shared by the session."""
+    """``conveyor serve`` with no model configured (MiniLM and SmolLM2), shared by every test."""
     server = start_server(tmp_path_factory.mktemp("defaults"), {}, ready_timeout_s=300)
     yield server
     stop_server(server)

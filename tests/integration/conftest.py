@@ -1,4 +1,4 @@
-"""Integration fixtures: the real SmolLM2, loaded once per session (see ``smollm2_fixtures``)."""
+"""Integration fixtures: the real SmolLM2, loaded once per test run (see ``smollm2_fixtures``)."""
 
 from tests.integration.smollm2_fixtures import (
     one_torch_thread,

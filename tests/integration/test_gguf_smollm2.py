@@ -5,7 +5,7 @@ The weights Conveyor dequantises and un-permutes must equal transformers' bit fo
 float32, and the greedy answer through the engine (chat template applied) must equal
 transformers' ``generate`` token for token. The directory ``conveyor models import`` writes
 must tokenize identically and give the same tokens through Conveyor's safetensors path and
-through ``AutoModelForCausalLM``. The model loads once per test session.
+through ``AutoModelForCausalLM``. The model loads once per test run.
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ def _one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _gguf_work_done_once() -> Iterator[None]:
-    """The import below reads the file through the session's shared ``gguf.GGUFReader``
+    """The import below reads the file through the run's shared ``gguf.GGUFReader``
     (see ``smollm2_fixtures``), as the model, tokenizer and reference were loaded."""
     with shared_gguf_reads():
         yield
 
 
-# The model, its tokenizer and transformers' reading load once per session (conftest).
+# The model, its tokenizer and transformers' reading load once per test run (conftest).
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path: Path) -> Path:
     return smollm2_path
