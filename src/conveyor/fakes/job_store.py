@@ -1,4 +1,5 @@
-"""In-memory job store and worker registry: files, batches, cache, workers, shards, keys, usage."""
+"""In-memory job store and worker registry: files, batches, cache, workers, shards, keys, usage,
+stored responses."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, TypeVar
 
 from conveyor.fakes.api_keys import MemoryApiKeys
 from conveyor.fakes.models import MemoryModels
+from conveyor.fakes.responses import MemoryResponses
 from conveyor.fakes.shards import MemoryShards, op
 from conveyor.fakes.usage import MemoryUsage
 from conveyor.stores.errors import StoreError
@@ -27,7 +29,7 @@ from conveyor.stores.sql_files import encode_batch_fields
 _T = TypeVar("_T")
 
 
-class MemoryJobStore(MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
+class MemoryJobStore(MemoryResponses, MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
     """Job store and worker registry in dictionaries; thread-safe, one lock for everything."""
 
     # -- files -----------------------------------------------------------------------------
