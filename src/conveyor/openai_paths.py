@@ -5,11 +5,12 @@ from __future__ import annotations
 EMBEDDINGS = "/v1/embeddings"
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 RERANK = "/v1/rerank"
 SCORE = "/v1/score"
 GENERATION_ENDPOINTS = (COMPLETIONS, CHAT_COMPLETIONS)
 # Every path a batch line may name (OpenAI's Batch API `url`; rerank is Conveyor's extra).
-BATCH_ENDPOINTS = (EMBEDDINGS, *GENERATION_ENDPOINTS, RERANK)
+BATCH_ENDPOINTS = (EMBEDDINGS, *GENERATION_ENDPOINTS, RESPONSES, RERANK)
 # vLLM's tokenizer routes (outside /v1, as vLLM serves them).
 TOKENIZE = "/tokenize"
 DETOKENIZE = "/detokenize"

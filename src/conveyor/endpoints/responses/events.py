@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.endpoints.responses.items import new_item_id
+from conveyor.endpoints.responses.input import new_item_id
 from conveyor.endpoints.responses.output import response_object
 from conveyor.endpoints.tool_stream import ArgumentsDelta, CallStart, Event, ToolCallStream
 from conveyor.endpoints.tools import ParsedCall, new_call_id
@@ -92,10 +92,10 @@ class ResponseBuilder:
     def finish(self, *, is_cut: bool, usage: dict[str, Any], now: int) -> list[dict[str, Any]]:
         """Close the output and end with ``response.completed`` or, when ``max_output_tokens``
         cut it (``is_cut``), ``response.incomplete``."""
-        events = self._apply(self._parser.finish(is_cut=is_cut)) if self._parser else []
+        status = "incomplete" if is_cut else "completed"
+        events = self._apply(self._parser.finish(is_cut=is_cut), status) if self._parser else []
         if not self._done and self._open is None:
             events += self._open_message()  # an empty answer is one empty message
-        status = "incomplete" if is_cut else "completed"
         events += self._close(status)
         self.response = response_object(
             self._base, status=status, output=list(self._done), usage=usage, completed_at=now
@@ -118,8 +118,11 @@ class ResponseBuilder:
         self._sequence += 1
         return event
 
-    def _apply(self, pieces: Iterable[Event]) -> list[dict[str, Any]]:
-        """Events for the parser's output: text, whole calls and streamed calls."""
+    def _apply(
+        self, pieces: Iterable[Event], call_status: str = "completed"
+    ) -> list[dict[str, Any]]:
+        """Events for the parser's output: text, whole calls and streamed calls; a whole
+        call ends with ``call_status`` (``incomplete``: the output was cut inside it)."""
         events: list[dict[str, Any]] = []
         for piece in pieces:
             if isinstance(piece, str):
@@ -130,7 +133,7 @@ class ResponseBuilder:
                 events += [*self._close("completed"), *self._open_call(piece.name)]
             elif isinstance(piece, ParsedCall):
                 events += [*self._close("completed"), *self._open_call(piece.name)]
-                events += [*self._add_arguments(piece.arguments), *self._close("completed")]
+                events += [*self._add_arguments(piece.arguments), *self._close(call_status)]
         return events
 
     def _add_text(self, text: str) -> list[dict[str, Any]]:

@@ -1,10 +1,7 @@
-"""Input items as stored and listed, and as the chat path runs them.
+"""A conversation's items as the chat path runs them.
 
-A request's ``input`` becomes items in OpenAI's stored shapes (each with an id): messages
-with ``input_text`` parts (``output_text`` for the assistant's), ``function_call`` and
-``function_call_output`` items, and handed-back ``reasoning`` items. A conversation is
-the previous response's items and output followed by the new input; the model sees it as
-chat messages:
+A conversation is the previous response's input items and output followed by the new
+input, all in their stored shapes (``input``); the model sees it as chat messages:
 
 - ``instructions`` is a system message first (a previous response's are not carried on,
   as OpenAI has it); ``developer`` messages are system messages too;
@@ -19,78 +16,16 @@ tools), ``max_output_tokens`` to ``max_completion_tokens``.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from typing import Any
 
 from conveyor.endpoints.chat_schemas import ChatCompletionRequest
 from conveyor.endpoints.generation import parse_body
-from conveyor.endpoints.responses.item_schemas import (
-    AllowedTools,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    FunctionChoice,
-    MessageItem,
-    ReasoningItem,
-)
+from conveyor.endpoints.responses.item_schemas import AllowedTools, FunctionChoice
 from conveyor.endpoints.responses.schemas import ResponseRequest
 from conveyor.errors import InvalidRequest
 
-__all__ = ["chat_messages", "chat_request", "input_items", "new_item_id"]
-
-_ID_HEX_CHARS = 32
-
-
-def new_item_id(prefix: str) -> str:
-    """A fresh item id: ``msg_...``, ``fc_...``, ``fco_...``, ``rs_...``."""
-    return f"{prefix}_{secrets.token_hex(_ID_HEX_CHARS // 2)}"
-
-
-def input_items(request: ResponseRequest) -> list[dict[str, Any]]:
-    """The request's input as stored items, each with an id (a given id is kept)."""
-    if isinstance(request.input, str):
-        return [_message("user", request.input, None)]
-    return [_stored(item) for item in request.input]
-
-
-def _stored(item: Any) -> dict[str, Any]:
-    """One parsed input item in its stored shape."""
-    if isinstance(item, MessageItem):
-        if isinstance(item.content, str):
-            return _message(item.role, item.content, item.id)
-        parts = [_part(item.role, part.type, part.plain) for part in item.content]
-        return {**_message(item.role, "", item.id), "content": parts}
-    if isinstance(item, FunctionCallItem):
-        return {
-            "id": item.id or new_item_id("fc"), "type": "function_call",
-            "call_id": item.call_id, "name": item.name, "arguments": item.arguments,
-            "status": "completed",
-        }  # fmt: skip
-    if isinstance(item, FunctionCallOutputItem):
-        return {
-            "id": item.id or new_item_id("fco"), "type": "function_call_output",
-            "call_id": item.call_id, "output": item.text, "status": "completed",
-        }  # fmt: skip
-    if isinstance(item, ReasoningItem):
-        return {"id": item.id or new_item_id("rs"), "type": "reasoning", "summary": []}
-    raise TypeError(f"not an input item: {item!r}")
-
-
-def _message(role: str, text: str, item_id: str | None) -> dict[str, Any]:
-    """A stored message holding one text part."""
-    return {
-        "id": item_id or new_item_id("msg"), "type": "message", "role": role,
-        "status": "completed", "content": [_part(role, "text", text)],
-    }  # fmt: skip
-
-
-def _part(role: str, kind: str, text: str) -> dict[str, Any]:
-    """A stored content part: ``output_text`` (or ``refusal``) for the assistant."""
-    if role != "assistant":
-        return {"type": "input_text", "text": text}
-    if kind == "refusal":
-        return {"type": "refusal", "refusal": text}
-    return {"type": "output_text", "text": text, "annotations": []}
+__all__ = ["chat_messages", "chat_request"]
 
 
 def _text(parts: Sequence[dict[str, Any]] | str) -> str:
@@ -165,7 +100,7 @@ def _response_format(request: ResponseRequest) -> dict[str, Any] | None:
         return None
     if text_format.type == "json_object":
         return {"type": "json_object"}
-    schema = {"name": text_format.name, "schema": text_format.schema_}
+    schema: dict[str, Any] = {"name": text_format.name, "schema": text_format.schema_}
     if text_format.strict is not None:
         schema["strict"] = text_format.strict
     return {"type": "json_schema", "json_schema": schema}

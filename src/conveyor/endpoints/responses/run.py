@@ -19,7 +19,8 @@ from conveyor.endpoints.chat_schemas import ChatCompletionRequest
 from conveyor.endpoints.generation import GenerationRun, PreparedRun, parse_body
 from conveyor.endpoints.off_loop import prepare_off_loop
 from conveyor.endpoints.responses.events import ResponseBuilder
-from conveyor.endpoints.responses.items import chat_messages, chat_request, input_items
+from conveyor.endpoints.responses.input import input_items
+from conveyor.endpoints.responses.items import chat_messages, chat_request
 from conveyor.endpoints.responses.output import (
     envelope,
     error_object,

@@ -157,7 +157,7 @@ class ResponseRequest(BaseModel):
         names = set(self.tool_names)
         if len(names) != len(self.tools or []):
             raise ValueError("tool names must be unique")
-        chosen = (choice.name,) if isinstance(choice, FunctionChoice) else ()
+        chosen: tuple[str, ...] = (choice.name,) if isinstance(choice, FunctionChoice) else ()
         if isinstance(choice, AllowedTools):
             chosen = choice.names
         unknown = [name for name in chosen if name not in names]
