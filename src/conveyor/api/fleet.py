@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 
 router = APIRouter()
 
-# Paths under these prefixes belong to the gateway's own Files and Batches routes.
-JOB_PREFIXES = ("/v1/files", "/v1/batches")
+# Paths under these prefixes belong to the gateway's own Files, Batches and stored-response
+# routes (a new response, ``POST /v1/responses`` itself, goes to a worker).
+JOB_PREFIXES = ("/v1/files", "/v1/batches", "/v1/responses/")
 _TIMEOUT_HEADER = TIMEOUT_HEADER.encode("ascii")
 
 
@@ -101,7 +102,8 @@ async def metrics(request: Request) -> Response:
 
 
 def is_proxied(scope: Scope) -> bool:
-    """An online request for a worker: ``POST /v1/...`` outside Files and Batches."""
+    """An online request for a worker: ``POST /v1/...`` outside Files, Batches and stored
+    responses."""
     if scope["type"] != "http" or scope["method"] != "POST":
         return False
     path: str = scope["path"]

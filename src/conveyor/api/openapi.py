@@ -57,6 +57,7 @@ def request_body_models() -> dict[str, type[BaseModel]]:
     from conveyor.endpoints.chat_schemas import ChatCompletionRequest
     from conveyor.endpoints.generation_schemas import CompletionRequest
     from conveyor.endpoints.rerank_schemas import RerankRequest, ScoreRequest
+    from conveyor.endpoints.responses.schemas import ResponseRequest
     from conveyor.endpoints.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
     from conveyor.openai_paths import (
         CHAT_COMPLETIONS,
@@ -64,6 +65,7 @@ def request_body_models() -> dict[str, type[BaseModel]]:
         DETOKENIZE,
         EMBEDDINGS,
         RERANK,
+        RESPONSES,
         SCORE,
         TOKENIZE,
     )
@@ -72,6 +74,7 @@ def request_body_models() -> dict[str, type[BaseModel]]:
         EMBEDDINGS: EmbeddingRequest,
         COMPLETIONS: CompletionRequest,
         CHAT_COMPLETIONS: ChatCompletionRequest,
+        RESPONSES: ResponseRequest,
         RERANK: RerankRequest,
         SCORE: ScoreRequest,
         TOKENIZE: TokenizeRequest,

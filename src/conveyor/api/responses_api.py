@@ -28,7 +28,6 @@ from conveyor.api.sse import SSE_HEADERS
 from conveyor.api.stored_responses import stored_of
 from conveyor.api.timeouts import timeout_from_headers
 from conveyor.endpoints.generation import GenerationRun
-from conveyor.endpoints.responses.output import new_response_id
 from conveyor.endpoints.responses.run import (
     OnEnd,
     PreparedResponse,
@@ -42,6 +41,7 @@ from conveyor.errors import ClientGone, ConveyorError, JobStoreUnavailable
 from conveyor.host.offload import run_sized
 from conveyor.host.service import Service
 from conveyor.priority import Priority
+from conveyor.response_ids import new_response_id
 from conveyor.stores.errors import StoreError
 
 log = logging.getLogger(__name__)

@@ -21,18 +21,14 @@ from conveyor.endpoints.off_loop import prepare_off_loop
 from conveyor.endpoints.responses.events import ResponseBuilder
 from conveyor.endpoints.responses.input import input_items
 from conveyor.endpoints.responses.items import chat_messages, chat_request
-from conveyor.endpoints.responses.output import (
-    envelope,
-    error_object,
-    new_response_id,
-    usage_object,
-)
+from conveyor.endpoints.responses.output import envelope, error_object, usage_object
 from conveyor.endpoints.responses.schemas import ResponseRequest
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import FinishReason, TokenLogprobs
 from conveyor.errors import ConveyorError, InvalidRequest
 from conveyor.host.service import Service
 from conveyor.priority import Priority
+from conveyor.response_ids import new_response_id
 from conveyor.tenants.usage import Payer
 
 __all__ = [

@@ -17,11 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor.endpoints.responses.input import input_items
-from conveyor.endpoints.responses.output import envelope, new_response_id
+from conveyor.endpoints.responses.output import envelope
 from conveyor.endpoints.responses.schemas import ResponseRequest
 from conveyor.errors import InvalidRequest, NotFound
 from conveyor.jobs.operations import check_limit, check_order
 from conveyor.jobs.views import list_page
+from conveyor.response_ids import new_response_id
 from conveyor.stores.protocols import JobStore
 from conveyor.stores.response_records import ResponseStatus, StoredResponse
 
