@@ -3,6 +3,8 @@ tenant, and background runs claimed, renewed, finished and released by attempt."
 
 from __future__ import annotations
 
+import json
+
 from conveyor.stores import JobStore
 from conveyor.stores.response_records import ResponseStatus, StoredResponse
 from conveyor.stores.tenant_records import UsageRow
@@ -15,7 +17,7 @@ def stored(response_id: str, *, tenant: str = "acme", job: str | None = None) ->
     status = ResponseStatus.QUEUED if job is not None else ResponseStatus.COMPLETED
     return StoredResponse(
         id=response_id, tenant=tenant, model="m", status=status, created_at=100,
-        body='{"id": "%s"}' % response_id, input_items="[]", job=job,
+        body=json.dumps({"id": response_id}), input_items="[]", job=job,
     )  # fmt: skip
 
 
@@ -28,7 +30,7 @@ def test_a_response_is_read_and_deleted_by_its_tenant_only(job_store: JobStore) 
     assert job_store.get_response("other", "resp_1") is None
     assert not job_store.delete_response("other", "resp_1")
     found = job_store.get_response("acme", "resp_1")
-    assert found is not None and found.body == '{"id": "resp_1"}'
+    assert found is not None and json.loads(found.body) == {"id": "resp_1"}
     assert found.status is ResponseStatus.COMPLETED and found.job is None
     assert job_store.delete_response("acme", "resp_1")
     assert job_store.get_response("acme", "resp_1") is None

@@ -90,17 +90,18 @@ class BackgroundRunner:
         while not self._shutdown.is_set():
             self._wake.clear()
             try:
-                await self._claim_some()
+                await self.claim_some()
             except StoreError as exc:
                 log.warning("cannot claim background responses yet: %s", exc)
             await wait_for_any([self._shutdown, self._wake], poll_s)
 
-    async def _claim_some(self) -> None:
-        """Claim runnable responses up to the room left."""
+    async def claim_some(self) -> list[asyncio.Task[None]]:
+        """Claim runnable responses up to the room left; the runs started."""
         ctx = self._ctx
         room = ctx.config.max_lines_in_flight - len(self._running)
+        started: list[asyncio.Task[None]] = []
         if room <= 0:
-            return
+            return started
         store = ctx.store.blocking
         candidates = await asyncio.to_thread(
             store.claimable_responses, ctx.clock(), max(room, CLAIM_CANDIDATES)
@@ -116,6 +117,8 @@ class BackgroundRunner:
                 task = asyncio.create_task(self._run(rec), name=f"conveyor-response-{rec.id}")
                 self._running[rec.id] = task
                 task.add_done_callback(functools.partial(self._done, rec.id))
+                started.append(task)
+        return started
 
     def _done(self, response_id: str, _task: asyncio.Task[None]) -> None:
         """A run ended: make room and look for more."""

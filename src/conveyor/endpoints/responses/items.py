@@ -73,6 +73,8 @@ def chat_request(
     (``truncation: auto``).
     """
     messages = chat_messages(request.instructions, items)
+    if not messages:
+        raise InvalidRequest("the input holds nothing the model can read", param="input")
     start = 1 if request.instructions else 0
     del messages[start : start + num_dropped]
     body: dict[str, Any] = {"model": request.model, "messages": messages}
