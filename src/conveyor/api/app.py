@@ -8,7 +8,17 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import conveyor
-from conveyor.api import batches, dashboard, files, inference, lora, meta, usage
+from conveyor.api import (
+    batches,
+    dashboard,
+    files,
+    inference,
+    lora,
+    message_batches,
+    messages,
+    meta,
+    usage,
+)
 from conveyor.api.edge import EdgeApp, direct_routes
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
@@ -34,6 +44,8 @@ def _add_routes(app: EdgeApp) -> None:
     """Every route ``serve`` answers, and their documentation."""
     app.add_route("/v1/embeddings", inference.create_embeddings, methods=["POST"])
     app.include_router(inference.router)
+    app.include_router(messages.router)
+    app.include_router(message_batches.router)
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)

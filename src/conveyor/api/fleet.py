@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 
 router = APIRouter()
 
-# Paths under these prefixes belong to the gateway's own Files and Batches routes.
-JOB_PREFIXES = ("/v1/files", "/v1/batches")
+# Paths under these prefixes belong to the gateway's own Files and Batches routes (Message
+# Batches too).
+JOB_PREFIXES = ("/v1/files", "/v1/batches", "/v1/messages/batches")
 _TIMEOUT_HEADER = TIMEOUT_HEADER.encode("ascii")
 
 
