@@ -23,12 +23,12 @@ from conveyor.stores.records import BATCH_ID_PREFIX, BatchRecord, BatchStatus
 __all__ = [
     "MESSAGE_BATCH_ID_PREFIX",
     "REQUESTS_KEY",
-    "failed_result",
     "internal_id",
     "is_ended",
     "message_batch_object",
     "public_id",
     "result_line",
+    "unplanned_result",
 ]
 
 MESSAGE_BATCH_ID_PREFIX = "msgbatch_"
@@ -142,9 +142,15 @@ def result_line(record_line: bytes) -> bytes | None:
     return _line(custom_id, result)
 
 
-def failed_result(custom_id: str, message: str) -> bytes:
-    """The result line of a request in a batch that failed before any request ran."""
-    error = anthropic_error(400, message)
+def unplanned_result(record: BatchRecord, custom_id: str) -> bytes:
+    """The result line of a request in a batch that ended before it was planned: cancelled
+    or expired at once, or failed (its errors say why)."""
+    if record.status is BatchStatus.CANCELLED:
+        return _line(custom_id, {"type": "canceled"})
+    if record.status is BatchStatus.EXPIRED:
+        return _line(custom_id, {"type": "expired"})
+    why = "; ".join(error.message for error in record.errors or []) or "it could not start"
+    error = anthropic_error(400, f"the batch failed: {why}")
     return _line(custom_id, {"type": "errored", "error": error})
 
 

@@ -1,11 +1,12 @@
 """Anthropic's Message Batches on the Batch API's machinery, scoped to the caller's tenant.
 
-Creating one writes its requests as a batch input file (``message_batch_input``) and records
-a batch over it for ``/v1/messages``: from then on it is planned into shards, claimed by fair
-share, run exactly once and finalized like any batch. The input file has no file record (it
-is not the tenant's upload), so finalizing deletes its bytes. Results are the output and
-error files' records read back as Anthropic's result lines (``message_batch_views``).
-Another tenant's batch, or an OpenAI batch, is a 404 here.
+Creating one writes its requests as a batch input file (``message_batch_input``, a file of
+purpose ``message_batch``) and records a batch over it for ``/v1/messages``: from then on it
+is planned into shards, claimed by fair share, run exactly once and finalized like any
+batch. Results are the output and error files' records read back as Anthropic's result
+lines (``message_batch_views``); a batch that ended before it was planned (cancelled at
+once, or failed) has its requests' results made from the input file, which is kept until
+the batch is deleted. Another tenant's batch, or an OpenAI batch, is a 404 here.
 """
 
 from __future__ import annotations
@@ -21,20 +22,28 @@ from conveyor.jobs.lines import custom_id_of, decode_line
 from conveyor.jobs.message_batch_input import MAX_MESSAGE_BATCH_REQUESTS, BatchInput, batch_input
 from conveyor.jobs.message_batch_views import (
     REQUESTS_KEY,
-    failed_result,
     internal_id,
     is_ended,
+    public_id,
     result_line,
+    unplanned_result,
 )
 from conveyor.jobs.operations import check_limit
 from conveyor.openai_paths import MESSAGES
 from conveyor.stores.errors import ObjectNotFoundError
 from conveyor.stores.object_io import lines_of
 from conveyor.stores.protocols import MAX_BATCHES_PAGE, ListOrder
-from conveyor.stores.records import BatchRecord, BatchStatus, new_batch_id, new_file_id
+from conveyor.stores.records import (
+    BatchRecord,
+    BatchStatus,
+    FileRecord,
+    new_batch_id,
+    new_file_id,
+)
 
 __all__ = ["MessageBatches"]
 
+INPUT_PURPOSE = "message_batch"
 COMPLETION_WINDOW = "24h"
 COMPLETION_WINDOW_S = 24 * 3600
 DEFAULT_PAGE = 20
@@ -62,22 +71,28 @@ class MessageBatches:
         return await self.get(tenant, record.id)
 
     async def _record(self, tenant: str, planned: BatchInput) -> BatchRecord:
-        """Store the input file's bytes, then the batch (the bytes go if the batch fails)."""
+        """Store the input file (bytes, then record), then the batch; the file goes if the
+        batch cannot be recorded."""
         ctx = self._ctx
-        file_id = new_file_id()
+        file_id, batch_id = new_file_id(), new_batch_id()
         key = file_key(file_id)
-        await asyncio.to_thread(ctx.objects.put_stream, key, iter(planned.lines))
-        now = ctx.clock()
+        num_bytes = await asyncio.to_thread(ctx.objects.put_stream, key, iter(planned.lines))
+        now = int(ctx.clock())
+        source = FileRecord(
+            id=file_id, tenant=tenant, filename=f"{public_id(batch_id)}_requests.jsonl",
+            purpose=INPUT_PURPOSE, bytes=num_bytes, created_at=now, object_key=key,
+        )  # fmt: skip
         record = BatchRecord(
-            id=new_batch_id(), tenant=tenant, endpoint=MESSAGES, input_file_id=file_id,
-            completion_window=COMPLETION_WINDOW, created_at=int(now),
-            expires_at=int(now + COMPLETION_WINDOW_S),
+            id=batch_id, tenant=tenant, endpoint=MESSAGES, input_file_id=file_id,
+            completion_window=COMPLETION_WINDOW, created_at=now,
+            expires_at=now + COMPLETION_WINDOW_S,
             metadata={REQUESTS_KEY: str(planned.num_requests)},
         )  # fmt: skip
         try:
+            await ctx.store.create_file(source)
             await ctx.store.create_batch(record)
         except BaseException:
-            await asyncio.to_thread(ctx.objects.delete, key)
+            await asyncio.to_thread(self._delete_file, tenant, file_id)
             raise
         return record
 
@@ -129,13 +144,15 @@ class MessageBatches:
         return record.id
 
     def _delete_files(self, record: BatchRecord) -> None:
-        """Blocking: the batch's input bytes and its result files (records and bytes)."""
-        store, objects = self._ctx.store.blocking, self._ctx.objects
-        for file_id in (record.output_file_id, record.error_file_id):
+        """Blocking: the batch's input and result files (records and bytes)."""
+        for file_id in (record.input_file_id, record.output_file_id, record.error_file_id):
             if file_id is not None:
-                store.delete_file(record.tenant, file_id)
-                objects.delete(file_key(file_id))
-        objects.delete(file_key(record.input_file_id))
+                self._delete_file(record.tenant, file_id)
+
+    def _delete_file(self, tenant: str, file_id: str) -> None:
+        """Blocking: a file's record and bytes."""
+        self._ctx.store.blocking.delete_file(tenant, file_id)
+        self._ctx.objects.delete(file_key(file_id))
 
     async def results(self, tenant: str, message_batch_id: str) -> Iterator[bytes]:
         """A (blocking) iterator over the batch's result lines; 400 before it has ended."""
@@ -148,16 +165,15 @@ class MessageBatches:
         return self._result_lines(record)
 
     def _result_lines(self, record: BatchRecord) -> Iterator[bytes]:
-        """The result lines: from the result files, or, for a batch that failed before any
-        request ran, an ``errored`` line per request of its input."""
+        """The result lines: from the result files, or, for a batch that ended before it
+        was planned, one line per request of its input."""
         objects = self._ctx.objects
-        if record.status is BatchStatus.FAILED:
-            message = "; ".join(error.message for error in record.errors or []) or "failed"
+        if record.request_counts.total == 0:
             with contextlib.suppress(ObjectNotFoundError):
                 for raw in lines_of(objects.iter_chunks(file_key(record.input_file_id))):
                     custom_id = _custom_id(raw)
                     if custom_id is not None:
-                        yield failed_result(custom_id, f"the batch failed: {message}")
+                        yield unplanned_result(record, custom_id)
             return
         for file_id in (record.output_file_id, record.error_file_id):
             if file_id is None:

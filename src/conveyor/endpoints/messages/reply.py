@@ -55,7 +55,7 @@ def tool_input(arguments: str) -> dict[str, Any]:
     """A call's arguments as the ``input`` object; a call cut short is read as far as it got
     (an empty object when nothing of it can be read)."""
     try:
-        value = from_json(arguments, allow_partial=True) if arguments else {}
+        value = from_json(arguments, allow_partial="trailing-strings") if arguments else {}
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
