@@ -168,7 +168,6 @@ class EmbeddingModelConfig(BatchingConfig):
     device: str = "auto"
     max_input_tokens: int | None = Field(default=None, ge=1)
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
-    lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
 
     _path_kind = field_validator("path", mode="before")(_model_path)
     _path_exists = field_validator("path")(_local_dir_exists)
