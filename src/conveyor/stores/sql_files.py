@@ -108,8 +108,10 @@ class SqlBatchStore(SqlStore):
         """Delete the tenant's batch and its shards (one transaction); whether it existed."""
         params = {"id": batch_id, "tenant": tenant}
         with self._session(is_write=True) as session:
-            session.execute(q.DELETE_BATCH_SHARDS.text(self._dialect), params)
-            return session.execute(q.DELETE_BATCH.text(self._dialect), params) > 0
+            if session.execute(q.DELETE_BATCH.text(self._dialect), params) == 0:
+                return False
+            session.execute(q.DELETE_BATCH_SHARDS.text(self._dialect), {"id": batch_id})
+            return True
 
     def transition(
         self,

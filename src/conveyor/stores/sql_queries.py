@@ -195,8 +195,7 @@ GET_BATCH_ANY = shared("get_batch_any", f"{BATCH_SELECT} WHERE b.id = :id")
 
 
 def _list_batches_sql(is_ascending: bool) -> str:
-    """List a tenant's batches in one direction (of one endpoint unless `endpoint` is null);
-    `after` is the last id of the previous page."""
+    """A tenant's batches (one `endpoint`'s, unless null) one way; `after`: last id seen."""
     beyond, direction = (">", "ASC") if is_ascending else ("<", "DESC")
     return (
         f"{BATCH_SELECT} WHERE b.tenant = :tenant "
@@ -211,13 +210,9 @@ def _list_batches_sql(is_ascending: bool) -> str:
 LIST_BATCHES = shared("list_batches", _list_batches_sql(is_ascending=False))
 LIST_BATCHES_ASC = shared("list_batches_asc", _list_batches_sql(is_ascending=True))
 
-# Shards first: SQLite enforces the foreign key's cascade only with a pragma set.
-DELETE_BATCH_SHARDS = shared(
-    "delete_batch_shards",
-    "DELETE FROM shards WHERE batch_id IN "
-    "(SELECT id FROM batches WHERE id = :id AND tenant = :tenant)",
-)
 DELETE_BATCH = shared("delete_batch", "DELETE FROM batches WHERE id = :id AND tenant = :tenant")
+# After its batch: SQLite cascades the foreign key only with a pragma set.
+DELETE_BATCH_SHARDS = shared("delete_batch_shards", "DELETE FROM shards WHERE batch_id = :id")
 
 BATCHES_IN_STATUS = per_dialect(
     "batches_in_status",
