@@ -16,6 +16,7 @@ from conveyor.stores.records import (
     validate_metadata,
 )
 from conveyor.stores.sql_base import SqlStore, check_limit
+from conveyor.stores.sql_deletes import DELETE_BATCH, DELETE_BATCH_SHARDS
 
 
 class SqlFileStore(SqlStore):
@@ -108,9 +109,9 @@ class SqlBatchStore(SqlStore):
         """Delete the tenant's batch and its shards (one transaction); whether it existed."""
         params = {"id": batch_id, "tenant": tenant}
         with self._session(is_write=True) as session:
-            if session.execute(q.DELETE_BATCH.text(self._dialect), params) == 0:
+            if session.execute(DELETE_BATCH.text(self._dialect), params) == 0:
                 return False
-            session.execute(q.DELETE_BATCH_SHARDS.text(self._dialect), {"id": batch_id})
+            session.execute(DELETE_BATCH_SHARDS.text(self._dialect), {"id": batch_id})
             return True
 
     def transition(

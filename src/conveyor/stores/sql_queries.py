@@ -200,8 +200,7 @@ def _list_batches_sql(is_ascending: bool) -> str:
     return (
         f"{BATCH_SELECT} WHERE b.tenant = :tenant "
         "AND (CAST(:endpoint AS TEXT) IS NULL OR b.endpoint = :endpoint) "
-        "AND (CAST(:after AS TEXT) IS NULL "
-        f"     OR b.seq {beyond} "
+        f"AND (CAST(:after AS TEXT) IS NULL OR b.seq {beyond} "
         "(SELECT a.seq FROM batches a WHERE a.id = :after AND a.tenant = :tenant)) "
         f"ORDER BY b.seq {direction} LIMIT :limit"
     )
@@ -209,10 +208,6 @@ def _list_batches_sql(is_ascending: bool) -> str:
 
 LIST_BATCHES = shared("list_batches", _list_batches_sql(is_ascending=False))
 LIST_BATCHES_ASC = shared("list_batches_asc", _list_batches_sql(is_ascending=True))
-
-DELETE_BATCH = shared("delete_batch", "DELETE FROM batches WHERE id = :id AND tenant = :tenant")
-# After its batch: SQLite cascades the foreign key only with a pragma set.
-DELETE_BATCH_SHARDS = shared("delete_batch_shards", "DELETE FROM shards WHERE batch_id = :id")
 
 BATCHES_IN_STATUS = per_dialect(
     "batches_in_status",

@@ -1,4 +1,4 @@
-"""Anthropic's routes on a gateway: ``/v1/messages`` and ``count_tokens`` are proxied like
+"""Anthropic's routes on a gateway: ``/v1/messages`` and ``count_tokens`` are forwarded like
 chat (a key in ``x-api-key`` accepted, and not passed on when the fleet key is), Message
 Batches stay with the gateway's own job routes, and a refusal is in Anthropic's shape."""
 
@@ -12,7 +12,6 @@ import orjson
 import pytest
 
 from conveyor.api.fleet import is_proxied
-from conveyor.gateway.limits import StreamMeter, read_usage
 from tests.unit.gateway.scripted_gateway import gateway_before
 
 pytestmark = pytest.mark.anyio
@@ -75,18 +74,3 @@ async def test_a_message_reaches_a_worker_with_the_key_in_x_api_key(
     assert refused.status_code == 401
     assert refused.json()["type"] == "error"
     assert refused.json()["error"]["type"] == "authentication_error"
-
-
-def test_anthropic_usage_settles_a_whole_answer_and_a_stream() -> None:
-    whole = b'{"type":"message","usage":{"input_tokens":12,"cache_read_input_tokens":3,"output_tokens":5}}'
-    assert read_usage(whole) == (12, 5)
-    meter = StreamMeter()
-    meter.on_message({"type": "http.response.start", "status": 200})
-    for event in (
-        b'event: message_start\ndata: {"message":{"usage":{"input_tokens":12,"output_tokens":0}}}\n\n',
-        b'event: content_block_delta\ndata: {"delta":{"text":"hi"}}\n\n',
-        b'event: message_delta\ndata: {"delta":{},"usage":{"output_tokens":7}}\n\n',
-    ):
-        meter.on_message({"type": "http.response.body", "body": event, "more_body": True})
-    assert meter.usage == (12, 7)
-    assert read_usage(b'{"usage":{"output_tokens":7}}') is None  # no input figure: not usage
