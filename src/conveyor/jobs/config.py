@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MIB = 1024 * 1024
 DEFAULT_MAX_FILE_BYTES = 200 * MIB
-# OpenAI's limit on requests in one batch input file.
+# OpenAI's limit on requests in one batch input file, and Anthropic's in one Message Batch.
 DEFAULT_MAX_REQUESTS_PER_BATCH = 50_000
+DEFAULT_MAX_REQUESTS_PER_MESSAGE_BATCH = 100_000
 HOUR_S = 3600.0
 DAY_S = 24 * HOUR_S
 
@@ -64,6 +65,10 @@ class JobsConfig(BaseModel):
     max_requests_per_batch: int = Field(
         default=DEFAULT_MAX_REQUESTS_PER_BATCH, ge=1, description="Lines in one input file."
     )
+    max_requests_per_message_batch: int = Field(
+        default=DEFAULT_MAX_REQUESTS_PER_MESSAGE_BATCH, ge=1,
+        description="Requests in one Anthropic Message Batch.",
+    )  # fmt: skip
     max_listed_errors: int = Field(
         default=10_000, ge=1, description="Validation errors listed one by one (then a count)."
     )

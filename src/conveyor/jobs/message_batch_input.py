@@ -17,13 +17,21 @@ from typing import Any
 import orjson
 
 from conveyor.errors import InvalidRequest
+from conveyor.jobs.config import JobsConfig
 from conveyor.openai_paths import MESSAGES
 
-__all__ = ["MAX_MESSAGE_BATCH_BYTES", "MAX_MESSAGE_BATCH_REQUESTS", "BatchInput", "batch_input"]
+__all__ = ["MAX_MESSAGE_BATCH_BYTES", "BatchInput", "batch_input", "max_requests_of"]
 
-MAX_MESSAGE_BATCH_REQUESTS = 100_000
-MAX_MESSAGE_BATCH_BYTES = 256 * 1024 * 1024
+MAX_MESSAGE_BATCH_BYTES = 256 * 1024 * 1024  # Anthropic's bound on a create body
 _CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def max_requests_of(config: JobsConfig, endpoint: str) -> int:
+    """How many requests a batch for ``endpoint`` may hold: a Message Batch Anthropic's
+    bound, any other the Batch API's."""
+    if endpoint == MESSAGES:
+        return config.max_requests_per_message_batch
+    return config.max_requests_per_batch
 
 
 @dataclass(frozen=True, slots=True)

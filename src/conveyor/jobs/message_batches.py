@@ -19,7 +19,7 @@ from conveyor.errors import InvalidRequest, NotFound
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.keys import file_key
 from conveyor.jobs.lines import custom_id_of, decode_line
-from conveyor.jobs.message_batch_input import MAX_MESSAGE_BATCH_REQUESTS, BatchInput, batch_input
+from conveyor.jobs.message_batch_input import BatchInput, batch_input, max_requests_of
 from conveyor.jobs.message_batch_views import (
     REQUESTS_KEY,
     internal_id,
@@ -61,7 +61,7 @@ class MessageBatches:
     async def create(self, tenant: str, body: bytes) -> BatchRecord:
         """Write the requests as an input file and record a batch over it (400 if bad)."""
         ctx = self._ctx
-        limit = min(MAX_MESSAGE_BATCH_REQUESTS, ctx.config.max_requests_per_batch)
+        limit = max_requests_of(ctx.config, MESSAGES)
         planned = await asyncio.to_thread(batch_input, body, max_requests=limit)
         if not ctx.is_model_served(planned.model):
             raise InvalidRequest(f"the model {planned.model!r} is not served here",

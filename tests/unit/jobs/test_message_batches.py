@@ -147,3 +147,13 @@ async def test_a_batch_that_fails_before_running_reports_each_request_errored() 
     found = await results_of(api, created.id)
     assert sorted(found) == ["r0", "r1", "r2"]
     assert all(r["type"] == "errored" for r in found.values())
+
+
+async def test_message_batches_have_their_own_bound_on_requests() -> None:
+    api, ctx = batches(max_requests_per_batch=2, max_requests_per_message_batch=4)
+    created = await api.create("t", create_body(4))  # over the Batch API's bound, within its own
+    await run_to_end(ctx)
+    ended = await api.get("t", created.id)
+    assert ended.status is BatchStatus.COMPLETED
+    with pytest.raises(InvalidRequest, match="at most 4 requests"):
+        await api.create("t", create_body(5))
