@@ -14,6 +14,8 @@ from conveyor.api import (
     files,
     inference,
     lora,
+    message_batches,
+    messages,
     meta,
     responses_api,
     stored_responses,
@@ -47,6 +49,8 @@ def _add_routes(app: EdgeApp) -> None:
     app.include_router(inference.router)
     app.include_router(responses_api.router)
     app.include_router(stored_responses.router)
+    app.include_router(messages.router)
+    app.include_router(message_batches.router)
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)
@@ -54,6 +58,21 @@ def _add_routes(app: EdgeApp) -> None:
     app.include_router(usage.router)
     app.include_router(lora.router)
     install_openapi(app)
+
+
+@asynccontextmanager
+async def _jobs_running(app: EdgeApp, service: Service, jobs: JobsSubsystem) -> AsyncIterator[None]:
+    """Batch jobs, background responses and the online usage ledger, while the app runs."""
+    await jobs.start()
+    app.state.background = background = start_runner(service, jobs)
+    service.ledger.start(jobs.context.store.blocking)
+    try:
+        yield
+    finally:
+        await service.ledger.stop()  # the last online usage, while the store is open
+        if background is not None:
+            await background.stop()  # running responses are handed back
+        await jobs.stop()  # running shards hand their leases back
 
 
 def create_app(
@@ -80,20 +99,14 @@ def create_app(
     async def lifespan(app: EdgeApp) -> AsyncIterator[None]:
         await guards.start()
         await service.start()
-        await jobs.start()
-        app.state.background = background = start_runner(service, jobs)
-        service.ledger.start(jobs.context.store.blocking)
-        # Everything loaded so far (models, libraries) lives as long as the process: frozen,
-        # the collector stops rescanning it, so full collections no longer stall the event
-        # loop for 100+ ms under load.
-        gc.freeze()
         try:
-            yield
+            async with _jobs_running(app, service, jobs):
+                # Everything loaded so far (models, libraries) lives as long as the process:
+                # frozen, the collector stops rescanning it, so full collections no longer
+                # stall the event loop for 100+ ms under load.
+                gc.freeze()
+                yield
         finally:
-            await service.ledger.stop()  # the last online usage, while the store is open
-            if background is not None:
-                await background.stop()  # running responses are handed back
-            await jobs.stop()  # running shards hand their leases back
             await service.stop()
             await guards.stop()
 

@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 
 router = APIRouter()
 
-# Paths under these prefixes belong to the gateway's own Files, Batches and stored-response
-# routes (a new response, ``POST /v1/responses`` itself, goes to a worker).
-JOB_PREFIXES = ("/v1/files", "/v1/batches", "/v1/responses/")
+# Paths under these prefixes belong to the gateway's own Files and Batches routes (Message
+# Batches too) and stored responses (a new response, ``POST /v1/responses``, goes to a worker).
+JOB_PREFIXES = ("/v1/files", "/v1/batches", "/v1/messages/batches", "/v1/responses/")
 _TIMEOUT_HEADER = TIMEOUT_HEADER.encode("ascii")
 
 

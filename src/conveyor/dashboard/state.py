@@ -2,7 +2,7 @@
 
 Counters are totals since the process started and histograms are cumulative buckets:
 a reader derives rates and windowed p50/p99 from the difference between two polls (the
-page polls every 2 s). See the README's "Dashboard" section for every field.
+page polls every 2 s). Every field is in docs/operations/dashboard.md.
 """
 
 from __future__ import annotations

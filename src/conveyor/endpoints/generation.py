@@ -222,6 +222,8 @@ class ChoiceResult:
     num_output_tokens: int = 0
     # The prompt's own logprobs (completions' echo with logprobs).
     prompt_logprobs: PromptLogprobs | None = None
+    # The stop string that ended the choice, if one did.
+    stop_string: str | None = None
 
 
 @dataclass(slots=True)
@@ -307,6 +309,7 @@ class GenerationRun:
             result.num_output_tokens = output.num_output_tokens
             if output.finish_reason is not None:
                 result.finish_reason = output.finish_reason.value
+                result.stop_string = output.stop_string
         return results
 
     def close(self) -> None:

@@ -92,6 +92,8 @@ class GenerationOutput:
     model_s: float = 0.0
     # On the request's first output only, when its params asked for prompt logprobs.
     prompt_logprobs: PromptLogprobs | None = None
+    # On the last output of a request a stop string ended: which one it was.
+    stop_string: str | None = None
 
     @property
     def is_finished(self) -> bool:

@@ -228,4 +228,5 @@ class GenerationRequest:
             timings=self.timings(),
             model_s=self.model_s,
             prompt_logprobs=self._take_prompt_logprobs(),
+            stop_string=self.detokenizer.stop_string,
         )

@@ -185,6 +185,11 @@ class Detokenizer:
         """Whether a stop string has ended the sequence."""
         return self._stop_string is not None
 
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the sequence, if one did."""
+        return self._stop_string
+
     def add_token(self, token_id: int) -> DetokenizedText:
         """Feed the next output id; returns the text that may be streamed now."""
         if self._stop_string is not None:

@@ -119,12 +119,30 @@ class MemoryJobStore(MemoryResponses, MemoryApiKeys, MemoryUsage, MemoryShards, 
 
     @op
     def list_batches(
-        self, tenant: str, after: str | None = None, limit: int = 20, *, order: ListOrder = "desc"
+        self,
+        tenant: str,
+        after: str | None = None,
+        limit: int = 20,
+        *,
+        order: ListOrder = "desc",
+        endpoint: str | None = None,
     ) -> list[BatchRecord]:
-        """The tenant's batches newest first (oldest first for `asc`), after the id `after`."""
+        """The tenant's batches newest first (oldest first for `asc`), after the id `after`;
+        with `endpoint`, only that endpoint's."""
         rows = [(seq, r) for seq, r in self._batches.values() if r.tenant == tenant]
+        rows = [(seq, r) for seq, r in rows if endpoint is None or r.endpoint == endpoint]
         page = _page(rows, after, limit, MAX_BATCHES_PAGE, is_ascending=order == "asc")
         return [b for b in (self.get_batch_any(r.id) for r in page) if b is not None]
+
+    @op
+    def delete_batch(self, tenant: str, batch_id: str) -> bool:
+        """Delete the tenant's batch and its shards; whether it existed."""
+        current = self._batches.get(batch_id)
+        if current is None or current[1].tenant != tenant:
+            return False
+        del self._batches[batch_id]
+        self._shards.pop(batch_id, None)
+        return True
 
     @op
     def transition(

@@ -53,8 +53,9 @@ DROPPED_RESPONSE_HEADERS = frozenset(
 )
 # Never passed on from a client: hop-by-hop headers and what only the fleet may say...
 _NOT_FORWARDED = DROPPED_REQUEST_HEADERS | VOUCHED_HEADERS
-# ...and, when the gateway calls workers with the fleet key, the client's own key.
-_NOT_FORWARDED_WITH_FLEET_KEY = _NOT_FORWARDED | {b"authorization"}
+# ...and, when the gateway calls workers with the fleet key, the client's own key (in either
+# header a key may come in).
+_NOT_FORWARDED_WITH_FLEET_KEY = _NOT_FORWARDED | {b"authorization", b"x-api-key"}
 EVENT_STREAM = b"text/event-stream"
 # Below this much time left an attempt cannot do useful work.
 MIN_ATTEMPT_S = 0.005

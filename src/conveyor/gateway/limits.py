@@ -28,18 +28,23 @@ from conveyor.observability.context import RequestContext, current_request
 from conveyor.tenants.estimate import ask_of
 from conveyor.tenants.gate import RateLimitGate, Reservation, reservation_headers
 
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+# OpenAI's chat and completions name them prompt / completion tokens, Anthropic's Messages
+# input / output tokens.
+_PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens":\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens":\s*(\d+)')
 TAIL_BYTES = 2048  # a whole answer's `usage` sits in its last bytes
 
 
-def read_usage(text: bytes) -> tuple[int, int] | None:
-    """`(prompt_tokens, completion_tokens)` from a `usage` object in `text`, if there."""
+def read_usage(text: bytes, before: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """`(input, output)` tokens from a `usage` object in `text`, if there; a figure `text`
+    lacks is `before`'s (Anthropic's stream tells input tokens first, output tokens last)."""
     prompt = _PROMPT_TOKENS.findall(text)
-    if not prompt:
-        return None
     completion = _COMPLETION_TOKENS.findall(text)
-    return int(prompt[-1]), int(completion[-1]) if completion else 0
+    if not prompt and (before is None or not completion):
+        return None
+    num_input = int(prompt[-1]) if prompt else before[0] if before else 0
+    num_output = int(completion[-1]) if completion else 0
+    return num_input, num_output
 
 
 def answer_usage(res: Reservation, status: int, body: bytes) -> tuple[int, int]:
@@ -66,7 +71,7 @@ class StreamMeter:
             chunk: bytes = message.get("body", b"")
             self.num_events += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
             if b'"usage":{' in chunk:
-                self.usage = read_usage(chunk) or self.usage
+                self.usage = read_usage(chunk, self.usage) or self.usage
 
     def used(self, res: Reservation) -> tuple[int, int]:
         """Input and output tokens to settle at (no usage chunk: about a token an event)."""

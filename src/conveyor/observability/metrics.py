@@ -279,7 +279,7 @@ class Metrics:
         )  # fmt: skip
 
     def _add_generation_request_families(self, reg: CollectorRegistry) -> None:
-        """Per-request families of generative models, after vLLM's (see the README)."""
+        """Per-request families of generative models, as vLLM's (mapped in the docs)."""
         self.kv_cache_usage = Gauge(
             "conveyor_kv_cache_usage_ratio", "Share of KV-cache blocks held (0..1)", ["model"],
             registry=reg,

@@ -93,10 +93,23 @@ class BatchStore(Protocol):
         ...
 
     def list_batches(
-        self, tenant: str, after: str | None = None, limit: int = 20, *, order: ListOrder = "desc"
+        self,
+        tenant: str,
+        after: str | None = None,
+        limit: int = 20,
+        *,
+        order: ListOrder = "desc",
+        endpoint: str | None = None,
     ) -> list[BatchRecord]:
         """Return the tenant's batches newest first (oldest first for `asc`), starting after
-        the batch id `after`."""
+        the batch id `after`; with `endpoint`, only the batches of that endpoint."""
+        ...
+
+    def delete_batch(self, tenant: str, batch_id: str) -> bool:
+        """Delete the tenant's batch and its shards; return whether it existed.
+
+        Its files (records and bytes) are the caller's to delete.
+        """
         ...
 
     def transition(

@@ -23,9 +23,12 @@ CHAT_PATH = "/v1/chat/completions"
 RESPONSES_PATH = "/v1/responses"
 RERANK_PATH = "/v1/rerank"
 SCORE_PATH = "/v1/score"
+MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API
 # Paths that produce no output tokens (nothing is reserved for output).
 ONE_SHOT_PATHS = frozenset({EMBEDDINGS_PATH, RERANK_PATH, SCORE_PATH})
-LIMITED_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH, RESPONSES_PATH, *ONE_SHOT_PATHS})
+LIMITED_PATHS = frozenset(
+    {COMPLETIONS_PATH, CHAT_PATH, MESSAGES_PATH, RESPONSES_PATH, *ONE_SHOT_PATHS}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +61,18 @@ def input_tokens(value: Any) -> int:
 
 
 def message_tokens(messages: Any) -> int:
-    """Tokens of chat messages: their text parts plus a few per message."""
+    """Tokens of chat messages: their text parts plus a few per message.
+
+    Anthropic's blocks count too: a ``tool_result``'s content as text, a ``tool_use``'s
+    input is left out (the estimate is corrected at settlement).
+    """
     if not isinstance(messages, list):
         return 0
     total = 0
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
-            content = [part.get("text", "") for part in content if isinstance(part, dict)]
+            content = [_part_text(part) for part in content if isinstance(part, dict)]
         total += TOKENS_PER_MESSAGE + input_tokens(content)
     return total
 
@@ -85,6 +92,17 @@ def item_tokens(body: dict[str, Any]) -> int:
             content = [part.get("text", "") for part in content if isinstance(part, dict)]
         total += TOKENS_PER_MESSAGE + input_tokens(content)
     return total
+
+
+def _part_text(part: dict[str, Any]) -> Any:
+    """The text of a content part (a string, or text parts for a ``tool_result``)."""
+    text = part.get("text")
+    if text is not None:
+        return text
+    nested = part.get("content")
+    if isinstance(nested, list):
+        return [item.get("text", "") for item in nested if isinstance(item, dict)]
+    return nested if isinstance(nested, str) else ""
 
 
 def _positive_int(value: Any, default: int) -> int:
@@ -135,6 +153,11 @@ def body_input_tokens(body: dict[str, Any], path: str) -> int:
         return message_tokens(body.get("messages"))
     if path == RESPONSES_PATH:
         return item_tokens(body)
+    if path == MESSAGES_PATH:
+        system = body.get("system")
+        if isinstance(system, list):
+            system = [_part_text(part) for part in system if isinstance(part, dict)]
+        return message_tokens(body.get("messages")) + input_tokens(system)
     if path == RERANK_PATH:
         docs = body.get("documents")
         texts = [d.get("text", "") if isinstance(d, dict) else d for d in docs or []]

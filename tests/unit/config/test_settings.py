@@ -129,6 +129,8 @@ models:
             "api_keys must be unique",
         ),
         ("metrics_auth: true\n", "metrics_auth needs api_keys"),
+        # LoRA adapters are served by generative models only: an embedding entry's is refused.
+        ("models:\n  - {name: a, kind: embedding, lora: {}}\n", "embedding.lora"),
     ],
 )
 def test_mistakes_are_reported_with_their_place(tmp_path: Path, text: str, fragment: str) -> None:

@@ -54,3 +54,14 @@ def test_responses_count_instructions_and_items_and_reserve_max_output_tokens() 
         "not an item",
     ]
     assert ask("/v1/responses", {"model": "g", "input": items}) == TokenAsk("g", 3 * 4 + 4, 500)
+
+
+def test_anthropic_messages_count_system_text_and_tool_results_and_reserve_max_tokens() -> None:
+    body = {
+        "model": "g", "max_tokens": 9, "system": [{"type": "text", "text": "abcdefgh"}],
+        "messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": "abcd"},
+            {"type": "tool_result", "tool_use_id": "u", "content": [{"type": "text", "text": "abcd"}]},
+            {"type": "text", "text": "abcd"}]}],
+    }  # fmt: skip
+    assert ask("/v1/messages", body) == TokenAsk("g", 4 + 3 + 2, 9)
