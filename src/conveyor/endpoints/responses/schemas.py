@@ -8,7 +8,8 @@ Every field of OpenAI's request is known here, in one of three kinds:
   ``metadata`` (kept with the response), ``store``, ``previous_response_id``,
   ``truncation``, ``stream``, ``background``, ``user`` (a gateway's session hint);
 - accepted and ignored (``IGNORED_FIELDS``): reasoning settings, caching hints, service
-  tier, safety identifiers, ``max_tool_calls`` (hosted tools only), ``stream_options``;
+  tier, safety identifiers, ``max_tool_calls`` (hosted tools only), ``stream_options``,
+  ``client_metadata`` (which Codex CLI sends);
 - refused when set (``UNSUPPORTED_FIELDS``): what needs a feature Conveyor does not have.
 
 Any other field is a 400, as on the chat endpoint.
@@ -50,6 +51,7 @@ __all__ = ["IGNORED_FIELDS", "LOGPROBS_INCLUDE", "UNSUPPORTED_FIELDS", "Response
 IGNORED_FIELDS = (
     "reasoning", "service_tier", "prompt_cache_key", "prompt_cache_retention",
     "prompt_cache_options", "safety_identifier", "max_tool_calls", "stream_options",
+    "client_metadata",
 )  # fmt: skip
 # Features Conveyor does not have: a 400 when one is asked for.
 UNSUPPORTED_FIELDS = {
@@ -101,6 +103,8 @@ class ResponseRequest(BaseModel):
     safety_identifier: StrictStr | None = None
     max_tool_calls: StrictInt | None = None
     stream_options: dict[str, Any] | None = None
+    # Sent by OpenAI's Codex CLI (request bookkeeping; not in OpenAI's published schema).
+    client_metadata: dict[str, Any] | None = None
     # Refused when set (UNSUPPORTED_FIELDS).
     conversation: Any = None
     prompt: Any = None

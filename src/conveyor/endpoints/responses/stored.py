@@ -33,7 +33,10 @@ MAX_ITEMS_PAGE = 100
 # Fields a run decides; the rest of a stored body is what the request said.
 RUN_FIELDS = ("status", "output", "usage", "error", "incomplete_details", "completed_at")
 # Request fields a background run's own body leaves out: it runs on its own.
-_NOT_IN_JOB = {"input", "previous_response_id", "background", "store", "stream", "stream_options"}
+_NOT_IN_JOB = {
+    "input", "previous_response_id", "background", "store", "stream", "stream_options",
+    "client_metadata",
+}  # fmt: skip
 
 
 def job_body(request: ResponseRequest, items: list[dict[str, Any]]) -> dict[str, Any]:

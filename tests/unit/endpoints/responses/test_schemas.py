@@ -95,6 +95,7 @@ def test_ignored_fields_are_accepted() -> None:
         reasoning={"effort": "high", "summary": "auto"}, service_tier="auto", user="u",
         prompt_cache_key="k", safety_identifier="s", max_tool_calls=3,
         stream_options={"include_obfuscation": False}, text={"verbosity": "low"},
+        client_metadata={"turn_id": "t1"},
         include=["reasoning.encrypted_content", "message.output_text.logprobs"],
     )  # fmt: skip
     assert request.wants_logprobs and request.reasoning == {"effort": "high", "summary": "auto"}
