@@ -39,8 +39,9 @@ def model_and_inputs(body: dict[str, Any]) -> tuple[str, int]:
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a string", param="model")
     inputs = body.get("input")
-    # A list of strings or of token lists is one input each; anything else counts once.
-    is_many = isinstance(inputs, list) and inputs and not isinstance(inputs[0], int)
+    # A list of strings or of token lists is one input each; anything else counts once (a
+    # Responses conversation's items, say: objects, one request).
+    is_many = isinstance(inputs, list) and inputs and not isinstance(inputs[0], int | dict)
     return model, len(inputs) if is_many and isinstance(inputs, list) else 1
 
 

@@ -151,6 +151,8 @@ def test_read_model_scans_or_parses_to_the_same_answer() -> None:
     assert read_model(b'{"messages": [], "model": "m"}') == ("m", 1)
     assert read_model(b'{"input": ["a", "b"], "model": "m"}') == ("m", 2)  # counted: parsed
     assert read_model(b'{"messages": [{"model": "x"}], "model": "m"}') == ("m", 1)
+    items = b'{"input": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]'
+    assert read_model(items + b', "model": "m"}') == ("m", 1)  # a Responses conversation
     for bad in (b"not json", b'{"model": 3}', b'{"messages": []}'):
         with pytest.raises(InvalidRequest):
             read_model(bad)

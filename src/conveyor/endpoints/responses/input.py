@@ -10,6 +10,7 @@ No torch here: the gateway lists stored items too.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 from conveyor.endpoints.responses.item_schemas import (
@@ -20,7 +21,7 @@ from conveyor.endpoints.responses.item_schemas import (
 )
 from conveyor.endpoints.responses.schemas import ResponseRequest
 
-__all__ = ["input_items", "new_item_id"]
+__all__ = ["input_items", "items_chars", "new_item_id"]
 
 _ID_HEX_CHARS = 32
 
@@ -75,3 +76,15 @@ def _part(role: str, kind: str, text: str) -> dict[str, Any]:
     if kind == "refusal":
         return {"type": "refusal", "refusal": text}
     return {"type": "output_text", "text": text, "annotations": []}
+
+
+def items_chars(items: Sequence[dict[str, Any]]) -> int:
+    """About how many characters of text stored items hold (decides off-loop work)."""
+    total = 0
+    for item in items:
+        value = item.get("content", item.get("arguments", item.get("output", "")))
+        if isinstance(value, list):
+            total += sum(len(str(part.get("text", ""))) for part in value if isinstance(part, dict))
+        else:
+            total += len(str(value))
+    return total

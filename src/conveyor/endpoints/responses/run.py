@@ -8,6 +8,7 @@ oldest messages after the instructions until the prompt and ``max_output_tokens`
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -16,16 +17,16 @@ from typing import Any
 
 from conveyor.endpoints.chat import prepare_chat
 from conveyor.endpoints.chat_schemas import ChatCompletionRequest
-from conveyor.endpoints.generation import GenerationRun, PreparedRun, parse_body
-from conveyor.endpoints.off_loop import prepare_off_loop
+from conveyor.endpoints.generation import GenerationRun, PreparedRun, parse_body, prepare_counted
 from conveyor.endpoints.responses.events import ResponseBuilder
-from conveyor.endpoints.responses.input import input_items
+from conveyor.endpoints.responses.input import input_items, items_chars
 from conveyor.endpoints.responses.items import chat_messages, chat_request
 from conveyor.endpoints.responses.output import envelope, error_object, usage_object
 from conveyor.endpoints.responses.schemas import ResponseRequest
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import FinishReason, TokenLogprobs
 from conveyor.errors import ConveyorError, InvalidRequest
+from conveyor.host.offload import LARGE_INPUT_BYTES, run_sized
 from conveyor.host.service import Service
 from conveyor.priority import Priority
 from conveyor.response_ids import new_response_id
@@ -89,13 +90,25 @@ async def prepare_response(
     *,
     response_id: str | None = None,
 ) -> PreparedResponse:
-    """Check and tokenize ``request`` continuing ``context`` (heavy work off the loop)."""
+    """Check and tokenize ``request`` continuing ``context``; as chat's, a large input is
+    prepared on the large-input pool and a grammar checked on a worker thread."""
     service.generator(request.model)  # 404 / 400 for the wrong model, before any work
-    items = [*context, *input_items(request)]
-    prepare = functools.partial(_prepare_fitting, request=request, items=items)
-    chat = await prepare_off_loop(service, prepare, chat_request(request, items))
+    num_bytes = request.input_bytes() + items_chars(context)
+    if request.has_grammar and num_bytes < LARGE_INPUT_BYTES:
+        items, chat = await asyncio.to_thread(_prepare_all, service, request, context)
+    else:
+        items, chat = await run_sized(num_bytes, _prepare_all, service, request, context)
     base = envelope(request, response_id or new_response_id(), int(time.time()))
     return PreparedResponse(request, chat, base, items)
+
+
+def _prepare_all(
+    service: Service, request: ResponseRequest, context: Sequence[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], PreparedRun]:
+    """The conversation's items and its chat run (blocking: tokenizes)."""
+    items = [*context, *input_items(request)]
+    prepare = functools.partial(_prepare_fitting, request=request, items=items)
+    return items, prepare_counted(service, prepare, chat_request(request, items))
 
 
 def _prepare_fitting(

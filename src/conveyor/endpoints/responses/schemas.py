@@ -43,7 +43,6 @@ from conveyor.endpoints.responses.item_schemas import (
     check_tool_types,
 )
 from conveyor.endpoints.validation import FastList
-from conveyor.input_limits import utf8_size
 
 __all__ = ["IGNORED_FIELDS", "LOGPROBS_INCLUDE", "UNSUPPORTED_FIELDS", "ResponseRequest"]
 
@@ -192,8 +191,12 @@ class ResponseRequest(BaseModel):
             total += len(getattr(item, "text", "") or getattr(item, "arguments", ""))
         return total
 
-    def text_bytes(self) -> int:
-        """UTF-8 bytes of the input text, instructions included."""
-        if isinstance(self.input, str):
-            return utf8_size(self.input) + utf8_size(self.instructions or "")
-        return self.input_bytes()
+    @property
+    def has_grammar(self) -> bool:
+        """Whether a JSON format or a forced tool call constrains the reply (its grammar is
+        checked off the event loop)."""
+        choice = self.tool_choice
+        is_forced = choice == "required" or isinstance(choice, FunctionChoice)
+        is_forced = is_forced or (isinstance(choice, AllowedTools) and choice.mode == "required")
+        text_format = self.text.format if self.text is not None else None
+        return is_forced or (text_format is not None and text_format.type != "text")

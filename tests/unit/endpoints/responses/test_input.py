@@ -8,7 +8,7 @@ from openai.types.responses import ResponseItem
 from pydantic import TypeAdapter
 
 from conveyor.endpoints.generation import parse_body
-from conveyor.endpoints.responses.input import input_items
+from conveyor.endpoints.responses.input import input_items, items_chars
 from conveyor.endpoints.responses.schemas import ResponseRequest
 
 ITEM = TypeAdapter(ResponseItem)
@@ -51,3 +51,10 @@ def test_stored_items_parse_again_as_input() -> None:
     first = stored([{"role": "user", "content": "q"},
                     {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])  # fmt: skip
     assert stored(first) == first
+
+
+def test_items_chars_counts_the_text_of_stored_items() -> None:
+    items = stored([{"role": "user", "content": "abcd"},
+                    {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c", "output": "xyz"}])  # fmt: skip
+    assert items_chars(items) == 4 + 2 + 3

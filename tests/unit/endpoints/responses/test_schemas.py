@@ -115,3 +115,28 @@ def test_a_json_schema_format_needs_its_name_and_schema() -> None:
     text = {"format": {"type": "json_schema", "name": "p", "schema": {"type": "object"}}}
     assert parse(text=text).text is not None
     assert "'name' and 'schema'" in refused(text={"format": {"type": "json_schema"}}).message
+
+
+def test_a_json_format_or_a_forced_call_means_a_grammar() -> None:
+    schema = {"format": {"type": "json_schema", "name": "p", "schema": {"type": "object"}}}
+    allowed = {"type": "allowed_tools", "tools": [{"type": "function", "name": "get_weather"}]}
+    assert not parse().has_grammar and not parse(text={"format": {"type": "text"}}).has_grammar
+    assert (
+        parse(text=schema).has_grammar
+        and parse(text={"format": {"type": "json_object"}}).has_grammar
+    )
+    assert parse(tools=[FUNCTION], tool_choice="required").has_grammar
+    assert parse(
+        tools=[FUNCTION], tool_choice={"type": "function", "name": "get_weather"}
+    ).has_grammar
+    assert parse(tools=[FUNCTION], tool_choice={**allowed, "mode": "required"}).has_grammar
+    assert not parse(tools=[FUNCTION], tool_choice={**allowed, "mode": "auto"}).has_grammar
+    assert not parse(tools=[FUNCTION], tool_choice="auto").has_grammar
+
+
+def test_input_bytes_count_instructions_messages_and_calls() -> None:
+    items = [{"role": "user", "content": "abcd"},
+             {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c", "output": "xyz"}]  # fmt: skip
+    assert parse(input=items, instructions="12345").input_bytes() == 5 + 4 + 2 + 3
+    assert parse(input="abc").input_bytes() == 3
