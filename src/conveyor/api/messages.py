@@ -7,28 +7,18 @@ in Anthropic's shape (``api.anthropic_errors``); an error mid-stream is an ``err
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from conveyor.anthropic_errors import anthropic_error
 from conveyor.api.responses import json_response
-from conveyor.api.sse import EventFormat, serve_generation
+from conveyor.api.sse import EventFormat, encode_named, serve_generation
 from conveyor.endpoints.messages.events import message_events
 from conveyor.endpoints.messages.reply import message_body
 from conveyor.endpoints.messages.run import count_tokens, parse_messages_request, prepare_messages
 from conveyor.errors import ConveyorError
 
 router = APIRouter()
-
-
-def encode_named(payload: Mapping[str, Any]) -> bytes:
-    """One event named by its payload's ``type``, with the payload as its data."""
-    name = str(payload["type"]).encode()
-    return b"event: " + name + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 def error_events(error: ConveyorError) -> list[bytes]:

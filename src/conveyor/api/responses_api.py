@@ -15,7 +15,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
@@ -24,7 +23,7 @@ from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
 from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
 from conveyor.api.responses import json_response
-from conveyor.api.sse import SSE_HEADERS
+from conveyor.api.sse import SSE_HEADERS, encode_named
 from conveyor.api.stored_responses import stored_of
 from conveyor.api.timeouts import timeout_from_headers
 from conveyor.endpoints.generation import GenerationRun
@@ -47,12 +46,6 @@ from conveyor.stores.errors import StoreError
 log = logging.getLogger(__name__)
 
 router = APIRouter()
-
-
-def encode_event(event: dict[str, Any]) -> bytes:
-    """One server-sent event: its type, then its JSON."""
-    kind = str(event["type"]).encode()
-    return b"event: " + kind + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 @router.post("/v1/responses")
@@ -145,6 +138,6 @@ async def _encoded(
     """Each event as bytes; the run is aborted when the caller goes away mid-stream."""
     try:
         async for event in events:
-            yield encode_event(event)
+            yield encode_named(event)
     finally:
         run.close()

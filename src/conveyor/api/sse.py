@@ -32,7 +32,14 @@ from conveyor.host.offload import run_sized
 from conveyor.host.service import Service
 from conveyor.priority import Priority
 
-__all__ = ["DONE_EVENT", "OPENAI_EVENTS", "EventFormat", "encode_event", "respond"]
+__all__ = [
+    "DONE_EVENT",
+    "OPENAI_EVENTS",
+    "EventFormat",
+    "encode_event",
+    "encode_named",
+    "respond",
+]
 
 DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -43,6 +50,13 @@ MakeBody = Callable[[GenerationRun, Sequence[ChoiceResult]], dict[str, Any]]
 def encode_event(payload: Mapping[str, Any]) -> bytes:
     """One ``data:`` event holding ``payload`` as JSON."""
     return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def encode_named(payload: Mapping[str, Any]) -> bytes:
+    """One event named by its payload's ``type``, with the payload as its data (Anthropic's
+    and OpenAI's Responses streams: ``event: <type>``, no ``[DONE]``)."""
+    name = str(payload["type"]).encode()
+    return b"event: " + name + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 def _openai_error(error: ConveyorError) -> list[bytes]:

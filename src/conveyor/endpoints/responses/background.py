@@ -7,8 +7,9 @@ priority as a batch line runs (back-pressure waited out, transient failures retr
 renews its lease while it runs. The result is written only while the claim's attempt
 holds the response, with its usage in the same transaction, so each response is answered
 once. A worker killed mid-run (SIGKILL) leaves its lease to expire; another claim runs
-the response again from the start. One that keeps killing its worker ends ``failed``
-after ``jobs.isolate_after_attempts + 1`` tries. A cancel or a delete ends the run at
+the response again from the start (a run that crashes is handed back at once). One that
+keeps killing or crashing its worker ends ``failed`` after ``jobs.isolate_after_attempts +
+1`` tries. A cancel or a delete ends the run at
 the next renewal; shutting down hands running responses back (queued) at once.
 """
 
@@ -25,9 +26,9 @@ from typing import Any
 import orjson
 
 from conveyor.endpoints.dispatch import execute
-from conveyor.endpoints.responses.output import error_object
+from conveyor.endpoints.responses.output import error_body
 from conveyor.endpoints.responses.stored import finished_body
-from conveyor.errors import ConveyorError, ServiceUnavailable
+from conveyor.errors import ConveyorError
 from conveyor.host.service import Service
 from conveyor.jobs.context import JobsContext, wait_for_any, wait_for_event
 from conveyor.jobs.line_caller import LineCaller, RunRequest
@@ -129,11 +130,11 @@ class BackgroundRunner:
         """Run one claimed response and write its end (or hand it back when stopping)."""
         max_attempts = self._ctx.config.isolate_after_attempts + 1
         if rec.attempt > max_attempts:
-            error = ServiceUnavailable(
-                f"the response was interrupted {rec.attempt - 1} times (its worker stopped "
-                "while running it) and is not run again"
+            reason = (
+                f"the response was interrupted {rec.attempt - 1} times (its worker stopped or "
+                "crashed while running it) and is not run again"
             )
-            await self._finish(rec, _failed(rec, error), ())
+            await self._finish(rec, _failed(rec, error_body(500, reason)), ())
             return
         run = asyncio.ensure_future(self._call(rec))
         heartbeat = asyncio.ensure_future(self._heartbeat(rec, run))
@@ -143,6 +144,12 @@ class BackgroundRunner:
             if self._shutdown.is_set():
                 await _quietly(asyncio.to_thread(self._ctx.store.blocking.release_response, rec))
             return  # cancelled, deleted or taken over: nothing is written
+        except Exception:
+            # Not the request's own error (those end it as failed): the run crashed. It goes
+            # back; one that keeps crashing ends failed once its attempts are spent.
+            log.exception("background response %s crashed on attempt %d", rec.id, rec.attempt)
+            await _quietly(asyncio.to_thread(self._ctx.store.blocking.release_response, rec))
+            return
         finally:
             heartbeat.cancel()
         await self._finish(rec, (status, body), usage)
@@ -159,10 +166,8 @@ class BackgroundRunner:
         response = orjson.loads(result.record)["response"]
         stored = json.loads(rec.body)
         if response["status_code"] != 200:
-            error = response["body"].get("error", {})
-            failed = ConveyorError(str(error.get("message", "the response failed")))
-            failed.status_code = response["status_code"]
-            status, body = _failed(rec, failed)
+            message = str(response["body"].get("error", {}).get("message", "the run failed"))
+            status, body = _failed(rec, error_body(response["status_code"], message))
             return status, body, tally.take()
         done = finished_body(stored, response["body"])
         return ResponseStatus(done["status"]), json.dumps(done), tally.take()
@@ -194,9 +199,9 @@ class BackgroundRunner:
             log.info("background response %s ended elsewhere; this run's end is dropped", rec.id)
 
 
-def _failed(rec: StoredResponse, error: ConveyorError) -> tuple[ResponseStatus, str]:
-    """A failed end: the stored body with the error."""
-    body = {**json.loads(rec.body), "status": "failed", "error": error_object(error)}
+def _failed(rec: StoredResponse, error: dict[str, Any]) -> tuple[ResponseStatus, str]:
+    """A failed end: the stored body with the ``error`` object."""
+    body = {**json.loads(rec.body), "status": "failed", "error": error}
     return ResponseStatus.FAILED, json.dumps(body)
 
 

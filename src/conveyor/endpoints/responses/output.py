@@ -11,7 +11,7 @@ from conveyor.endpoints.responses.item_schemas import AllowedTools, FunctionChoi
 from conveyor.endpoints.responses.schemas import ResponseRequest
 from conveyor.errors import ConveyorError
 
-__all__ = ["envelope", "error_object", "response_object", "usage_object"]
+__all__ = ["envelope", "error_body", "error_object", "response_object", "usage_object"]
 
 
 def envelope(request: ResponseRequest, response_id: str, created_at: int) -> dict[str, Any]:
@@ -97,11 +97,16 @@ def usage_object(input_tokens: int, output_tokens: int) -> dict[str, Any]:
 
 
 def error_object(exc: ConveyorError) -> dict[str, Any]:
-    """A failed response's ``error``, in OpenAI's codes (the message says what happened)."""
-    if exc.status_code == 429:
+    """A failed response's ``error`` for ``exc``."""
+    return error_body(exc.status_code, exc.message)
+
+
+def error_body(status_code: int, message: str) -> dict[str, Any]:
+    """A failed response's ``error``: OpenAI's code for the HTTP status, and what happened."""
+    if status_code == 429:
         code = "rate_limit_exceeded"
-    elif 400 <= exc.status_code < 500:
+    elif 400 <= status_code < 500:
         code = "invalid_prompt"
     else:
         code = "server_error"
-    return {"code": code, "message": exc.message}
+    return {"code": code, "message": message}

@@ -153,6 +153,20 @@ async def test_a_response_that_keeps_killing_its_worker_fails_with_the_reason() 
     assert "interrupted 2 times" in json.loads(row.body)["error"]["message"]
 
 
+async def test_a_crashing_run_is_handed_back_and_fails_once_its_tries_are_spent() -> None:
+    _, store, endpoint, runner = setup(isolate_after_attempts=1)
+    response_id = await queue(store)
+    for attempt in (1, 2):
+        endpoint.errors = [RuntimeError("the model thread died")]
+        await asyncio.gather(*await runner.claim_some())
+        row = row_of(store, response_id)
+        assert (row.status, row.attempt) == (ResponseStatus.QUEUED, attempt)
+    await asyncio.gather(*await runner.claim_some())
+    row = row_of(store, response_id)
+    assert row.status is ResponseStatus.FAILED and len(endpoint.calls) == 2
+    assert "crashed" in json.loads(row.body)["error"]["message"]
+
+
 async def test_stopping_hands_a_running_response_back() -> None:
     _, store, endpoint, runner = setup()
     endpoint.gate = asyncio.Event()
