@@ -76,12 +76,16 @@ def response_object(
     """The Response object from its ``envelope`` and what the run produced.
 
     An ``incomplete`` response was cut by ``max_output_tokens`` (the only cut there is).
+    ``usage`` comes last, where a gateway reads it from an answer's final bytes to settle
+    its rate limits.
     """
-    body = {**base, "status": status, "output": output, "usage": usage, "error": error}
+    body = {**base, "status": status, "output": output, "error": error}
+    body.pop("usage", None)
     if status == "incomplete":
         body["incomplete_details"] = {"reason": "max_output_tokens"}
     if completed_at is not None and status == "completed":
         body["completed_at"] = completed_at
+    body["usage"] = usage
     return body
 
 

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from openai.types.responses import Response
 
 from conveyor.endpoints.generation import parse_body
-from conveyor.endpoints.responses.output import envelope, error_object, response_object
+from conveyor.endpoints.responses.output import (
+    envelope,
+    error_object,
+    response_object,
+    usage_object,
+)
 from conveyor.endpoints.responses.schemas import ResponseRequest
 from conveyor.errors import ConveyorError, InvalidRequest, QueueFull, ServiceUnavailable
+from conveyor.gateway.limits import TAIL_BYTES, read_usage
 
 
 def test_defaults_are_openai_s() -> None:
@@ -52,7 +59,8 @@ def test_the_request_is_echoed() -> None:
 
 def test_only_a_completed_response_has_completed_at() -> None:
     base = envelope(parse_body(ResponseRequest, {"model": "m", "input": "x"}), "resp_1", 7)
-    assert response_object(base, status="completed", output=[], completed_at=9)["completed_at"] == 9
+    done = response_object(base, status="completed", output=[], completed_at=9)
+    assert done["completed_at"] == 9
     assert "completed_at" not in response_object(base, status="failed", output=[], completed_at=9)
 
 
@@ -63,3 +71,12 @@ def test_only_a_completed_response_has_completed_at() -> None:
 )  # fmt: skip
 def test_errors_use_openai_s_codes_and_keep_the_message(error: ConveyorError, code: str) -> None:
     assert error_object(error) == {"code": code, "message": error.message}
+
+
+def test_usage_is_the_last_field_a_gateway_reads_from_the_tail() -> None:
+    metadata = {f"key{i}": "v" * 512 for i in range(16)}  # 8 kB before it would hide it
+    request = parse_body(ResponseRequest, {"model": "m", "input": "x", "metadata": metadata})
+    body = response_object(envelope(request, "resp_1", 7), status="completed", output=[],
+                           usage=usage_object(12, 5), completed_at=9)  # fmt: skip
+    assert list(body)[-1] == "usage"
+    assert read_usage(orjson.dumps(body)[-TAIL_BYTES:]) == (12, 5)
