@@ -18,6 +18,8 @@ PROMPT = [11, 12, 13, 14, 15, 16, 17]
 class FakeDetokenizer:
     """Holds no text back."""
 
+    stop_string: str | None = None
+
     def flush(self) -> str:
         return ""
 
