@@ -58,8 +58,11 @@ def generative_model(
         "plan": None if hosted is None else generative_plan(reader, hosted),
     })  # fmt: skip
     state["queue_depth"]["waiting"] = reader.value("conveyor_waiting_sequences", name)
-    state["histograms"]["ttft_s"] = reader.histogram("conveyor_time_to_first_token_seconds", name)
-    state["histograms"]["tpot_s"] = reader.histogram("conveyor_time_per_output_token_seconds", name)
+    histograms = state["histograms"]
+    for key, family in (("ttft_s", "conveyor_time_to_first_token_seconds"),
+                        ("tpot_s", "conveyor_time_per_output_token_seconds")):  # fmt: skip
+        histograms[key] = reader.histogram(family, name, "online")
+        histograms[f"batch_{key}"] = reader.histogram(family, name, "batch")
     return state
 
 

@@ -84,13 +84,15 @@ Samples = dict[tuple[str, str], float]
 
 
 def parse_samples(text: str) -> Samples:
-    """``(sample name, model label) -> value`` for every sample that has a model label."""
+    """``(sample name, model label) -> value`` for every sample labelled by model alone, or
+    by model and priority (summed over the priority classes)."""
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             model = sample.labels.get("model")
-            if model is not None and len(sample.labels) == 1:
-                samples[(sample.name, model)] = sample.value
+            if model is not None and set(sample.labels) <= {"model", "priority"}:
+                key = (sample.name, model)
+                samples[key] = samples.get(key, 0.0) + sample.value
     return samples
 
 

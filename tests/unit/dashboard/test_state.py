@@ -19,6 +19,7 @@ from conveyor.dashboard.plans import generative_plan, one_shot_plan, preset_for
 from conveyor.dashboard.state import job_row, model_pulls, tenant_limits
 from conveyor.gateway.process import GatewaySettings
 from conveyor.observability.metrics import Metrics
+from conveyor.priority import Priority
 from conveyor.stores import open_job_store
 from conveyor.stores.records import BatchRecord, BatchStatus, RequestCounts
 from tests.unit.plan.test_sizing import LLAMA2_7B
@@ -43,16 +44,19 @@ async def test_the_state_shows_what_the_model_did(tmp_path: Path) -> None:
         for _ in range(4):
             answer = await client.post("/v1/embeddings", json={"model": "syn", "input": ["a", "b"]})
             assert answer.status_code == 200
+        # A batch line waits behind online requests: its latency is a series of its own.
+        await app.state.service.embed("syn", ["line"], priority=Priority.BATCH)
         await app.state.service.ledger.flush()  # online usage is written every second
         state = (await client.get("/v1/dashboard/state")).json()
     assert state["object"] == "dashboard.state" and state["role"] == "serve"
     assert state["viewer"] == {"tenant": "default", "scope": "all"}
     (model,) = state["models"]
     assert model["name"] == "syn" and model["kind"] == "one-shot"
-    assert model["totals"]["inputs"] == 8 and model["totals"]["requests"]["ok"] == 4
+    assert model["totals"]["inputs"] == 9 and model["totals"]["requests"]["ok"] == 5
     assert model["queue_depth"] == {"online": 0, "batch": 0}
     assert model["config"] == {"max_batch_size": 32, "max_wait_ms": 1.0}
     assert model["histograms"]["latency_s"][-1] == [None, 4]
+    assert model["histograms"]["batch_latency_s"][-1] == [None, 1]
     assert model["plan"]["inputs_per_s_per_replica"] > 0
     assert model["plan"]["source"] == "measured batch-time curve"
     assert model["plan"]["predicted_p99_ms"] > 0 and model["plan"]["max_batch"] == 32
