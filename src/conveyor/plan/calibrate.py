@@ -215,7 +215,7 @@ async def solo_times(
         mean_s = statistics.fmean(caller_s)
         if len(caller_s) == MIN_SOLO:
             target = pace.repeats(SOLO_SHARE, mean_s, MIN_SOLO, SOLO_REQUESTS)
-        if len(caller_s) % PROGRESS_EVERY == 0 or len(caller_s) == target:
+        if len(caller_s) in (1, target) or len(caller_s) % PROGRESS_EVERY == 0:
             pace.estimate_left_s = _generative_left_s(mean_s, target - len(caller_s))
             pace.say("1/3 lone requests", f"{len(caller_s)}/{target}, {mean_s:.3f} s each")
     after = await probe.samples()
