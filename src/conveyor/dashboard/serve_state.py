@@ -42,9 +42,12 @@ def _batcher_plan(hosted: Any, board: PlanBoard) -> dict[str, Any] | None:
     timing, config = hosted.batcher.timing, hosted.config
     if not timing.is_warm or timing.seconds_for(config.max_batch_size) <= 0:
         return None
-    inputs = (timing.seconds_for(0), timing.seconds_per_input(), config.max_batch_size,
-              config.max_wait_ms)  # fmt: skip
-    plan = board.plan(config.name, inputs, lambda: one_shot_plan(*inputs))
+    # Held while a batch of one and a full batch take about what they took (the curve's
+    # split into fixed and per-input parts wanders more than either does).
+    cap, wait_ms = config.max_batch_size, config.max_wait_ms
+    inputs = (timing.seconds_for(1), timing.seconds_for(cap), cap, wait_ms)
+    plan = board.plan(config.name, inputs, lambda: one_shot_plan(
+        timing.seconds_for(0), timing.seconds_per_input(), cap, wait_ms))  # fmt: skip
     return None if plan is None else {key: jsonable(value) for key, value in plan.items()}
 
 
