@@ -23,6 +23,7 @@ def test_smoke_plans_and_measures_both_models(tmp_path: Path) -> None:
         for figure in ("throughput", "p99_ms"):
             assert one[figure]["planned"] > 0 and one[figure]["measured"] > 0, one
         assert result["summary"][model]["p99_ms"]["rounds"] == 1
+        assert 0 < one["plan"]["calibration_s"] <= 150  # the default budget, and start-up
 
 
 def test_figures_are_compared_as_measured_over_planned() -> None:
@@ -34,4 +35,5 @@ def test_figures_are_compared_as_measured_over_planned() -> None:
     summary = summarize(rounds)
     assert summary["p99_ms"] == {"median_ratio": 1.2, "ratios": [1.3, 1.1],
                                  "rounds_within_20": 1, "rounds": 2}  # fmt: skip
+    assert summary["rounds_both_within_20"] == 1  # the first round misses its p99
     assert parse_options(["--smoke"]).rounds == 1
