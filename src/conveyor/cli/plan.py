@@ -21,49 +21,52 @@ from conveyor.plan.report import render_text
 from conveyor.plan.shape import DEFAULT_KV_DTYPE, ModelShape, load_shape
 from conveyor.plan.users import Users
 
+ThinkTimeOption = Annotated[
+    float | None, typer.Option(help="Seconds a user waits between answer and next ask.")
+]
+KvDtypeOption = Annotated[str, typer.Option(help="KV-cache dtype (auto: the weights').")]
+TpOption = Annotated[
+    int | None, typer.Option(help="GPUs a replica: 1, 2, 4, 8 (default: smallest fit).")
+]
+CalibrateOption = Annotated[
+    str | None, typer.Option("--calibrate", help="Measure this running Conveyor server.")
+]
+BudgetOption = Annotated[float, typer.Option(help="Most seconds a calibration takes.")]
+ModelBytesOption = Annotated[
+    int | None, typer.Option(help="Distribution: model size (default: --model's weights).")
+]
+
 
 def plan(
     qps: Annotated[float | None, typer.Option(help="Requests per second to carry.")] = None,
     users: Annotated[
         int | None, typer.Option(help="Concurrent users (with --think-time-s).")
     ] = None,
-    think_time_s: Annotated[
-        float | None, typer.Option(help="Seconds a user waits between answer and next ask.")
-    ] = None,
+    think_time_s: ThinkTimeOption = None,
     prompt_tokens: Annotated[int | None, typer.Option(help="Prompt tokens per request.")] = None,
     output_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 0,
     model: Annotated[Path | None, typer.Option(help="config.json, checkpoint or .gguf.")] = None,
     gpu: Annotated[str | None, typer.Option(help="h100|h200|a100-80g|l4|cpu.")] = None,
     dtype: Annotated[str | None, typer.Option(help="Weight dtype (default: config's).")] = None,
-    kv_cache_dtype: Annotated[
-        str, typer.Option(help="KV-cache dtype (auto: the weights').")
-    ] = DEFAULT_KV_DTYPE,
-    tensor_parallel_size: Annotated[
-        int | None, typer.Option(help="GPUs a replica: 1, 2, 4, 8 (default: smallest fit).")
-    ] = None,
+    kv_cache_dtype: KvDtypeOption = DEFAULT_KV_DTYPE,
+    tensor_parallel_size: TpOption = None,
     p99_ttft_ms: Annotated[float | None, typer.Option(help="p99 TTFT (one-shot: p99).")] = None,
     tpot_ms: Annotated[float | None, typer.Option(help="Time per output token target.")] = None,
     gpu_hour_usd: Annotated[float | None, typer.Option(help="Price of a GPU hour.")] = None,
     regions: Annotated[int, typer.Option(help="Regions; survive losing one.")] = 1,
     target_utilisation: Annotated[float, typer.Option(help="Headroom: load per replica.")] = 0.7,
-    calibrate_url: Annotated[
-        str | None, typer.Option("--calibrate", help="Measure this running Conveyor server.")
-    ] = None,
+    calibrate_url: CalibrateOption = None,
     served_model: Annotated[str | None, typer.Option(help="Model name on that server.")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="CONVEYOR_API_KEY")] = None,
     max_batch: Annotated[int, typer.Option(help="Largest batch a calibration probes.")] = 64,
-    calibrate_budget_s: Annotated[
-        float, typer.Option(help="Most seconds a calibration takes.")
-    ] = DEFAULT_BUDGET_S,
+    calibrate_budget_s: BudgetOption = DEFAULT_BUDGET_S,
     max_wait_ms: Annotated[float, typer.Option(help="The one-shot model's max_wait_ms.")] = 5.0,
     nodes: Annotated[int | None, typer.Option(help="Distribution: nodes to load onto.")] = None,
     rack_size: Annotated[int, typer.Option(help="Distribution: nodes a rack.")] = 32,
     uplink_gbps: Annotated[float, typer.Option(help="Distribution: rack uplink, Gbit/s.")] = 100,
     origin_gbps: Annotated[float, typer.Option(help="Distribution: origin egress, Gbit/s.")] = 100,
     node_gbps: Annotated[float, typer.Option(help="Distribution: node NIC, Gbit/s.")] = 100,
-    model_bytes: Annotated[
-        int | None, typer.Option(help="Distribution: model size (default: --model's weights).")
-    ] = None,
+    model_bytes: ModelBytesOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Weights, KV cache, batch limits, step times, throughput, replicas and cost; with
