@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 import subprocess
@@ -54,6 +55,7 @@ from bench.common import (
 )
 
 TOLERANCE = 0.20
+TOP = 3.0  # the figure's ratio axis ends here
 SYN = {"name": "syn", "kind": "synthetic", "max_batch_size": 16, "max_wait_ms": 5,
        "batch_latency_ms": 100, "per_item_ms": 2, "dim": 4, "max_queue": 4096}  # fmt: skip
 LLAMA_PROMPT_TOKENS, LLAMA_OUTPUT_TOKENS = 16, 32
@@ -84,9 +86,18 @@ def parse_options(argv: list[str] | None = None) -> Options:
 
 
 def p99(values: list[float]) -> float:
-    """The 99th percentile (nearest rank below)."""
+    """The 99th percentile (nearest rank below); a failed request counts as infinite."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+async def post_ok(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> bool:
+    """One request; False when it failed (an error status, or the connection dropped)."""
+    try:
+        (await client.post(path, json=body)).raise_for_status()
+    except httpx.HTTPError:
+        return False
+    return True
 
 
 async def closed_loop(url: str, path: str, body: Body, clients: int, seconds: float) -> int:
@@ -97,8 +108,7 @@ async def closed_loop(url: str, path: str, body: Body, clients: int, seconds: fl
     async def caller(client: httpx.AsyncClient) -> None:
         nonlocal done
         while time.perf_counter() < stop_at:
-            (await client.post(path, json=body())).raise_for_status()
-            done += 1
+            done += await post_ok(client, path, body())
 
     limits = httpx.Limits(max_connections=clients)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
@@ -109,13 +119,14 @@ async def closed_loop(url: str, path: str, body: Body, clients: int, seconds: fl
 async def timed_loop(
     url: str, path: str, body: Body, gaps: Callable[[], float], seconds: float
 ) -> list[float]:
-    """Requests sent ``gaps()`` seconds apart for ``seconds``; each one's latency (s)."""
+    """Requests sent ``gaps()`` seconds apart for ``seconds``; each one's latency (s),
+    infinite for one that failed (an overloaded server drops or refuses some)."""
     latencies: list[float] = []
 
     async def one(client: httpx.AsyncClient) -> None:
         started = time.perf_counter()
-        (await client.post(path, json=body())).raise_for_status()
-        latencies.append(time.perf_counter() - started)
+        ok = await post_ok(client, path, body())
+        latencies.append(time.perf_counter() - started if ok else math.inf)
 
     limits = httpx.Limits(max_connections=256)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
@@ -142,10 +153,10 @@ def run_plan(url: str, *args: str) -> dict[str, Any]:
 
 
 def compared(planned: float | None, measured: float) -> dict[str, Any]:
-    """One figure, planned against measured."""
-    ratio = measured / planned if planned else None
+    """One figure, planned against measured (None for an infinite one: failed requests)."""
+    ratio = measured / planned if planned and math.isfinite(measured) else None
     within = ratio is not None and abs(ratio - 1) <= TOLERANCE
-    return {"planned": planned, "measured": round(measured, 2),
+    return {"planned": planned, "measured": round(measured, 2) if math.isfinite(measured) else None,
             "ratio": None if ratio is None else round(ratio, 3), "within_20": within}  # fmt: skip
 
 
@@ -262,10 +273,14 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
     for ax, model in zip(axes, ("synthetic", "tiny_llama"), strict=True):
         rounds = result["runs"][model]
         for figure, marker in (("throughput", "o"), ("p99_ms", "s")):
-            ratios = [r[figure]["ratio"] for r in rounds]
+            # Off the scale (or failed: no ratio) shows at its top edge.
+            ratios = [min(TOP, r[figure]["ratio"] or TOP) for r in rounds]
             ax.plot(range(1, len(rounds) + 1), ratios, marker=marker, label=figure)
         ax.axhspan(1 - TOLERANCE, 1 + TOLERANCE, alpha=0.15, label="within 20 %")
-        ax.set_title(model)
+        ax.set_ylim(0, TOP)
+        ax.set_xticks(range(1, len(rounds) + 1))
+        both = result["summary"][model]["rounds_both_within_20"]
+        ax.set_title(f"{model}: both within 20 % in {both} of {len(rounds)} rounds")
         ax.set_xlabel("round")
         ax.legend()
     axes[0].set_ylabel("measured / planned")

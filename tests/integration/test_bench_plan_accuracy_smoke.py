@@ -30,6 +30,8 @@ def test_figures_are_compared_as_measured_over_planned() -> None:
     assert compared(100.0, 115.0) == {"planned": 100.0, "measured": 115.0, "ratio": 1.15,
                                       "within_20": True}  # fmt: skip
     assert not compared(100.0, 79.0)["within_20"] and not compared(None, 5.0)["within_20"]
+    failed = compared(100.0, float("inf"))  # a round whose requests failed: a miss
+    assert failed == {"planned": 100.0, "measured": None, "ratio": None, "within_20": False}
     rounds = [{"throughput": compared(10, 9), "p99_ms": compared(10, 13)},
               {"throughput": compared(10, 11), "p99_ms": compared(10, 11)}]  # fmt: skip
     summary = summarize(rounds)
