@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,20 +100,30 @@ async def post_ok(client: httpx.AsyncClient, path: str, body: dict[str, Any]) ->
     return True
 
 
+async def callers_back_to_back(
+    send: Callable[[], Awaitable[bool]], callers: int, seconds: float
+) -> int:
+    """``callers`` each awaiting ``send()`` again as soon as it returns, for ``seconds`` of
+    the loop's clock; how many sends succeeded."""
+    loop = asyncio.get_running_loop()
+    stop_at = loop.time() + seconds
+    done = 0
+
+    async def caller() -> None:
+        nonlocal done
+        while loop.time() < stop_at:
+            ok = await send()  # then count: `done += await ...` would lose updates
+            done += ok
+
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    return done
+
+
 async def closed_loop(url: str, path: str, body: Body, clients: int, seconds: float) -> int:
     """``clients`` callers back to back for ``seconds``; how many requests they finished."""
-    done = 0
-    stop_at = time.perf_counter() + seconds
-
-    async def caller(client: httpx.AsyncClient) -> None:
-        nonlocal done
-        while time.perf_counter() < stop_at:
-            done += await post_ok(client, path, body())
-
     limits = httpx.Limits(max_connections=clients)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
-        await asyncio.gather(*(caller(client) for _ in range(clients)))
-    return done
+        return await callers_back_to_back(lambda: post_ok(client, path, body()), clients, seconds)
 
 
 async def timed_loop(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
-from bench.plan_accuracy import compared, parse_options, summarize
+from bench.plan_accuracy import callers_back_to_back, compared, parse_options, summarize
 
 from tests.bench_smoke import run_smoke
+from tests.virtual_time import run_virtual
 
 
 @pytest.mark.slow
@@ -39,3 +41,17 @@ def test_figures_are_compared_as_measured_over_planned() -> None:
                                  "rounds_within_20": 1, "rounds": 2}  # fmt: skip
     assert summary["rounds_both_within_20"] == 1  # the first round misses its p99
     assert parse_options(["--smoke"]).rounds == 1
+
+
+def test_callers_back_to_back_count_every_success() -> None:
+    calls = 0
+
+    async def send() -> bool:
+        nonlocal calls
+        calls += 1
+        mine = calls
+        await asyncio.sleep(0.01)
+        return mine % 10 != 0  # every tenth fails
+
+    done = run_virtual(callers_back_to_back(send, 4, 1.0))
+    assert calls == 400 and done == 360
