@@ -32,7 +32,11 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     from conveyor.gateway.process import GatewaySettings
 
-app = typer.Typer(help="Conveyor: batched inference behind an OpenAI-compatible API.")
+# Plain (click's) help for every command group mounted here: rich's tables cut long option
+# names at 80 columns and show a `<bool>` type on flags, which take no value.
+app = typer.Typer(
+    help="Conveyor: batched inference behind an OpenAI-compatible API.", rich_markup_mode=None
+)
 app.add_typer(batch_app, name="batch")
 app.add_typer(keys_app, name="keys")
 app.command("plan")(plan)

@@ -46,7 +46,10 @@ def common_figures(reader: MetricReader, name: str, kind: str) -> dict[str, Any]
             "batch_inputs": reader.value("conveyor_batch_size_inputs_sum", name),
             "batch_fill_sum": reader.value("conveyor_batch_fill_ratio_sum", name),
         },
-        "histograms": {"latency_s": reader.histogram("conveyor_request_latency_seconds", name)},
+        "histograms": {
+            "latency_s": reader.histogram("conveyor_request_latency_seconds", name, "online"),
+            "batch_latency_s": reader.histogram("conveyor_request_latency_seconds", name, "batch"),
+        },
     }
 
 

@@ -246,6 +246,8 @@ class GenerationRun:
     # Choices per prompt: each prompt's choices are adjacent, and usage counts it once.
     num_choices: int = 1
     started_s: float = field(default_factory=time.perf_counter)
+    # Online or batch: the latency histogram it is counted in.
+    priority: Priority = Priority.ONLINE
     # Who pays, and the service that bills them (None: not billed, e.g. tests).
     payer: Payer | None = None
     service: Service | None = None
@@ -325,7 +327,7 @@ class GenerationRun:
         metrics = self.generator.metrics
         metrics.requests[outcome].inc()
         if outcome == "ok":
-            metrics.latency_s.observe(time.perf_counter() - self.started_s)
+            metrics.latency_s[self.priority].observe(time.perf_counter() - self.started_s)
         if self.service is not None and (outcome == "ok" or self.total_output_tokens):
             # What ran is billed, finished or not (a dropped stream at what it produced).
             self.service.bill(
@@ -390,6 +392,7 @@ class PreparedRun:
             tool_names=self.tool_names,
             prefixes=self.prefixes,
             num_choices=self.num_choices,
+            priority=priority,
             payer=payer,
             service=service,
         )

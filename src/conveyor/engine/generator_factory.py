@@ -25,6 +25,7 @@ from conveyor.engine.model.model_runner import (
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import ConfigError, ConveyorError
 from conveyor.observability.metrics import GeneratorMetrics
+from conveyor.observability.vllm_names import AdapterActivity
 
 __all__ = ["DEFAULT_CPU_KV_CACHE_TOKENS", "load_generator"]
 
@@ -62,6 +63,9 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         max_loras_per_batch=None if config.lora is None else config.lora.max_loras_per_batch,
     )
     tokenizer = Tokenizer(local_model_path(config.path))
+    if lora is not None and config.lora is not None:
+        slots = config.lora.max_loras_per_batch
+        metrics.adapters = AdapterActivity(slots, lora.registry.names_by_id)
     engine = LLMEngine(runner, tokenizer, engine_config, metrics=metrics, name=config.name)
     engine.start()
     registry = None if lora is None else lora.registry

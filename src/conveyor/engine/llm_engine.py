@@ -34,6 +34,7 @@ from conveyor.engine.engine_metrics import (
     StepPhases,
     note_admissions,
     note_preemptions,
+    publish_adapters,
     publish_kv_usage,
     record_finish,
 )
@@ -480,9 +481,9 @@ class LLMEngine:
         self.stats.num_generated_tokens += 1
         self._metrics.generated_tokens.inc()
         if previous_s is None:
-            self._metrics.time_to_first_token_s.observe(now_s - request.arrival_s)
+            self._metrics.time_to_first_token_s[request.priority].observe(now_s - request.arrival_s)
         else:
-            self._metrics.time_per_output_token_s.observe(now_s - previous_s)
+            self._metrics.time_per_output_token_s[request.priority].observe(now_s - previous_s)
         if output.is_finished:
             self._retire(entry)
         return output
@@ -544,4 +545,5 @@ class LLMEngine:
         metrics.running.set(scheduler.num_running)
         metrics.waiting.set(scheduler.num_waiting)
         publish_kv_usage(metrics, manager)
+        publish_adapters(metrics, (entry.request.seq for entry in self._entries.values()))
         self.prefix_digest.refresh(manager, force=not scheduler.has_unfinished)

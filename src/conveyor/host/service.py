@@ -328,7 +328,7 @@ class Service:
         request outcome and latency metrics count them all, and ``payer`` is billed.
         """
         note_model(model)
-        with counted_outcome(self.model_metrics(model)):
+        with counted_outcome(self.model_metrics(model), priority):
             async with self.using(model) as hosted:
                 hosted.check_inputs(inputs, dimensions)
                 encoded = await hosted.encode_inputs(inputs, truncate)
@@ -357,7 +357,7 @@ class Service:
 
         The rerank twin of ``embed``: same admission, deadlines, outcome metrics and billing.
         """
-        with counted_outcome(self.model_metrics(model)):
+        with counted_outcome(self.model_metrics(model), priority):
             async with self.using(model) as hosted:
                 hosted.check_inputs(pairs, None)
                 encoded = await hosted.encode_pairs(pairs, truncate)
@@ -412,8 +412,8 @@ class Service:
 
 
 @contextmanager
-def counted_outcome(metrics: ModelMetrics) -> Iterator[None]:
-    """Count one request's outcome, and its latency when it succeeds, in ``metrics``."""
+def counted_outcome(metrics: ModelMetrics, priority: Priority) -> Iterator[None]:
+    """Count one request's outcome, and its latency (as ``priority``'s) when it succeeds."""
     started_s = time.perf_counter()
     try:
         yield
@@ -426,4 +426,4 @@ def counted_outcome(metrics: ModelMetrics) -> Iterator[None]:
         metrics.requests[outcome_of(exc.status_code)].inc()
         raise
     metrics.requests["ok"].inc()
-    metrics.latency_s.observe(time.perf_counter() - started_s)
+    metrics.latency_s[priority].observe(time.perf_counter() - started_s)

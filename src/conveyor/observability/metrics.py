@@ -11,6 +11,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+from conveyor.observability.usage_metrics import UsageMetrics
+from conveyor.observability.vllm_names import AdapterActivity, VllmNames
+from conveyor.priority import Priority
+
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
     0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
@@ -52,6 +56,11 @@ STEP_PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
 LENGTH_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072 tokens
 
 
+def by_priority(family: Any, model: str) -> dict[Priority, Any]:
+    """One child per priority class (label ``online`` or ``batch``) of a family of ``model``."""
+    return {p: family.labels(model, p.name.lower()) for p in Priority}
+
+
 def add_http_and_process_families(reg: CollectorRegistry) -> Counter:
     """Process metrics (CPU, memory, open files) and the HTTP request counter of an app."""
     ProcessCollector(registry=reg)
@@ -75,7 +84,7 @@ class ModelMetrics:
     batches_closed: dict[str, Any]
     queue_wait_s: Any
     model_s: Any
-    latency_s: Any
+    latency_s: dict[Priority, Any]
     requests: dict[str, Any]
     oom_backoffs: Any
     service_rate: Any
@@ -92,12 +101,12 @@ class GeneratorMetrics:
     kv_blocks_free: Any
     prompt_tokens: Any
     generated_tokens: Any
-    time_to_first_token_s: Any
-    time_per_output_token_s: Any
+    time_to_first_token_s: dict[Priority, Any]
+    time_per_output_token_s: dict[Priority, Any]
     preemptions: Any
     prefix_cache_hit_tokens: Any
     oom_backoffs: Any
-    latency_s: Any
+    latency_s: dict[Priority, Any]
     requests: dict[str, Any]
     kv_cache_usage: Any
     prefix_cache_query_tokens: Any
@@ -106,6 +115,8 @@ class GeneratorMetrics:
     generation_length: Any
     queue_time_s: Any
     step_phase_s: dict[str, Any]
+    # The LoRA adapters running and waiting (set by the loader when the model serves some).
+    adapters: AdapterActivity | None = None
 
 
 class DistributionMetrics:
@@ -154,6 +165,8 @@ class Metrics:
         self._add_generation_request_families(reg)
         self.http_requests = add_http_and_process_families(reg)
         self.usage = UsageMetrics(reg)
+        self.generators: dict[str, GeneratorMetrics] = {}
+        reg.register(VllmNames(self))
 
     def _add_batching_families(self, reg: CollectorRegistry) -> None:
         """Families of one-shot models (dynamic batching), labelled by model."""
@@ -189,8 +202,8 @@ class Metrics:
             buckets=LATENCY_BUCKETS_S, registry=reg,
         )  # fmt: skip
         self.latency_s = Histogram(
-            "conveyor_request_latency_seconds", "End-to-end request latency", ["model"],
-            buckets=LATENCY_BUCKETS_S, registry=reg,
+            "conveyor_request_latency_seconds", "End-to-end request latency (batch lines too)",
+            ["model", "priority"], buckets=LATENCY_BUCKETS_S, registry=reg,
         )  # fmt: skip
         self.requests = Counter(
             "conveyor_requests_total", "Requests by outcome", ["model", "outcome"],
@@ -258,11 +271,11 @@ class Metrics:
         )
         self.time_to_first_token_s = Histogram(
             "conveyor_time_to_first_token_seconds", "Arrival to first sampled token",
-            ["model"], buckets=LATENCY_BUCKETS_S, registry=reg,
+            ["model", "priority"], buckets=LATENCY_BUCKETS_S, registry=reg,
         )  # fmt: skip
         self.time_per_output_token_s = Histogram(
             "conveyor_time_per_output_token_seconds", "Time between a request's tokens",
-            ["model"], buckets=LATENCY_BUCKETS_S, registry=reg,
+            ["model", "priority"], buckets=LATENCY_BUCKETS_S, registry=reg,
         )  # fmt: skip
         self.preemptions = Counter(
             "conveyor_preemptions_total", "Sequences evicted to free KV-cache blocks",
@@ -318,7 +331,7 @@ class Metrics:
             batches_closed={r: self.batches_closed.labels(model, r) for r in CLOSE_REASONS},
             queue_wait_s=self.queue_wait_s.labels(model),
             model_s=self.model_s.labels(model),
-            latency_s=self.latency_s.labels(model),
+            latency_s=by_priority(self.latency_s, model),
             requests={o: self.requests.labels(model, o) for o in OUTCOMES},
             oom_backoffs=self.oom_backoffs.labels(model),
             service_rate=self.service_rate.labels(model),
@@ -326,20 +339,21 @@ class Metrics:
         )
 
     def for_generator(self, model: str) -> GeneratorMetrics:
-        """Children bound to generative ``model``; every outcome is created up front."""
-        return GeneratorMetrics(
+        """Children bound to generative ``model`` (kept in ``generators``); every outcome is
+        created up front."""
+        children = GeneratorMetrics(
             running=self.running_seqs.labels(model),
             waiting=self.waiting_seqs.labels(model),
             kv_blocks_used=self.kv_blocks_used.labels(model),
             kv_blocks_free=self.kv_blocks_free.labels(model),
             prompt_tokens=self.prompt_tokens.labels(model),
             generated_tokens=self.generated_tokens.labels(model),
-            time_to_first_token_s=self.time_to_first_token_s.labels(model),
-            time_per_output_token_s=self.time_per_output_token_s.labels(model),
+            time_to_first_token_s=by_priority(self.time_to_first_token_s, model),
+            time_per_output_token_s=by_priority(self.time_per_output_token_s, model),
             preemptions=self.preemptions.labels(model),
             prefix_cache_hit_tokens=self.prefix_cache_hit_tokens.labels(model),
             oom_backoffs=self.oom_backoffs.labels(model),
-            latency_s=self.latency_s.labels(model),
+            latency_s=by_priority(self.latency_s, model),
             requests={o: self.requests.labels(model, o) for o in OUTCOMES},
             kv_cache_usage=self.kv_cache_usage.labels(model),
             prefix_cache_query_tokens=self.prefix_cache_query_tokens.labels(model),
@@ -349,6 +363,8 @@ class Metrics:
             queue_time_s=self.queue_time_s.labels(model),
             step_phase_s={p: self.step_phase_s.labels(model, p) for p in STEP_PHASES},
         )
+        self.generators[model] = children
+        return children
 
 
 class GatewayMetrics:
@@ -411,33 +427,3 @@ class TenantMetrics:
             "Rate-limit calls that could not reach the backend (allowed or denied by policy)",
             ["operation"], registry=reg,
         )  # fmt: skip
-
-
-class UsageMetrics:
-    """What tenants used: tokens, model-seconds and cost, by tenant and model."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        reg = registry
-        self.tokens = Counter(
-            "conveyor_tokens", "Tokens used, by kind (input, output)",
-            ["tenant", "model", "kind"], registry=reg,
-        )  # fmt: skip
-        # `conveyor_model_seconds` is already the per-batch histogram, hence `usage_`.
-        self.model_s = Counter(
-            "conveyor_usage_model_seconds", "Model time used (each batch's time split by tokens)",
-            ["tenant", "model"], registry=reg,
-        )  # fmt: skip
-        self.cost_usd = Counter(
-            "conveyor_cost_usd", "Cost of the model time used, in US dollars",
-            ["tenant", "model"], registry=reg,
-        )  # fmt: skip
-
-    def count(
-        self, tenant: str, model: str, input_tokens: int, output_tokens: int, model_s: float,
-        cost_usd: float,
-    ) -> None:  # fmt: skip
-        """Add one request's usage."""
-        self.tokens.labels(tenant, model, "input").inc(input_tokens)
-        self.tokens.labels(tenant, model, "output").inc(output_tokens)
-        self.model_s.labels(tenant, model).inc(model_s)
-        self.cost_usd.labels(tenant, model).inc(cost_usd)

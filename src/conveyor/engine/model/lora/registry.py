@@ -58,6 +58,11 @@ class LoraRegistry(Generic[W]):
         with self._lock:
             return list(self._by_name)
 
+    def names_by_id(self) -> dict[int, str]:
+        """Every adapter's name by id, unloaded ones included (their requests still run)."""
+        with self._lock:
+            return {adapter_id: entry.name for adapter_id, entry in self._by_id.items()}
+
     def get(self, name: str) -> AdapterEntry | None:
         """The adapter of that name, if registered."""
         with self._lock:
