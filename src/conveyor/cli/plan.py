@@ -26,7 +26,7 @@ ThinkTimeOption = Annotated[
 ]
 KvDtypeOption = Annotated[str, typer.Option(help="KV-cache dtype (auto: the weights').")]
 TpOption = Annotated[
-    int | None, typer.Option(help="GPUs a replica: 1, 2, 4, 8 (default: smallest fit).")
+    int | None, typer.Option(help="GPUs a replica: 1, 2, 4, 8 (default: fewest GPUs in all).")
 ]
 CalibrateOption = Annotated[
     str | None, typer.Option("--calibrate", help="Measure this running Conveyor server.")

@@ -124,8 +124,12 @@ def fit_at(
     return TpFit(size, weights, usable, kv_token, budget, for_kv, max(0, batch), why)
 
 
-def choice_note(tried: list[TpFit], chosen: TpFit, requested: int | None) -> str:
-    """One line on the size used: given, or the smallest that fits and why not the smaller;
+def choice_note(
+    tried: list[TpFit], chosen: TpFit, requested: int | None,
+    gpus_by_size: dict[int, int] | None = None,
+) -> str:  # fmt: skip
+    """One line on the size used: given; or the one needing the fewest GPUs in all (with
+    what the other sizes that fit would need, and why the ones that do not fit do not);
     or, when none fits, why each size tried does not."""
     if chosen.why_not is not None:
         return "nothing fits: " + "; ".join(
@@ -133,7 +137,15 @@ def choice_note(tried: list[TpFit], chosen: TpFit, requested: int | None) -> str
         )
     if requested is not None:
         return f"{chosen.tensor_parallel_size} GPU(s) a replica, as given"
-    smaller = [fit for fit in tried if fit.tensor_parallel_size < chosen.tensor_parallel_size]
-    skipped = "; ".join(f"{fit.tensor_parallel_size}: {fit.why_not}" for fit in smaller)
-    note = f"{chosen.tensor_parallel_size} GPU(s) a replica: the smallest size that fits"
-    return f"{note} ({skipped})" if skipped else note
+    size = chosen.tensor_parallel_size
+    note = f"{size} GPU(s) a replica: the fewest GPUs in all for this load"
+    if gpus_by_size:
+        note += f" ({gpus_by_size[size]:,})"
+    counts = gpus_by_size or {}
+    others = [
+        f"{fit.tensor_parallel_size}: "
+        + (fit.why_not or f"{counts.get(fit.tensor_parallel_size, 0):,} GPUs")
+        for fit in tried
+        if fit.tensor_parallel_size != size
+    ]
+    return f"{note}; other sizes: {'; '.join(others)}" if others else note

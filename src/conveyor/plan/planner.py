@@ -60,8 +60,9 @@ def plan_preset(
     workload: Workload, shape: ModelShape, gpu: GpuSpec, tensor_parallel_size: int | None = None,
     *, ceiling: int | None = None,
 ) -> Plan:  # fmt: skip
-    """The roofline plan at the given tensor-parallel size, or the smallest that fits; every
-    size tried is in the plan, and when none fits the plan says so (``fits`` false).
+    """The roofline plan at the given tensor-parallel size, or else at the size that needs
+    the fewest GPUs in all for the load (the smaller size on a tie); every size tried is in
+    the plan, and when none fits the plan says so (``fits`` false).
 
     ``ceiling`` caps the batch (a served model's ``max_num_seqs``)."""
     tried: list[tuple[TpFit, GenerativeCosts]] = []
@@ -69,9 +70,24 @@ def plan_preset(
         costs = replace(roofline_costs(shape, gpu, workload, size), max_batch=ceiling)
         tried.append((fit_at(shape, gpu, workload, size, costs.step, ceiling), costs))
     fits = [(fit, costs) for fit, costs in tried if fit.why_not is None]
-    chosen, costs = fits[0] if fits else tried[-1]
-    return plan_generative(workload, costs, shape, gpu, tried=[fit for fit, _ in tried],
-                           chosen=chosen, requested=tensor_parallel_size)  # fmt: skip
+    fits_only = [fit for fit, _ in tried]
+    if not fits:
+        fit, costs = tried[-1]
+        return plan_generative(workload, costs, shape, gpu, tried=fits_only, chosen=fit,
+                               requested=tensor_parallel_size)  # fmt: skip
+    plans = [
+        plan_generative(
+            workload, costs, shape, gpu, tried=fits_only, chosen=fit, requested=tensor_parallel_size
+        )
+        for fit, costs in fits
+    ]
+    best = min(plans, key=lambda plan: (plan["gpus"], plan["tensor_parallel_size"]))
+    if tensor_parallel_size is None:
+        gpus = {plan["tensor_parallel_size"]: plan["gpus"] for plan in plans}
+        best["tensor_parallel_note"] = choice_note(
+            fits_only, fits[plans.index(best)][0], None, gpus
+        )
+    return best
 
 
 def _ms(seconds: float) -> float:

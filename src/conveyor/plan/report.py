@@ -30,11 +30,13 @@ LINES: tuple[tuple[str, str, str], ...] = (
     ("recommended_max_wait_ms", "max_wait_ms for the p99", "ms"),
     ("replicas_at_full_load", "replicas at 100% load", "int"),
     ("replicas_with_headroom", "replicas with headroom", "int"),
-    ("replicas", "replicas with N-1", "int"),
-    ("gpus", "GPUs in all", "int"),
+    ("replicas", "replicas to survive losing one", "int"),
+    ("gpus", "GPUs in all (hosts for cpu)", "int"),
     ("usd_per_million_output_tokens", "USD per million output tokens", "num"),
     ("usd_per_million_inputs", "USD per million inputs", "num"),
 )
+# Figures only a calibration measures: a preset plan has none to show (they read 0).
+MEASURED_ONLY = frozenset({"request_overhead_ms", "lone_request_tail_ms"})
 TRIED_HEADER = ("GPUs", "weights/GPU", "usable/GPU", "KV/token/GPU", "KV budget/GPU", "batch")
 
 
@@ -117,7 +119,12 @@ def render_text(plan: dict[str, Any]) -> str:
         lines.append(users["derivation"])
     if plan.get("fits") is False:
         lines.append(f"no plan: {plan['why_not']}")
-    rows = [(label, _show(plan[key], how)) for key, label, how in LINES if key in plan]
+    measured = plan.get("source") == "calibrated"
+    rows = [
+        (label, _show(plan[key], how))
+        for key, label, how in LINES
+        if key in plan and (measured or key not in MEASURED_ONLY)
+    ]
     if rows:
         lines += _aligned(rows)
     if "tensor_parallel_tried" in plan:

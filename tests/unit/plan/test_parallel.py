@@ -65,13 +65,18 @@ def test_pcie_costs_more_than_nvlink_for_the_same_split() -> None:
     assert pcie.per_item_s > nvlink.per_item_s
 
 
-def test_the_smallest_size_that_fits_is_chosen_and_said() -> None:
+def test_the_size_needing_the_fewest_gpus_in_all_is_chosen_and_said() -> None:
     plan = plan_preset(WORKLOAD, load_shape(LLAMA3_70B), H100)
-    assert plan["fits"] is True and plan["tensor_parallel_size"] == 2
-    assert plan["gpus_per_replica"] == 2 and plan["gpus"] == 2 * plan["replicas"]
+    # 2 GPUs hold the weights but leave room for 7 sequences; 4 hold 358 and need far fewer.
+    assert plan["fits"] is True and plan["tensor_parallel_size"] == 4
+    assert plan["gpus_per_replica"] == 4 and plan["gpus"] == 4 * plan["replicas"]
     assert plan["interconnect"] == "nvlink"
+    by_size = {size: plan_preset(WORKLOAD, load_shape(LLAMA3_70B), H100, size)["gpus"]
+               for size in (2, 4, 8)}  # fmt: skip
+    assert plan["gpus"] == min(by_size.values()) == by_size[4]
     assert plan["tensor_parallel_note"] == (
-        "2 GPU(s) a replica: the smallest size that fits (1: the weights alone fill the memory)"
+        f"4 GPU(s) a replica: the fewest GPUs in all for this load ({by_size[4]}); other sizes:"
+        f" 1: the weights alone fill the memory; 2: {by_size[2]} GPUs; 8: {by_size[8]} GPUs"
     )
     tried = {t["tensor_parallel_size"]: t for t in plan["tensor_parallel_tried"]}
     assert sorted(tried) == [1, 2, 4, 8]
@@ -80,6 +85,13 @@ def test_the_smallest_size_that_fits_is_chosen_and_said() -> None:
     assert tried[2]["kv_budget_bytes_per_gpu"] == 72_000_000_000 - 70_553_706_496
     assert tried[2]["max_batch"] == (72_000_000_000 - 70_553_706_496) // (163_840 * 1280)
     assert tried[8]["max_batch"] > tried[4]["max_batch"] > tried[2]["max_batch"]
+
+
+def test_on_a_tie_the_smaller_size_is_chosen() -> None:
+    light = Workload(qps=0.01, prompt_tokens=1024, output_tokens=256)
+    plan = plan_preset(light, load_shape(LLAMA3_70B, "int8"), H100)
+    # One replica and its spare at every size that fits: 1 GPU a replica needs the fewest.
+    assert plan["replicas"] == 2 and plan["tensor_parallel_size"] == 1 and plan["gpus"] == 2
 
 
 def test_a_given_size_is_used_and_gpu_hours_count_every_gpu() -> None:
