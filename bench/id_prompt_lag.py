@@ -68,7 +68,7 @@ async def one_repeat(client: httpx.AsyncClient, body: bytes) -> dict[str, Any]:
     """The three contenders once, in order, each with its own probe."""
     from conveyor.endpoints.completions import parse_completion_request
     from conveyor.errors import InvalidRequest
-    from conveyor.offload import run_sized
+    from conveyor.host.offload import run_sized
 
     async def idle() -> None:
         await asyncio.sleep(0.2)
@@ -95,8 +95,8 @@ async def one_repeat(client: httpx.AsyncClient, body: bytes) -> dict[str, Any]:
 async def measure(checkpoint: Path, data_dir: Path, num_ids: int, repeats: int) -> list[Any]:
     """A warm-up repeat, then ``repeats`` counted ones, each after the machine is quiet."""
     from conveyor.api.app import create_app
-    from conveyor.config import ServerConfig
-    from conveyor.service import Service
+    from conveyor.config.settings import ServerConfig
+    from conveyor.host.service import Service
 
     tiny = {"name": "tiny", "kind": "generate", "path": str(checkpoint), "device": "cpu",
             "kv_cache_tokens": 1024, "max_model_len": 128, "threads": 1}  # fmt: skip
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
     num_ids, repeats = (200_000, 1) if args.smoke else (args.num_ids, args.repeats)
-    from conveyor.testing import build_tiny_llama, torch_threads
+    from conveyor.fakes.checkpoints import build_tiny_llama, torch_threads
 
     with tempfile.TemporaryDirectory() as tmp_name, torch_threads(1):
         tmp = Path(tmp_name)

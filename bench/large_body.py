@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
     chat_mb, repeats = (1.0, 1) if args.smoke else (args.chat_mb, args.repeats)
-    from conveyor.testing import build_tiny_llama
+    from conveyor.fakes.checkpoints import build_tiny_llama
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -31,11 +31,11 @@ from safetensors.torch import load_file, save_file
 
 from bench.common import RESULTS_DIR, machine_info, package_versions, write_json
 from bench.rounds import alternate_cases, median_per_case
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import execute
+from conveyor.fakes.checkpoints import build_lora_adapter, build_tiny_llama
+from conveyor.host.service import Service
 from conveyor.openai_paths import COMPLETIONS
-from conveyor.service import Service
-from conveyor.testing import build_lora_adapter, build_tiny_llama
 
 MODEL = "llama"
 FIRST_ORDINARY_TOKEN = 3  # ids 0..2 are pad, BOS and EOS in the tiny tokenizer

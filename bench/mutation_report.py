@@ -63,7 +63,7 @@ def source_path(mutant: str) -> str:
 
 
 def target_of(path: str, patterns: list[str]) -> str:
-    """The ``only_mutate`` target a file belongs to (``batching/``, ``engine/scheduler.py``)."""
+    """The ``only_mutate`` target a file belongs to (``batching/``, ``fleet/router.py``)."""
     for pattern in patterns:
         if fnmatch.fnmatch(path, pattern):
             label = pattern.removeprefix("src/conveyor/")

@@ -71,7 +71,7 @@ MAX_CONNECTIONS = 1024
 NOBATCH_CLOSED_CLIENTS = 8
 BUSY_PCT = 85.0  # a core (or all of them) counts as saturated above this share
 OTHERS_MAX_PCT = 25.0  # more CPU than this taken by strangers spoils a run
-SERVE_CODE = "from conveyor.cli import app; app()"
+SERVE_CODE = "from conveyor.cli.main import app; app()"
 
 HTTP = "http.trivial"
 MINILM_RAW = "minilm.raw"
@@ -416,7 +416,7 @@ class MiniLMRaw:
     def __init__(self, sentences: Sequence[str]) -> None:
         import torch
 
-        from conveyor.config import EmbeddingModelConfig
+        from conveyor.config.model_config import EmbeddingModelConfig
         from conveyor.models.embedding import SentenceEmbeddingModel
 
         self._torch = torch
@@ -440,7 +440,7 @@ class SyntheticRaw:
     """The synthetic model in this process (its batch time is a sleep)."""
 
     def __init__(self, sentences: Sequence[str]) -> None:
-        from conveyor.config import SyntheticModelConfig
+        from conveyor.config.model_config import SyntheticModelConfig
         from conveyor.models.synthetic import SyntheticModel
 
         self._model = SyntheticModel(

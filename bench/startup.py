@@ -113,8 +113,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
     runs_each = 1 if args.smoke else args.runs
-    from conveyor.config import bundled_chat_model_path
-    from conveyor.engine.gguf_import import import_gguf
+    from conveyor.config.model_config import bundled_chat_model_path
+    from conveyor.engine.model.gguf_import import import_gguf
 
     gguf = bundled_chat_model_path()
     if gguf is None:

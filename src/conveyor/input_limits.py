@@ -11,8 +11,8 @@ the model's token limit, so what the model then sees is what truncating all of i
 
 from __future__ import annotations
 
+from conveyor.config.model_config import INPUT_BYTES_PER_TOKEN
 from conveyor.errors import InvalidRequest
-from conveyor.model_config import INPUT_BYTES_PER_TOKEN
 
 __all__ = ["check_text_bytes", "cut_to_bytes", "input_byte_limit", "utf8_size"]
 

@@ -68,6 +68,11 @@ class Server:
 
 def start_server(tmp: Path, config: dict[str, Any], *, ready_timeout_s: float = 90) -> Server:
     """Start `conveyor serve` with ``config`` and wait until /ready answers 200."""
+    return wait_until_ready(launch_server(tmp, config), ready_timeout_s)
+
+
+def launch_server(tmp: Path, config: dict[str, Any]) -> Server:
+    """Start `conveyor serve` with ``config``, not waiting for it (see `wait_until_ready`)."""
     port = free_port()
     config_path = tmp / "conveyor.yaml"
     config_path.write_text(yaml.safe_dump({**config, "data_dir": str(tmp / "data")}))
@@ -79,7 +84,12 @@ def start_server(tmp: Path, config: dict[str, Any], *, ready_timeout_s: float = 
              "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
-    server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    return Server(f"http://127.0.0.1:{port}", process, log_path)
+
+
+def wait_until_ready(server: Server, ready_timeout_s: float = 90) -> Server:
+    """Wait until the server's /ready answers 200; shut it down if it does not in time."""
+    process = server.process
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -115,6 +125,14 @@ def main_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         ]
     }
     server = start_server(tmp, config)
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``conveyor serve`` with no model configured (MiniLM and SmolLM2), shared by every test."""
+    server = start_server(tmp_path_factory.mktemp("defaults"), {}, ready_timeout_s=300)
     yield server
     stop_server(server)
 

@@ -8,7 +8,7 @@ from typing import Any
 import openai
 import pytest
 
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.conftest import Server, start_server, stop_server
 from tests.e2e.test_batch_api import (
     FAST_JOBS,

@@ -1,15 +1,19 @@
 """The dashboard in a real browser: headless Chromium (Debian's package) via Playwright.
 
-A server runs under a little load; the page must show the model's name and non-zero
-throughput in its charts, the plan beside the measured figures, the limits the tenant hit
-and the (empty) model pulls, with no console error. The screenshot is saved (set
-CONVEYOR_DASHBOARD_SCREENSHOT to a path to keep it, e.g. docs/dashboard.png). A stalled
-batch's row says since when and why.
+A server runs under a little online load while a batch job runs; the page must show the
+model's name and non-zero throughput in its charts, online and batch-job latency apart
+(figures and charts of their own), value axes wide enough for every tick label (checked on
+the live charts and on one fed latencies of 0 to 50,000 ms), the plan beside the measured
+figures saying which plan it is and when it was made, the limits the tenant hit and the
+(empty) model pulls, with no console error. The screenshot is kept for review as
+``bench/results/dashboard.png`` (CONVEYOR_DASHBOARD_SCREENSHOT names another path). A
+stalled batch's row says since when and why.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import threading
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from conveyor.dashboard.state import job_row
@@ -36,8 +41,31 @@ SYN = {"name": "syn", "kind": "synthetic", "max_batch_size": 16, "max_wait_ms": 
        "batch_latency_ms": 10, "dim": 4}  # fmt: skip
 # A second model the tenant may call 3 times a minute: the load hits that limit.
 CAPPED = {"name": "capped", "kind": "synthetic", "batch_latency_ms": 1, "dim": 4}
+# A slow model a batch job keeps busy beside a trickle of online requests: the job's lines
+# wait seconds behind each other, online requests go first (tens of thousands of ms and a
+# few hundred on one card).
+SLOW = {"name": "slow", "kind": "synthetic", "max_batch_size": 8, "max_wait_ms": 5,
+        "batch_latency_ms": 100, "dim": 4}  # fmt: skip
 TENANTS = [{"name": "default", "limits": {"capped": {"rpm": 3}}}]
 SHOWN_TIMEOUT_MS = 30_000
+SCREENSHOT = Path(__file__).resolve().parents[2] / "bench" / "results" / "dashboard.png"
+BATCH_LINES = 3000
+# Every value axis, live or fed large latencies: its labels and whether each fits its width.
+AXES_JS = """() => window.conveyorCharts.map(({ title, plot }) => {
+    const axis = plot.axes[1];
+    plot.ctx.font = axis.font[0];
+    const room = axis._size - axis.ticks.size - axis.gap;
+    const labels = axis._values || [];
+    const widths = labels.map((l) => plot.ctx.measureText(l).width / devicePixelRatio);
+    return { title, labels, fits: widths.every((w) => w <= room) };
+})"""
+BIG_LATENCIES_JS = """() => {
+    const box = document.createElement('div');
+    document.body.append(box);
+    const plot = chart({ title: 'fed 0 to 50,000 ms', series: ['p99'] }, box);
+    const now = Date.now() / 1000;
+    plot.setData([[now - 4, now - 2, now], [0, 25000, 50000]]);
+}"""
 
 
 def _browser_or_skip() -> Any:
@@ -52,9 +80,15 @@ def _browser_or_skip() -> Any:
 
 
 @pytest.fixture
-def loaded_server(server_factory: Callable[[dict[str, Any]], Server]) -> Iterator[Server]:
+def loaded_server(
+    server_factory: Callable[[dict[str, Any]], Server], tmp_path: Path
+) -> Iterator[Server]:
     """A server with a caller sending small requests until the test ends."""
-    server = server_factory({"models": [SYN, CAPPED], "tenants": TENANTS})
+    from conveyor.fakes.checkpoints import build_tiny_llama
+
+    tiny = {"name": "tiny", "kind": "generate", "path": str(build_tiny_llama(tmp_path / "tiny")),
+            "device": "cpu", "kv_cache_tokens": 1024, "max_num_seqs": 4, "threads": 1}  # fmt: skip
+    server = server_factory({"models": [SYN, CAPPED, SLOW, tiny], "tenants": TENANTS})
     stop = threading.Event()
 
     def load() -> None:
@@ -65,12 +99,35 @@ def loaded_server(server_factory: Callable[[dict[str, Any]], Server]) -> Iterato
                 client.post("/v1/embeddings", json={"model": "syn", "input": ["a", "b"]})
                 if i % 10 == 0:
                     client.post("/v1/embeddings", json={"model": "capped", "input": "c"})
+                if i % 5 == 0:
+                    client.post("/v1/embeddings", json={"model": "slow", "input": "s"})
+                if i % 25 == 0:
+                    client.post("/v1/completions", json={"model": "tiny", "prompt": "t",
+                                                         "max_tokens": 4})  # fmt: skip
 
     caller = threading.Thread(target=load, name="dashboard-load", daemon=True)
     caller.start()
+    start_batch_job(server)
     yield server
     stop.set()
     caller.join(timeout=10)
+
+
+def start_batch_job(server: Server) -> None:
+    """A batch job of embedding lines on the slow model: its lines wait behind online
+    requests and each other, so their latency is a series apart."""
+    client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)
+
+    def line(i: int) -> str:
+        body = {"model": "slow", "input": f"line {i}"}
+        return json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/embeddings",
+                           "body": body})  # fmt: skip
+
+    lines = "".join(line(i) + "\n" for i in range(BATCH_LINES))
+    upload = client.files.create(file=("lines.jsonl", lines.encode()), purpose="batch")
+    client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
 
 
 def test_the_dashboard_charts_live_throughput(loaded_server: Server, tmp_path: Path) -> None:
@@ -115,14 +172,17 @@ def test_the_dashboard_charts_live_throughput(loaded_server: Server, tmp_path: P
         )
         assert page.is_visible("#pulls-section")
         assert "no model pull running" in page.inner_text("#pulls")
+        check_latency_apart(page)
+        check_the_plan_says_which_it_is(page)
+        check_axis_labels_are_whole(page)
         shot = tmp_path / "dashboard.png"
         page.screenshot(path=str(shot), full_page=True)
         browser.close()
     assert errors == []
     assert shot.stat().st_size > 10_000
-    keep = os.environ.get("CONVEYOR_DASHBOARD_SCREENSHOT")
-    if keep:
-        shutil.copyfile(shot, keep)
+    keep = Path(os.environ.get("CONVEYOR_DASHBOARD_SCREENSHOT") or SCREENSHOT)
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shot, keep)
 
 
 def stalled_row(since: int) -> dict[str, Any]:
@@ -171,3 +231,47 @@ def test_a_stalled_batch_shows_since_when_and_why(
         assert status.locator("span.bad").get_attribute("title") == row["stall"]["message"]
         browser.close()
     assert errors == []
+
+
+def check_latency_apart(page: Any) -> None:
+    """Online and batch-job latency of one model: figures and charts of their own, both
+    measured, the job's lines (waiting behind each other) far slower."""
+    page.wait_for_function(
+        """() => {
+            const card = document.querySelector('[data-model="slow"]');
+            if (!card) return false;
+            const stat = (key) => parseFloat(card.querySelector(`[data-stat="${key}"]`)
+                .textContent.replaceAll(',', ''));
+            return stat('p99') > 0 && stat('batch_p99') > 5 * stat('p99');
+        }""",
+        timeout=SHOWN_TIMEOUT_MS,
+    )
+    card = page.locator('[data-model="slow"]')
+    titles = card.locator(".chart").evaluate_all("boxes => boxes.map((b) => b.dataset.chart)")
+    assert "online latency ms" in titles and "batch-job latency ms" in titles
+    stats = card.locator(".stats").inner_text()
+    assert "online p99 ms" in stats and "batch-job p99 ms" in stats
+
+
+def check_the_plan_says_which_it_is(page: Any) -> None:
+    """The plan panel names its kind and when it was made; a preset's says it is nominal."""
+    plan = page.locator('[data-model="syn"] table.plan')
+    assert plan.get_attribute("data-plan-kind") == "calibrated"
+    assert float(plan.get_attribute("data-planned-at") or 0) > 0
+    header = plan.locator("th").first.inner_text()
+    assert header.startswith("plan (calibrated: measured batch-time curve), made ")
+    preset = page.locator('[data-model="tiny"] table.plan')
+    assert preset.get_attribute("data-plan-kind") == "preset"
+    shown = preset.inner_text()
+    assert "plan (preset cpu from config.json, nominal, not measured), made " in shown
+    assert "--calibrate" in shown  # the note says how to get a measured plan
+
+
+def check_axis_labels_are_whole(page: Any) -> None:
+    """Every value axis is as wide as its widest tick label, large latencies included."""
+    page.evaluate(BIG_LATENCIES_JS)
+    axes = page.evaluate(AXES_JS)
+    assert len(axes) >= 21, axes  # five charts on each model's card, and the one fed here
+    assert all(axis["fits"] for axis in axes), axes
+    (fed,) = [axis for axis in axes if axis["title"] == "fed 0 to 50,000 ms"]
+    assert "50,000" in fed["labels"] or "40,000" in fed["labels"], fed

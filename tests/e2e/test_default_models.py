@@ -4,27 +4,18 @@ example, with the official ``openai`` client: a real chat answer, then an embedd
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import openai
 import pytest
 
-from tests.e2e.conftest import Server, start_server, stop_server
+from tests.e2e.conftest import Server
 
 pytestmark = pytest.mark.slow
 
 QUESTION = "What is the capital of France? Answer in one word."
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    started = start_server(tmp_path_factory.mktemp("defaults"), {}, ready_timeout_s=300)
-    yield started
-    stop_server(started)
-
-
-def test_the_default_set_answers_a_chat_and_embeds(server: Server) -> None:
-    client = openai.OpenAI(base_url=server.api, api_key="unused")
+def test_the_default_set_answers_a_chat_and_embeds(default_server: Server) -> None:
+    client = openai.OpenAI(base_url=default_server.api, api_key="unused")
     assert [model.id for model in client.models.list()] == [
         "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"
     ]  # fmt: skip

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.conftest import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.conftest import Server
 from tests.overload import burst, statuses
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.conftest import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow

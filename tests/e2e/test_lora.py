@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import build_lora_adapter, build_tiny_llama
+from conveyor.fakes.checkpoints import build_lora_adapter, build_tiny_llama
 from tests.e2e.conftest import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -104,6 +104,21 @@ def test_adapters_are_listed_under_their_base(server: Server) -> None:
     models = httpx.get(f"{server.api}/models").json()["data"]
     parents = {model["id"]: model.get("parent") for model in models}
     assert parents == {BASE: None, "sql": BASE}
+
+
+def test_lora_requests_info_under_vllms_name(server: Server, client: openai.OpenAI) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    complete(client, "sql")  # finished: no adapter runs or waits now
+    text = httpx.get(f"{server.url}/metrics").text
+    (info,) = [
+        sample for family in text_string_to_metric_families(text)
+        for sample in family.samples if sample.name == "vllm:lora_requests_info"
+    ]  # fmt: skip
+    assert info.labels == {"max_lora": "8", "running_lora_adapters": "",
+                           "waiting_lora_adapters": ""}  # fmt: skip
+    assert info.value > 1.7e9  # when the engine last published it (a Unix time)
+    assert server.metric("vllm:num_requests_running", model_name=BASE, engine="0") == 0
 
 
 def test_a_configured_adapter_answers_like_the_merged_model(

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.conftest import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -33,10 +33,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def test_every_route_is_documented_with_its_body(server: Server) -> None:
     paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
-    for path in ("/v1/embeddings", "/v1/completions", "/v1/chat/completions", "/v1/files",
-                 "/v1/batches", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):  # fmt: skip
+    for path in ("/v1/embeddings", "/v1/completions", "/v1/chat/completions", "/v1/responses",
+                 "/v1/files", "/v1/batches", "/v1/load_lora_adapter",
+                 "/v1/unload_lora_adapter"):  # fmt: skip
         assert "requestBody" in paths[path]["post"], path
-    for path in ("/v1/files", "/v1/batches", "/v1/usage"):
+    for path in (
+        "/v1/files",
+        "/v1/batches",
+        "/v1/usage",
+        "/v1/responses/{response_id}/input_items",
+    ):
         assert {p["name"] for p in paths[path]["get"]["parameters"]} >= {"limit"}, path
 
 

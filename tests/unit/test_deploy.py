@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from conveyor.gateway import Gateway, GatewaySettings
+from conveyor.gateway.process import Gateway, GatewaySettings
 from conveyor.stores import open_job_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +131,7 @@ async def test_the_scaled_object_queries_metrics_the_gateway_exports(tmp_path: P
 def test_a_gateway_that_requires_keys_refuses_to_start_without_them(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from conveyor.cli import app
+    from conveyor.cli.main import app
 
     args = ["gateway", "--store", f"sqlite://{tmp_path}/j.sqlite", "--require-api-keys"]
     result = CliRunner().invoke(app, args, env={"CONVEYOR_API_KEYS": ""})

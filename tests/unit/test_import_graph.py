@@ -139,12 +139,12 @@ def test_no_subpackage_imports_itself_back() -> None:
 
 
 def test_the_gateway_loads_neither_torch_nor_any_model_code() -> None:
-    """A gateway hosts no model: importing it must not pay for torch, the service, the
-    batcher or the engine (checked in a fresh interpreter)."""
+    """A gateway hosts no model: importing it must not pay for torch, the model host (its
+    service), the batcher or the engine (checked in a fresh interpreter)."""
     probe = (
-        "import sys, conveyor.gateway, conveyor.api.gateway_app; "
+        "import sys, conveyor.gateway.process, conveyor.api.gateway_app; "
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith("
-        "('conveyor.service', 'conveyor.batching', 'conveyor.engine'))))"
+        "('conveyor.host', 'conveyor.batching', 'conveyor.engine'))))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True, timeout=60)  # fmt: skip

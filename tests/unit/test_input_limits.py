@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from conveyor.config.model_config import INPUT_BYTES_PER_TOKEN
 from conveyor.errors import InvalidRequest
 from conveyor.input_limits import check_text_bytes, cut_to_bytes, input_byte_limit, utf8_size
-from conveyor.model_config import INPUT_BYTES_PER_TOKEN
 
 
 def test_sizes_are_utf8_bytes() -> None:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from bench.mutation_report import changed_lines, score, source_path, target_of
 
-PATTERNS = ["src/conveyor/batching/*", "src/conveyor/engine/scheduler.py"]
+PATTERNS = ["src/conveyor/batching/*", "src/conveyor/engine/core/scheduler.py"]
 
 
 def test_a_mutant_name_points_at_its_file_and_target() -> None:
-    method = "conveyor.engine.scheduler.xǁSchedulerǁ_top_up__mutmut_14"
+    method = "conveyor.engine.core.scheduler.xǁSchedulerǁ_top_up__mutmut_14"
     function = "conveyor.batching.mix.x_mixed_batch_limit__mutmut_2"
-    assert source_path(method) == "src/conveyor/engine/scheduler.py"
+    assert source_path(method) == "src/conveyor/engine/core/scheduler.py"
     assert source_path(function) == "src/conveyor/batching/mix.py"
-    assert target_of(source_path(method), PATTERNS) == "engine/scheduler.py"
+    assert target_of(source_path(method), PATTERNS) == "engine/core/scheduler.py"
     assert target_of(source_path(function), PATTERNS) == "batching/"
 
 

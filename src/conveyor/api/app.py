@@ -8,17 +8,30 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import conveyor
-from conveyor.api import batches, dashboard, files, inference, lora, meta, usage
+from conveyor.api import (
+    batches,
+    dashboard,
+    files,
+    inference,
+    lora,
+    message_batches,
+    messages,
+    meta,
+    responses_api,
+    stored_responses,
+    usage,
+)
 from conveyor.api.edge import EdgeApp, direct_routes
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
+from conveyor.endpoints.responses.background import start_runner
 from conveyor.fleet.credential import FleetCredential
+from conveyor.host.service import Service
 from conveyor.jobs.subsystem import JobsSubsystem
-from conveyor.service import Service
 from conveyor.stores import open_job_store
 
 if TYPE_CHECKING:
@@ -34,6 +47,10 @@ def _add_routes(app: EdgeApp) -> None:
     """Every route ``serve`` answers, and their documentation."""
     app.add_route("/v1/embeddings", inference.create_embeddings, methods=["POST"])
     app.include_router(inference.router)
+    app.include_router(responses_api.router)
+    app.include_router(stored_responses.router)
+    app.include_router(messages.router)
+    app.include_router(message_batches.router)
     app.include_router(meta.router)
     app.include_router(files.router)
     app.include_router(batches.router)
@@ -41,6 +58,21 @@ def _add_routes(app: EdgeApp) -> None:
     app.include_router(usage.router)
     app.include_router(lora.router)
     install_openapi(app)
+
+
+@asynccontextmanager
+async def _jobs_running(app: EdgeApp, service: Service, jobs: JobsSubsystem) -> AsyncIterator[None]:
+    """Batch jobs, background responses and the online usage ledger, while the app runs."""
+    await jobs.start()
+    app.state.background = background = start_runner(service, jobs)
+    service.ledger.start(jobs.context.store.blocking)
+    try:
+        yield
+    finally:
+        await service.ledger.stop()  # the last online usage, while the store is open
+        if background is not None:
+            await background.stop()  # running responses are handed back
+        await jobs.stop()  # running shards hand their leases back
 
 
 def create_app(
@@ -67,17 +99,14 @@ def create_app(
     async def lifespan(app: EdgeApp) -> AsyncIterator[None]:
         await guards.start()
         await service.start()
-        await jobs.start()
-        service.ledger.start(jobs.context.store.blocking)
-        # Everything loaded so far (models, libraries) lives as long as the process: frozen,
-        # the collector stops rescanning it, so full collections no longer stall the event
-        # loop for 100+ ms under load.
-        gc.freeze()
         try:
-            yield
+            async with _jobs_running(app, service, jobs):
+                # Everything loaded so far (models, libraries) lives as long as the process:
+                # frozen, the collector stops rescanning it, so full collections no longer
+                # stall the event loop for 100+ ms under load.
+                gc.freeze()
+                yield
         finally:
-            await service.ledger.stop()  # the last online usage, while the store is open
-            await jobs.stop()  # running shards hand their leases back
             await service.stop()
             await guards.stop()
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor.api.errors import error_response
-from conveyor.config import ApiKey
+from conveyor.config.settings import ApiKey
 from conveyor.errors import AuthenticationFailed, ServiceUnavailable
 from conveyor.fleet.credential import FleetCredential, vouched_principal
 from conveyor.tenants.keyring import ANONYMOUS, KeyRing, Principal
 from conveyor.tenants.keys import bearer_token
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/dashboard"})
+# Anthropic's clients send the key in its own header (`x-api-key`) instead of a bearer token.
+API_KEY_HEADER = b"x-api-key"
 # The dashboard page's scripts and styles hold no data (its state is under /v1).
 OPEN_PREFIX = "/dashboard/"
 METRICS_PATH = "/metrics"
@@ -25,8 +27,24 @@ def static_principals(api_keys: Sequence[ApiKey]) -> dict[bytes, Principal]:
     return {key.digest: Principal(key.tenant, key.admin) for key in api_keys}
 
 
+def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None, bool]:
+    """The key a request presents, and whether it sent a key header at all.
+
+    ``Authorization: Bearer`` wins; without an ``Authorization`` header, ``x-api-key``
+    (Anthropic's header) is read.
+    """
+    header = next((v for k, v in headers if k == b"authorization"), None)
+    if header is not None:
+        return bearer_token(header), True
+    key = next((v for k, v in headers if k == API_KEY_HEADER), None)
+    if key is None:
+        return None, False
+    return key.strip() or None, True
+
+
 class ApiKeyMiddleware:
-    """With keys configured or stored, a missing or wrong ``Authorization: Bearer`` gets 401.
+    """With keys configured or stored, a missing or wrong key gets 401: the key goes in
+    ``Authorization: Bearer`` or in ``x-api-key``.
 
     The caller's tenant is put in ``scope["state"]["tenant"]`` (and the whole `Principal` in
     ``scope["state"]["principal"]``); without keys everyone is tenant ``default``. Only
@@ -74,8 +92,7 @@ class ApiKeyMiddleware:
 
     def _check(self, scope: Scope) -> Principal | AuthenticationFailed | ServiceUnavailable:
         """The request's principal, or the error to answer with."""
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        token = bearer_token(header) if header is not None else None
+        token, is_sent = presented_key(scope["headers"])
         digest = hashlib.sha256(token).digest() if token is not None else None
         if digest is not None and self.fleet is not None and self.fleet.matches_digest(digest):
             vouched = vouched_principal(scope["headers"])
@@ -86,6 +103,6 @@ class ApiKeyMiddleware:
             return ServiceUnavailable("API keys are not loaded yet")
         principal = self.keyring.lookup(digest) if digest is not None else None
         if principal is None:
-            message = "missing API key" if header is None else "incorrect API key provided"
+            message = "incorrect API key provided" if is_sent else "missing API key"
             return AuthenticationFailed(message)
         return principal

@@ -12,8 +12,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from conveyor.api.errors import error_response
 from conveyor.errors import RequestTooLarge
 
-# Uploads stream to the object store and are bounded by the jobs' own ``max_file_bytes``.
-UPLOAD_PATHS = frozenset({"/v1/files"})
+# Uploads stream to the object store and are bounded by the jobs' own ``max_file_bytes``; a
+# Message Batch's inline requests are bounded by their route (256 MB, as Anthropic's).
+UPLOAD_PATHS = frozenset({"/v1/files", "/v1/messages/batches"})
 
 
 class BodyLimitMiddleware:

@@ -63,7 +63,7 @@ async def dashboard_file(name: str) -> Response:
 
 @router.get("/v1/dashboard/state")
 async def dashboard_state(request: Request) -> Response:
-    """Models, fleet and batch jobs as the dashboard shows them (see the README)."""
+    """Models, fleet and batch jobs as the dashboard shows them (docs/operations/dashboard.md)."""
     state = request.app.state
     tenant = tenant_of(request)
     guards = getattr(state, "guards", None)
@@ -74,7 +74,7 @@ async def dashboard_state(request: Request) -> Response:
     limits = _limits(request, only)
     gateway = getattr(state, "gateway", None)
     if gateway is not None:
-        from conveyor.api.fleet import fleet_document
+        from conveyor.gateway.status import fleet_document
 
         fleet = fleet_document(gateway)
         models = gateway_models(gateway)

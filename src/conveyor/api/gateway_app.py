@@ -1,4 +1,5 @@
-"""The gateway's HTTP app: Files, Batches, fleet status and the proxy on one ``Gateway``."""
+"""The gateway's HTTP app: Files, Batches (Message Batches too), stored responses, fleet
+status and the proxy on one ``Gateway``."""
 
 from __future__ import annotations
 
@@ -12,17 +13,19 @@ from conveyor.api import batches as batch_routes
 from conveyor.api import dashboard as dashboard_routes
 from conveyor.api import files as file_routes
 from conveyor.api import fleet as fleet_routes
+from conveyor.api import message_batches as message_batch_routes
+from conveyor.api import stored_responses as stored_response_routes
 from conveyor.api import usage as usage_routes
 from conveyor.api.edge import EdgeApp
 from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
-from conveyor.api.proxy_limits import ProxyLimits
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.fleet.credential import credential_from
 from conveyor.fleet.registry_store import WorkerRegistryStore
-from conveyor.gateway import Gateway, GatewaySettings, gateway_jobs
+from conveyor.gateway.limits import ProxyLimits
+from conveyor.gateway.process import Gateway, GatewaySettings, gateway_jobs
 from conveyor.stores import open_job_store, open_object_store
 from conveyor.stores.protocols import ApiKeyStore
 
@@ -75,6 +78,8 @@ def create_gateway_app(
     # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
     app.include_router(file_routes.router)
     app.include_router(batch_routes.router)
+    app.include_router(message_batch_routes.router)
+    app.include_router(stored_response_routes.router)
     app.include_router(dashboard_routes.router)
     app.include_router(usage_routes.router)
     app.include_router(fleet_routes.router)

@@ -30,8 +30,8 @@ from conveyor.endpoints.embeddings import parse_embedding_request, run_embedding
 from conveyor.endpoints.rerank import run_rerank, run_score
 from conveyor.endpoints.tokenize import run_detokenize, run_tokenize
 from conveyor.errors import ClientGone
-from conveyor.offload import run_sized
-from conveyor.service import Service
+from conveyor.host.offload import run_sized
+from conveyor.host.service import Service
 
 router = APIRouter()
 

@@ -17,7 +17,7 @@ from conveyor.endpoints.lora_adapters import (
     unload_adapter,
 )
 from conveyor.errors import PermissionDenied
-from conveyor.service import Service
+from conveyor.host.service import Service
 
 router = APIRouter()
 

@@ -8,7 +8,7 @@ from starlette.responses import Response
 
 from conveyor.api.responses import find_model, json_response, version_body
 from conveyor.endpoints.lora_adapters import adapter_entries
-from conveyor.service import Service
+from conveyor.host.service import Service
 
 router = APIRouter()
 

@@ -1,5 +1,6 @@
 """The layers every Conveyor app wears in front of its routes, in one place: the edge
-(request ids, HTTP metrics, crash guard), CORS, API keys, the body cap, budgets, rate limits."""
+(request ids, HTTP metrics, crash guard), CORS, API keys, the body cap, budgets, rate limits,
+and around them all Anthropic's error shape on Anthropic's routes."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from prometheus_client import CollectorRegistry
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
+from conveyor.api.anthropic_errors import AnthropicErrorShape
 from conveyor.api.auth import ApiKeyMiddleware, static_principals
 from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.budget import BudgetMiddleware, budget_refusals_counter
 from conveyor.api.edge import Dispatch, Edge, EdgeApp, Shortcut
 from conveyor.api.rate_limit import TicketIssuer
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.fleet.credential import FleetCredential
-from conveyor.metrics import TenantMetrics
+from conveyor.observability.metrics import TenantMetrics
 from conveyor.observability.tracing import build_provider, tracer_of
 from conveyor.stores.protocols import ApiKeyStore
 from conveyor.tenants.config import RateLimitsConfig
@@ -97,7 +99,7 @@ def install_middleware(
     gate is built only when some tenant has an online limit (its metrics go to `registry`)
     and is no layer: with `counts_tokens` (`serve`) the edge issues each limited request a
     ticket that the app admits once the request is tokenized; otherwise (the gateway) the
-    app applies the returned guards' gate itself (`api.proxy_limits`).
+    app applies the returned guards' gate itself (`gateway.limits`).
     Traces go to ``tracer_provider`` when given (tests), else to the config's OTLP endpoint.
     With `fleet_credential` (a fleet worker) the fleet key is accepted for the caller its
     gateway names, and a key is required even with none configured.
@@ -137,8 +139,10 @@ def install_middleware(
         # Outermost, so a 401 or 413 carries a request id and is counted too.
         level = logging.INFO if config.log_format == "json" else logging.DEBUG
         issuer = TicketIssuer(gate) if gate is not None and counts_tokens else None
-        return Edge(inner, counter=counter, tracer=tracer_of(provider), log_level=level,
-                    on_request=issuer)  # fmt: skip
+        guarded = Edge(inner, counter=counter, tracer=tracer_of(provider), log_level=level,
+                       on_request=issuer)  # fmt: skip
+        # Around the edge, so its own crash answer on Anthropic's paths is reshaped too.
+        return AnthropicErrorShape(guarded)
 
     app.edge = edge
     return guards

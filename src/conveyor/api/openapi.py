@@ -15,7 +15,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from conveyor.api.openapi_shapes import describe_errors, describe_query_parameters
+from conveyor.api.openapi_anthropic import MESSAGE_BATCH_CREATE, describe_anthropic
+from conveyor.api.openapi_shapes import STATUS_TEXT, describe_errors, describe_query_parameters
 
 BodyModels = Callable[[], dict[str, type[BaseModel]]]
 FILE_UPLOAD = {
@@ -56,14 +57,19 @@ def request_body_models() -> dict[str, type[BaseModel]]:
     """The bodies of the routes that parse their own JSON (imported on first use)."""
     from conveyor.endpoints.chat_schemas import ChatCompletionRequest
     from conveyor.endpoints.generation_schemas import CompletionRequest
+    from conveyor.endpoints.messages.schemas import CountTokensRequest, MessagesRequest
     from conveyor.endpoints.rerank_schemas import RerankRequest, ScoreRequest
+    from conveyor.endpoints.responses.schemas import ResponseRequest
     from conveyor.endpoints.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
     from conveyor.openai_paths import (
         CHAT_COMPLETIONS,
         COMPLETIONS,
         DETOKENIZE,
         EMBEDDINGS,
+        MESSAGES,
+        MESSAGES_COUNT_TOKENS,
         RERANK,
+        RESPONSES,
         SCORE,
         TOKENIZE,
     )
@@ -72,10 +78,13 @@ def request_body_models() -> dict[str, type[BaseModel]]:
         EMBEDDINGS: EmbeddingRequest,
         COMPLETIONS: CompletionRequest,
         CHAT_COMPLETIONS: ChatCompletionRequest,
+        RESPONSES: ResponseRequest,
         RERANK: RerankRequest,
         SCORE: ScoreRequest,
         TOKENIZE: TokenizeRequest,
         DETOKENIZE: DetokenizeRequest,
+        MESSAGES: MessagesRequest,
+        MESSAGES_COUNT_TOKENS: CountTokensRequest,
     }
 
 
@@ -106,8 +115,10 @@ def install_openapi(app: FastAPI, body_models: BodyModels = request_body_models)
                     _add_json_body(schema, path, model)
             _add_body(schema, "/v1/files", FILE_UPLOAD)
             _add_body(schema, "/v1/batches", {"application/json": {"schema": BATCH_CREATE}})
+            _add_body(schema, "/v1/messages/batches", MESSAGE_BATCH_CREATE)
             describe_query_parameters(schema)
             describe_errors(schema)
+            describe_anthropic(schema, STATUS_TEXT)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.api.auth import OPEN_PATHS
+from conveyor.endpoints.responses.stored import MAX_ITEMS_PAGE
 from conveyor.openai_paths import DETOKENIZE, PROXIED_ENDPOINTS, TOKENIZE
 from conveyor.stores.protocols import MAX_BATCHES_PAGE, MAX_FILES_PAGE
 from conveyor.tenants.usage_report import BUCKET_LIMITS, BUCKET_WIDTH_S, GROUP_FIELDS, MAX_UNIX_S
@@ -41,7 +42,7 @@ STATUS_TEXT = {
     400: "The request is malformed or its values are out of range",
     401: "API keys are on and the key is missing or wrong",
     403: "This key (or this server's configuration) does not allow it",
-    404: "No such model, file, batch or adapter (another tenant's is not found either)",
+    404: "No such model, file, batch, response or adapter (another tenant's is not found either)",
     408: "The request body arrived too slowly",
     413: "The request body or the uploaded file is too large",
     429: "The model's queue is full, or a rate limit or budget is spent",
@@ -62,6 +63,10 @@ ROUTE_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/batches"): (400, 404),
     ("get", "/v1/batches/{batch_id}"): (404,),
     ("post", "/v1/batches/{batch_id}/cancel"): (400, 404),
+    ("get", "/v1/responses/{response_id}"): (404,),
+    ("get", "/v1/responses/{response_id}/input_items"): (400, 404),
+    ("delete", "/v1/responses/{response_id}"): (404,),
+    ("post", "/v1/responses/{response_id}/cancel"): (400, 404),
     ("get", "/v1/usage"): (400,),
     ("post", "/v1/load_lora_adapter"): (400, 403),
     ("post", "/v1/unload_lora_adapter"): (400, 403, 404),
@@ -116,6 +121,7 @@ def query_parameters() -> dict[str, list[dict[str, Any]]]:
             *_page_parameters(MAX_FILES_PAGE, MAX_FILES_PAGE),
         ],
         "/v1/batches": _page_parameters(MAX_BATCHES_PAGE, 20),
+        "/v1/responses/{response_id}/input_items": _page_parameters(MAX_ITEMS_PAGE, 20),
         "/v1/usage": _usage_parameters(),
     }
 

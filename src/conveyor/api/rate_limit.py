@@ -1,4 +1,4 @@
-"""`serve`'s tenant rate limits on the inference routes (a gateway's: `api.proxy_limits`).
+"""`serve`'s tenant rate limits on the inference routes (a gateway's: `gateway.limits`).
 
 `serve` counts tokens exactly and needs no middleware layer: the edge calls `TicketIssuer`
 as a limited request starts, which puts an `AdmissionTicket` in the request's state, and

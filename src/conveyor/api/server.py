@@ -10,7 +10,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from conveyor.api.connection_limits import HeadLimits, ReadTimeouts
 from conveyor.api.slow_clients import slow_client_protocol
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 
 
 def connection_protocol(config: ServerConfig) -> type[HttpToolsProtocol]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -27,11 +28,18 @@ from conveyor.endpoints.answers import encode_body
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun
 from conveyor.endpoints.off_loop import prepare_off_loop
 from conveyor.errors import ClientGone, ConveyorError
-from conveyor.offload import run_sized
+from conveyor.host.offload import run_sized
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 
-__all__ = ["DONE_EVENT", "encode_event", "respond"]
+__all__ = [
+    "DONE_EVENT",
+    "OPENAI_EVENTS",
+    "EventFormat",
+    "encode_event",
+    "encode_named",
+    "respond",
+]
 
 DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -44,12 +52,38 @@ def encode_event(payload: Mapping[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+def encode_named(payload: Mapping[str, Any]) -> bytes:
+    """One event named by its payload's ``type``, with the payload as its data (Anthropic's
+    and OpenAI's Responses streams: ``event: <type>``, no ``[DONE]``)."""
+    name = str(payload["type"]).encode()
+    return b"event: " + name + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _openai_error(error: ConveyorError) -> list[bytes]:
+    """An error mid-stream, as OpenAI sends it: its error body, then ``[DONE]``."""
+    return [encode_event(error.to_body()), DONE_EVENT]
+
+
+@dataclass(frozen=True, slots=True)
+class EventFormat:
+    """How a stream's events are written: each chunk, the end, and an error mid-stream."""
+
+    encode: Callable[[Mapping[str, Any]], bytes] = encode_event
+    end: bytes = DONE_EVENT
+    error: Callable[[ConveyorError], Sequence[bytes]] = _openai_error
+
+
+OPENAI_EVENTS = EventFormat()
+
+
 async def serve_generation(
     request: Request,
     parse: Callable[[bytes], Any],
     prepare: Callable[[Service, Any], PreparedRun],
     make_body: MakeBody,
     make_chunks: Callable[..., AsyncIterator[dict[str, Any]]],
+    *,
+    event_format: EventFormat = OPENAI_EVENTS,
 ) -> Response:
     """The whole HTTP flow of a generation endpoint: parse, admit, answer as JSON or SSE.
 
@@ -72,6 +106,7 @@ async def serve_generation(
         is_stream=body.stream,
         make_body=make_body,
         chunks=make_chunks(run, include_usage=body.include_usage),
+        event_format=event_format,
     )
 
 
@@ -82,6 +117,7 @@ async def respond(
     is_stream: bool,
     make_body: MakeBody,
     chunks: AsyncIterator[dict[str, Any]],
+    event_format: EventFormat = OPENAI_EVENTS,
 ) -> Response:
     """Wait for the first output (stream) or the whole result (JSON), watching the caller."""
     watcher = DisconnectWatcher(request.receive, cancel_current_task(), request.scope)
@@ -104,7 +140,7 @@ async def respond(
         run.close()
         return raw_json_response(await encode_body(make_body, run, results))
     return StreamingResponse(
-        _events(run, chunks),
+        _events(run, chunks, event_format),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
         # Runs after the stream, also when the caller hung up mid-way: free the blocks.
@@ -113,19 +149,21 @@ async def respond(
 
 
 async def _events(
-    run: GenerationRun, chunks: AsyncIterator[dict[str, Any]]
+    run: GenerationRun, chunks: AsyncIterator[dict[str, Any]], event_format: EventFormat
 ) -> AsyncIterator[bytes]:
-    """Each chunk as an event, then ``[DONE]``; an error mid-stream becomes an event."""
+    """Each chunk as an event, then the end (``[DONE]``); an error mid-stream becomes an
+    event."""
     try:
         async for chunk in chunks:
-            yield encode_event(chunk)
+            yield event_format.encode(chunk)
     except ConveyorError as exc:
         run.close()
-        yield encode_event(exc.to_body())
-        yield DONE_EVENT
+        for event in event_format.error(exc):
+            yield event
         return
     except BaseException:
         run.close()  # cancelled: the caller went away mid-stream
         raise
     run.close()
-    yield DONE_EVENT
+    if event_format.end:
+        yield event_format.end

@@ -24,9 +24,9 @@ from conveyor.batching.mix import mixed_batch_limit
 from conveyor.batching.queue import BatchQueue, CloseReason
 from conveyor.batching.timing import BatchTimeModel
 from conveyor.errors import DeadlineExceeded, QueueFull, ServiceUnavailable
-from conveyor.metrics import ModelMetrics
 from conveyor.observability.batches import batch_done, batch_taken
 from conveyor.observability.logs import log_event
+from conveyor.observability.metrics import ModelMetrics
 from conveyor.priority import Priority
 from conveyor.tenants.usage import split_by_tokens
 

@@ -16,18 +16,20 @@ class MetricReader:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.values: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
-        self.buckets: dict[str, dict[str, Buckets]] = defaultdict(dict)
+        # name -> model -> the other label's value ("" when none) -> buckets
+        self.buckets: dict[str, dict[str, dict[str, Buckets]]] = defaultdict(dict)
         for family in registry.collect():
             for sample in family.samples:
                 model = sample.labels.get("model")
                 if model is None:
                     continue
-                rest = [v for k, v in sample.labels.items() if k not in ("model", "le")]
+                rest = ":".join(v for k, v in sample.labels.items() if k not in ("model", "le"))
                 if sample.name.endswith("_bucket"):
                     le = float(sample.labels["le"])
-                    self.buckets[sample.name].setdefault(model, []).append((le, sample.value))
+                    by_label = self.buckets[sample.name].setdefault(model, {})
+                    by_label.setdefault(rest, []).append((le, sample.value))
                 else:
-                    self.values[sample.name].setdefault(model, {})[":".join(rest)] = sample.value
+                    self.values[sample.name].setdefault(model, {})[rest] = sample.value
 
     def models(self) -> set[str]:
         """Every model some sample names."""
@@ -41,9 +43,10 @@ class MetricReader:
         """Every sample of ``name`` for ``model``, keyed by its other label's value."""
         return dict(self.values.get(name, {}).get(model, {}))
 
-    def histogram(self, name: str, model: str) -> list[list[float | None]]:
-        """Cumulative buckets as ``[upper bound, count]`` (``None`` for +Inf, JSON-safe)."""
-        rows = self.buckets.get(f"{name}_bucket", {}).get(model, [])
+    def histogram(self, name: str, model: str, label: str = "") -> list[list[float | None]]:
+        """Cumulative buckets as ``[upper bound, count]`` (``None`` for +Inf, JSON-safe), of
+        the series whose other label is ``label`` (e.g. a priority class)."""
+        rows = self.buckets.get(f"{name}_bucket", {}).get(model, {}).get(label, [])
         return [[None if math.isinf(le) else le, count] for le, count in rows]
 
     def has(self, name: str, model: str) -> bool:

@@ -1,13 +1,18 @@
 """``conveyor plan``'s figures for each served model, shown beside what the model measures.
 
-- One-shot models: from the batch-time curve the batcher has measured itself (``source``
-  says ``measured batch-time curve``), at the model's own ``max_batch_size`` and
-  ``max_wait_ms``.
-- Generative models: from the checkpoint's ``config.json`` and an accelerator preset (the
-  roofline arithmetic of ``conveyor plan --model --gpu``), for the prompt and output lengths
-  the model has served so far (``source`` names the preset), the batch capped by the
-  served model's ``max_num_seqs`` and KV cache. The preset is ``cpu`` on the
-  CPU, else the one whose name the CUDA device carries; there is none for other devices.
+Each plan says what kind it is (``plan_kind``), where its figures come from (``source``)
+and, on the page, when it was made (``planned_at``, see ``held``: a plan is held steady
+until its inputs move):
+
+- One-shot models: ``calibrated``, from the batch-time curve the batcher has measured
+  itself (``source``: ``measured batch-time curve``), at the model's own
+  ``max_batch_size`` and ``max_wait_ms``.
+- Generative models: ``preset``, from the checkpoint's ``config.json`` and an accelerator
+  preset (the roofline arithmetic of ``conveyor plan --model --gpu``), for the prompt and
+  output lengths the model has served so far, the batch capped by the served model's
+  ``max_num_seqs`` and KV cache. The preset is ``cpu`` on the CPU, else the one whose name
+  the CUDA device carries; there is none for other devices. Preset figures are nominal,
+  not measured here, and ``note`` says so (``conveyor plan --calibrate`` measures).
 
 Latency figures are predicted at the planned utilisation: ``per_replica_qps`` is
 ``TARGET_UTILISATION`` of what one replica carries.
@@ -18,14 +23,13 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.dashboard.metrics_read import MetricReader
 from conveyor.plan.curves import LinearCurve
 from conveyor.plan.gpus import GPUS, GpuSpec
-from conveyor.plan.planner import plan_generative, plan_one_shot, roofline_costs
+from conveyor.plan.planner import plan_one_shot, plan_preset
 from conveyor.plan.shape import ModelShape, load_shape
 from conveyor.plan.sizing import Workload
 
@@ -35,6 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TARGET_UTILISATION = 0.7
+CALIBRATED_NOTE = "calibrated: from the batch times this model has measured itself"
+PRESET_NOTE = (
+    "nominal {gpu} preset figures, not measured on this server: run conveyor plan "
+    "--calibrate against it for a measured plan"
+)
 # Lengths assumed until the model has finished a request.
 DEFAULT_PROMPT_TOKENS, DEFAULT_OUTPUT_TOKENS = 256, 128
 ONE_SHOT_KEYS = ("max_batch", "batch_ms_at_max", "batch_ms_fixed", "batch_ms_per_input",
@@ -56,11 +65,14 @@ def one_shot_plan(
                         target_utilisation=TARGET_UTILISATION)  # fmt: skip
     plan = plan_one_shot(workload, curve, max_batch, max_wait_ms)
     shown = {key: plan[key] for key in ONE_SHOT_KEYS}
-    return {"source": "measured batch-time curve", "max_wait_ms": max_wait_ms, **shown}
+    return {"plan_kind": "calibrated", "source": "measured batch-time curve",
+            "note": CALIBRATED_NOTE, "max_wait_ms": max_wait_ms, **shown}  # fmt: skip
 
 
-def generative_plan(reader: MetricReader, hosted: HostedGenerator) -> dict[str, Any] | None:
-    """The roofline plan of a generative model at the lengths it serves; None without one."""
+def generative_plan(
+    hosted: HostedGenerator, prompt_tokens: int, output_tokens: int, is_observed: bool
+) -> dict[str, Any] | None:
+    """The roofline plan of a generative model at these lengths; None without a preset."""
     config = hosted.config
     gpu = preset_for(str(config.device))
     if gpu is None:
@@ -70,21 +82,19 @@ def generative_plan(reader: MetricReader, hosted: HostedGenerator) -> dict[str, 
     except (OSError, ValueError) as exc:
         log.debug("dashboard: no plan for %s: %s", config.name, exc)
         return None
-    prompt_tokens, output_tokens, is_observed = served_lengths(reader, config.name)
-    probe = Workload(qps=1.0, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    head = {"plan_kind": "preset", "source": f"preset {gpu.name} from config.json",
+            "note": PRESET_NOTE.format(gpu=gpu.name)}  # fmt: skip
     ceiling = served_max_batch(hosted, prompt_tokens + output_tokens)
-    try:
-        costs = replace(roofline_costs(shape, gpu, probe), max_batch=ceiling)
-        first = plan_generative(probe, costs, shape, gpu)
-        qps = max(1e-6, TARGET_UTILISATION * first["requests_per_s_per_replica"])
-        workload = Workload(qps=qps, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                            target_utilisation=TARGET_UTILISATION)  # fmt: skip
-        costs = replace(roofline_costs(shape, gpu, workload), max_batch=ceiling)
-        plan = plan_generative(workload, costs, shape, gpu)
-    except ValueError as exc:  # the model does not fit the preset's memory
-        return {"source": f"preset {gpu.name} from config.json", "error": str(exc)}
+    probe = Workload(qps=1.0, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    first = plan_preset(probe, shape, gpu, 1, ceiling=ceiling)
+    if first.get("fits") is False:
+        return {**head, "error": f"no plan: {first['why_not']}"}
+    qps = max(1e-6, TARGET_UTILISATION * first["requests_per_s_per_replica"])
+    workload = Workload(qps=qps, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                        target_utilisation=TARGET_UTILISATION)  # fmt: skip
+    plan = plan_preset(workload, shape, gpu, 1, ceiling=ceiling)
     return {
-        "source": f"preset {gpu.name} from config.json",
+        **head,
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
         "lengths": "served" if is_observed else "assumed",
@@ -136,4 +146,4 @@ def _cuda_name() -> str | None:
 @functools.lru_cache(maxsize=64)
 def _shape(path: str, dtype: str | None) -> ModelShape:
     """The model's size facts (read once per checkpoint)."""
-    return load_shape(Path(path), dtype)
+    return load_shape(Path(path), dtype, "auto")  # the engine keeps its cache at its dtype

@@ -2,7 +2,7 @@
 
 Counters are totals since the process started and histograms are cumulative buckets:
 a reader derives rates and windowed p50/p99 from the difference between two polls (the
-page polls every 2 s). See the README's "Dashboard" section for every field.
+page polls every 2 s). Every field is in docs/operations/dashboard.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from conveyor.stores.records import BatchRecord
 from conveyor.stores.tenant_records import UsageRow
 
 if TYPE_CHECKING:
-    from conveyor.gateway import Gateway
+    from conveyor.gateway.process import Gateway
 
 USAGE_WINDOW_S = 3600
 TENANTS_NOTE = (
@@ -46,7 +46,10 @@ def common_figures(reader: MetricReader, name: str, kind: str) -> dict[str, Any]
             "batch_inputs": reader.value("conveyor_batch_size_inputs_sum", name),
             "batch_fill_sum": reader.value("conveyor_batch_fill_ratio_sum", name),
         },
-        "histograms": {"latency_s": reader.histogram("conveyor_request_latency_seconds", name)},
+        "histograms": {
+            "latency_s": reader.histogram("conveyor_request_latency_seconds", name, "online"),
+            "batch_latency_s": reader.histogram("conveyor_request_latency_seconds", name, "batch"),
+        },
     }
 
 

@@ -26,7 +26,7 @@ from conveyor.distribution.manifest import is_digest
 from conveyor.distribution.pacer import PIECE_BYTES, BytePacer
 from conveyor.errors import AuthenticationFailed, ConveyorError, InvalidRequest, NotFound
 from conveyor.fleet.credential import FleetCredential
-from conveyor.metrics import DistributionMetrics
+from conveyor.observability.metrics import DistributionMetrics
 from conveyor.tenants.keys import bearer_token
 
 

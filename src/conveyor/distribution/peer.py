@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.chunk_server import chunk_app
 from conveyor.distribution.manifest import MIB
@@ -24,7 +24,7 @@ from conveyor.distribution.planner import PlanLimits
 from conveyor.distribution.puller import Announcer, ModelPuller, PullSettings
 from conveyor.distribution.resolver import PullingResolver, model_cache_dir
 from conveyor.fleet.credential import credential_from
-from conveyor.metrics import DistributionMetrics
+from conveyor.observability.metrics import DistributionMetrics
 from conveyor.stores import StoreError, open_object_store
 from conveyor.stores.model_records import HolderState
 from conveyor.stores.protocols import ModelStore

@@ -26,7 +26,7 @@ from conveyor.distribution.fetch import PeerFailed, fetch_from_origin, fetch_fro
 from conveyor.distribution.manifest import ChunkRef, Manifest
 from conveyor.distribution.planner import Fetch, Peer, PlanLimits, PlanState, plan_fetches
 from conveyor.fleet.credential import FleetCredential
-from conveyor.metrics import DistributionMetrics
+from conveyor.observability.metrics import DistributionMetrics
 from conveyor.stores.errors import ObjectNotFoundError, ObjectStoreError
 from conveyor.stores.model_records import HolderState
 from conveyor.stores.object_store import ObjectStore

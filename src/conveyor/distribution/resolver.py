@@ -11,17 +11,14 @@ import asyncio
 import logging
 from pathlib import Path
 
-from conveyor.config import (
-    ModelEntry,
-    ServerConfig,
-    remote_model_name,
-)
+from conveyor.config.model_config import ModelEntry, remote_model_name
+from conveyor.config.settings import ServerConfig
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.disk_budget import DiskBudgetExceeded, plan_disk_eviction
 from conveyor.distribution.errors import ModelPullFailed
 from conveyor.distribution.manifest import MIB, Manifest
 from conveyor.distribution.puller import ModelPuller
-from conveyor.metrics import DistributionMetrics
+from conveyor.observability.metrics import DistributionMetrics
 from conveyor.stores import open_job_store, open_object_store
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun
+from conveyor.endpoints.large_json import dumps_in_pieces
 from conveyor.engine.generator import HostedGenerator
 from conveyor.errors import InvalidRequest
-from conveyor.large_json import dumps_in_pieces
-from conveyor.offload import run_sized
+from conveyor.host.offload import run_sized
 
 __all__ = ["ENTRY_BYTES", "answer_bytes", "build_body", "check_logprob_entries", "encode_body"]
 
@@ -53,8 +53,11 @@ def answer_bytes(results: Sequence[ChoiceResult]) -> int:
     total = 0
     for result in results:
         total += len(result.text)
-        if result.logprobs:
-            total += ENTRY_BYTES * len(result.logprobs) * (1 + len(result.logprobs[0].top))
+        entries = list(result.logprobs)
+        if result.prompt_logprobs is not None:
+            entries.extend(result.prompt_logprobs.entries)
+        if entries:
+            total += ENTRY_BYTES * len(entries) * (1 + len(entries[0].top))
     return total
 
 

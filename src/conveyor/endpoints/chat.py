@@ -30,11 +30,11 @@ from conveyor.endpoints.tools import (
     tool_call_grammar,
 )
 from conveyor.engine.generator import HostedGenerator
-from conveyor.engine.grammar import grammar_from_json_schema
-from conveyor.engine.outputs import TokenLogprobs
+from conveyor.engine.outputs import FinishReason, TokenLogprobs
+from conveyor.engine.sampling.grammar import grammar_from_json_schema
 from conveyor.errors import InvalidRequest
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = [
@@ -97,15 +97,23 @@ def prepare_chat(
         grammar=reply_grammar(generator, request),
     )
     num_choices = request.num_choices
-    is_parsed = request.effective_tool_choice != "none"
     return PreparedRun(
         generator,
         "chatcmpl",
         request.model,
         [prompt] * num_choices,
         choice_params(params, num_choices),
-        tool_names=request.tool_names if is_parsed else (),
+        tool_names=_parsed_names(request),
+        num_choices=num_choices,
     )
+
+
+def _parsed_names(request: ChatCompletionRequest) -> tuple[str, ...]:
+    """The functions whose calls are parsed out of the reply: the named one when forced."""
+    choice = request.effective_tool_choice
+    if isinstance(choice, NamedToolChoice):
+        return (choice.function.name,)
+    return () if choice == "none" else request.tool_names
 
 
 def _check_answer_size(
@@ -217,7 +225,8 @@ def _choice_body(run: GenerationRun, result: ChoiceResult) -> dict[str, Any]:
     calls: list[ParsedCall] = []
     content: str | None = result.text
     if run.tool_names:
-        content, calls = parse_tool_calls(result.text, run.tool_names)
+        is_cut = result.finish_reason == FinishReason.LENGTH.value
+        content, calls = parse_tool_calls(result.text, run.tool_names, is_cut=is_cut)
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
     finish_reason = result.finish_reason
     if calls:
@@ -256,7 +265,7 @@ async def chat_chunks(run: GenerationRun, *, include_usage: bool) -> AsyncIterat
         logprobs = _logprobs_body(run.generator, list(output.logprobs))
         events: list[Event] = parser.feed(output.text) if run.tool_names else [output.text]
         if output.finish_reason is not None and run.tool_names:
-            events += parser.finish()
+            events += parser.finish(is_cut=output.finish_reason is FinishReason.LENGTH)
         for delta in stream_deltas(events, parser.num_calls):
             yield _chunk(run, index, delta, logprobs, None, extra)
             logprobs = None

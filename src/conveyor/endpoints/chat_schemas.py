@@ -14,7 +14,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, m
 
 from conveyor.endpoints.generation_schemas import GenerationRequestBody, _Body
 from conveyor.endpoints.validation import FastList
-from conveyor.engine.sampling_params import MAX_LOGPROBS
+from conveyor.engine.sampling.params import MAX_LOGPROBS
 from conveyor.input_limits import utf8_size
 
 __all__ = [

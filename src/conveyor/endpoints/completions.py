@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from conveyor.endpoints.answers import check_logprob_entries
+from conveyor.endpoints.completion_logprobs import legacy_logprobs
 from conveyor.endpoints.generation import (
     SYSTEM_FINGERPRINT,
     ChoiceResult,
@@ -17,19 +19,17 @@ from conveyor.endpoints.generation import (
     parse_body,
     resolve_max_tokens,
     sampling_params,
-    token_text,
     usage_body,
 )
 from conveyor.endpoints.generation_schemas import CompletionRequest
 from conveyor.endpoints.off_loop import run_unstreamed
 from conveyor.endpoints.raw_id_lists import count_id_lists
 from conveyor.engine.generator import HostedGenerator
-from conveyor.engine.outputs import TokenLogprobs
 from conveyor.errors import InvalidRequest
+from conveyor.host.offload import LARGE_INPUT_BYTES
+from conveyor.host.service import Service
 from conveyor.input_limits import utf8_size
-from conveyor.offload import LARGE_INPUT_BYTES
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = [
@@ -111,7 +111,10 @@ def prepare_completion(
     service: Service,
     request: CompletionRequest,
 ) -> PreparedRun:
-    """Check every prompt against the model and tokenize it (400 and 404 raised here)."""
+    """Check every prompt against the model and tokenize it (400 and 404 raised here).
+
+    With ``echo`` and ``logprobs`` the prompt's own tokens get logprobs too.
+    """
     generator = service.generator(request.model)
     num_choices = request.num_choices
     num_prompts = len(request.prompts())
@@ -121,7 +124,10 @@ def prepare_completion(
             param="logprobs",
         )  # fmt: skip
     prompts, budgets = encode_prompts(generator, request)
-    check_logprob_entries(generator, num_choices * sum(budgets), request.logprobs, param="logprobs")
+    echoed = sum(len(ids) for ids in prompts) if request.echo else 0
+    check_logprob_entries(
+        generator, num_choices * (sum(budgets) + echoed), request.logprobs, param="logprobs"
+    )
     # One params for all prompts; each request is still capped by its own context room.
     params = sampling_params(
         request,
@@ -129,6 +135,8 @@ def prepare_completion(
         num_logprobs=request.logprobs,
         vocab_size=generator.vocab_size,
     )
+    if request.echo and request.logprobs is not None:
+        params = replace(params, prompt_logprobs=request.logprobs)
     # n choices per prompt, prompt-major: choice index = prompt index * n + i.
     per_choice = choice_params(params, num_choices)
     prefixes: tuple[str, ...] = ()
@@ -142,6 +150,7 @@ def prepare_completion(
         [ids for ids in prompts for _ in range(num_choices)],
         per_choice * len(prompts),
         prefixes=prefixes,
+        num_choices=num_choices,
     )
 
 
@@ -172,7 +181,9 @@ def completion_body(run: GenerationRun, results: Sequence[ChoiceResult]) -> dict
         {
             "index": result.index,
             "text": result.text,
-            "logprobs": _logprobs_body(run.generator, result.logprobs, result.text_offsets),
+            "logprobs": legacy_logprobs(
+                run.generator, result.prompt_logprobs, result.logprobs, result.text_offsets
+            ),
             "finish_reason": result.finish_reason,
         }
         for result in results
@@ -192,17 +203,21 @@ async def completion_chunks(
     text_lengths: dict[int, int] = {}
     async for output in run.outputs():
         text = output.text
+        offset = text_lengths.get(output.index, 0)
         if output.index not in text_lengths and output.index < len(run.prefixes):
             text = run.prefixes[output.index] + text  # echo: the prompt comes first
-        offset = text_lengths.get(output.index, 0)
-        text_lengths[output.index] = offset + len(text)
-        if not text and not output.logprobs and not output.is_finished:
+            offset = len(run.prefixes[output.index])
+        text_lengths[output.index] = offset + len(output.text)
+        has_logprobs = bool(output.logprobs) or output.prompt_logprobs is not None
+        if not text and not has_logprobs and not output.is_finished:
             continue  # a token that completes no character yet: nothing to send
-        offsets = [offset] * len(output.logprobs)
+        logprobs = legacy_logprobs(
+            run.generator, output.prompt_logprobs, output.logprobs, [offset] * len(output.logprobs)
+        )
         choice = {
             "index": output.index,
             "text": text,
-            "logprobs": _logprobs_body(run.generator, list(output.logprobs), offsets),
+            "logprobs": logprobs,
             "finish_reason": None if output.finish_reason is None else output.finish_reason.value,
         }
         chunk: dict[str, Any] = {**_envelope(run), "choices": [choice]}
@@ -222,21 +237,4 @@ def _envelope(run: GenerationRun) -> dict[str, Any]:
         "created": run.created,
         "model": run.model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
-    }
-
-
-def _logprobs_body(
-    generator: HostedGenerator, logprobs: Sequence[TokenLogprobs], offsets: Sequence[int]
-) -> dict[str, Any] | None:
-    """The legacy completions ``logprobs`` object; None when none were asked for."""
-    if not logprobs:
-        return None
-    return {
-        "tokens": [token_text(generator, item.token_id) for item in logprobs],
-        "token_logprobs": [item.logprob for item in logprobs],
-        "top_logprobs": [
-            {token_text(generator, token_id): value for token_id, value in item.top}
-            for item in logprobs
-        ],
-        "text_offset": list(offsets),
     }

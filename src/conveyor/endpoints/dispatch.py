@@ -12,13 +12,22 @@ from typing import Any
 from conveyor.endpoints.chat import run_chat
 from conveyor.endpoints.completions import run_completion
 from conveyor.endpoints.embeddings import run_embeddings
+from conveyor.endpoints.messages.run import run_messages
 from conveyor.endpoints.rerank import run_rerank
+from conveyor.endpoints.responses.run import run_response
 from conveyor.errors import InvalidRequest
+from conveyor.host.service import Service
 from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.subsystem import JobsSubsystem
-from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RERANK
+from conveyor.openai_paths import (
+    CHAT_COMPLETIONS,
+    COMPLETIONS,
+    EMBEDDINGS,
+    MESSAGES,
+    RERANK,
+    RESPONSES,
+)
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.budget import MonthlyBudgets
 from conveyor.tenants.usage import Payer
 
@@ -43,6 +52,14 @@ async def execute(
         )
     if endpoint == CHAT_COMPLETIONS:
         return await run_chat(service, body, priority=priority, timeout_ms=timeout_ms, payer=payer)
+    if endpoint == RESPONSES:
+        return await run_response(
+            service, body, priority=priority, timeout_ms=timeout_ms, payer=payer
+        )
+    if endpoint == MESSAGES:  # a Message Batch's request
+        return await run_messages(
+            service, body, priority=priority, timeout_ms=timeout_ms, payer=payer
+        )
     if endpoint == RERANK:
         return await run_rerank(
             service, body, priority=priority, timeout_ms=timeout_ms, payer=payer

@@ -9,9 +9,9 @@ from pydantic import ValidationError
 
 from conveyor.endpoints.schemas import EmbeddingRequest
 from conveyor.endpoints.validation import invalid_from_validation
+from conveyor.host.service import Service
 from conveyor.models.base import Vector
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 

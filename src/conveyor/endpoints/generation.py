@@ -18,14 +18,14 @@ from pydantic import BaseModel, ValidationError
 from conveyor.endpoints.generation_schemas import PROMPT_HINT, GenerationRequestBody
 from conveyor.endpoints.validation import too_many_errors
 from conveyor.engine.generator import HostedGenerator
-from conveyor.engine.outputs import GenerationOutput, TokenLogprobs
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.outputs import GenerationOutput, PromptLogprobs, TokenLogprobs
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.errors import ConveyorError, InvalidRequest
+from conveyor.host.service import Service
 from conveyor.input_limits import check_text_bytes
-from conveyor.metrics import outcome_of
+from conveyor.observability.metrics import outcome_of
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = [
@@ -220,6 +220,10 @@ class ChoiceResult:
     text_offsets: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     num_output_tokens: int = 0
+    # The prompt's own logprobs (completions' echo with logprobs).
+    prompt_logprobs: PromptLogprobs | None = None
+    # The stop string that ended the choice, if one did.
+    stop_string: str | None = None
 
 
 @dataclass(slots=True)
@@ -239,7 +243,11 @@ class GenerationRun:
     tool_names: tuple[str, ...] = ()
     # Text put before each choice's output (completions' echo).
     prefixes: tuple[str, ...] = ()
+    # Choices per prompt: each prompt's choices are adjacent, and usage counts it once.
+    num_choices: int = 1
     started_s: float = field(default_factory=time.perf_counter)
+    # Online or batch: the latency histogram it is counted in.
+    priority: Priority = Priority.ONLINE
     # Who pays, and the service that bills them (None: not billed, e.g. tests).
     payer: Payer | None = None
     service: Service | None = None
@@ -250,8 +258,8 @@ class GenerationRun:
 
     @property
     def total_prompt_tokens(self) -> int:
-        """Prompt tokens over every prompt."""
-        return sum(self.num_prompt_tokens)
+        """Prompt tokens over every prompt, each counted once whatever its choices."""
+        return sum(self.num_prompt_tokens[:: self.num_choices])
 
     @property
     def total_output_tokens(self) -> int:
@@ -298,9 +306,12 @@ class GenerationRun:
             result.text += output.text
             result.token_ids.extend(output.token_ids)
             result.logprobs.extend(output.logprobs)
+            if output.prompt_logprobs is not None:
+                result.prompt_logprobs = output.prompt_logprobs
             result.num_output_tokens = output.num_output_tokens
             if output.finish_reason is not None:
                 result.finish_reason = output.finish_reason.value
+                result.stop_string = output.stop_string
         return results
 
     def close(self) -> None:
@@ -316,7 +327,7 @@ class GenerationRun:
         metrics = self.generator.metrics
         metrics.requests[outcome].inc()
         if outcome == "ok":
-            metrics.latency_s.observe(time.perf_counter() - self.started_s)
+            metrics.latency_s[self.priority].observe(time.perf_counter() - self.started_s)
         if self.service is not None and (outcome == "ok" or self.total_output_tokens):
             # What ran is billed, finished or not (a dropped stream at what it produced).
             self.service.bill(
@@ -340,17 +351,21 @@ class PreparedRun:
     params: SamplingParams | list[SamplingParams]
     tool_names: tuple[str, ...] = ()
     prefixes: tuple[str, ...] = ()
+    # Choices per prompt (``prompts`` holds each prompt once per choice, adjacent).
+    num_choices: int = 1
 
     def token_ask(self) -> tuple[int, int]:
-        """Exact input tokens, and the most output tokens the run may produce (each
-        prompt's `max_tokens`, capped by the context room its prompt leaves)."""
+        """Exact input tokens (each prompt once, as usage counts them), and the most output
+        tokens the run may produce (each choice's `max_tokens`, capped by the context room
+        its prompt leaves)."""
         params = self.params if isinstance(self.params, list) else [self.params] * len(self.prompts)
         room = self.generator.max_model_len
         num_output = sum(
             min(p.max_tokens, room - len(prompt))
             for prompt, p in zip(self.prompts, params, strict=True)
         )
-        return sum(len(prompt) for prompt in self.prompts), num_output
+        num_input = sum(len(prompt) for prompt in self.prompts[:: self.num_choices])
+        return num_input, num_output
 
     def launch(
         self,
@@ -376,6 +391,8 @@ class PreparedRun:
             num_prompt_tokens=[len(prompt) for prompt in self.prompts],
             tool_names=self.tool_names,
             prefixes=self.prefixes,
+            num_choices=self.num_choices,
+            priority=priority,
             payer=payer,
             service=service,
         )

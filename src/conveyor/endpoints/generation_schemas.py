@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from conveyor.endpoints.validation import FastList
-from conveyor.engine.sampling_params import MAX_LOGPROBS
+from conveyor.engine.sampling.params import MAX_LOGPROBS
 
 __all__ = [
     "MAX_CHOICES",
@@ -176,7 +176,8 @@ class CompletionRequest(GenerationRequestBody):
     """``POST /v1/completions``; ``prompt`` may hold several prompts (one choice each)."""
 
     prompt: PromptField
-    max_tokens: StrictInt | None = Field(default=DEFAULT_COMPLETION_MAX_TOKENS, ge=1)
+    # 0 runs the prompt only: with echo and logprobs, for the prompt tokens' logprobs.
+    max_tokens: StrictInt | None = Field(default=DEFAULT_COMPLETION_MAX_TOKENS, ge=0)
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: StrictBool = False
     suffix: StrictStr | None = None
@@ -194,12 +195,6 @@ class CompletionRequest(GenerationRequestBody):
                 if not item:
                     raise ValueError(f"prompt[{index}] must not be empty")
         return value
-
-    @model_validator(mode="after")
-    def _echo_without_logprobs(self) -> CompletionRequest:
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs is not supported (no prompt logprobs)")
-        return self
 
     @field_validator("suffix")
     @classmethod

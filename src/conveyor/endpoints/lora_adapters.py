@@ -3,7 +3,7 @@
 No HTTP here: the route parses the body and checks the caller may do it. An adapter goes
 to the generative model that has ``lora`` configured (``base_model`` picks one when
 several do), from a directory under that model's ``lora.load_roots`` only (see
-``engine.lora.files``); reading it runs off the event loop.
+``engine.model.lora.files``); reading it runs off the event loop.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor.engine.lora.files import resolve_under
+from conveyor.engine.model.lora.files import resolve_under
 from conveyor.errors import InvalidRequest, ModelNotFound, PermissionDenied
 
 if TYPE_CHECKING:  # named in annotations only
     from conveyor.engine.generator import HostedGenerator
-    from conveyor.service import Service
+    from conveyor.host.service import Service
 
 __all__ = [
     "LoadLoraAdapterRequest",

@@ -2,7 +2,7 @@
 
 Preparing a request (tokenizing, the chat template, checking a grammar) is plain CPU
 work. A small one runs inline: a thread hop costs more than it does. A large input runs
-on the large-input pool (``offload.run_sized``). A grammar is checked on a worker thread
+on the large-input pool (``host.offload.run_sized``). A grammar is checked on a worker thread
 whatever its size: llguidance fills its first mask there (the GIL released), which takes
 microseconds for an ordinary schema but can take a tenth of a second for a deep one. A
 large answer is built off the loop too (``answers``).
@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from conveyor.endpoints.answers import build_body
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun, prepare_counted
-from conveyor.endpoints.generation_schemas import GenerationRequestBody
 from conveyor.errors import InvalidRequest
-from conveyor.offload import LARGE_INPUT_BYTES, run_sized
+from conveyor.host.offload import LARGE_INPUT_BYTES, run_sized
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 __all__ = ["prepare_off_loop", "run_unstreamed"]
@@ -28,8 +27,31 @@ __all__ = ["prepare_off_loop", "run_unstreamed"]
 Prepare = Callable[[Service, Any], PreparedRun]
 
 
+class GenerationBody(Protocol):
+    """What preparing and running a parsed generation request reads of it."""
+
+    @property
+    def model(self) -> str:
+        """The model to run."""
+        ...
+
+    @property
+    def stream(self) -> bool:
+        """Whether the caller asked for a stream."""
+        ...
+
+    @property
+    def has_grammar(self) -> bool:
+        """Whether a grammar constrains the output (checked off the loop)."""
+        ...
+
+    def input_bytes(self) -> int:
+        """About how many bytes of input the request carries."""
+        ...
+
+
 async def prepare_off_loop(
-    service: Service, prepare: Prepare, request: GenerationRequestBody
+    service: Service, prepare: Prepare, request: GenerationBody
 ) -> PreparedRun:
     """``prepare_counted(service, prepare, request)`` where its cost fits (see the module)."""
     num_bytes = request.input_bytes()
@@ -40,7 +62,7 @@ async def prepare_off_loop(
 
 async def run_unstreamed(
     service: Service,
-    request: GenerationRequestBody,
+    request: GenerationBody,
     prepare: Prepare,
     make_body: Callable[[GenerationRun, Sequence[ChoiceResult]], dict[str, Any]],
     *,

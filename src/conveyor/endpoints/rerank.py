@@ -9,8 +9,8 @@ from typing import Any
 from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.rerank_schemas import RerankRequest, ScoreRequest
 from conveyor.errors import InvalidRequest
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 from conveyor.tenants.usage import Payer
 
 

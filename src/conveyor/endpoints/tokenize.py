@@ -8,8 +8,8 @@ from conveyor.endpoints.chat import encode_chat, parse_chat_request
 from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.schemas import DetokenizeRequest, TokenizeRequest
 from conveyor.errors import InvalidRequest
-from conveyor.offload import run_sized
-from conveyor.service import Service
+from conveyor.host.offload import run_sized
+from conveyor.host.service import Service
 
 
 async def run_tokenize(service: Service, body: bytes | dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,8 @@ markup is never streamed as content. A block that opens as ``{"name": "<a tool>"
 follow as the model writes them (OpenAI streams them in pieces too), holding back only
 what may be the block's closing ``}`` and markup. Any other block is parsed whole when it
 closes; if it is not a valid call to a known tool it is streamed as the content it was.
+A block still open when ``max_tokens`` cut the reply is a call as far as it got, as the
+whole reply's parse has it (``parse_cut_call``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.endpoints.tools import CALL_END, CALL_START, ParsedCall, new_call_id, parse_call_block
+from conveyor.endpoints.tools import (
+    CALL_END,
+    CALL_START,
+    ParsedCall,
+    held_from,
+    new_call_id,
+    parse_call_block,
+    parse_cut_call,
+)
 
 __all__ = ["ArgumentsDelta", "CallStart", "Event", "ToolCallStream", "stream_deltas"]
 
@@ -69,17 +79,22 @@ class ToolCallStream:
                 self._add(events, before)
             self._is_in_call = not self._is_in_call
         if self._is_in_call:
-            self._stream_call(events, self._buffer[: _held_from(self._buffer, CALL_END)])
+            self._stream_call(events, self._buffer[: held_from(self._buffer, CALL_END)])
         else:
-            cut = _held_from(self._buffer, CALL_START)
+            cut = held_from(self._buffer, CALL_START)
             self._add(events, self._buffer[:cut])
             self._buffer = self._buffer[cut:]
         return events
 
-    def finish(self) -> list[Event]:
-        """Whatever is still held back: a streamed call's last arguments, else content."""
+    def finish(self, *, is_cut: bool = False) -> list[Event]:
+        """Whatever is still held back: a streamed call's last arguments, else content.
+
+        ``is_cut``: the reply hit ``max_tokens``, so an open block is a call cut short.
+        """
         events: list[Event] = []
-        if self._is_in_call and self._args_start is not None:
+        if self._is_in_call and is_cut:
+            self._cut_call(events, self._buffer)
+        elif self._is_in_call and self._args_start is not None:
             self._close_call(events, self._buffer)
         else:
             self._add(events, (CALL_START if self._is_in_call else "") + self._buffer)
@@ -106,6 +121,19 @@ class ToolCallStream:
             self._add(events, call if call is not None else f"{CALL_START}{body}{CALL_END}")
             return
         self._send_arguments(events, _without_closing(body[self._args_start :]))
+        self._args_start, self._num_args_sent = None, 0
+
+    def _cut_call(self, events: list[Event], body: str) -> None:
+        """The open block at a cut: the call as far as it got, else the text it was."""
+        if self._args_start is None:
+            call = parse_cut_call(body, self._names)
+            self._add(events, call if call is not None else f"{CALL_START}{body}")
+            return
+        body = body[: held_from(body, CALL_END)]  # the closing markup may have begun
+        arguments = body[self._args_start :]
+        if parse_call_block(body, self._names) is not None:  # whole, only the markup cut
+            arguments = _without_closing(arguments)
+        self._send_arguments(events, arguments)
         self._args_start, self._num_args_sent = None, 0
 
     def _send_arguments(self, events: list[Event], arguments: str) -> None:
@@ -166,11 +194,3 @@ def _without_closing(arguments: str) -> str:
     if text.endswith("}"):
         text = text[:-1].rstrip()
     return text
-
-
-def _held_from(text: str, marker: str) -> int:
-    """Where the longest suffix of ``text`` that is a proper prefix of ``marker`` starts."""
-    for size in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:size]):
-            return len(text) - size
-    return len(text)

@@ -9,7 +9,8 @@ A call is written as the Hermes / Qwen chat templates write it, one block per ca
 With ``tool_choice`` ``required`` or a named function, a grammar makes the output exactly
 such blocks (one for a named function; one or more for ``required``) with arguments
 valid for the function's ``parameters``. With ``auto`` the model writes what it likes
-and blocks found in the text become ``message.tool_calls``.
+and blocks found in the text become ``message.tool_calls``. A block that ``max_tokens``
+cut short is still a call, with the arguments as far as they got (``parse_cut_call``).
 
 The prompt uses the chat template's own tool format when the template renders
 ``tools``; otherwise (the fallback) a system message lists the tools and asks for the
@@ -27,13 +28,15 @@ from typing import Any
 
 from conveyor.endpoints.chat_schemas import ChatCompletionRequest, ChatMessage, FunctionTool
 from conveyor.endpoints.tool_schema import calls_schema
-from conveyor.engine.grammar import grammar_from_lark, json_lark_rule
+from conveyor.engine.sampling.grammar import grammar_from_lark, json_lark_rule
 
 __all__ = [
     "CALL_END",
     "CALL_START",
     "ParsedCall",
+    "held_from",
     "new_call_id",
+    "parse_cut_call",
     "parse_tool_calls",
     "template_messages",
     "tool_call_grammar",
@@ -42,6 +45,9 @@ __all__ = [
 CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
 _BLOCK = re.compile(re.escape(CALL_START) + r"(.*?)" + re.escape(CALL_END), re.DOTALL)
+# A block's opening as far as it got: its name (maybe cut), then maybe `"arguments": `.
+_CUT_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)(")?')
+_CUT_ARGUMENTS = re.compile(r'\s*,\s*"arguments"\s*:\s*')
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +73,14 @@ def tool_call_grammar(request: ChatCompletionRequest, *, name: str | None) -> st
     return grammar_from_lark(f"{start}\n{call}\n")
 
 
-def parse_tool_calls(text: str, names: tuple[str, ...]) -> tuple[str | None, list[ParsedCall]]:
+def parse_tool_calls(
+    text: str, names: tuple[str, ...], *, is_cut: bool = False
+) -> tuple[str | None, list[ParsedCall]]:
     """Split output into content (None when empty) and the calls to known tools in it.
 
     A block that is not valid JSON, or names no tool, stays in the content as written.
+    When ``is_cut`` (the output hit ``max_tokens``), a block left open at the end is a
+    call as far as it got (see ``parse_cut_call``).
     """
     calls: list[ParsedCall] = []
     content_parts: list[str] = []
@@ -82,6 +92,12 @@ def parse_tool_calls(text: str, names: tuple[str, ...]) -> tuple[str | None, lis
         content_parts.append(text[position : match.start()])
         position = match.end()
         calls.append(call)
+    opened = text.find(CALL_START, position) if is_cut else -1
+    cut = None if opened < 0 else parse_cut_call(text[opened + len(CALL_START) :], names)
+    if cut is not None:
+        content_parts.append(text[position:opened])
+        calls.append(cut)
+        position = len(text)
     content_parts.append(text[position:])
     content = "".join(content_parts).strip() if calls else text
     return (content or None), calls
@@ -99,6 +115,38 @@ def parse_call_block(body: str, names: tuple[str, ...]) -> ParsedCall | None:
     if isinstance(arguments, str):
         return ParsedCall(value["name"], arguments)
     return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def parse_cut_call(body: str, names: tuple[str, ...]) -> ParsedCall | None:
+    """The call an open block was writing when the output was cut; None if it names none.
+
+    A whole call (only the closing markup missing) is itself. Otherwise the name must be
+    a known tool's, or the start of exactly one (cut inside the name: no arguments yet),
+    and the arguments are the JSON text written so far, unfinished.
+    """
+    body = body[: held_from(body, CALL_END)]  # the closing markup may have begun
+    whole = parse_call_block(body, names)
+    if whole is not None:
+        return whole
+    header = _CUT_NAME.match(body)
+    if header is None:
+        return None
+    name = header.group(1)
+    if header.group(2) is None:
+        candidates = [known for known in names if known.startswith(name)]
+        return ParsedCall(candidates[0], "") if len(candidates) == 1 else None
+    if name not in names:
+        return None
+    arguments = _CUT_ARGUMENTS.match(body, header.end())
+    return ParsedCall(name, "" if arguments is None else body[arguments.end() :])
+
+
+def held_from(text: str, marker: str) -> int:
+    """Where the longest suffix of ``text`` that is a proper prefix of ``marker`` starts."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:size]):
+            return len(text) - size
+    return len(text)
 
 
 def template_messages(

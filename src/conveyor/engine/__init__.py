@@ -1,9 +1,11 @@
-"""Continuous batching for generative models.
+"""Continuous batching for generative models, in three layers and the loop over them.
 
-Torch-free: ``sequence``, ``block_manager``, ``scheduler`` and ``step`` (the plain
-logic), ``hf_config``, ``sampling_params``, ``outputs``, ``inbox``, ``stream`` and
-``generator`` (what callers import). The model side needs torch: ``llama`` stacks the
-blocks of ``layers/`` over the tensors of ``step_inputs``, ``weight_loader`` fills it,
-``model_runner`` runs it, ``sampling`` picks tokens, ``llm_engine`` steps it all and
-``generator_factory`` builds one from a config entry.
+``core/`` is the plain logic, free of torch (sequences, block manager, scheduler);
+``model/`` the torch side (the Llama family, its layers, weight loading, the runner, LoRA);
+``sampling/`` picks tokens (parameters, logits shaping, grammar masks). Here, the loop and
+its I/O: ``llm_engine`` steps it all on its own thread, ``request`` is one request inside
+it, ``inbox`` carries commands to it, ``outputs`` and ``stream`` carry tokens back,
+``tokenizer`` turns text into ids and back, ``generator`` is what callers hold (torch-free
+with ``inbox``, ``outputs`` and ``stream``), ``generator_factory`` builds one from a
+config entry, and ``engine_metrics`` and ``null_metrics`` count what it does.
 """

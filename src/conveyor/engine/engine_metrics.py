@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
-from conveyor.engine.block_manager import BlockManager
-from conveyor.engine.engine_config import EngineStats
+from conveyor.engine.core.block_manager import BlockManager
+from conveyor.engine.core.engine_config import EngineStats
+from conveyor.engine.core.sequence import Sequence, SequenceStatus
+from conveyor.engine.core.step import PrepareTimed, StepExecutor
+from conveyor.engine.core.step_plan import SchedulerOutput
 from conveyor.engine.request import GenerationRequest
-from conveyor.engine.step import PrepareTimed, StepExecutor
-from conveyor.engine.step_plan import SchedulerOutput
-from conveyor.metrics import GeneratorMetrics
+from conveyor.observability.metrics import GeneratorMetrics
 
 
 class StepPhases:
@@ -20,7 +22,7 @@ class StepPhases:
         self._counters = metrics.step_phase_s
 
     def count(self, phase: str, seconds: float) -> None:
-        """Add ``seconds`` to ``phase`` (one of ``metrics.STEP_PHASES``)."""
+        """Add ``seconds`` to ``phase`` (one of ``observability.metrics.STEP_PHASES``)."""
         self._totals[phase] += seconds
         self._counters[phase].inc(seconds)
 
@@ -55,6 +57,17 @@ def publish_kv_usage(metrics: GeneratorMetrics, manager: BlockManager) -> None:
     metrics.kv_blocks_used.set(manager.num_used_blocks)
     metrics.kv_blocks_free.set(manager.num_free_blocks)
     metrics.kv_cache_usage.set(manager.num_used_blocks / max(1, manager.num_blocks))
+
+
+def publish_adapters(metrics: GeneratorMetrics, seqs: Iterable[Sequence]) -> None:
+    """The LoRA adapters of the running and the waiting sequences (when the model has any)."""
+    if metrics.adapters is None:
+        return
+    running: set[int] = set()
+    waiting: set[int] = set()
+    for seq in seqs:
+        (running if seq.status is SequenceStatus.RUNNING else waiting).add(seq.adapter_id)
+    metrics.adapters.publish(running, waiting, time.time())
 
 
 def note_preemptions(

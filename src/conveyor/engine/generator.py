@@ -14,15 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from conveyor.config import GenerateModelConfig
-from conveyor.engine.lora.registry import AdapterEntry, LoraRegistry
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.siblings import prefix_groups
+from conveyor.config.model_config import GenerateModelConfig
+from conveyor.engine.core.siblings import prefix_groups
+from conveyor.engine.model.lora.registry import AdapterEntry, LoraRegistry
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import InvalidRequest, QueueFull
 from conveyor.input_limits import input_byte_limit
-from conveyor.metrics import GeneratorMetrics
+from conveyor.observability.metrics import GeneratorMetrics
 from conveyor.priority import Priority
 
 if TYPE_CHECKING:  # only named in annotations: callers of submit() need not load torch

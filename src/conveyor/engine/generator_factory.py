@@ -9,13 +9,13 @@ import time
 
 import torch
 
-from conveyor.config import GenerateModelConfig, local_model_path
+from conveyor.config.model_config import GenerateModelConfig, local_model_path
+from conveyor.engine.core.limits import max_model_len_problem
 from conveyor.engine.generator import HostedGenerator
-from conveyor.engine.hf_config import DecoderConfig, load_hf_config
-from conveyor.engine.limits import max_model_len_problem
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.lora.runtime import LoraRuntime, new_lora_runtime
-from conveyor.engine.model_runner import (
+from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
+from conveyor.engine.model.lora.runtime import LoraRuntime, new_lora_runtime
+from conveyor.engine.model.model_runner import (
     ModelRunner,
     num_kv_blocks_for_memory_fraction,
     num_kv_blocks_for_tokens,
@@ -24,7 +24,8 @@ from conveyor.engine.model_runner import (
 )
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import ConfigError, ConveyorError
-from conveyor.metrics import GeneratorMetrics
+from conveyor.observability.metrics import GeneratorMetrics
+from conveyor.observability.vllm_names import AdapterActivity
 
 __all__ = ["DEFAULT_CPU_KV_CACHE_TOKENS", "load_generator"]
 
@@ -62,6 +63,9 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         max_loras_per_batch=None if config.lora is None else config.lora.max_loras_per_batch,
     )
     tokenizer = Tokenizer(local_model_path(config.path))
+    if lora is not None and config.lora is not None:
+        slots = config.lora.max_loras_per_batch
+        metrics.adapters = AdapterActivity(slots, lora.registry.names_by_id)
     engine = LLMEngine(runner, tokenizer, engine_config, metrics=metrics, name=config.name)
     engine.start()
     registry = None if lora is None else lora.registry

@@ -21,30 +21,31 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.engine.block_manager import BlockManager
-from conveyor.engine.engine_config import EngineConfig, EngineStats
+from conveyor.engine.core.block_manager import BlockManager
+from conveyor.engine.core.engine_config import EngineConfig, EngineStats
+from conveyor.engine.core.job_share import JobShare
+from conveyor.engine.core.prefill_time import PrefillTime
+from conveyor.engine.core.prefix_digest import PrefixDigest
+from conveyor.engine.core.scheduler import Scheduler
+from conveyor.engine.core.seat_turnover import SeatTurnover, late_ones
+from conveyor.engine.core.step import ScoresPrompts, SeqChunk, StepExecutor
+from conveyor.engine.core.step_plan import SchedulerOutput
 from conveyor.engine.engine_metrics import (
     StepPhases,
     note_admissions,
     note_preemptions,
+    publish_adapters,
     publish_kv_usage,
     record_finish,
 )
-from conveyor.engine.grammar import GrammarCompiler
 from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
-from conveyor.engine.job_share import JobShare
 from conveyor.engine.null_metrics import null_generator_metrics
 from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
-from conveyor.engine.prefill_time import PrefillTime
-from conveyor.engine.prefix_digest import PrefixDigest
 from conveyor.engine.request import GenerationRequest
-from conveyor.engine.sampling import Sampler
-from conveyor.engine.sampling_mask import MaskComputer
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.scheduler import Scheduler
-from conveyor.engine.seat_turnover import SeatTurnover, late_ones
-from conveyor.engine.step import SeqChunk, StepExecutor
-from conveyor.engine.step_plan import SchedulerOutput
+from conveyor.engine.sampling.grammar import GrammarCompiler
+from conveyor.engine.sampling.mask import MaskComputer
+from conveyor.engine.sampling.params import SamplingParams
+from conveyor.engine.sampling.sampler import Sampler
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import (
@@ -55,10 +56,10 @@ from conveyor.errors import (
     QueueFull,
     ServiceUnavailable,
 )
-from conveyor.metrics import GeneratorMetrics
 from conveyor.observability.context import current_request
 from conveyor.observability.engine_spans import StepTracer
 from conveyor.observability.logs import log_event
+from conveyor.observability.metrics import GeneratorMetrics
 from conveyor.priority import Priority
 from conveyor.tenants.usage import split_by_tokens
 
@@ -277,6 +278,10 @@ class LLMEngine:
             deliver_threadsafe([(stream, refusal)])
             return
         try:
+            if request.params.prompt_logprobs is not None and not isinstance(
+                self._runner, ScoresPrompts
+            ):
+                raise ValueError(f"model {self.name!r} cannot return prompt logprobs")
             if request.params.grammar is not None:
                 request.matcher = self.grammars.matcher(request.params.grammar)
             self._scheduler.add(request.seq)
@@ -330,12 +335,14 @@ class LLMEngine:
             # Cannot happen with a pool that fits max_model_len; fail loudly, never spin.
             self._fail_everything(ModelFault("the scheduler could not place any sequence"))
             return
-        sampling = [self._entries[c.seq.seq_id] for c in output.scheduled if c.needs_logits]
+        needs_logits = [self._entries[c.seq.seq_id] for c in output.scheduled if c.needs_logits]
+        # Requests with max_tokens 0 end at their last prompt token without a sample.
+        sampling = [entry for entry in needs_logits if entry.request.max_output_tokens]
         # Started before the forward pass and overlapped with it (llguidance drops the GIL).
         pending = self.masks.start(
             [entry.request.matcher for entry in sampling], self.grammars.vocab_size
         )
-        chunks = output.to_chunks()
+        chunks = self._chunks(output)
         started_s = time.perf_counter()
         self._phases.count("schedule", started_s - scheduled_s)
         try:
@@ -357,12 +364,30 @@ class LLMEngine:
         self._phases.count_run(ran_s - started_s, self._runner)
         self.prefill_time.observe(output.num_batched_tokens, self.token_budget, ran_s - started_s)
         self._charge(output, chunks, ran_s - started_s)
+        self._keep_prompt_scores(output, chunks)
         requests = [self._entries[item.seq.seq_id].request for item in output.scheduled]
         note_admissions(self.stats, self._metrics, output, requests)
         if self._spans.num_live:  # some request is traced: its spans go out before its answer
             seq_ids = [scheduled.seq.seq_id for scheduled in output.scheduled]
             self._spans.stepped(seq_ids, output.num_batched_tokens, started_s, self._entries)
-        self._finish_step(output, sampling, logits, allowed, sample_from_s=ran_s)
+        self._finish_step(output, needs_logits, logits, allowed, sample_from_s=ran_s)
+
+    def _chunks(self, output: SchedulerOutput) -> list[SeqChunk]:
+        """The step's chunks, each asking to score the prompt positions its request wants."""
+        return [
+            self._entries[scheduled.seq.seq_id].request.with_scoring(chunk)
+            for scheduled, chunk in zip(output.scheduled, output.to_chunks(), strict=True)
+        ]
+
+    def _keep_prompt_scores(self, output: SchedulerOutput, chunks: list[SeqChunk]) -> None:
+        """Hand the positions the runner scored to their requests."""
+        if not isinstance(self._runner, ScoresPrompts) or all(c.scoring is None for c in chunks):
+            return
+        scores = iter(self._runner.last_prompt_scores)
+        for scheduled, chunk in zip(output.scheduled, chunks, strict=True):
+            if chunk.scoring is not None:
+                request = self._entries[scheduled.seq.seq_id].request
+                request.add_prompt_scores(chunk.scoring, next(scores))
 
     def _charge(self, output: SchedulerOutput, chunks: list[SeqChunk], step_s: float) -> None:
         """Give each scheduled request its share of the step's time, by tokens computed."""
@@ -387,7 +412,7 @@ class LLMEngine:
     def _finish_step(
         self,
         output: SchedulerOutput,
-        sampling: list[_Entry],
+        needs_logits: list[_Entry],
         logits: torch.Tensor,
         allowed: torch.Tensor | None,
         *,
@@ -395,8 +420,14 @@ class LLMEngine:
     ) -> None:
         """Sample, advance the scheduler, check stops, hand outputs to the streams.
 
-        The sample phase counts from ``sample_from_s`` (the end of the forward pass).
+        ``needs_logits`` are the entries of the rows of ``logits``; those with max_tokens 0
+        end here without a sample. The sample phase counts from ``sample_from_s`` (the end
+        of the forward pass).
         """
+        sampling = [entry for entry in needs_logits if entry.request.max_output_tokens]
+        if len(sampling) < len(needs_logits):
+            rows = [row for row, e in enumerate(needs_logits) if e.request.max_output_tokens]
+            logits = logits[rows]
         result = self._sampler.sample(
             logits,
             [entry.request.params for entry in sampling],
@@ -410,10 +441,11 @@ class LLMEngine:
             entry.request.request_id: token
             for entry, token in zip(sampling, result.token_ids, strict=True)
         }
-        capped = self._scheduler.postprocess(output, sampled)
-        self._scheduler.restore_token_budget()
+        unsampled = {e.request.request_id for e in needs_logits if not e.request.max_output_tokens}
+        capped = self._scheduler.postprocess(output, sampled, unsampled)
         now_s = time.monotonic()
-        deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = []
+        deliveries = self._end_unsampled(needs_logits, now_s)
+        self._scheduler.restore_token_budget()
         for row, entry in enumerate(sampling):
             logprobs = result.logprobs[row] if result.logprobs else None
             generated = self._take_token(entry, result.token_ids[row], logprobs, now_s)
@@ -427,6 +459,18 @@ class LLMEngine:
         deliver_threadsafe(deliveries)
         self._phases.count("postprocess", time.perf_counter() - sampled_s)
 
+    def _end_unsampled(
+        self, needs_logits: list[_Entry], now_s: float
+    ) -> list[tuple[GenerationStream, GenerationOutput | ConveyorError]]:
+        """End the requests that reached their last prompt token with max_tokens 0."""
+        deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = []
+        for entry in needs_logits:
+            if not entry.request.max_output_tokens:
+                last = entry.request.final_output(FinishReason.LENGTH, now_s)
+                deliveries.append((entry.stream, last))
+                self._retire(entry)
+        return deliveries
+
     def _take_token(
         self, entry: _Entry, token_id: int, logprobs: TokenLogprobs | None, now_s: float
     ) -> GenerationOutput:
@@ -437,9 +481,9 @@ class LLMEngine:
         self.stats.num_generated_tokens += 1
         self._metrics.generated_tokens.inc()
         if previous_s is None:
-            self._metrics.time_to_first_token_s.observe(now_s - request.arrival_s)
+            self._metrics.time_to_first_token_s[request.priority].observe(now_s - request.arrival_s)
         else:
-            self._metrics.time_per_output_token_s.observe(now_s - previous_s)
+            self._metrics.time_per_output_token_s[request.priority].observe(now_s - previous_s)
         if output.is_finished:
             self._retire(entry)
         return output
@@ -501,4 +545,5 @@ class LLMEngine:
         metrics.running.set(scheduler.num_running)
         metrics.waiting.set(scheduler.num_waiting)
         publish_kv_usage(metrics, manager)
+        publish_adapters(metrics, (entry.request.seq for entry in self._entries.values()))
         self.prefix_digest.refresh(manager, force=not scheduler.has_unfinished)

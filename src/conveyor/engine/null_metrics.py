@@ -7,10 +7,15 @@ engine then talks to these no-op children instead of checking for None at every 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from conveyor.metrics import FINISH_REASONS, OUTCOMES, STEP_PHASES, GeneratorMetrics
+from conveyor.observability.metrics import FINISH_REASONS, OUTCOMES, STEP_PHASES, GeneratorMetrics
+from conveyor.priority import Priority
 
 __all__ = ["null_generator_metrics"]
+
+# Children that come one per priority class.
+BY_PRIORITY = ("latency_s", "time_to_first_token_s", "time_per_output_token_s")
 
 
 class _NoOpMetric:
@@ -29,13 +34,16 @@ class _NoOpMetric:
 def null_generator_metrics() -> GeneratorMetrics:
     """Metrics whose every child (and every outcome of ``requests``) is a no-op."""
     noop = _NoOpMetric()
-    children = {
+    children: dict[str, Any] = {
         field.name: noop
         for field in dataclasses.fields(GeneratorMetrics)
-        if field.name not in ("requests", "finished", "step_phase_s")
+        if field.name not in (*BY_PRIORITY, "requests", "finished", "step_phase_s", "adapters")
     }
     return GeneratorMetrics(
         **children,
+        latency_s=dict.fromkeys(Priority, noop),
+        time_to_first_token_s=dict.fromkeys(Priority, noop),
+        time_per_output_token_s=dict.fromkeys(Priority, noop),
         requests=dict.fromkeys(OUTCOMES, noop),
         finished=dict.fromkeys(FINISH_REASONS, noop),
         step_phase_s=dict.fromkeys(STEP_PHASES, noop),

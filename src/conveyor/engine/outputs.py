@@ -8,7 +8,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["FinishReason", "GenerationOutput", "RequestTimings", "TokenLogprobs"]
+__all__ = [
+    "FinishReason",
+    "GenerationOutput",
+    "PromptLogprobs",
+    "RequestTimings",
+    "TokenLogprobs",
+]
 
 
 class FinishReason(enum.Enum):
@@ -46,6 +52,25 @@ class TokenLogprobs:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """How likely the model found each prompt token, given the tokens before it.
+
+    ``entries[i]`` is about ``token_ids[i + 1]`` (its ``top`` alternatives are the most
+    likely tokens at that position); the first token, with nothing before it, has none.
+    """
+
+    token_ids: tuple[int, ...]
+    entries: tuple[TokenLogprobs, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.entries) != max(0, len(self.token_ids) - 1):
+            raise ValueError(
+                f"{len(self.token_ids)} prompt tokens need {len(self.token_ids) - 1} entries, "
+                f"got {len(self.entries)}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationOutput:
     """What one step added to one request: new token(s), the text they completed, and state.
 
@@ -65,6 +90,10 @@ class GenerationOutput:
     timings: RequestTimings
     # The request's share of its steps' model time so far (by tokens computed), seconds.
     model_s: float = 0.0
+    # On the request's first output only, when its params asked for prompt logprobs.
+    prompt_logprobs: PromptLogprobs | None = None
+    # On the last output of a request a stop string ended: which one it was.
+    stop_string: str | None = None
 
     @property
     def is_finished(self) -> bool:

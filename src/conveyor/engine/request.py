@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from conveyor.engine.outputs import FinishReason, GenerationOutput, RequestTimings, TokenLogprobs
-from conveyor.engine.sampling import new_generator
-from conveyor.engine.sampling_logits import TokenHistory
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.sequence import Sequence
+from conveyor.engine.core.sequence import Sequence
+from conveyor.engine.core.step import PromptScoring, SeqChunk
+from conveyor.engine.outputs import (
+    FinishReason,
+    GenerationOutput,
+    PromptLogprobs,
+    RequestTimings,
+    TokenLogprobs,
+)
+from conveyor.engine.sampling.logits import TokenHistory
+from conveyor.engine.sampling.params import SamplingParams
+from conveyor.engine.sampling.sampler import new_generator
 from conveyor.engine.tokenizer import Detokenizer, Tokenizer
 from conveyor.observability.context import RequestContext
 from conveyor.priority import Priority
@@ -69,6 +76,9 @@ class GenerationRequest:
     matcher: llguidance.LLMatcher | None = field(init=False, default=None)
     # Its share of every step's model time, by tokens computed (see ``LLMEngine._step``).
     model_s: float = field(init=False, default=0.0)
+    # Prompt logprobs so far: entry i is about prompt token i + 1 (see ``PromptLogprobs``).
+    prompt_scores: list[TokenLogprobs] = field(init=False, default_factory=list)
+    is_prompt_logprobs_sent: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) >= self.max_model_len:
@@ -77,12 +87,16 @@ class GenerationRequest:
                 f"{self.max_model_len}, which leaves no room for output"
             )
         # arrival is set by the engine when it queues the sequence (a strict order).
+        # Prompt logprobs need every position computed: no prefix-cache reads, so no
+        # waiting for a sibling to fill the cache either.
+        is_scored = self.params.prompt_logprobs is not None
         self.seq = Sequence(
             self.request_id,
             self.prompt_token_ids,
             priority=self.priority,
-            prefix_group=self.prefix_group,
+            prefix_group=None if is_scored else self.prefix_group,
             adapter_id=self.adapter_id,
+            uses_prefix_cache=not is_scored,
         )
         self.generator = None if self.params.seed is None else new_generator(self.params.seed)
         self.detokenizer = self.tokenizer.detokenizer(
@@ -106,6 +120,31 @@ class GenerationRequest:
     def timings(self) -> RequestTimings:
         """The request's timestamps so far."""
         return RequestTimings(self.arrival_s, self.first_token_s, self.finished_s)
+
+    def with_scoring(self, chunk: SeqChunk) -> SeqChunk:
+        """``chunk`` asking for the prompt positions in it that are still to be scored.
+
+        Position ``p`` is scored against prompt token ``p + 1``; positions scored before
+        (a chunk recomputed after a preemption) are not scored again.
+        """
+        num_top = self.params.prompt_logprobs
+        if num_top is None:
+            return chunk
+        first = max(chunk.start_pos, len(self.prompt_scores))
+        end = min(chunk.end_pos, len(self.prompt_token_ids) - 1)
+        if first >= end:
+            return chunk
+        targets = tuple(self.prompt_token_ids[first + 1 : end + 1])
+        return replace(chunk, scoring=PromptScoring(first, targets, num_top))
+
+    def add_prompt_scores(self, scoring: PromptScoring, scores: tuple[TokenLogprobs, ...]) -> None:
+        """Keep the scores of a chunk's positions (``scoring`` says which they are)."""
+        if scoring.first_pos != len(self.prompt_scores) or len(scores) != len(scoring.target_ids):
+            raise ValueError(
+                f"request {self.request_id}: scores for positions {scoring.first_pos}.."
+                f"{scoring.end_pos} do not follow the {len(self.prompt_scores)} kept"
+            )
+        self.prompt_scores.extend(scores)
 
     def add_token(
         self, token_id: int, logprobs: TokenLogprobs | None, now_s: float
@@ -166,6 +205,13 @@ class GenerationRequest:
             return True
         return matcher.is_stopped()
 
+    def _take_prompt_logprobs(self) -> PromptLogprobs | None:
+        """The prompt's logprobs, once (for the first output), when they were asked for."""
+        if self.params.prompt_logprobs is None or self.is_prompt_logprobs_sent:
+            return None
+        self.is_prompt_logprobs_sent = True
+        return PromptLogprobs(tuple(self.prompt_token_ids), tuple(self.prompt_scores))
+
     def _output(
         self, token_ids: tuple[int, ...], text: str, logprobs: tuple[TokenLogprobs, ...]
     ) -> GenerationOutput:
@@ -181,4 +227,6 @@ class GenerationRequest:
             num_cached_tokens=self.seq.num_cached_tokens,
             timings=self.timings(),
             model_s=self.model_s,
+            prompt_logprobs=self._take_prompt_logprobs(),
+            stop_string=self.detokenizer.stop_string,
         )

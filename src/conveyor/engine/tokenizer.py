@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.engine.gguf_format import find_gguf_file
+from conveyor.engine.model.gguf_format import find_gguf_file
 
 __all__ = ["DetokenizedText", "Detokenizer", "Tokenizer"]
 
@@ -184,6 +184,11 @@ class Detokenizer:
     def is_stopped(self) -> bool:
         """Whether a stop string has ended the sequence."""
         return self._stop_string is not None
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the sequence, if one did."""
+        return self._stop_string
 
     def add_token(self, token_id: int) -> DetokenizedText:
         """Feed the next output id; returns the text that may be streamed now."""

@@ -1,4 +1,5 @@
-"""In-memory job store and worker registry: files, batches, cache, workers, shards, keys, usage."""
+"""In-memory job store and worker registry: files, batches, cache, workers, shards, keys, usage,
+stored responses."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, TypeVar
 
 from conveyor.fakes.api_keys import MemoryApiKeys
 from conveyor.fakes.models import MemoryModels
+from conveyor.fakes.responses import MemoryResponses
 from conveyor.fakes.shards import MemoryShards, op
 from conveyor.fakes.usage import MemoryUsage
 from conveyor.stores.errors import StoreError
@@ -27,7 +29,7 @@ from conveyor.stores.sql_files import encode_batch_fields
 _T = TypeVar("_T")
 
 
-class MemoryJobStore(MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
+class MemoryJobStore(MemoryResponses, MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
     """Job store and worker registry in dictionaries; thread-safe, one lock for everything."""
 
     # -- files -----------------------------------------------------------------------------
@@ -117,12 +119,30 @@ class MemoryJobStore(MemoryApiKeys, MemoryUsage, MemoryShards, MemoryModels):
 
     @op
     def list_batches(
-        self, tenant: str, after: str | None = None, limit: int = 20, *, order: ListOrder = "desc"
+        self,
+        tenant: str,
+        after: str | None = None,
+        limit: int = 20,
+        *,
+        order: ListOrder = "desc",
+        endpoint: str | None = None,
     ) -> list[BatchRecord]:
-        """The tenant's batches newest first (oldest first for `asc`), after the id `after`."""
+        """The tenant's batches newest first (oldest first for `asc`), after the id `after`;
+        with `endpoint`, only that endpoint's."""
         rows = [(seq, r) for seq, r in self._batches.values() if r.tenant == tenant]
+        rows = [(seq, r) for seq, r in rows if endpoint is None or r.endpoint == endpoint]
         page = _page(rows, after, limit, MAX_BATCHES_PAGE, is_ascending=order == "asc")
         return [b for b in (self.get_batch_any(r.id) for r in page) if b is not None]
+
+    @op
+    def delete_batch(self, tenant: str, batch_id: str) -> bool:
+        """Delete the tenant's batch and its shards; whether it existed."""
+        current = self._batches.get(batch_id)
+        if current is None or current[1].tenant != tenant:
+            return False
+        del self._batches[batch_id]
+        self._shards.pop(batch_id, None)
+        return True
 
     @op
     def transition(

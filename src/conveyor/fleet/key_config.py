@@ -1,6 +1,6 @@
 """The ``fleet`` section of the configuration: the fleet's internal key.
 
-Kept free of other Conveyor imports so `conveyor.config` can embed it without a cycle.
+Kept free of other Conveyor imports so `conveyor.config.settings` can embed it without a cycle.
 """
 
 from __future__ import annotations

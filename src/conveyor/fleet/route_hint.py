@@ -1,10 +1,12 @@
 """What a gateway reads from a generation request to route it by affinity.
 
-The session hint is the ``x-conveyor-session`` header, else the body's ``user``. The prompt
-key is the prompt's token ids from the gateway's own tokenizer for the model (configured
-per model; ``fleet.prompt_tokens``), loaded on first use. Only ``/v1/chat/completions`` and
-``/v1/completions`` bodies are read; anything unreadable gives no hint, never an error
-(the worker validates the body).
+The session hint is the ``x-conveyor-session`` header, else (``/v1/responses``) the
+conversation its ``previous_response_id`` names (``response_ids``: every later turn of a
+conversation goes where the earlier ones ran), else the body's ``user``. The prompt key
+is the prompt's token ids from the gateway's own tokenizer for the model (configured per
+model; ``fleet.prompt_tokens``), loaded on first use. Only ``/v1/chat/completions``,
+``/v1/completions`` and ``/v1/responses`` bodies are read; anything unreadable gives no
+hint, never an error (the worker validates the body).
 """
 
 from __future__ import annotations
@@ -18,15 +20,29 @@ import orjson
 
 from conveyor.fleet.affinity import Affinity, AffinitySettings, PromptKey
 from conveyor.fleet.prompt_tokens import GatewayTokenizer
+from conveyor.response_ids import conversation_key
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SESSION_HEADER", "HintReader", "chat_messages", "completion_ids"]
+__all__ = [
+    "CONVERSATION_PREFIX",
+    "SESSION_HEADER",
+    "HintReader",
+    "chat_messages",
+    "completion_ids",
+    "responses_messages",
+    "session_of",
+]
 
 SESSION_HEADER = b"x-conveyor-session"
 _CHAT_PATH = "/v1/chat/completions"
 _COMPLETION_PATH = "/v1/completions"
+_RESPONSES_PATH = "/v1/responses"
+_HINTED_PATHS = (_CHAT_PATH, _COMPLETION_PATH, _RESPONSES_PATH)
 _USER_KEY = b'"user"'
+_PREVIOUS_KEY = b'"previous_response_id"'
+# A Responses conversation's session hint: this and its key.
+CONVERSATION_PREFIX = "conversation:"
 
 
 def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
@@ -55,6 +71,45 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
             entry["name"] = message["name"]
         result.append(entry)
     return result
+
+
+def responses_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """A Responses body's prompt as the engine's template gets it, or None when it is not
+    plain text: tools, function items, or a continued conversation (whose earlier turns
+    only the job store knows). As the worker has it: ``instructions`` is a system message
+    first, and ``developer`` messages are system messages."""
+    if body.get("tools") or body.get("previous_response_id"):
+        return None
+    instructions, items = body.get("instructions"), body.get("input")
+    messages: list[dict[str, Any]] = []
+    if isinstance(instructions, str) and instructions:
+        messages.append({"role": "system", "content": instructions})
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        return None
+    for item in items:
+        if not isinstance(item, Mapping) or item.get("type", "message") != "message":
+            return None
+        role, content = item.get("role"), item.get("content")
+        if isinstance(content, list):
+            parts = [p.get("text", p.get("refusal")) for p in content if isinstance(p, Mapping)]
+            content = "".join(p for p in parts if isinstance(p, str))
+        if not isinstance(role, str) or not isinstance(content, str):
+            return None
+        messages.append({"role": "system" if role == "developer" else role, "content": content})
+    return messages
+
+
+def session_of(path: str, body: Mapping[str, Any]) -> str | None:
+    """The body's session hint: a Responses turn's conversation, else its ``user``."""
+    if path == _RESPONSES_PATH:
+        previous = body.get("previous_response_id")
+        key = conversation_key(previous) if isinstance(previous, str) else None
+        if key is not None:
+            return CONVERSATION_PREFIX + key
+    user = body.get("user")
+    return user if isinstance(user, str) and user else None
 
 
 def completion_ids(tokenizer: GatewayTokenizer, prompt: object) -> list[int] | None:
@@ -105,7 +160,7 @@ class HintReader:
         Requests that need the tokenizer run on a thread (``tokenizers`` releases the GIL
         while it encodes), with their prompt keys hashed there for ``block_sizes``.
         """
-        needs_tokens = path in (_CHAT_PATH, _COMPLETION_PATH) and self._settings.use_prefix
+        needs_tokens = path in _HINTED_PATHS and self._settings.use_prefix
         if not needs_tokens or self.tokenizer(model) is None:
             return self.affinity(path, headers, body, model)
 
@@ -122,11 +177,12 @@ class HintReader:
         self, path: str, headers: Sequence[tuple[bytes, bytes]], body: bytes, model: str
     ) -> Affinity | None:
         """The request's hint, or None when it has none (or is not a generation request)."""
-        if path not in (_CHAT_PATH, _COMPLETION_PATH):
+        if path not in _HINTED_PATHS:
             return None
         session = next((v.decode("latin-1") for k, v in headers if k == SESSION_HEADER), None)
         tokenizer = self.tokenizer(model) if self._settings.use_prefix else None
-        if tokenizer is None and (session or _USER_KEY not in body):
+        has_hint = _USER_KEY in body or (path == _RESPONSES_PATH and _PREVIOUS_KEY in body)
+        if tokenizer is None and (session or not has_hint):
             return Affinity(session=session) if session else None
         try:
             parsed = orjson.loads(body)
@@ -134,8 +190,8 @@ class HintReader:
             return Affinity(session=session) if session else None
         if not isinstance(parsed, dict):
             return None
-        if session is None and isinstance(parsed.get("user"), str) and parsed["user"]:
-            session = parsed["user"]
+        if session is None:
+            session = session_of(path, parsed)
         ids = self._prompt_ids(tokenizer, path, parsed) if tokenizer is not None else None
         prompt = PromptKey(ids, self._settings.max_prompt_blocks) if ids else None
         return Affinity(prompt, session) if prompt or session else None
@@ -148,7 +204,7 @@ class HintReader:
         try:
             if path == _COMPLETION_PATH:
                 return completion_ids(tokenizer, body.get("prompt"))
-            messages = chat_messages(body)
+            messages = chat_messages(body) if path == _CHAT_PATH else responses_messages(body)
             if messages is None or not tokenizer.has_chat_template:
                 return None
             return tokenizer.encode_chat(messages)

@@ -1,6 +1,6 @@
 """Settings of the batch-jobs subsystem: the `jobs` section of the server config.
 
-Kept free of other Conveyor imports so `conveyor.config` can embed it without a cycle.
+Kept free of other Conveyor imports so `conveyor.config.settings` can embed it without a cycle.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MIB = 1024 * 1024
 DEFAULT_MAX_FILE_BYTES = 200 * MIB
-# OpenAI's limit on requests in one batch input file.
+# OpenAI's limit on requests in one batch input file, and Anthropic's in one Message Batch.
 DEFAULT_MAX_REQUESTS_PER_BATCH = 50_000
+DEFAULT_MAX_REQUESTS_PER_MESSAGE_BATCH = 100_000
 HOUR_S = 3600.0
 DAY_S = 24 * HOUR_S
 
@@ -47,18 +48,36 @@ class JobsConfig(BaseModel):
         default=5.0, gt=0, description="PostgreSQL: longest wait for a pooled connection."
     )
     is_worker: bool = Field(default=True, description="Whether this process runs shards.")
-    worker_id: str | None = Field(default=None, min_length=1)
-    num_shard_runners: int = Field(default=2, ge=1, le=64)
-    lines_per_shard: int = Field(default=1000, ge=1)
+    worker_id: str | None = Field(
+        default=None, min_length=1, description="Owner name in leases (default: host-pid-random)."
+    )
+    num_shard_runners: int = Field(default=2, ge=1, le=64, description="Shards run at once.")
+    lines_per_shard: int = Field(default=1000, ge=1, description="The unit of leasing and rerun.")
     max_lines_in_flight: int = Field(default=256, ge=1, description="Per shard runner.")
-    lease_s: float = Field(default=30.0, gt=0)
-    renew_every_s: float = Field(default=2.0, gt=0)
+    lease_s: float = Field(
+        default=30.0, gt=0, description="A shard whose lease is not renewed this long is rerun."
+    )
+    renew_every_s: float = Field(default=2.0, gt=0, description="Lease renewal period.")
     poll_every_s: float = Field(default=1.0, gt=0, description="Idle wait between store scans.")
-    max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=1)
-    max_requests_per_batch: int = Field(default=DEFAULT_MAX_REQUESTS_PER_BATCH, ge=1)
-    max_listed_errors: int = Field(default=10_000, ge=1)
-    min_completion_window_s: float = Field(default=HOUR_S, gt=0)
-    max_completion_window_s: float = Field(default=7 * DAY_S, gt=0)
+    max_file_bytes: int = Field(
+        default=DEFAULT_MAX_FILE_BYTES, ge=1, description="Largest upload (413 above it)."
+    )
+    max_requests_per_batch: int = Field(
+        default=DEFAULT_MAX_REQUESTS_PER_BATCH, ge=1, description="Lines in one input file."
+    )
+    max_requests_per_message_batch: int = Field(
+        default=DEFAULT_MAX_REQUESTS_PER_MESSAGE_BATCH, ge=1,
+        description="Requests in one Anthropic Message Batch.",
+    )  # fmt: skip
+    max_listed_errors: int = Field(
+        default=10_000, ge=1, description="Validation errors listed one by one (then a count)."
+    )
+    min_completion_window_s: float = Field(
+        default=HOUR_S, gt=0, description="Shortest `completion_window` a batch may ask for."
+    )
+    max_completion_window_s: float = Field(
+        default=7 * DAY_S, gt=0, description="Longest `completion_window`."
+    )
     min_expires_after_s: float = Field(
         default=HOUR_S, gt=0, description="Shortest `expires_after` of a file (OpenAI: 1 h)."
     )
@@ -66,8 +85,8 @@ class JobsConfig(BaseModel):
         default=30 * DAY_S, gt=0, description="Longest `expires_after` (OpenAI: 30 days)."
     )
     max_line_retries: int = Field(default=5, ge=0, description="For transient 5xx errors.")
-    retry_base_s: float = Field(default=0.05, gt=0)
-    retry_max_s: float = Field(default=2.0, gt=0)
+    retry_base_s: float = Field(default=0.05, gt=0, description="First wait before a retry.")
+    retry_max_s: float = Field(default=2.0, gt=0, description="Longest wait between retries.")
     line_timeout_ms: float = Field(default=600_000, gt=0, description="Deadline per batch line.")
     isolate_after_attempts: int = Field(
         default=2, ge=1, description="Attempts a shard gets before its lines are bisected."

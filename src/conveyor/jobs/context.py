@@ -21,7 +21,7 @@ class JobCounters:
     """Prometheus children for batch jobs (no-ops without a registry, e.g. in unit tests)."""
 
     def __init__(self, metrics: Any = None) -> None:
-        """Bind to `conveyor.metrics.Metrics` families when given."""
+        """Bind to `conveyor.observability.metrics.Metrics` families when given."""
         self._metrics = metrics
         self.num_cache_hits = 0
         self.num_lines = {"completed": 0, "failed": 0}

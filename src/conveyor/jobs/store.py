@@ -88,10 +88,23 @@ class AsyncJobStore:
         return await self._call(self.blocking.get_batch_any, batch_id)
 
     async def list_batches(
-        self, tenant: str, after: str | None, limit: int, *, order: ListOrder = "desc"
+        self,
+        tenant: str,
+        after: str | None,
+        limit: int,
+        *,
+        order: ListOrder = "desc",
+        endpoint: str | None = None,
     ) -> list[BatchRecord]:
-        """The tenant's batches newest first (oldest first for `asc`), after the id `after`."""
-        return await self._call(self.blocking.list_batches, tenant, after, limit, order=order)
+        """The tenant's batches newest first (oldest first for `asc`), after the id `after`;
+        with `endpoint`, only that endpoint's."""
+        return await self._call(
+            self.blocking.list_batches, tenant, after, limit, order=order, endpoint=endpoint
+        )
+
+    async def delete_batch(self, tenant: str, batch_id: str) -> bool:
+        """Delete the tenant's batch and its shards; whether it existed."""
+        return await self._call(self.blocking.delete_batch, tenant, batch_id)
 
     async def batches_in_status(self, statuses: Iterable[BatchStatus]) -> list[BatchRecord]:
         """Every batch in one of `statuses`, oldest first."""

@@ -19,6 +19,7 @@ from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.context import JobCounters, JobsContext
 from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.line_caller import RunRequest
+from conveyor.jobs.message_batches import MessageBatches
 from conveyor.jobs.operations import JobOperations
 from conveyor.jobs.runner import ShardRunner
 from conveyor.jobs.stalls import StallReporter
@@ -69,6 +70,7 @@ class JobsSubsystem:
         self._batch_queue_tokens = batch_queue_tokens
         self._ctx: JobsContext | None = None
         self._api: JobOperations | None = None
+        self._message_batches: MessageBatches | None = None
         self._shutdown = asyncio.Event()
         self._kick = asyncio.Event()
         self._wake = asyncio.Event()
@@ -80,6 +82,13 @@ class JobsSubsystem:
         if self._api is None:
             raise ServiceUnavailable("batch jobs are not available yet")
         return self._api
+
+    @property
+    def message_batches(self) -> MessageBatches:
+        """Anthropic's Message Batches operations (503 until started)."""
+        if self._message_batches is None:
+            raise ServiceUnavailable("batch jobs are not available yet")
+        return self._message_batches
 
     @property
     def context(self) -> JobsContext:
@@ -114,6 +123,7 @@ class JobsSubsystem:
         self.budgets.bind(store)
         self._ctx = ctx
         self._api = JobOperations(ctx, self._kick.set)
+        self._message_batches = MessageBatches(ctx, self._kick.set)
         self._shutdown.clear()
         stalls = StallReporter(ctx)
         supervisor = Supervisor(ctx, self._wake, stalls)
@@ -140,6 +150,7 @@ class JobsSubsystem:
                     await task
         self._tasks.clear()
         self._api = None
+        self._message_batches = None
         if self._ctx is not None:
             self.budgets.bind(None)
             await self._ctx.store.close()

@@ -24,6 +24,7 @@ from conveyor.jobs.context import JobsContext, wait_for_any
 from conveyor.jobs.expiry import delete_expired_files
 from conveyor.jobs.finalize import Finalizer
 from conveyor.jobs.keys import file_key
+from conveyor.jobs.message_batch_input import max_requests_of
 from conveyor.jobs.planner import BatchPlan, plan_batch
 from conveyor.jobs.queue_limit import QUEUED_STATUSES, queue_limit_error, queued_tokens
 from conveyor.jobs.stalls import StallReporter, backoff_s
@@ -146,7 +147,8 @@ class Supervisor:
         return plan_batch(
             self._ctx.objects, file_key(batch.input_file_id),
             endpoint=batch.endpoint, is_model_served=self._ctx.is_model_served,
-            lines_per_shard=cfg.lines_per_shard, max_requests=cfg.max_requests_per_batch,
+            lines_per_shard=cfg.lines_per_shard,
+            max_requests=max_requests_of(cfg, batch.endpoint),
             max_listed_errors=cfg.max_listed_errors,
         )  # fmt: skip
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.config import RerankModelConfig
+from conveyor.config.model_config import RerankModelConfig
 from conveyor.errors import ConfigError, InvalidRequest, ModelOutOfMemory
 from conveyor.models.base import EmbeddingInput, EncodedInput, Vector
 from conveyor.models.embedding import resolve_device

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.config import EmbeddingModelConfig, local_model_path
+from conveyor.config.model_config import EmbeddingModelConfig, local_model_path
 from conveyor.errors import ConfigError, InvalidRequest, ModelOutOfMemory
 from conveyor.models.base import EmbeddingInput, EncodedInput, Vector, too_long_message
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from conveyor.config import (
+from conveyor.config.model_config import (
     EmbeddingModelConfig,
     GenerateModelConfig,
     RerankModelConfig,
     SyntheticModelConfig,
 )
-from conveyor.metrics import GeneratorMetrics
 from conveyor.models.base import EmbeddingModel
+from conveyor.observability.metrics import GeneratorMetrics
 
 if TYPE_CHECKING:
     from conveyor.engine.generator import HostedGenerator

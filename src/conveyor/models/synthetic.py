@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.config import SyntheticModelConfig
+from conveyor.config.model_config import SyntheticModelConfig
 from conveyor.errors import InputRejected, InvalidRequest, ModelOutOfMemory
 from conveyor.models.base import EmbeddingInput, EncodedInput, Vector, too_long_message
 

@@ -15,8 +15,13 @@ class TracingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    otlp_endpoint: str | None = Field(default=None, min_length=1)
-    sample_ratio: float = Field(default=1.0, ge=0, le=1)
+    otlp_endpoint: str | None = Field(
+        default=None, min_length=1, description="OTLP/HTTP traces URL; unset: no spans at all."
+    )
+    sample_ratio: float = Field(
+        default=1.0, ge=0, le=1, description="Share of new traces kept (an incoming sampled "
+        "traceparent is always followed).",
+    )  # fmt: skip
     service_name: str | None = Field(
         default=None, min_length=1, description="Default: conveyor-serve or conveyor-gateway."
     )

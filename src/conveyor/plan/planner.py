@@ -8,23 +8,20 @@ batch-time curve: a preset cannot say how long an encoder's batch takes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from conveyor.plan.curves import LinearCurve
 from conveyor.plan.gpus import GpuSpec
+from conveyor.plan.parallel import TpFit, choice_note, fit_at, sizes_for, tp_prefill_s, tp_step
 from conveyor.plan.shape import ModelShape
 from conveyor.plan.sizing import (
-    BANDWIDTH_EFFICIENCY,
     Workload,
     batch_for_p99,
     generative_latency_s,
-    kv_budget_bytes,
-    max_batch_for_kv,
     max_batch_for_tpot,
     one_shot_p99_s,
     output_tokens_per_s,
-    prefill_s,
     replicas_for,
     steady_batch,
     usd_per_million,
@@ -48,15 +45,49 @@ class GenerativeCosts:
     overlap_s: float = 0.0
 
 
-def roofline_costs(shape: ModelShape, gpu: GpuSpec, workload: Workload) -> GenerativeCosts:
-    """Decode steps bound by bandwidth (at the mean context), prefill by FLOP/s."""
+def roofline_costs(
+    shape: ModelShape, gpu: GpuSpec, workload: Workload, tensor_parallel_size: int = 1
+) -> GenerativeCosts:
+    """Decode steps bound by bandwidth (at the mean context), prefill by FLOP/s, at
+    ``tensor_parallel_size`` GPUs a replica (with their all-reduces)."""
     context = workload.prompt_tokens + workload.output_tokens / 2
-    bandwidth = gpu.bandwidth_bytes_per_s * BANDWIDTH_EFFICIENCY
-    step = LinearCurve(
-        shape.weight_bytes / bandwidth, shape.kv_bytes_per_token * context / bandwidth
-    )
-    prefill = prefill_s(shape.num_params, workload.prompt_tokens, gpu.bf16_flops_per_s)
+    step = tp_step(shape, gpu, context, tensor_parallel_size)
+    prefill = tp_prefill_s(shape, gpu, workload.prompt_tokens, tensor_parallel_size)
     return GenerativeCosts(step, prefill, f"preset {gpu.name}")
+
+
+def plan_preset(
+    workload: Workload, shape: ModelShape, gpu: GpuSpec, tensor_parallel_size: int | None = None,
+    *, ceiling: int | None = None,
+) -> Plan:  # fmt: skip
+    """The roofline plan at the given tensor-parallel size, or else at the size that needs
+    the fewest GPUs in all for the load (the smaller size on a tie); every size tried is in
+    the plan, and when none fits the plan says so (``fits`` false).
+
+    ``ceiling`` caps the batch (a served model's ``max_num_seqs``)."""
+    tried: list[tuple[TpFit, GenerativeCosts]] = []
+    for size in sizes_for(gpu, tensor_parallel_size):
+        costs = replace(roofline_costs(shape, gpu, workload, size), max_batch=ceiling)
+        tried.append((fit_at(shape, gpu, workload, size, costs.step, ceiling), costs))
+    fits = [(fit, costs) for fit, costs in tried if fit.why_not is None]
+    fits_only = [fit for fit, _ in tried]
+    if not fits:
+        fit, costs = tried[-1]
+        return plan_generative(workload, costs, shape, gpu, tried=fits_only, chosen=fit,
+                               requested=tensor_parallel_size)  # fmt: skip
+    plans = [
+        plan_generative(
+            workload, costs, shape, gpu, tried=fits_only, chosen=fit, requested=tensor_parallel_size
+        )
+        for fit, costs in fits
+    ]
+    best = min(plans, key=lambda plan: (plan["gpus"], plan["tensor_parallel_size"]))
+    if tensor_parallel_size is None:
+        gpus = {plan["tensor_parallel_size"]: plan["gpus"] for plan in plans}
+        best["tensor_parallel_note"] = choice_note(
+            fits_only, fits[plans.index(best)][0], None, gpus
+        )
+    return best
 
 
 def _ms(seconds: float) -> float:
@@ -64,33 +95,74 @@ def _ms(seconds: float) -> float:
 
 
 def plan_generative(
-    workload: Workload, costs: GenerativeCosts, shape: ModelShape | None, gpu: GpuSpec | None
-) -> Plan:
-    """Batch limit, step times, throughput, replicas and cost of a generative model."""
-    context = workload.prompt_tokens + workload.output_tokens
+    workload: Workload, costs: GenerativeCosts, shape: ModelShape | None, gpu: GpuSpec | None,
+    *, tried: list[TpFit] | None = None, chosen: TpFit | None = None,
+    requested: int | None = None,
+) -> Plan:  # fmt: skip
+    """Batch limit, step times, throughput, replicas and cost of a generative model; a
+    plan with ``fits`` false (and why) when not even one sequence fits."""
+    if workload.output_tokens < 1:
+        raise ValueError("a generative model's plan needs --output-tokens >= 1")
     plan: Plan = {"kind": "generative", "source": costs.source}
-    ceilings = [] if costs.max_batch is None else [costs.max_batch]
     if shape is not None:
         plan["weight_bytes"] = shape.weight_bytes
         plan["kv_bytes_per_token"] = shape.kv_bytes_per_token
-        if gpu is not None:
-            budget = kv_budget_bytes(gpu.memory_bytes, shape.weight_bytes)
-            plan["kv_budget_bytes"] = budget
-            ceilings.append(max_batch_for_kv(budget, shape.kv_bytes_per_token, context))
-    if not ceilings:
+        if gpu is not None and tried is None:
+            tried = [fit_at(shape, gpu, workload, 1, costs.step, costs.max_batch)]
+    if tried:
+        fit = chosen or tried[-1]
+        max_batch, size = fit.max_batch, fit.tensor_parallel_size
+        plan.update(_parallel_figures(tried, fit, requested, gpu))
+    elif costs.max_batch is not None:
+        max_batch, size = _tpot_cap(costs, workload), 1
+        plan["fits"] = max_batch >= 1
+        if max_batch < 1:
+            plan["why_not"] = "even one sequence's decode step misses the TPOT target"
+    else:
         raise ValueError("a plan needs a model config and GPU, or a calibration")
-    max_batch = min(ceilings)
-    if workload.tpot_ms is not None:
-        max_batch = max_batch_for_tpot(costs.step, workload.tpot_ms / 1000, max_batch)
     if max_batch < 1:
-        raise ValueError("no batch fits: the model does not fit the GPU or the TPOT target")
+        return plan
+    plan.update(_throughput(workload, costs, max_batch, size))
+    plan.update(_generative_latency(costs, workload, max_batch, plan["replicas_with_headroom"]))
+    return plan
+
+
+def _tpot_cap(costs: GenerativeCosts, workload: Workload) -> int:
+    """The measured ceiling, lowered to meet the TPOT target."""
+    ceiling = costs.max_batch or 0
+    if workload.tpot_ms is None:
+        return ceiling
+    return max_batch_for_tpot(costs.step, workload.tpot_ms / 1000, ceiling)
+
+
+def _parallel_figures(
+    tried: list[TpFit], fit: TpFit, requested: int | None, gpu: GpuSpec | None
+) -> Plan:
+    """The tensor-parallel size used (``fit``), every size tried with its numbers, and the
+    note on the choice."""
+    link = None if gpu is None else gpu.link
+    figures: Plan = {
+        "fits": fit.why_not is None,
+        "tensor_parallel_size": fit.tensor_parallel_size,
+        "interconnect": None if link is None else link.kind,
+        "kv_budget_bytes": fit.kv_budget_bytes_per_gpu,
+        "tensor_parallel_note": choice_note(tried, fit, requested),
+        "tensor_parallel_tried": [t.as_dict() for t in tried],
+    }
+    if fit.why_not is not None:
+        figures["why_not"] = figures["tensor_parallel_note"]
+    return figures
+
+
+def _throughput(workload: Workload, costs: GenerativeCosts, max_batch: int, size: int) -> Plan:
+    """A full replica's tokens and requests per second, replicas, GPUs and cost."""
     tokens_per_s = output_tokens_per_s(max_batch, costs.step, costs.prefill_s,
                                        workload.output_tokens)  # fmt: skip
     rps = tokens_per_s / max(1, workload.output_tokens)
     replicas = replicas_for(workload.qps, rps, workload)
     ttft_s = costs.prefill_s + costs.step.at(max_batch)
     target = workload.p99_ttft_ms
-    plan.update({
+    return {
         "max_batch": max_batch,
         "prefill_ms": _ms(costs.prefill_s),
         "decode_step_ms": _ms(costs.step.at(max_batch)),
@@ -103,11 +175,12 @@ def plan_generative(
         # A full replica: every request waits for the others' prefills and their shared steps.
         "predicted_request_ms": _ms(max_batch * max(1, workload.output_tokens) / tokens_per_s),
         **_replica_figures(replicas.bare, replicas.with_headroom, replicas.total),
+        "gpus_per_replica": size,
+        "gpus": replicas.total * size,
         "usd_per_million_output_tokens": _round(usd_per_million(
-            replicas.total, workload.gpu_hour_usd, workload.qps * workload.output_tokens)),
-    })  # fmt: skip
-    plan.update(_generative_latency(costs, workload, max_batch, replicas.with_headroom))
-    return plan
+            replicas.total * size, workload.gpu_hour_usd,
+            workload.qps * workload.output_tokens)),
+    }  # fmt: skip
 
 
 def _generative_latency(
@@ -162,8 +235,11 @@ def _one_shot_latency(
 ) -> Plan:
     """Predicted p99 at the current max_wait; recommended knobs for a p99 target."""
     batch = steady_batch(curve, rate, max_wait_s, max_batch)
+    # On average a request waits half a window (or half the batch in progress), then its own.
+    mean_s = max(max_wait_s, curve.at(batch)) / 2 + curve.at(batch)
     figures: Plan = {
         "steady_batch": round(batch, 2),
+        "predicted_mean_ms": _ms(mean_s),
         "predicted_p99_ms": _ms(one_shot_p99_s(curve, batch, max_wait_s)),
     }
     if workload.p99_ttft_ms is not None:

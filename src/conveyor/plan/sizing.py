@@ -106,14 +106,20 @@ def max_batch_for_tpot(step: LinearCurve, tpot_s: float, ceiling: int) -> int:
 
 
 def output_tokens_per_s(batch: int, step: LinearCurve, prefill: float, output_tokens: int) -> float:
-    """Output tokens a replica makes per second at ``batch`` running sequences.
+    """Output tokens a replica makes per second with all ``batch`` seats taken.
 
-    Each request costs its prefill plus ``output_tokens`` steps shared by the batch.
+    A request holds its seat for ``output_tokens`` steps: the one that runs its prefill
+    (which yields its first token) and ``output_tokens - 1`` decodes. In the steady state a
+    step therefore decodes ``batch (out - 1) / out`` sequences and admits ``batch / out``,
+    each admission adding its prefill's marginal cost (``prefill - fixed``) to the step, as
+    the latency arithmetic has it; every step yields ``batch`` tokens.
     """
     if batch < 1 or output_tokens < 1:
         return 0.0
-    per_request_s = prefill + output_tokens * step.at(batch) / batch
-    return output_tokens / per_request_s
+    extra = max(0.0, prefill - step.fixed_s)
+    admitted = batch / output_tokens
+    step_s = step.at(batch - admitted) + admitted * extra
+    return batch / max(step_s, 1e-12)
 
 
 def generative_latency_s(
@@ -134,8 +140,10 @@ def generative_latency_s(
     (Little's law), solved for the mean ``W`` in closed form. p99: both counts at their
     Poisson 99th percentile (the batch capped at ``ceiling``); each of those others costs
     at least ``per_other_s`` when given (measured: what one other request alongside adds to
-    a whole request, its engine steps and the work around them). Infinite when the replica
-    cannot carry the rate, or its seats would all be taken (requests then queue for them).
+    a whole request, its engine steps and the work around them). When that many others
+    are more than the seats, the request also waits for seats to free (``seat_wait_s``).
+    Infinite when the replica cannot carry the rate, or its seats would all be taken on
+    average (requests then queue without bound).
     """
     decode = max(0, output_tokens - 1)
     extra = max(0.0, prefill - step.fixed_s)
@@ -149,7 +157,14 @@ def generative_latency_s(
     tail = others + Z_P99 * math.sqrt(others)
     engine = decode * (step.at(min(float(ceiling), 1 + tail)) - step.at(1)) + extra * tail
     p99_s = prefill + decode * step.at(1) + max(engine, per_other_s * tail)
+    p99_s += seat_wait_s(1 + tail - ceiling, ceiling, prefill + decode * step.at(ceiling))
     return mean_s, max(mean_s, p99_s)
+
+
+def seat_wait_s(queued: float, seats: int, seat_s: float) -> float:
+    """The wait for a seat behind ``queued`` others when all ``seats`` are taken: a seat
+    frees every ``seat_s / seats`` seconds (each is held ``seat_s``)."""
+    return max(0.0, queued) * seat_s / seats
 
 
 def steady_batch(curve: LinearCurve, rate_per_s: float, max_wait_s: float, ceiling: int) -> float:

@@ -202,6 +202,26 @@ _V8_PEAK_COUNTS = (
     "ALTER TABLE shards ADD COLUMN peak_failed BIGINT NOT NULL DEFAULT 0",
 )
 
+# Stored responses (Responses API): the Response object and input items as JSON text, and a
+# background response's runnable request with the lease of the worker running it.
+_V9_RESPONSES = (
+    """CREATE TABLE IF NOT EXISTS responses (
+        seq {seq_pk},
+        id TEXT NOT NULL UNIQUE,
+        tenant TEXT NOT NULL,
+        model TEXT NOT NULL,
+        status TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        body TEXT NOT NULL,
+        input_items TEXT NOT NULL,
+        job TEXT,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        lease_owner TEXT,
+        lease_expires_at {float}
+    )""",
+    "CREATE INDEX IF NOT EXISTS responses_by_status ON responses (status, seq)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_INITIAL),
     Migration(2, "speculative shard attempts", _V2_SPECULATION),
@@ -211,6 +231,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "file expiry", _V6_FILE_EXPIRY),
     Migration(7, "batch queued input tokens", _V7_QUEUED_TOKENS),
     Migration(8, "shard peak counts", _V8_PEAK_COUNTS),
+    Migration(9, "stored responses", _V9_RESPONSES),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -1,13 +1,16 @@
 """What the job store offers, one small protocol per aggregate.
 
 The API, the planner and the shard runners program against these: files, batches, shards
-with their leases, and the result cache. (The worker registry, which shares the database, is
-the fleet's: see `conveyor.fleet.registry_store`.) `SqlJobStore` implements all of them over
-SQLite or PostgreSQL; `conveyor.fakes` implements them in memory for tests.
+with their leases, the result cache, and stored responses. (The worker registry, which
+shares the database, is the fleet's: see `conveyor.fleet.registry_store`.) `SqlJobStore`
+implements all of them over SQLite or PostgreSQL; `conveyor.fakes` implements them in memory
+for tests.
 
 Calls block and are thread-safe; async code uses an async facade that runs each call in a
-worker thread. Every time argument is explicit (`now`, unix seconds) so callers own the clock.
-The store holds references (byte ranges, object keys), never prompts or outputs.
+worker thread. Every time argument is explicit (`now`, unix seconds) so callers own the
+clock. The store holds references (byte ranges, object keys), not batch prompts or outputs;
+the exceptions are the result cache's bodies and stored responses (Responses API), which are
+a conversation's state by design.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from conveyor.stores.records import (
     ShardSpec,
     ShardStatus,
 )
+from conveyor.stores.response_records import ResponseStatus, StoredResponse
 from conveyor.stores.tenant_records import ApiKeyRecord, UsageRow
 
 # OpenAI's page-size limits: files list up to 10 000, batches list up to 100.
@@ -89,10 +93,23 @@ class BatchStore(Protocol):
         ...
 
     def list_batches(
-        self, tenant: str, after: str | None = None, limit: int = 20, *, order: ListOrder = "desc"
+        self,
+        tenant: str,
+        after: str | None = None,
+        limit: int = 20,
+        *,
+        order: ListOrder = "desc",
+        endpoint: str | None = None,
     ) -> list[BatchRecord]:
         """Return the tenant's batches newest first (oldest first for `asc`), starting after
-        the batch id `after`."""
+        the batch id `after`; with `endpoint`, only the batches of that endpoint."""
+        ...
+
+    def delete_batch(self, tenant: str, batch_id: str) -> bool:
+        """Delete the tenant's batch and its shards; return whether it existed.
+
+        Its files (records and bytes) are the caller's to delete.
+        """
         ...
 
     def transition(
@@ -291,6 +308,53 @@ class UsageStore(Protocol):
         ...
 
 
+class ResponseStore(Protocol):
+    """Stored responses (Responses API), per tenant; background runs leased by attempt."""
+
+    def create_response(self, rec: StoredResponse) -> None:
+        """Insert a response; a second one with its id raises StoreError."""
+        ...
+
+    def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
+        """Return the tenant's response, or None (also for another tenant's)."""
+        ...
+
+    def delete_response(self, tenant: str, response_id: str) -> bool:
+        """Delete the tenant's response; return whether it existed."""
+        ...
+
+    def claimable_responses(self, now: float, limit: int) -> list[tuple[str, str]]:
+        """Return up to `limit` background responses runnable at `now`, oldest first, as
+        (id, model) pairs: queued, or in progress under a lease expired by `now`."""
+        ...
+
+    def claim_response(
+        self, response_id: str, worker_id: str, now: float, lease_s: float
+    ) -> StoredResponse | None:
+        """Atomically lease a claimable response to `worker_id` until `now + lease_s`, with
+        `attempt` one higher (fencing the previous holder out); the claimed row, or None."""
+        ...
+
+    def renew_response(self, rec: StoredResponse, now: float, lease_s: float) -> bool:
+        """Extend the lease of the claimed `rec` while its attempt holds the run."""
+        ...
+
+    def finish_response(
+        self, rec: StoredResponse, status: ResponseStatus, body: str, usage: Sequence[UsageRow] = ()
+    ) -> bool:
+        """End the claimed run with `status` and `body` (its job and lease dropped), adding
+        `usage` to the ledger in the same transaction, only while its attempt holds it."""
+        ...
+
+    def release_response(self, rec: StoredResponse) -> bool:
+        """Give the claimed run back (queued again) while its attempt holds it."""
+        ...
+
+    def cancel_response(self, tenant: str, response_id: str, body: str) -> bool:
+        """Move the tenant's queued or running response to cancelled with `body`."""
+        ...
+
+
 class JobStore(
     FileStore,
     BatchStore,
@@ -299,6 +363,7 @@ class JobStore(
     ApiKeyStore,
     ModelStore,
     UsageStore,
+    ResponseStore,
     Protocol,
 ):
     """Every aggregate of one job store database, and the means to close it."""

@@ -16,6 +16,7 @@ from conveyor.stores.records import (
     validate_metadata,
 )
 from conveyor.stores.sql_base import SqlStore, check_limit
+from conveyor.stores.sql_deletes import DELETE_BATCH, DELETE_BATCH_SHARDS
 
 
 class SqlFileStore(SqlStore):
@@ -89,13 +90,29 @@ class SqlBatchStore(SqlStore):
         return BatchRecord.from_row(rows[0]) if rows else None
 
     def list_batches(
-        self, tenant: str, after: str | None = None, limit: int = 20, *, order: ListOrder = "desc"
+        self,
+        tenant: str,
+        after: str | None = None,
+        limit: int = 20,
+        *,
+        order: ListOrder = "desc",
+        endpoint: str | None = None,
     ) -> list[BatchRecord]:
-        """Return the tenant's batches newest first (oldest first for `asc`), after `after`."""
+        """Return the tenant's batches newest first (oldest first for `asc`), after `after`;
+        with `endpoint`, only that endpoint's."""
         check_limit(limit, MAX_BATCHES_PAGE)
-        params = {"tenant": tenant, "after": after, "limit": limit}
+        params = {"tenant": tenant, "after": after, "limit": limit, "endpoint": endpoint}
         query = q.LIST_BATCHES_ASC if order == "asc" else q.LIST_BATCHES
         return [BatchRecord.from_row(row) for row in self._rows(query, params)]
+
+    def delete_batch(self, tenant: str, batch_id: str) -> bool:
+        """Delete the tenant's batch and its shards (one transaction); whether it existed."""
+        params = {"id": batch_id, "tenant": tenant}
+        with self._session(is_write=True) as session:
+            if session.execute(DELETE_BATCH.text(self._dialect), params) == 0:
+                return False
+            session.execute(DELETE_BATCH_SHARDS.text(self._dialect), {"id": batch_id})
+            return True
 
     def transition(
         self,

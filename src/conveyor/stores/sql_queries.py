@@ -195,12 +195,12 @@ GET_BATCH_ANY = shared("get_batch_any", f"{BATCH_SELECT} WHERE b.id = :id")
 
 
 def _list_batches_sql(is_ascending: bool) -> str:
-    """List a tenant's batches in one direction; `after` is the last id of the previous page."""
+    """A tenant's batches (one `endpoint`'s, unless null) one way; `after`: last id seen."""
     beyond, direction = (">", "ASC") if is_ascending else ("<", "DESC")
     return (
         f"{BATCH_SELECT} WHERE b.tenant = :tenant "
-        "AND (CAST(:after AS TEXT) IS NULL "
-        f"     OR b.seq {beyond} "
+        "AND (CAST(:endpoint AS TEXT) IS NULL OR b.endpoint = :endpoint) "
+        f"AND (CAST(:after AS TEXT) IS NULL OR b.seq {beyond} "
         "(SELECT a.seq FROM batches a WHERE a.id = :after AND a.tenant = :tenant)) "
         f"ORDER BY b.seq {direction} LIMIT :limit"
     )

@@ -1,8 +1,9 @@
 """The SQL job store: every aggregate over one database, plus the result cache and workers.
 
 `SqlJobStore` implements `JobStore` (files, batches, shards, result cache, API keys, the
-usage ledger) and the fleet's worker registry protocol; the SQLite and PostgreSQL backends
-subclass it and only supply connections, transactions and error translation.
+usage ledger, stored responses) and the fleet's worker registry protocol; the SQLite and
+PostgreSQL backends subclass it and only supply connections, transactions and error
+translation.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from conveyor.stores.sql_base import SqlStore
 from conveyor.stores.sql_files import SqlBatchStore, SqlFileStore
 from conveyor.stores.sql_keys import SqlApiKeyStore
 from conveyor.stores.sql_models import SqlModelStore
+from conveyor.stores.sql_responses import SqlResponseStore
 from conveyor.stores.sql_shards import SqlShardStore
 from conveyor.stores.sql_usage import SqlUsageStore
 
@@ -95,5 +97,6 @@ class SqlJobStore(
     SqlApiKeyStore,
     SqlModelStore,
     SqlUsageStore,
+    SqlResponseStore,
 ):
     """Every aggregate of the job store database over SQL; backends add the sessions."""

@@ -16,10 +16,17 @@ class _Strict(BaseModel):
 class ModelLimits(_Strict):
     """Per-minute allowances for one tenant on one model (None: unlimited)."""
 
-    rpm: int | None = Field(default=None, ge=1)
-    input_tpm: int | None = Field(default=None, ge=1)
-    output_tpm: int | None = Field(default=None, ge=1)
-    batch_queue_tokens: int | None = Field(default=None, ge=1)
+    rpm: int | None = Field(default=None, ge=1, description="Requests a minute.")
+    input_tpm: int | None = Field(default=None, ge=1, description="Input tokens a minute.")
+    output_tpm: int | None = Field(
+        default=None, ge=1, description="Output tokens a minute (reserved, unused part refunded)."
+    )
+    batch_queue_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Input tokens the tenant's active batches on the model may hold; a batch "
+        "past it fails validation (token_limit_exceeded).",
+    )
 
     def over(self, base: ModelLimits) -> ModelLimits:
         """These limits, with `base`'s where these leave one unset."""
@@ -39,20 +46,32 @@ NO_LIMITS = ModelLimits()
 class TenantConfig(_Strict):
     """One tenant: its share of batch capacity, monthly budget and per-model limits."""
 
-    name: str = Field(min_length=1)
-    weight: float = Field(default=1.0, gt=0)
-    budget_usd: float | None = Field(default=None, ge=0)
-    limits: dict[str, ModelLimits] = Field(default_factory=dict)
+    name: str = Field(min_length=1, description="The tenant API keys name.")
+    weight: float = Field(default=1.0, gt=0, description="Share of batch capacity (fair share).")
+    budget_usd: float | None = Field(
+        default=None, ge=0, description="Budget a UTC calendar month; reached: 429. Unset: none."
+    )
+    limits: dict[str, ModelLimits] = Field(
+        default_factory=dict, description='Limits by model name; "*" applies to every model.'
+    )
 
 
 class RateLimitsConfig(_Strict):
     """Where the token buckets live and what happens when that place is unreachable."""
 
-    backend: Literal["memory", "redis"] = "memory"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_prefix: str = Field(default="conveyor:rl:", min_length=1)
-    redis_timeout_s: float = Field(default=0.25, gt=0, le=10)
-    on_backend_error: Literal["allow", "deny"] = "allow"
+    backend: Literal["memory", "redis"] = Field(
+        default="memory", description="memory: this process's own; redis: shared by a fleet."
+    )
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="The Redis server.")
+    redis_prefix: str = Field(
+        default="conveyor:rl:", min_length=1, description="Prefix of the buckets' Redis keys."
+    )
+    redis_timeout_s: float = Field(
+        default=0.25, gt=0, le=10, description="An admission waits at most twice this for Redis."
+    )
+    on_backend_error: Literal["allow", "deny"] = Field(
+        default="allow", description="While Redis cannot be reached: admit, or refuse with 503."
+    )
     local_shares: bool = Field(
         default=True,
         description="Redis backend: a busy process draws small shares of a bucket and "
@@ -68,7 +87,7 @@ class RateLimitsConfig(_Strict):
 class PricingConfig(_Strict):
     """What a GPU hour costs (a model may set its own `gpu_hour_usd`)."""
 
-    gpu_hour_usd: float = Field(default=2.5, ge=0)
+    gpu_hour_usd: float = Field(default=2.5, ge=0, description="Default price of a GPU hour.")
     models: dict[str, float] = Field(default_factory=dict, description="gpu_hour_usd by model.")
 
 

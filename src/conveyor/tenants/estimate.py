@@ -20,11 +20,15 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 EMBEDDINGS_PATH = "/v1/embeddings"
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
+RESPONSES_PATH = "/v1/responses"
 RERANK_PATH = "/v1/rerank"
 SCORE_PATH = "/v1/score"
+MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API
 # Paths that produce no output tokens (nothing is reserved for output).
 ONE_SHOT_PATHS = frozenset({EMBEDDINGS_PATH, RERANK_PATH, SCORE_PATH})
-LIMITED_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH, *ONE_SHOT_PATHS})
+LIMITED_PATHS = frozenset(
+    {COMPLETIONS_PATH, CHAT_PATH, MESSAGES_PATH, RESPONSES_PATH, *ONE_SHOT_PATHS}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,16 +61,48 @@ def input_tokens(value: Any) -> int:
 
 
 def message_tokens(messages: Any) -> int:
-    """Tokens of chat messages: their text parts plus a few per message."""
+    """Tokens of chat messages: their text parts plus a few per message.
+
+    Anthropic's blocks count too: a ``tool_result``'s content as text, a ``tool_use``'s
+    input is left out (the estimate is corrected at settlement).
+    """
     if not isinstance(messages, list):
         return 0
     total = 0
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
+            content = [_part_text(part) for part in content if isinstance(part, dict)]
+        total += TOKENS_PER_MESSAGE + input_tokens(content)
+    return total
+
+
+def item_tokens(body: dict[str, Any]) -> int:
+    """Tokens of a Responses body: its instructions, then each input item's text (message
+    parts, a call's arguments, a call's output) plus a few per item."""
+    total = input_tokens(body.get("instructions"))
+    items = body.get("input")
+    if not isinstance(items, list):
+        return total + input_tokens(items)
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        content = item.get("content", item.get("arguments", item.get("output")))
+        if isinstance(content, list):
             content = [part.get("text", "") for part in content if isinstance(part, dict)]
         total += TOKENS_PER_MESSAGE + input_tokens(content)
     return total
+
+
+def _part_text(part: dict[str, Any]) -> Any:
+    """The text of a content part (a string, or text parts for a ``tool_result``)."""
+    text = part.get("text")
+    if text is not None:
+        return text
+    nested = part.get("content")
+    if isinstance(nested, list):
+        return [item.get("text", "") for item in nested if isinstance(item, dict)]
+    return nested if isinstance(nested, str) else ""
 
 
 def _positive_int(value: Any, default: int) -> int:
@@ -82,6 +118,8 @@ def output_reserve(body: dict[str, Any], path: str, default_max_tokens: int) -> 
         prompt = body.get("prompt")
         is_many = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
         num_prompts = len(prompt) if is_many and isinstance(prompt, list) else 1
+    elif path == RESPONSES_PATH:
+        return _positive_int(body.get("max_output_tokens"), default_max_tokens)
     else:
         asked = body.get("max_completion_tokens") or body.get("max_tokens")
         per_choice = _positive_int(asked, default_max_tokens)
@@ -113,6 +151,13 @@ def body_input_tokens(body: dict[str, Any], path: str) -> int:
     """About how many input tokens a request body to `path` holds."""
     if path == CHAT_PATH:
         return message_tokens(body.get("messages"))
+    if path == RESPONSES_PATH:
+        return item_tokens(body)
+    if path == MESSAGES_PATH:
+        system = body.get("system")
+        if isinstance(system, list):
+            system = [_part_text(part) for part in system if isinstance(part, dict)]
+        return message_tokens(body.get("messages")) + input_tokens(system)
     if path == RERANK_PATH:
         docs = body.get("documents")
         texts = [d.get("text", "") if isinstance(d, dict) else d for d in docs or []]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conveyor.errors import RateLimitBackendDown, RateLimited, TokensExceedLimit
-from conveyor.metrics import TenantMetrics
+from conveyor.observability.metrics import TenantMetrics
 from conveyor.tenants.buckets import REFILL_WINDOW_S, Decision
 from conveyor.tenants.config import ModelLimits, TenancyConfig
 from conveyor.tenants.estimate import TokenAsk

@@ -14,8 +14,8 @@ import httpx
 
 from conveyor.distribution.manifest import Manifest
 from conveyor.distribution.push import push_model
+from conveyor.fakes.checkpoints import build_tiny_llama
 from conveyor.stores import open_job_store, open_object_store
-from conveyor.testing import build_tiny_llama
 from tests.integration.fleet.conftest import Fleet, Proc
 
 CHUNK_BYTES = 64 * 1024

@@ -22,8 +22,8 @@ import pytest
 
 from conveyor.distribution.manifest import Manifest
 from conveyor.distribution.push import push_model
+from conveyor.fakes.checkpoints import build_tiny_llama
 from conveyor.stores import open_job_store, open_object_store
-from conveyor.testing import build_tiny_llama
 from tests.integration.fleet.conftest import Fleet, Proc, wait_until
 from tests.integration.fleet.test_model_distribution import AS_GATEWAY, worker_config
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conveyor.testing import build_tiny_llama
+from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.integration.fleet.conftest import Fleet, Proc, fleet_doc, routable_ids, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]

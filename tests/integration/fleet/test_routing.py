@@ -62,7 +62,7 @@ def test_models_are_the_union_of_healthy_workers(fleet: Fleet) -> None:
 
 
 def test_fleet_status_and_scaling_signal(fleet: Fleet) -> None:
-    fleet.start_worker("a")
+    worker_a = fleet.start_worker("a")
     gateway = fleet.start_gateway()
     wait_until(lambda: routable_ids(gateway) == {"a"}, 5, "worker routable")
     with httpx.Client() as client:
@@ -77,6 +77,15 @@ def test_fleet_status_and_scaling_signal(fleet: Fleet) -> None:
     assert doc["models"][MODEL]["num_replicas"] == 1
     wait_until(lambda: gateway.metric("conveyor_desired_replicas", model=MODEL) >= 1, 5, "gauge")
     assert gateway.metric("conveyor_gateway_requests_total", model=MODEL, code="200") == 20
+    # A worker also speaks vLLM's names, for gateways and autoscalers that read those.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{worker_a.url}/metrics").text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+    labels = (("engine", "0"), ("model_name", MODEL))
+    assert samples[("vllm:num_requests_waiting", labels)] == 0  # idle after the requests
+    assert samples[("vllm:num_requests_running", labels)] == 0
 
 
 def test_gateway_processes_share_one_port_and_stop_together(fleet: Fleet) -> None:

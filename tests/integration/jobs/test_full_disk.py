@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
-from conveyor.service import Service
+from conveyor.host.service import Service
 from conveyor.stores import local_store
 from tests.disk_full import FullDisk
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
+from conveyor.host.service import Service
 from conveyor.jobs.subsystem import JobsSubsystem
-from conveyor.service import Service
 from conveyor.stores.records import BatchStatus, ShardStatus
 from tests.integration.jobs.test_subsystem import WAIT_S, run_batch
 

@@ -14,8 +14,8 @@ from starlette.types import Receive, Scope, Send
 from conveyor.api.app import create_app
 from conveyor.api.auth import ApiKeyMiddleware, static_principals
 from conveyor.api.gateway_app import create_gateway_app
-from conveyor.config import ApiKey, ServerConfig
-from conveyor.gateway import GatewaySettings
+from conveyor.config.settings import ApiKey, ServerConfig
+from conveyor.gateway.process import GatewaySettings
 from conveyor.stores import open_job_store
 from conveyor.tenants.keyring import KeyRing
 from conveyor.tenants.keys import bearer_token

@@ -13,8 +13,8 @@ from fastapi import FastAPI
 
 from conveyor.api.app import create_app
 from conveyor.api.gateway_app import create_gateway_app
-from conveyor.config import ServerConfig
-from conveyor.gateway import GatewaySettings
+from conveyor.config.settings import ServerConfig
+from conveyor.gateway.process import GatewaySettings
 from conveyor.stores import open_job_store
 from conveyor.stores.tenant_records import UsageRow
 from conveyor.tenants.budget import month_start_s

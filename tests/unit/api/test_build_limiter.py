@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from conveyor.api.middleware import build_limiter
-from conveyor.metrics import TenantMetrics
+from conveyor.observability.metrics import TenantMetrics
 from conveyor.tenants.config import RateLimitsConfig
 from conveyor.tenants.limiter import MemoryRateLimiter
 from conveyor.tenants.limiter_redis import RedisRateLimiter

@@ -17,13 +17,13 @@ from typer.testing import CliRunner
 import conveyor
 from conveyor.api.app import create_app
 from conveyor.api.gateway_app import create_gateway_app
-from conveyor.cli import app as cli_app
-from conveyor.config import ServerConfig
-from conveyor.gateway import GatewaySettings
+from conveyor.cli.main import app as cli_app
+from conveyor.config.settings import ServerConfig
+from conveyor.gateway.process import GatewaySettings
+from conveyor.host.service import Service
 from conveyor.models.base import shorten_vectors
 from conveyor.models.synthetic import synthetic_vector
 from conveyor.openai_paths import PROXIED_ENDPOINTS
-from conveyor.service import Service
 from conveyor.stores import open_job_store
 
 pytestmark = pytest.mark.anyio

@@ -14,9 +14,9 @@ from starlette.types import Receive, Scope, Send
 
 from conveyor.api.app import create_app
 from conveyor.api.auth import ApiKeyMiddleware, static_principals
-from conveyor.config import ApiKey, ServerConfig
+from conveyor.config.settings import ApiKey, ServerConfig
 from conveyor.fleet.credential import FleetCredential, credential_from
-from conveyor.service import Service
+from conveyor.host.service import Service
 from conveyor.tenants.keyring import KeyRing
 
 pytestmark = pytest.mark.anyio

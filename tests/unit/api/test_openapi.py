@@ -13,10 +13,10 @@ import pytest
 
 from conveyor.api.app import create_app
 from conveyor.api.gateway_app import create_gateway_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
-from conveyor.gateway import GatewaySettings
-from conveyor.service import Service
+from conveyor.gateway.process import GatewaySettings
+from conveyor.host.service import Service
 from conveyor.stores import open_job_store
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ from starlette.types import Receive, Scope, Send
 from conveyor.api.connection_limits import HeadLimits, ReadTimeouts
 from conveyor.api.server import uvicorn_config
 from conveyor.api.slow_clients import SlowClientProtocol
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:

@@ -11,7 +11,7 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from conveyor.api.auth import ApiKeyMiddleware, static_principals
-from conveyor.config import ApiKey
+from conveyor.config.settings import ApiKey
 from conveyor.fakes import MemoryJobStore
 from conveyor.stores import StoreError
 from conveyor.tenants.keyring import KeyRing

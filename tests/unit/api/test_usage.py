@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from conveyor.batching.batcher import Batcher, BatcherSettings
-from conveyor.config import SyntheticModelConfig
+from conveyor.config.model_config import SyntheticModelConfig
 from conveyor.errors import DeadlineExceeded, InputRejected, QueueFull, ServiceUnavailable
-from conveyor.metrics import Metrics
 from conveyor.models.synthetic import SyntheticModel
+from conveyor.observability.metrics import Metrics
 from conveyor.priority import Priority
 
 pytestmark = pytest.mark.anyio

@@ -21,7 +21,7 @@ import pytest
 from conveyor.batching import batcher as batcher_module
 from conveyor.batching.batcher import Batcher
 from conveyor.errors import DeadlineExceeded, QueueFull
-from conveyor.metrics import Metrics
+from conveyor.observability.metrics import Metrics
 from conveyor.priority import Priority
 from tests.unit.batching.test_batcher import GatedModel, settings, submit
 from tests.virtual_time import run_virtual

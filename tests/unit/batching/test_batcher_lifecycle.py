@@ -11,11 +11,11 @@ import pytest
 
 from conveyor.batching import batcher as batcher_module
 from conveyor.batching.batcher import Batcher
-from conveyor.config import SyntheticModelConfig
+from conveyor.config.model_config import SyntheticModelConfig
 from conveyor.errors import ServiceUnavailable
-from conveyor.metrics import Metrics
 from conveyor.models.synthetic import SyntheticModel
 from conveyor.observability.context import RequestContext, request_scope
+from conveyor.observability.metrics import Metrics
 from conveyor.priority import Priority
 from tests.unit.batching.test_batcher import GatedModel, counter, settings, submit
 

@@ -13,12 +13,15 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from conveyor.api.app import create_app
 from conveyor.api.gateway_app import create_gateway_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
+from conveyor.dashboard.held import PlanBoard, has_drifted
 from conveyor.dashboard.metrics_read import MetricReader
-from conveyor.dashboard.plans import generative_plan, one_shot_plan, preset_for
+from conveyor.dashboard.plans import one_shot_plan, preset_for
+from conveyor.dashboard.serve_state import generative_model
 from conveyor.dashboard.state import job_row, model_pulls, tenant_limits
-from conveyor.gateway import GatewaySettings
-from conveyor.metrics import Metrics
+from conveyor.gateway.process import GatewaySettings
+from conveyor.observability.metrics import Metrics
+from conveyor.priority import Priority
 from conveyor.stores import open_job_store
 from conveyor.stores.records import BatchRecord, BatchStatus, RequestCounts
 from tests.unit.plan.test_sizing import LLAMA2_7B
@@ -43,16 +46,19 @@ async def test_the_state_shows_what_the_model_did(tmp_path: Path) -> None:
         for _ in range(4):
             answer = await client.post("/v1/embeddings", json={"model": "syn", "input": ["a", "b"]})
             assert answer.status_code == 200
+        # A batch line waits behind online requests: its latency is a series of its own.
+        await app.state.service.embed("syn", ["line"], priority=Priority.BATCH)
         await app.state.service.ledger.flush()  # online usage is written every second
         state = (await client.get("/v1/dashboard/state")).json()
     assert state["object"] == "dashboard.state" and state["role"] == "serve"
     assert state["viewer"] == {"tenant": "default", "scope": "all"}
     (model,) = state["models"]
     assert model["name"] == "syn" and model["kind"] == "one-shot"
-    assert model["totals"]["inputs"] == 8 and model["totals"]["requests"]["ok"] == 4
+    assert model["totals"]["inputs"] == 9 and model["totals"]["requests"]["ok"] == 5
     assert model["queue_depth"] == {"online": 0, "batch": 0}
     assert model["config"] == {"max_batch_size": 32, "max_wait_ms": 1.0}
     assert model["histograms"]["latency_s"][-1] == [None, 4]
+    assert model["histograms"]["batch_latency_s"][-1] == [None, 1]
     assert model["plan"]["inputs_per_s_per_replica"] > 0
     assert model["plan"]["source"] == "measured batch-time curve"
     assert model["plan"]["predicted_p99_ms"] > 0 and model["plan"]["max_batch"] == 32
@@ -152,7 +158,7 @@ def test_running_pulls_show_bytes_and_progress() -> None:
 
 def test_a_one_shot_plan_comes_from_the_measured_curve() -> None:
     plan = one_shot_plan(0.010, 0.001, 16, 5.0)
-    assert plan["source"] == "measured batch-time curve"
+    assert plan["source"] == "measured batch-time curve" and plan["plan_kind"] == "calibrated"
     assert plan["batch_ms_at_max"] == 26.0
     assert plan["inputs_per_s_per_replica"] == round(16 / 0.026, 3)
     assert plan["per_replica_qps"] == pytest.approx(0.7 * 16 / 0.026, rel=1e-3)
@@ -162,30 +168,66 @@ def test_a_generative_plan_comes_from_the_config_and_the_cpu_preset(tmp_path: Pa
     checkpoint = tmp_path / "llama"
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text(LLAMA2_7B.read_text())
-    hosted = _FakeHosted(checkpoint)
+    hosted: Any = _FakeHosted(checkpoint)
     metrics = Metrics()
-    plan = generative_plan(MetricReader(metrics.registry), hosted)  # type: ignore[arg-type]
-    assert plan is not None and plan["source"] == "preset cpu from config.json"
+    now = [100.0]
+    board = PlanBoard(clock=lambda: now[0])
+
+    def shown() -> dict[str, Any]:
+        plan = generative_model(MetricReader(metrics.registry), "tiny", hosted, board)["plan"]
+        assert plan is not None
+        return plan
+
+    plan = shown()
+    assert plan["plan_kind"] == "preset" and plan["source"] == "preset cpu from config.json"
+    assert "not measured" in plan["note"] and plan["planned_at"] == 100.0
     assert plan["lengths"] == "assumed" and plan["weight_bytes"] == 6738415616 * 2
     assert plan["tokens_per_s_per_replica"] > 0 and plan["predicted_p99_ms"] > 0
     assert plan["max_batch"] == 1600 // (256 + 128)  # the served KV cache, below max_num_seqs
-    metrics.for_generator("tiny").prompt_length.observe(40)
-    metrics.for_generator("tiny").generation_length.observe(10)
-    served = generative_plan(MetricReader(metrics.registry), hosted)  # type: ignore[arg-type]
-    assert served is not None
+    children = metrics.for_generator("tiny")
+    children.prompt_length.observe(40)
+    children.generation_length.observe(10)
+    now[0] = 200.0
+    served = shown()
     assert (served["prompt_tokens"], served["output_tokens"], served["lengths"]) == (
         40,
         10,
         "served",
     )
+    assert served["planned_at"] == 200.0
+    # Lengths that move a little leave the plan as it was made: it holds steady.
+    children.prompt_length.observe(44)
+    children.generation_length.observe(11)
+    now[0] = 300.0
+    assert shown() == served
     assert preset_for("mps") is None
+
+
+def test_a_held_plan_is_remade_only_when_an_input_drifts() -> None:
+    now = [0.0]
+    board = PlanBoard(clock=lambda: now[0])
+    made: list[tuple[float, ...]] = []
+
+    def plan(inputs: tuple[float, ...]) -> dict[str, Any] | None:
+        def make() -> dict[str, Any]:
+            made.append(inputs)
+            return {"x": inputs[0]}
+
+        return board.plan("m", inputs, make)
+
+    assert plan((10.0, 1.0)) == {"x": 10.0, "planned_at": 0.0}
+    now[0] = 5.0
+    assert plan((12.0, 1.2)) == {"x": 10.0, "planned_at": 0.0}  # within 25 %
+    assert plan((14.0, 1.0)) == {"x": 14.0, "planned_at": 5.0}  # 10 -> 14: remade
+    assert made == [(10.0, 1.0), (14.0, 1.0)]
+    assert not has_drifted((0.0, 5.0), (0.0, 5.0)) and has_drifted((0.0,), (1e-3,))
 
 
 class _FakeHosted:
     """What the plan reads of a hosted generator: its config and its KV cache's size."""
 
     def __init__(self, path: Path) -> None:
-        from conveyor.model_config import GenerateModelConfig
+        from conveyor.config.model_config import GenerateModelConfig
 
         self.config = GenerateModelConfig(
             kind="generate", name="tiny", path=path, device="cpu", max_num_seqs=16

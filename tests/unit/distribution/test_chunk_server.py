@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.chunk_server import chunk_app
 from conveyor.fleet.credential import FleetCredential
-from conveyor.metrics import DistributionMetrics
+from conveyor.observability.metrics import DistributionMetrics
 
 DATA = bytes(range(256)) * 200  # 51,200 bytes: several pacer pieces
 

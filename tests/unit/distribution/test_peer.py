@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from conveyor.config import ServerConfig, load_config
+from conveyor.config.settings import ServerConfig, load_config
 from conveyor.distribution.peer import PeerNode, PeerSettings, pull_settings
 from conveyor.distribution.planner import Peer, PlanState, choose_peer, rarest_first
 from conveyor.distribution.push import push_model
 from conveyor.fakes import MemoryJobStore
-from conveyor.metrics import DistributionMetrics
+from conveyor.observability.metrics import DistributionMetrics
 from conveyor.stores import open_object_store
 
 

@@ -15,7 +15,7 @@ from conveyor.distribution.manifest import Manifest, chunk_key
 from conveyor.distribution.puller import Announcer, ModelPuller, PullSettings
 from conveyor.distribution.push import push_model
 from conveyor.fakes import MemoryJobStore, MemoryObjectStore
-from conveyor.metrics import DistributionMetrics
+from conveyor.observability.metrics import DistributionMetrics
 from conveyor.stores.model_records import HolderState
 
 pytestmark = pytest.mark.anyio

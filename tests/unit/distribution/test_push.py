@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from conveyor.cli import app
+from conveyor.cli.main import app
 from conveyor.distribution.manifest import Manifest, chunk_key
 from conveyor.distribution.push import push_model, remove_model
 from conveyor.fakes import MemoryJobStore, MemoryObjectStore

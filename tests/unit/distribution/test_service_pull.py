@@ -9,16 +9,18 @@ import httpx
 import pytest
 
 from conveyor.api.app import create_app
-from conveyor.config import EmbeddingModelConfig, ServerConfig, SyntheticModelConfig
+from conveyor.cli.worker import worker_identity
+from conveyor.config.model_config import EmbeddingModelConfig, SyntheticModelConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.distribution.errors import UnknownModel
 from conveyor.distribution.manifest import chunk_key
 from conveyor.distribution.push import push_model
 from conveyor.errors import ServiceUnavailable
+from conveyor.host.hosted_model import OneShotConfig
+from conveyor.host.service import Service
 from conveyor.models.base import EmbeddingModel
 from conveyor.models.synthetic import SyntheticModel
-from conveyor.service import OneShotConfig, Service
 from conveyor.stores import open_job_store, open_object_store
-from conveyor.worker import worker_identity
 
 pytestmark = pytest.mark.anyio
 

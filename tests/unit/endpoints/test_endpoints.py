@@ -13,13 +13,13 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import execute
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import InvalidRequest, ModelNotFound
+from conveyor.host.service import Service
 from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS
 from conveyor.priority import Priority
-from conveyor.service import Service
 from tests.unit.model_helpers import HFReference, random_prompts, wait_idle
 
 # `model`: runs a real (tiny) torch model, so mutation runs leave it out.

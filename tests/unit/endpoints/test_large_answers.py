@@ -18,13 +18,13 @@ import pytest
 
 from conveyor.api import inference
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints import answers, completions
 from conveyor.endpoints.dispatch import execute
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun
 from conveyor.errors import InvalidRequest
+from conveyor.host.service import Service
 from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS
-from conveyor.service import Service
 
 # `model`: runs a real (tiny) torch model, so mutation runs leave it out.
 pytestmark = [pytest.mark.anyio, pytest.mark.model]

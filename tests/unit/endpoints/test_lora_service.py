@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from openai.types import Completion
 
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import execute
 from conveyor.endpoints.lora_adapters import (
     LoadLoraAdapterRequest,
@@ -22,13 +22,13 @@ from conveyor.endpoints.lora_adapters import (
     load_adapter,
     unload_adapter,
 )
-from conveyor.engine.lora.files import CONFIG_FILE, CONFIG_MAX_BYTES, REFUSAL, AdapterRefused
+from conveyor.engine.model.lora.files import CONFIG_FILE, CONFIG_MAX_BYTES, REFUSAL, AdapterRefused
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import ConfigError, InvalidRequest, ModelNotFound, PermissionDenied
+from conveyor.fakes.checkpoints import build_lora_adapter
+from conveyor.host.service import Service
 from conveyor.openai_paths import COMPLETIONS
 from conveyor.priority import Priority
-from conveyor.service import Service
-from conveyor.testing import build_lora_adapter
 from tests.unit.model_helpers import HFReference, merged_reference, random_prompts
 
 # Building PEFT adapters (peft's first import included) takes seconds on a busy machine.

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints import completions
 from conveyor.endpoints.completions import (
     parse_completion_body,
@@ -21,8 +21,8 @@ from conveyor.endpoints.completions import (
 )
 from conveyor.endpoints.generation_schemas import CompletionRequest
 from conveyor.errors import ConveyorError, InvalidRequest, ModelNotFound
-from conveyor.offload import LARGE_INPUT_BYTES
-from conveyor.service import Service
+from conveyor.host.offload import LARGE_INPUT_BYTES
+from conveyor.host.service import Service
 
 # `model`: runs a real (tiny) torch model, so mutation runs leave it out.
 pytestmark = [pytest.mark.anyio, pytest.mark.model]

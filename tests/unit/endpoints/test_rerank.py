@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import execute
+from conveyor.fakes.checkpoints import build_tiny_cross_encoder
+from conveyor.host.service import Service
 from conveyor.openai_paths import RERANK
 from conveyor.priority import Priority
-from conveyor.service import Service
-from conveyor.testing import build_tiny_cross_encoder
 
 # `model`: runs a real (tiny) torch model, so mutation runs leave it out.
 pytestmark = [pytest.mark.anyio, pytest.mark.model]

@@ -16,11 +16,11 @@ import jsonschema_rs
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.chat import chat_chunks, parse_chat_request, prepare_chat, run_chat
 from conveyor.errors import InvalidRequest
+from conveyor.host.service import Service
 from conveyor.priority import Priority
-from conveyor.service import Service
 
 # `model`: runs a real (tiny) torch model, so mutation runs leave it out.
 pytestmark = [pytest.mark.anyio, pytest.mark.model]
@@ -310,3 +310,30 @@ async def test_n_choices_differ_with_a_seed_and_echo_prepends_the_prompt(service
         await run_chat(service, {**schema_body({"type": "object"}, 2), "n": 2})
     )
     assert len(chat.choices) == 2 and completion.usage is not None
+
+
+async def test_a_forced_call_cut_by_max_tokens_is_a_call_as_far_as_it_got(
+    service: Service,
+) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    whole = ChatCompletion.model_validate(await run_chat(service, tool_body(named, 8)))
+    assert whole.usage is not None and whole.choices[0].finish_reason == "tool_calls"
+    # Cut in the arguments, a few tokens before the call's end (the same seed: the same tokens).
+    cut_body = tool_body(named, 8, max_completion_tokens=whole.usage.completion_tokens - 4)
+    cut = ChatCompletion.model_validate(await run_chat(service, cut_body)).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content is None
+    (call,) = cut.message.tool_calls or []
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    arguments = call.function.arguments  # type: ignore[union-attr]
+    assert arguments.startswith("{") and len(arguments) > 2
+    run = prepare_chat(service, parse_chat_request({**cut_body, "stream": True})).launch(
+        service, priority=Priority.ONLINE, timeout_ms=None
+    )
+    chunks = [
+        ChatCompletionChunk.model_validate(c) async for c in chat_chunks(run, include_usage=False)
+    ]
+    run.close()
+    deltas = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or []]
+    streamed = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert streamed == arguments and chunks[-1].choices[0].finish_reason == "length"
+    assert not any(chunk.choices[0].delta.content for chunk in chunks)

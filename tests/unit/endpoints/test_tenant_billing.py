@@ -19,8 +19,8 @@ import pytest
 from fastapi import FastAPI
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
-from conveyor.testing import build_tiny_cross_encoder
+from conveyor.config.settings import ServerConfig
+from conveyor.fakes.checkpoints import build_tiny_cross_encoder
 
 # Each test starts a tiny Llama and a cross-encoder (the first also imports transformers).
 pytestmark = [pytest.mark.anyio, pytest.mark.model, pytest.mark.timeout(60)]

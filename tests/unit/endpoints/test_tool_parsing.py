@@ -15,7 +15,7 @@ from conveyor.endpoints.tool_stream import (
     ToolCallStream,
     stream_deltas,
 )
-from conveyor.endpoints.tools import ParsedCall, parse_tool_calls
+from conveyor.endpoints.tools import ParsedCall, parse_cut_call, parse_tool_calls
 from conveyor.errors import InvalidRequest
 
 NAMES = ("get_weather", "get_time")
@@ -88,6 +88,35 @@ def test_a_streamed_call_cut_short_sends_what_it_has() -> None:
     events = feed_in_pieces(ToolCallStream(NAMES), cut, 4)
     assert assembled_calls(events) == [("get_weather", '{"city": "Par')]
     assert not any(isinstance(e, str) for e in events)
+
+
+@pytest.mark.parametrize("size", range(len(CALL) + 1))
+def test_a_call_cut_anywhere_reads_the_same_whole_and_streamed(size: int) -> None:
+    cut = CALL[:size]
+    content, calls = parse_tool_calls(cut, NAMES, is_cut=True)
+    parser = ToolCallStream(NAMES)
+    events = [e for start in range(0, size, 3) for e in parser.feed(cut[start : start + 3])]
+    events += parser.finish(is_cut=True)
+    assert [(call.name, call.arguments) for call in calls] == assembled_calls(events)
+    assert (content or "") == "".join(e for e in events if isinstance(e, str))
+    if size >= len('<tool_call>\n{"name": "get_w'):  # a known tool's name is clear from here
+        assert content is None and [call.name for call in calls] == ["get_weather"]
+        assert '{"city": "Paris"}'.startswith(calls[0].arguments)
+    else:
+        assert content == (cut or None) and calls == []
+
+
+def test_a_cut_call_names_only_a_tool_it_can_be() -> None:
+    assert parse_cut_call('\n{"name": "get_', NAMES) is None  # either tool
+    assert parse_cut_call('\n{"name": "rm", "arguments": {', NAMES) is None
+    assert parse_cut_call('\n{"name": "get_t', NAMES) == ParsedCall("get_time", "")
+    assert parse_cut_call('\n{"name": "get_time", "argu', NAMES) == ParsedCall("get_time", "")
+    whole = '\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_'
+    assert parse_cut_call(whole, NAMES) == ParsedCall("get_time", '{"tz": "UTC"}')
+    text = f'{CALL}\n<tool_call>\n{{"name": "get_time", "arguments": {{"tz": "U'
+    assert parse_tool_calls(text, NAMES) == (text[len(CALL) :].strip(), [ParsedCall(
+        "get_weather", '{"city": "Paris"}')])  # fmt: skip
+    assert parse_tool_calls(text, NAMES, is_cut=True)[1][1] == ParsedCall("get_time", '{"tz": "U')
 
 
 def test_deltas_give_each_call_its_index_across_feeds() -> None:

@@ -1,6 +1,6 @@
 """Tiny GGUF files written at test time, the way llama.cpp's converter writes them.
 
-``write_gguf`` turns a tiny Hugging Face checkpoint (``conveyor.testing``) into a GGUF file
+``write_gguf`` turns a tiny Hugging Face checkpoint (``conveyor.fakes.checkpoints``) into a GGUF file
 with ``gguf.GGUFWriter``: tensor names from ``gguf``'s own name map (not Conveyor's), the
 query and key rows of a Llama permuted as llama.cpp's ``convert_hf_to_gguf.py`` permutes
 them, shapes reversed by the writer, the tokenizer and chat template in the metadata.

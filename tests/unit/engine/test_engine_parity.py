@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.engine.llm_engine import EngineConfig
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sampling.params import SamplingParams
 from tests.unit.model_helpers import (
     HFReference,
     Result,

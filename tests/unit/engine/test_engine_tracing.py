@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.model, pytest.mark.timeout(120)]
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.config import GenerateModelConfig
+from conveyor.config.model_config import GenerateModelConfig
 from conveyor.engine.generator_factory import DEFAULT_CPU_KV_CACHE_TOKENS, load_generator
-from conveyor.engine.hf_config import DecoderConfig, load_hf_config
+from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.errors import ConfigError
-from conveyor.metrics import Metrics
+from conveyor.observability.metrics import Metrics
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from conveyor.config import GenerateModelConfig
+from conveyor.config.model_config import GenerateModelConfig
+from conveyor.engine.core.prefill_time import PrefillTime
+from conveyor.engine.core.seat_turnover import SeatTurnover
+from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.llm_engine import LLMEngine
-from conveyor.engine.model_runner import ModelRunner, StepOutOfMemory
+from conveyor.engine.model.model_runner import ModelRunner, StepOutOfMemory
 from conveyor.engine.outputs import FinishReason
-from conveyor.engine.prefill_time import PrefillTime
-from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.seat_turnover import SeatTurnover
-from conveyor.engine.step import SeqChunk
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import (
     DeadlineExceeded,
@@ -29,7 +29,7 @@ from conveyor.errors import (
     QueueFull,
     ServiceUnavailable,
 )
-from conveyor.metrics import STEP_PHASES, Metrics
+from conveyor.observability.metrics import STEP_PHASES, Metrics
 from conveyor.priority import Priority
 from tests.unit.model_helpers import (
     GREEDY,

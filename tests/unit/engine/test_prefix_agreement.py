@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sampling.params import SamplingParams
 from conveyor.fleet.affinity import AffinitySettings, matched_blocks
 from conveyor.fleet.route_hint import HintReader
 from conveyor.prefix.report import parse_prefix_report, prefix_report

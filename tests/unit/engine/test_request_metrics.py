@@ -1,6 +1,7 @@
 """vLLM's metric set under Conveyor's names: KV-cache usage, prefix-cache queries and hits,
 finish reasons, prompt and generation lengths, queue time, HTTP requests by route and status
-(body-validation 400s included) and process metrics, read back from ``/metrics``."""
+(body-validation 400s included) and process metrics, read back from ``/metrics``; and the
+figures gateways and autoscalers read under vLLM's own names."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
-from conveyor.service import Service
+from conveyor.config.settings import ServerConfig
+from conveyor.host.service import Service
 
 # `model`: runs a real (tiny) torch model, so mutation runs leave it out.
 pytestmark = [pytest.mark.anyio, pytest.mark.model]
@@ -82,6 +83,16 @@ async def test_generation_and_http_metrics_after_a_few_requests(
     used = required(found, "conveyor_kv_blocks_used", **tiny)
     assert used + required(found, "conveyor_kv_blocks_free", **tiny) == 128
     assert required(found, "conveyor_kv_cache_usage_ratio", **tiny) == used / 128
+    online = {"model": "tiny", "priority": "online"}
+    assert value(found, "conveyor_time_to_first_token_seconds_count", **online) == 2
+    assert value(found, "conveyor_request_latency_seconds_count", **online) == 2
+    assert value(found, "conveyor_request_latency_seconds_count", model="tiny",
+                 priority="batch") == 0  # fmt: skip
+    vllm = {"model_name": "tiny", "engine": "0"}
+    assert required(found, "vllm:kv_cache_usage_perc", **vllm) == used / 128
+    assert required(found, "vllm:gpu_cache_usage_perc", **vllm) == used / 128
+    assert required(found, "vllm:num_requests_running", **vllm) == 0
+    assert required(found, "vllm:num_requests_waiting", **vllm) == 0
     route = {"method": "POST", "route": "/v1/completions"}
     assert value(found, "conveyor_http_requests_total", **route, status="200") == 2
     assert value(found, "conveyor_http_requests_total", **route, status="400") == 1
@@ -101,6 +112,8 @@ async def test_kv_usage_shows_the_blocks_a_running_request_holds(
     body = {"model": "tiny", "prompt": "x", "max_tokens": 90, "ignore_eos": True}
     running = asyncio.ensure_future(client.post("/v1/completions", json=body))
     seen: list[tuple[float, float, float]] = []
+    vllm_seen: list[tuple[float, float, float]] = []
+    vllm = {"model_name": "tiny", "engine": "0"}
     while not running.done():
         found = await samples(client)
         used = required(found, "conveyor_kv_blocks_used", model="tiny")
@@ -108,10 +121,16 @@ async def test_kv_usage_shows_the_blocks_a_running_request_holds(
             free = required(found, "conveyor_kv_blocks_free", model="tiny")
             ratio = required(found, "conveyor_kv_cache_usage_ratio", model="tiny")
             seen.append((used, free, ratio))
+            vllm_seen.append((ratio, required(found, "vllm:kv_cache_usage_perc", **vllm),
+                              required(found, "vllm:num_requests_running", **vllm)))  # fmt: skip
         await asyncio.sleep(0.001)
     assert (await running).status_code == 200
     assert seen, "the request finished before any scrape saw its blocks held"
     assert all(0 < ratio <= 1 and used + free == 128 for used, free, ratio in seen), seen
+    # vLLM's names read the same gauges, a moment later in the same scrape: the request's
+    # blocks only grow, so its share is at least ours unless it has just finished.
+    assert all(theirs >= ours or num == 0 for ours, theirs, num in vllm_seen), vllm_seen
+    assert any(num == 1 for _, _, num in vllm_seen), vllm_seen
 
 
 async def test_unmatched_paths_share_one_route_label(client: httpx.AsyncClient) -> None:

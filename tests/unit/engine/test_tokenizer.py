@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.testing import build_tiny_tokenizer
+from conveyor.fakes.checkpoints import build_tiny_tokenizer
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -95,7 +95,7 @@ def test_stop_string_truncates_and_ends_the_stream(tokenizer: Tokenizer) -> None
         if step.is_stopped:
             assert step.stop_string == "日本"  # the earlier of the two in the text
             break
-    assert detokenizer.is_stopped
+    assert detokenizer.is_stopped and detokenizer.stop_string == "日本"
     assert "".join(streamed) == detokenizer.text == "Café 🙂 naïve "
     assert detokenizer.add_token(ids[0]).is_stopped
     assert detokenizer.flush() == ""

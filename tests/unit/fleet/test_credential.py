@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.config import load_config
+from conveyor.config.settings import load_config
 from conveyor.errors import ConfigError
 from conveyor.fleet import credential as credential_module
 from conveyor.fleet.credential import (

@@ -10,11 +10,22 @@ import pytest
 # Loaded at collection, not inside a test's short timeout (transformers' import is slow).
 from transformers import AutoTokenizer
 
+from conveyor.endpoints.generation import parse_body
+from conveyor.endpoints.responses.input import input_items
+from conveyor.endpoints.responses.items import chat_messages as worker_messages
+from conveyor.endpoints.responses.schemas import ResponseRequest
 from conveyor.engine.tokenizer import Tokenizer
+from conveyor.fakes.checkpoints import build_tiny_tokenizer
 from conveyor.fleet.affinity import AffinitySettings
 from conveyor.fleet.prompt_tokens import GatewayTokenizer
-from conveyor.fleet.route_hint import HintReader, chat_messages
-from conveyor.testing import build_tiny_tokenizer
+from conveyor.fleet.route_hint import (
+    CONVERSATION_PREFIX,
+    HintReader,
+    chat_messages,
+    responses_messages,
+    session_of,
+)
+from conveyor.response_ids import conversation_key, new_response_id
 
 pytestmark = pytest.mark.model  # builds a tokenizer with transformers: not in mutation runs
 
@@ -124,9 +135,57 @@ async def test_read_tokenizes_off_the_loop_and_prehashes_the_block_sizes(
 
 
 def test_prefix_tokenizer_pairs_are_parsed_strictly() -> None:
-    from conveyor.gateway import parse_model_dirs
+    from conveyor.gateway.process import parse_model_dirs
 
     assert parse_model_dirs(["a=/m/a", "b=/m/b=c"]) == {"a": "/m/a", "b": "/m/b=c"}
     for bad in ("a", "=/m", "a="):
         with pytest.raises(ValueError, match="MODEL=DIR"):
             parse_model_dirs([bad])
+
+
+RESPONSES = "/v1/responses"
+ITEMS = [
+    {"role": "developer", "content": "Answer in French."},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]},
+    {"role": "assistant", "content": [{"type": "output_text", "text": "bonjour"}]},
+    {"role": "user", "content": "and goodbye?"},
+]
+
+
+def test_a_responses_prompt_is_keyed_as_the_worker_templates_it(
+    reader: HintReader, tokenizer_dir: Path
+) -> None:
+    fields = {"instructions": "Be brief.", "input": ITEMS}
+    hint = reader.affinity(RESPONSES, [], body(**fields), "m")
+    assert hint is not None and hint.prompt is not None and hint.session is None
+    request = parse_body(ResponseRequest, {"model": "m", **fields})
+    expected = worker_messages(request.instructions, input_items(request))
+    assert responses_messages(fields) == expected
+    engine = Tokenizer(tokenizer_dir)
+    assert list(hint.prompt.token_ids) == engine.apply_chat_template(expected)
+    plain = reader.affinity(RESPONSES, [], body(input="just text"), "m")
+    assert plain is not None and plain.prompt is not None
+
+
+def test_a_conversation_s_later_turns_share_one_session(reader: HintReader) -> None:
+    first = new_response_id()
+    second, third = new_response_id(first), new_response_id(new_response_id(first))
+    hints = [reader.affinity(RESPONSES, [], body(input="next", previous_response_id=previous), "x")
+             for previous in (first, second, third)]  # fmt: skip
+    sessions = {hint.session for hint in hints if hint is not None}
+    assert sessions == {CONVERSATION_PREFIX + str(conversation_key(first))}
+    assert all(hint is not None and hint.prompt is None for hint in hints)  # stored turns unknown
+    headers = [(b"x-conveyor-session", b"abc")]
+    hint = reader.affinity(RESPONSES, headers, body(input="x", previous_response_id=first), "m")
+    assert hint is not None and hint.session == "abc"
+    assert session_of(RESPONSES, {"previous_response_id": "resp_foreign", "user": "u"}) == "u"
+    assert session_of(CHAT, {"previous_response_id": first}) is None
+
+
+def test_responses_with_tools_or_function_items_get_no_prompt_key() -> None:
+    tools = [{"type": "function", "name": "f"}]
+    assert responses_messages({"input": "x", "tools": tools}) is None
+    call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+    assert responses_messages({"input": [*ITEMS, call]}) is None
+    assert responses_messages({"input": []}) is None
+    assert responses_messages({"input": [{"role": 1, "content": "x"}]}) is None

@@ -10,19 +10,20 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from conveyor.api.fleet import fleet_document, parse_model
-from conveyor.config import ServerConfig
-from conveyor.errors import InvalidRequest
-from conveyor.gateway import Gateway, GatewaySettings
-from conveyor.service import Service
-from conveyor.stores import JobStore, open_job_store
-from conveyor.worker import (
+from conveyor.cli.worker import (
     DrainGate,
     WorkerSettings,
     advertised_address,
     parse_listen,
     service_load,
 )
+from conveyor.config.settings import ServerConfig
+from conveyor.errors import InvalidRequest
+from conveyor.gateway.process import Gateway, GatewaySettings
+from conveyor.gateway.sniff import parse_model
+from conveyor.gateway.status import fleet_document
+from conveyor.host.service import Service
+from conveyor.stores import JobStore, open_job_store
 
 pytestmark = pytest.mark.anyio
 

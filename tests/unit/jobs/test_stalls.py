@@ -27,7 +27,7 @@ from conveyor.jobs.stalls import (
 )
 from conveyor.jobs.supervisor import Supervisor
 from conveyor.jobs.views import batch_object
-from conveyor.metrics import Metrics
+from conveyor.observability.metrics import Metrics
 from conveyor.stores import JobStore, StoreError, StoreUnavailableError, open_job_store
 from conveyor.stores.errors import ObjectStoreError, ObjectStoreUnavailableError
 from conveyor.stores.records import BatchError, BatchStatus

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from conveyor.batching.batcher import Batcher, BatcherSettings
-from conveyor.config import SyntheticModelConfig
+from conveyor.config.model_config import SyntheticModelConfig
 from conveyor.fleet.registry import FleetRegistry
 from conveyor.fleet.router import Ejections
-from conveyor.metrics import Metrics
 from conveyor.models.synthetic import SyntheticModel
+from conveyor.observability.metrics import Metrics
 from conveyor.priority import Priority
 from conveyor.stores import open_job_store
 

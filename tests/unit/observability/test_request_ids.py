@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from conveyor.api.app import create_app
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 from conveyor.jobs.line_caller import LineCaller, RetryPolicy
 from conveyor.jobs.lines import decode_line
 from conveyor.observability.context import accept_request_id, current_request

@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from conveyor.api.app import create_app
 from conveyor.api.gateway_app import create_gateway_app
-from conveyor.config import ServerConfig
-from conveyor.gateway import GatewaySettings
+from conveyor.config.settings import ServerConfig
+from conveyor.gateway.process import GatewaySettings
 from conveyor.stores import open_job_store
 
 pytestmark = pytest.mark.anyio

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conveyor.cli import app
+from conveyor.cli.main import app
 from conveyor.plan.calibrate import SoloTimes
 from conveyor.plan.curves import LinearCurve
 from conveyor.plan.gpus import GPUS, gpu_spec
@@ -25,6 +25,7 @@ from conveyor.plan.sizing import (
     one_shot_p99_s,
     output_tokens_per_s,
     replicas_for,
+    seat_wait_s,
     steady_batch,
     usd_per_million,
 )
@@ -81,10 +82,13 @@ def test_a_line_is_fitted_exactly_and_kept_non_negative() -> None:
         LinearCurve.fit([])
 
 
-def test_throughput_shares_steps_and_pays_each_prefill() -> None:
+def test_throughput_shares_steps_and_pays_each_prefill_at_its_margin() -> None:
     step = LinearCurve(0.010, 0.001)  # 20 ms at 10 sequences
-    # Per request: 50 ms prefill + 100 steps x 20 ms / 10 = 250 ms for 100 tokens.
-    assert output_tokens_per_s(10, step, 0.05, 100) == pytest.approx(400)
+    # A step: 10 x 99/100 decodes (19.9 ms) and 10/100 admissions of 40 ms extra each
+    # (50 ms prefill less the 10 ms every step pays): 23.9 ms for 10 tokens.
+    assert output_tokens_per_s(10, step, 0.05, 100) == pytest.approx(10 / 0.0239)
+    # One-token requests are all prefill: ten prefills are no faster than one each.
+    assert output_tokens_per_s(10, step, 0.05, 1) == pytest.approx(10 / 0.41)
 
 
 def test_one_shot_batches_settle_where_arrivals_fill_them() -> None:
@@ -203,3 +207,9 @@ def test_a_calibrated_plan_adds_the_overhead_and_the_lone_tail_to_its_latency() 
     assert measured["predicted_p99_ms"] == pytest.approx(bare["predicted_p99_ms"] + 13, abs=1e-3)
     assert (measured["request_overhead_ms"], measured["lone_request_tail_ms"]) == (3.0, 10.0)
     assert bare["predicted_p99_ms"] > bare["predicted_mean_ms"]
+
+
+def test_a_request_that_finds_every_seat_taken_waits_for_those_ahead_to_free() -> None:
+    # 2.5 ahead, 8 seats each held 124 ms: a seat frees every 15.5 ms.
+    assert seat_wait_s(2.5, 8, 0.124) == pytest.approx(2.5 * 0.0155)
+    assert seat_wait_s(-1.0, 8, 0.124) == 0.0

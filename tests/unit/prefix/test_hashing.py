@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import base64
 
-from conveyor.engine.block_manager import BlockManager
-from conveyor.engine.prefix_digest import PrefixDigest
-from conveyor.engine.sequence import Sequence
+from conveyor.engine.core.block_manager import BlockManager
+from conveyor.engine.core.prefix_digest import PrefixDigest
+from conveyor.engine.core.sequence import Sequence
 from conveyor.prefix.hashing import (
     DIGEST_KEY_BYTES,
     chain_hashes,

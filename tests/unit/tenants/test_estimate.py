@@ -42,3 +42,26 @@ def test_text_is_counted_by_its_utf8_bytes_and_odd_lists_by_their_texts() -> Non
     assert ask("/v1/embeddings", {"model": "e", "input": ["日本", "abcd"]}) == TokenAsk("e", 3, 0)
     assert ask("/v1/embeddings", {"model": "e", "input": [1, "abcd", None]}) == TokenAsk("e", 1, 0)
     assert ask("/v1/embeddings", {"model": "e", "input": []}) == TokenAsk("e", 0, 0)
+
+
+def test_responses_count_instructions_and_items_and_reserve_max_output_tokens() -> None:
+    body = {"model": "g", "instructions": "abcd", "input": "abcdefgh", "max_output_tokens": 40}
+    assert ask("/v1/responses", body) == TokenAsk("g", 3, 40)
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "abcdefgh"}]},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "abcd"},
+        {"type": "function_call_output", "call_id": "c", "output": "abcd"},
+        "not an item",
+    ]
+    assert ask("/v1/responses", {"model": "g", "input": items}) == TokenAsk("g", 3 * 4 + 4, 500)
+
+
+def test_anthropic_messages_count_system_text_and_tool_results_and_reserve_max_tokens() -> None:
+    body = {
+        "model": "g", "max_tokens": 9, "system": [{"type": "text", "text": "abcdefgh"}],
+        "messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": "abcd"},
+            {"type": "tool_result", "tool_use_id": "u", "content": [{"type": "text", "text": "abcd"}]},
+            {"type": "text", "text": "abcd"}]}],
+    }  # fmt: skip
+    assert ask("/v1/messages", body) == TokenAsk("g", 4 + 3 + 2, 9)

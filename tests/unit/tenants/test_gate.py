@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from conveyor.errors import RateLimitBackendDown, RateLimited, TokensExceedLimit
-from conveyor.metrics import TenantMetrics
+from conveyor.observability.metrics import TenantMetrics
 from conveyor.tenants.buckets import Decision
 from conveyor.tenants.config import TenancyConfig
 from conveyor.tenants.estimate import TokenAsk

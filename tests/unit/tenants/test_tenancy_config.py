@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.config import ServerConfig
+from conveyor.config.settings import ServerConfig
 
 
 def test_weights_budgets_queue_bounds_and_half_life_come_from_the_config() -> None:

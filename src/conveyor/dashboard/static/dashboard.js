@@ -10,6 +10,8 @@ const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea"];
 const history = new Map(); // model name -> {t: [], values: {series: []}, charts: [], card}
 let previous = null;
 const jobRates = new Map(); // job id -> {t, done}
+// Every chart drawn, for whoever inspects the page (the browser test reads its axes).
+window.conveyorCharts = [];
 
 function $(id) { return document.getElementById(id); }
 
@@ -60,13 +62,18 @@ function derive(model, before, dt) {
   const through = model.kind === "generative" ? (m) => m.totals.generated_tokens
     : model.kind === "fleet" ? (m) => sum(m.totals.requests) : (m) => m.totals.inputs;
   const batches = before ? t.batches - before.totals.batches : 0;
+  const q = (key, level) => ms(quantile(h[key], pb[key], level));
   return {
     throughput: rate(model, before, through, dt),
     rejected: rate(model, before, rejected, dt),
-    p50: ms(quantile(h.latency_s, pb.latency_s, 0.5)),
-    p99: ms(quantile(h.latency_s, pb.latency_s, 0.99)),
-    ttft: ms(quantile(h.ttft_s, pb.ttft_s, 0.5)),
-    tpot: ms(quantile(h.tpot_s, pb.tpot_s, 0.5)),
+    // Online requests and batch lines apart: a job's lines wait behind online callers.
+    p50: q("latency_s", 0.5),
+    p99: q("latency_s", 0.99),
+    ttft: q("ttft_s", 0.5),
+    tpot: q("tpot_s", 0.5),
+    batch_p50: q("batch_latency_s", 0.5),
+    batch_p99: q("batch_latency_s", 0.99),
+    batch_ttft: q("batch_ttft_s", 0.5),
     fill: batches > 0 ? (t.batch_fill_sum - before.totals.batch_fill_sum) / batches : null,
     queue: sum(model.queue_depth),
     running: model.running,
@@ -78,10 +85,34 @@ function ms(seconds) { return seconds === null ? null : seconds * 1000; }
 
 const CHARTS = [
   { title: "throughput /s", series: ["throughput", "rejected"] },
-  { title: "latency ms", series: ["p50", "p99", "ttft", "tpot"] },
+  { title: "online latency ms", series: ["p50", "p99", "ttft", "tpot"] },
+  { title: "batch-job latency ms", series: ["batch_p50", "batch_p99", "batch_ttft"] },
   { title: "queue and running", series: ["queue", "running"] },
   { title: "batch fill / KV blocks", series: ["fill", "kv"] },
 ];
+const SERIES = CHARTS.flatMap((spec) => spec.series);
+
+// A value axis as wide as its widest tick label (uPlot's default width cuts "25,000" to
+// "5,000"), so every label is shown whole.
+function axisWidth(plot, labels, index) {
+  const axis = plot.axes[index];
+  plot.ctx.font = axis.font[0];
+  const widest = Math.max(0, ...(labels || []).map((label) => plot.ctx.measureText(label).width));
+  return Math.ceil(axis.ticks.size + axis.gap + widest / devicePixelRatio) + 2;
+}
+
+// One chart of ``spec``'s series in ``box``.
+function chart(spec, box) {
+  const series = [{}].concat(spec.series.map((name, i) => ({ label: name, stroke: COLORS[i], spanGaps: true })));
+  const data = [[]].concat(spec.series.map(() => []));
+  const options = {
+    title: spec.title, width: 330, height: 160, series, scales: { x: { time: true } },
+    axes: [{}, { size: axisWidth }],
+  };
+  const plot = new uPlot(options, data, box);
+  window.conveyorCharts.push({ title: spec.title, plot, box });
+  return plot;
+}
 
 function unit(model) {
   return model.kind === "generative" ? "tokens/s" : model.kind === "fleet" ? "requests/s" : "inputs/s";
@@ -91,8 +122,10 @@ function card(model) {
   const entry = { t: [], values: {}, charts: [], card: el("div", { class: "model", "data-model": model.name }) };
   entry.card.append(el("h3", { class: "model-name" }, model.name));
   const stats = el("div", { class: "stats" });
-  for (const [key, label] of [["throughput", unit(model)], ["p50", "p50 ms"], ["p99", "p99 ms"],
-                              ["queue", "queued"], ["running", "running"]]) {
+  const shown = [["throughput", unit(model)], ["p50", "online p50 ms"], ["p99", "online p99 ms"],
+    ["batch_p50", "batch-job p50 ms"], ["batch_p99", "batch-job p99 ms"], ["queue", "queued"],
+    ["running", "running"]];
+  for (const [key, label] of shown) {
     const item = el("span", {}, label + " ");
     item.append(el("b", { "data-stat": key }, "–"));
     stats.append(item);
@@ -102,13 +135,11 @@ function card(model) {
   const charts = el("div", { class: "charts" });
   entry.card.append(charts);
   for (const spec of CHARTS) {
-    const box = el("div");
+    const box = el("div", { class: "chart", "data-chart": spec.title });
     charts.append(box);
-    const series = [{}].concat(spec.series.map((name, i) => ({ label: name, stroke: COLORS[i], spanGaps: true })));
-    const data = [[]].concat(spec.series.map(() => []));
-    entry.charts.push({ spec, plot: new uPlot({ title: spec.title, width: 330, height: 160, series, scales: { x: { time: true } } }, data, box) });
+    entry.charts.push({ spec, plot: chart(spec, box) });
   }
-  for (const name of ["throughput", "rejected", "p50", "p99", "ttft", "tpot", "queue", "running", "fill", "kv"]) entry.values[name] = [];
+  for (const name of SERIES) entry.values[name] = [];
   $("models").append(entry.card);
   return entry;
 }
@@ -129,14 +160,21 @@ function record(entry, time, figures) {
 function showStats(entry, model, figures) {
   const put = (key, text) => { entry.card.querySelector(`[data-stat="${key}"]`).textContent = text; };
   put("throughput", fmt(figures.throughput));
-  put("p50", fmt(figures.p50));
-  put("p99", fmt(figures.p99));
+  for (const key of ["p50", "p99", "batch_p50", "batch_p99"]) put(key, fmt(figures[key]));
   put("queue", fmt(figures.queue, 0));
   put("running", fmt(figures.running, 0));
   showPlan(entry.card.querySelector("table.plan"), model, figures);
 }
 
-// The plan's figures beside what the model measures now.
+// Which plan this is and when it was made: calibrated (from this model's own measured
+// batch times) or a preset's nominal figures, which the page says are not measured here.
+function planTitle(plan) {
+  const made = plan.planned_at ? new Date(plan.planned_at * 1000).toLocaleTimeString() : "?";
+  const kind = plan.plan_kind === "preset" ? `${plan.source}, nominal, not measured` : `calibrated: ${plan.source}`;
+  return `plan (${kind}), made ${made}`;
+}
+
+// The plan's figures beside what the model measures now (online requests).
 function showPlan(node, model, figures) {
   const plan = model.plan;
   if (model.kind === "fleet") { node.hidden = true; return; }
@@ -144,17 +182,20 @@ function showPlan(node, model, figures) {
     table(node, ["plan", plan ? plan.error : "not yet: waiting for measured batches"], []);
     return;
   }
+  node.dataset.planKind = plan.plan_kind;
+  node.dataset.plannedAt = String(plan.planned_at);
   const rows = model.kind === "generative" ? [
-    ["tokens/s", fmt(plan.tokens_per_s_per_replica), "per replica at batch " + plan.max_batch, fmt(figures.throughput)],
+    ["tokens/s", fmt(plan.tokens_per_s_per_replica), "capacity per replica at batch " + plan.max_batch, fmt(figures.throughput)],
     ["p99 ms", fmt(plan.predicted_p99_ms), `at ${fmt(plan.per_replica_qps)} req/s`, fmt(figures.p99)],
     ["TTFT ms", fmt(plan.predicted_ttft_ms), "at a full batch", fmt(figures.ttft)],
     ["step ms", fmt(plan.decode_step_ms, 2), "decode at that batch", fmt(figures.tpot, 2)],
   ] : [
-    ["inputs/s", fmt(plan.inputs_per_s_per_replica), "per replica at batch " + plan.max_batch, fmt(figures.throughput)],
+    ["inputs/s", fmt(plan.inputs_per_s_per_replica), "capacity per replica at batch " + plan.max_batch, fmt(figures.throughput)],
     ["p99 ms", fmt(plan.predicted_p99_ms), `at ${fmt(plan.per_replica_qps)} inputs/s`, fmt(figures.p99)],
     ["batch ms", fmt(plan.batch_ms_at_max), "at the largest batch", "–"],
   ];
-  table(node, [`plan (${plan.source})`, "planned", "", "measured"], rows);
+  if (plan.note) rows.push(["note", plan.note, "", ""]);
+  table(node, [planTitle(plan), "planned", "", "measured now (online)"], rows);
   node.dataset.source = plan.source;
 }
 

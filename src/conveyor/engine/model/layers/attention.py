@@ -1,0 +1,183 @@
+"""Grouped-query self-attention over the paged KV cache.
+
+Each layer's cache is a pair of tensors ``[num_blocks, block_size, num_kv_heads,
+head_dim]``; attention writes the step's keys and values into their slots first, then
+reads each sequence's context back out of them a whole block at a time (one contiguous
+copy per block, not one per token). Decode rows are read in buckets of similar context
+length, so each row costs about its own context, not the step's longest.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conveyor.engine.model.hf_config import DecoderConfig
+from conveyor.engine.model.layers.linear import Linear
+from conveyor.engine.model.layers.norm import RMSNorm
+from conveyor.engine.model.layers.rotary import apply_rope
+from conveyor.engine.model.step_inputs import (
+    AttentionMasks,
+    DecodeBatch,
+    DecodeBucket,
+    PrefillSpan,
+    StepInput,
+)
+
+__all__ = ["Attention", "grouped_attention"]
+
+
+def grouped_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    can_repeat_kv: bool | None = None,
+) -> torch.Tensor:
+    """SDPA over [B, heads, len, dim] with fewer KV heads; causal when ``mask`` is None.
+
+    ``can_repeat_kv`` (default: on CUDA) lets a masked call repeat KV heads to match the
+    query heads.
+    """
+    if can_repeat_kv is None:
+        can_repeat_kv = q.device.type == "cuda"
+    num_groups = q.shape[-3] // k.shape[-3]
+    if num_groups > 1 and mask is not None and can_repeat_kv:
+        # On CUDA only the flash and math kernels take grouped heads, and flash takes no
+        # mask: repeating KV heads lets the memory-efficient kernel run instead of the math
+        # one, which would materialise every score in float32. On CPU grouped heads with a
+        # mask are fast as they are, and repeating measured slower.
+        k = k.repeat_interleave(num_groups, dim=-3)
+        v = v.repeat_interleave(num_groups, dim=-3)
+        num_groups = 1
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=num_groups > 1
+    )
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention that writes to and reads from the paged KV cache."""
+
+    def __init__(self, config: DecoderConfig, *, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.split_sizes = (config.q_size, config.kv_size, config.kv_size)
+        self.qkv_proj = Linear(
+            config.hidden_size,
+            config.q_size + 2 * config.kv_size,
+            bias=config.has_qkv_bias,
+            device=device,
+            dtype=dtype,
+        )
+        self.o_proj = Linear(
+            config.q_size, config.hidden_size, bias=config.has_o_bias, device=device, dtype=dtype
+        )
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.has_qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device=device, dtype=dtype)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device=device, dtype=dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        step: StepInput,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        masks: AttentionMasks,
+    ) -> torch.Tensor:
+        """Attend for all T tokens of the step; returns [T, hidden]."""
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Flat views: one row per cache slot, so a slot number indexes a row directly.
+        k_slots = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)
+        v_slots = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
+        # Write first: a chunk's own keys must be visible to its own queries.
+        k_slots.index_copy_(0, step.slot_mapping, k)
+        v_slots.index_copy_(0, step.slot_mapping, v)
+        # One row per block: a block number gathers a whole block in one copy.
+        blocks = (kv_cache[0].flatten(1), kv_cache[1].flatten(1))
+        out = torch.empty_like(q)
+        for seq, mask in zip(step.prefills, masks.prefill, strict=True):
+            out[seq.token_start : seq.token_end] = self._attend_prefill(q, k, v, seq, mask, blocks)
+        if step.decode is not None:
+            decoded = self._attend_decode(q, step.decode, masks.decode, blocks)
+            out.index_copy_(0, step.decode.token_indices, decoded)
+        projected: torch.Tensor = self.o_proj(out.view(num_tokens, self.num_heads * self.head_dim))
+        return projected
+
+    def _gather(
+        self, blocks: tuple[torch.Tensor, torch.Tensor], tables: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of block tables [..., n] as [..., kv_heads, n * block_size, dim]."""
+        shape = (*tables.shape[:-1], -1, self.num_kv_heads, self.head_dim)
+        flat = tables.reshape(-1)
+        # index_select copies whole rows; plain indexing is far slower on CPU.
+        keys = blocks[0].index_select(0, flat).view(shape)
+        values = blocks[1].index_select(0, flat).view(shape)
+        return keys.transpose(-3, -2), values.transpose(-3, -2)
+
+    def _attend_prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        seq: PrefillSpan,
+        mask: torch.Tensor | None,
+        blocks: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """One sequence's chunk against its whole context; returns [q_len, heads, head_dim]."""
+        if seq.context_blocks is None:
+            # [len, heads, dim] -> [heads, len, dim]
+            keys = k[seq.token_start : seq.token_end].transpose(0, 1)
+            values = v[seq.token_start : seq.token_end].transpose(0, 1)
+        else:
+            keys, values = self._gather(blocks, seq.context_blocks)
+            keys, values = keys[:, : seq.end_pos], values[:, : seq.end_pos]
+        # [heads, len, dim] -> [1, heads, len, dim] as SDPA expects.
+        out = grouped_attention(
+            q[seq.token_start : seq.token_end].transpose(0, 1).unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            mask,
+        )
+        return out[0].transpose(0, 1)
+
+    def _attend_decode(
+        self,
+        q: torch.Tensor,
+        decode: DecodeBatch,
+        masks: list[torch.Tensor | None],
+        blocks: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """All single-token sequences, a bucket per call; returns [B, heads, head_dim]."""
+        # [B, heads, dim] -> [B, heads, 1 (query), dim]
+        queries = q.index_select(0, decode.token_indices).unsqueeze(2)
+        out = torch.empty_like(queries)
+        for bucket, mask in zip(decode.buckets, masks, strict=True):
+            out[bucket.row_start : bucket.row_end] = self._attend_bucket(
+                queries, bucket, mask, blocks
+            )
+        return out.squeeze(2)
+
+    def _attend_bucket(
+        self,
+        queries: torch.Tensor,
+        bucket: DecodeBucket,
+        mask: torch.Tensor | None,
+        blocks: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """One bucket of decode rows over their padded block tables."""
+        keys, values = self._gather(blocks, bucket.block_tables)
+        return grouped_attention(queries[bucket.row_start : bucket.row_end], keys, values, mask)

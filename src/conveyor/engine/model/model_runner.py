@@ -1,0 +1,411 @@
+"""Loads a checkpoint, owns the paged KV cache, and runs one engine step on the device.
+
+The scheduler hands over ``SeqChunk``s (see ``step.py``); :meth:`ModelRunner.execute` packs
+them into one batch, runs the decoder and returns float32 logits for the chunks that asked
+for them. Out-of-memory errors come back as :class:`StepOutOfMemory` /
+:class:`KVOutOfMemory`, so callers need not import torch to catch them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from conveyor.engine.core.step import SeqChunk
+from conveyor.engine.model.decode_buckets import plan_decode_buckets
+from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
+from conveyor.engine.model.llama import LlamaDecoder
+from conveyor.engine.model.lora.runtime import LoraRuntime
+from conveyor.engine.model.prompt_scoring import score_rows, scoring_rows
+from conveyor.engine.model.step_inputs import DecodeBatch, DecodeBucket, PrefillSpan, StepInput
+from conveyor.engine.model.weight_loader import count_checkpoint_params, load_weights
+from conveyor.engine.outputs import TokenLogprobs
+from conveyor.errors import ModelOutOfMemory
+
+__all__ = [
+    "KVOutOfMemory",
+    "ModelRunner",
+    "StepOutOfMemory",
+    "kv_cache_bytes_per_token",
+    "num_kv_blocks_for_memory_fraction",
+    "num_kv_blocks_for_tokens",
+    "resolve_device",
+    "resolve_dtype",
+]
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+_CPU_OOM_MESSAGE = "DefaultCPUAllocator: can't allocate memory"
+
+# Headroom kept free for a step's activations when sizing the cache from a memory fraction.
+DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * 1024**3
+
+# The fixed cost of one more decode-attention call, in KV blocks read (see decode_buckets).
+# On CPU a call costs about as much as reading 32 blocks (measured); on a GPU, where
+# reading a block takes nanoseconds and launching kernels microseconds, far more (a guess,
+# not yet measured on a GPU).
+DECODE_BUCKET_COST_BLOCKS = {"cpu": 32.0, "cuda": 2048.0}
+
+
+class StepOutOfMemory(ModelOutOfMemory):
+    """The device ran out of memory while running a step; retry with a smaller step."""
+
+
+class KVOutOfMemory(ModelOutOfMemory):
+    """The KV cache (or the weights) did not fit on the device; ask for fewer blocks."""
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` means CUDA when available, else CPU; anything else is passed to torch."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``"auto"`` means bfloat16 on CUDA and float32 elsewhere; names map to torch dtypes."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def kv_cache_bytes_per_token(config: DecoderConfig, dtype: torch.dtype) -> int:
+    """Bytes of K and V, across all layers, that one cached token takes."""
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_size
+
+
+def num_kv_blocks_for_tokens(kv_cache_tokens: int, block_size: int) -> int:
+    """Blocks needed to hold ``kv_cache_tokens`` tokens (rounded up)."""
+    if kv_cache_tokens < 1:
+        raise ValueError(f"kv_cache_tokens must be >= 1, got {kv_cache_tokens}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    return math.ceil(kv_cache_tokens / block_size)
+
+
+def num_kv_blocks_for_memory_fraction(
+    checkpoint_dir: str | Path,
+    *,
+    block_size: int,
+    memory_fraction: float,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
+) -> int:
+    """Blocks that fit when this process may use ``memory_fraction`` of the CUDA device.
+
+    Call it before loading the model: it subtracts what is already in use on the device,
+    the checkpoint's weights (at the target dtype) and ``activation_reserve_bytes``.
+    """
+    if not 0.0 < memory_fraction <= 1.0:
+        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
+    resolved = resolve_device(device)
+    if resolved.type != "cuda":
+        raise ValueError("sizing the KV cache by memory fraction needs a CUDA device")
+    target_dtype = resolve_dtype(dtype, resolved)
+    config = DecoderConfig.from_hf(load_hf_config(checkpoint_dir))
+    free_bytes, total_bytes = torch.cuda.mem_get_info(resolved)
+    in_use_bytes = total_bytes - free_bytes
+    weight_bytes = count_checkpoint_params(Path(checkpoint_dir)) * _element_size(target_dtype)
+    budget = total_bytes * memory_fraction - in_use_bytes - weight_bytes - activation_reserve_bytes
+    block_bytes = kv_cache_bytes_per_token(config, target_dtype) * block_size
+    num_blocks = int(budget // block_bytes)
+    if num_blocks < 1:
+        raise KVOutOfMemory(
+            f"no room for a KV cache: {budget / 1024**3:.2f} GiB left after weights and reserve"
+        )
+    return num_blocks
+
+
+def _is_out_of_memory(error: RuntimeError) -> bool:
+    """Whether ``error`` is a device or host allocation failure."""
+    # CUDA raises torch.OutOfMemoryError; the CPU allocator raises a plain RuntimeError.
+    return isinstance(error, torch.OutOfMemoryError) or _CPU_OOM_MESSAGE in str(error)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    """Bytes per element of ``dtype``."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True, slots=True)
+class _CpuPlan:
+    """Host-side index lists for a step, before the single copy to the device."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    logits_indices: list[int]
+    prefill_chunks: list[tuple[int, SeqChunk]]
+    decode_chunks: list[tuple[int, SeqChunk]]
+
+
+class ModelRunner:
+    """One model on one device with its paged KV cache; runs engine steps.
+
+    ``num_kv_blocks`` blocks of ``block_size`` tokens are allocated per layer for K and for
+    V, shaped ``[num_kv_blocks, block_size, num_kv_heads, head_dim]`` (see
+    :func:`num_kv_blocks_for_tokens` / :func:`num_kv_blocks_for_memory_fraction` to size
+    it). ``batch_decode`` attends the single-token (decode) chunks of a step together,
+    bucketed by context length, instead of one call each; ``decode_bucket_cost_blocks``
+    is a bucket's fixed cost in blocks read (default: by device, see ``decode_buckets``).
+    """
+
+    def __init__(
+        self,
+        checkpoint_dir: str | Path,
+        *,
+        num_kv_blocks: int,
+        block_size: int = 16,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        batch_decode: bool = True,
+        decode_bucket_cost_blocks: float | None = None,
+        lora: LoraRuntime | None = None,
+    ) -> None:
+        if num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.checkpoint_dir = Path(checkpoint_dir)
+        raw_config = load_hf_config(self.checkpoint_dir)
+        self.config = DecoderConfig.from_hf(raw_config)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.batch_decode = batch_decode
+        if decode_bucket_cost_blocks is None:
+            decode_bucket_cost_blocks = DECODE_BUCKET_COST_BLOCKS.get(self.device.type, 2048.0)
+        self.decode_bucket_cost_blocks = decode_bucket_cost_blocks
+        self.eos_token_ids = read_eos_token_ids(self.checkpoint_dir, raw_config)
+        self.last_prepare_s = 0.0  # of the last execute (see step.PrepareTimed)
+        # Of the last execute, one per chunk with scoring (see step.ScoresPrompts).
+        self.last_prompt_scores: list[tuple[TokenLogprobs, ...]] = []
+        self.model = self._load_model()
+        # Multi-LoRA: chunks with an adapter_id get that adapter's delta (see engine/lora).
+        self.lora = lora
+        if lora is not None:
+            lora.attach(self.model)
+        self.kv_caches = self._allocate_kv_cache()
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the LM head: the width of the logits."""
+        return self.config.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest sequence (prompt plus output) the model supports."""
+        return self.config.max_position_embeddings
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Device memory the KV cache occupies."""
+        per_token = kv_cache_bytes_per_token(self.config, self.dtype)
+        return per_token * self.num_kv_blocks * self.block_size
+
+    def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+        """Run one step; float32 logits [num chunks needing logits, vocab], in chunk order.
+
+        Chunks with ``scoring`` also get their positions scored, in
+        :attr:`last_prompt_scores`. Raises ValueError for a chunk that breaks the contract
+        (empty, past ``max_model_len``, block table too short or out of range, unknown token
+        id) and :class:`StepOutOfMemory` when the device runs out of memory; the step can
+        then be retried smaller, since every slot it had written is written again.
+        """
+        self.last_prompt_scores = []
+        if not chunks:
+            return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
+        for chunk in chunks:
+            self._check_chunk(chunk)
+        try:
+            with torch.inference_mode():
+                logits = self._run(chunks)
+            if self.device.type == "cuda":
+                # Sampling waits for the logits anyway; waiting here puts the model's time
+                # in the step's forward phase, not in whatever reads the logits first.
+                torch.cuda.synchronize(self.device)
+            return logits
+        except RuntimeError as error:
+            if not _is_out_of_memory(error):
+                raise
+            raise StepOutOfMemory(
+                f"out of device memory running a step of {len(chunks)} sequences and "
+                f"{sum(len(chunk.token_ids) for chunk in chunks)} tokens"
+            ) from error
+
+    def _run(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+        """The forward pass (inside inference mode): logits, and scores where asked."""
+        started_s = time.perf_counter()
+        step = self._prepare(chunks)
+        self.last_prepare_s = time.perf_counter() - started_s
+        if self.lora is not None:
+            self.lora.begin_step(chunks)
+        try:
+            hidden = self.model.hidden_states(step, self.kv_caches)
+        finally:
+            if self.lora is not None:
+                self.lora.end_step()
+        # Only rows that need logits go through the final norm and the (large) LM head.
+        logits = self.model.logits(hidden[step.logits_indices]).to(torch.float32)
+        scoring = scoring_rows(chunks)
+        if len(scoring):
+            self.last_prompt_scores = score_rows(self.model.logits, hidden, scoring)
+        return logits
+
+    def _load_model(self) -> LlamaDecoder:
+        """Build the decoder on the device and fill it from the checkpoint."""
+        try:
+            model = LlamaDecoder(self.config, device=self.device, dtype=self.dtype)
+            load_weights(model, self.config, self.checkpoint_dir)
+        except RuntimeError as error:
+            if not _is_out_of_memory(error):
+                raise
+            raise KVOutOfMemory(f"the model weights do not fit on {self.device}") from error
+        return model.eval()
+
+    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One zeroed allocation for every layer's K and V, handed out as per-layer views."""
+        shape = (
+            self.config.num_layers,
+            2,
+            self.num_kv_blocks,
+            self.block_size,
+            self.config.num_kv_heads,
+            self.config.head_dim,
+        )
+        try:
+            # Zeroed, not empty: padded decode attention reads unused slots with weight 0,
+            # and 0 * NaN from uninitialised memory would still poison the output.
+            cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        except RuntimeError as error:
+            if not _is_out_of_memory(error):
+                raise
+            raise KVOutOfMemory(
+                f"a KV cache of {self.num_kv_blocks} blocks does not fit on {self.device}"
+            ) from error
+        return [(cache[layer, 0], cache[layer, 1]) for layer in range(self.config.num_layers)]
+
+    def _check_chunk(self, chunk: SeqChunk) -> None:
+        """Reject chunks that would index outside the cache or the vocabulary."""
+        if not chunk.token_ids:
+            raise ValueError("a chunk needs at least one token")
+        if chunk.start_pos < 0:
+            raise ValueError(f"start_pos must be >= 0, got {chunk.start_pos}")
+        if chunk.end_pos > self.max_model_len:
+            raise ValueError(f"end_pos {chunk.end_pos} exceeds max_model_len {self.max_model_len}")
+        num_blocks_needed = math.ceil(chunk.end_pos / self.block_size)
+        if len(chunk.block_table) < num_blocks_needed:
+            raise ValueError(
+                f"block_table has {len(chunk.block_table)} blocks; positions up to "
+                f"{chunk.end_pos} need {num_blocks_needed}"
+            )
+        used_blocks = chunk.block_table[:num_blocks_needed]
+        if min(used_blocks) < 0 or max(used_blocks) >= self.num_kv_blocks:
+            raise ValueError(f"block ids must be in [0, {self.num_kv_blocks})")
+        if chunk.adapter_id and self.lora is None:
+            raise ValueError("this model serves no LoRA adapters")
+        # Checked here because an out-of-range embedding index is a fatal device assert on CUDA.
+        if min(chunk.token_ids) < 0 or max(chunk.token_ids) >= self.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.vocab_size})")
+        scoring = chunk.scoring
+        if scoring is not None:
+            if not chunk.start_pos <= scoring.first_pos < scoring.end_pos <= chunk.end_pos:
+                raise ValueError("scored positions must lie inside the chunk")
+            if min(scoring.target_ids) < 0 or max(scoring.target_ids) >= self.vocab_size:
+                raise ValueError(f"scored token ids must be in [0, {self.vocab_size})")
+            if not 0 <= scoring.num_top <= self.vocab_size:
+                raise ValueError(f"num_top must be in [0, {self.vocab_size}]")
+
+    def _plan_on_cpu(self, chunks: Sequence[SeqChunk]) -> _CpuPlan:
+        """Pack token ids, positions and slots; split chunks into prefill and decode groups."""
+        plan = _CpuPlan([], [], [], [], [], [])
+        block_size = self.block_size
+        for chunk in chunks:
+            token_start = len(plan.input_ids)
+            plan.input_ids.extend(chunk.token_ids)
+            for pos in range(chunk.start_pos, chunk.end_pos):
+                plan.positions.append(pos)
+                plan.slot_mapping.append(
+                    chunk.block_table[pos // block_size] * block_size + pos % block_size
+                )
+            if chunk.needs_logits:
+                plan.logits_indices.append(len(plan.input_ids) - 1)
+            is_decode = self.batch_decode and len(chunk.token_ids) == 1
+            group = plan.decode_chunks if is_decode else plan.prefill_chunks
+            group.append((token_start, chunk))
+        return plan
+
+    def _prepare(self, chunks: Sequence[SeqChunk]) -> StepInput:
+        """Build the step's index tensors on the host, then move them in one copy each."""
+        plan = self._plan_on_cpu(chunks)
+        to_device = self._to_device
+        prefills = tuple(
+            PrefillSpan(
+                token_start=token_start,
+                token_end=token_start + len(chunk.token_ids),
+                start_pos=chunk.start_pos,
+                context_blocks=None if chunk.start_pos == 0 else to_device(self._blocks(chunk)),
+            )
+            for token_start, chunk in plan.prefill_chunks
+        )
+        return StepInput(
+            input_ids=to_device(torch.tensor(plan.input_ids, dtype=torch.int64)),
+            positions=to_device(torch.tensor(plan.positions, dtype=torch.int64)),
+            slot_mapping=to_device(torch.tensor(plan.slot_mapping, dtype=torch.int64)),
+            prefills=prefills,
+            decode=self._decode_batch(plan.decode_chunks),
+            logits_indices=to_device(torch.tensor(plan.logits_indices, dtype=torch.int64)),
+        )
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Copy a host index tensor to the model's device."""
+        return tensor.to(self.device, non_blocking=True)
+
+    def _blocks(self, chunk: SeqChunk) -> torch.Tensor:
+        """The blocks holding positions ``0 .. end_pos - 1`` of one sequence."""
+        num_blocks = math.ceil(chunk.end_pos / self.block_size)
+        return torch.tensor(chunk.block_table[:num_blocks], dtype=torch.int64)
+
+    def _decode_batch(self, decode_chunks: list[tuple[int, SeqChunk]]) -> DecodeBatch | None:
+        """Single-token chunks ordered by context length and cut into buckets; None if none."""
+        if not decode_chunks:
+            return None
+        block_size = self.block_size
+        rows = sorted(decode_chunks, key=lambda row: row[1].end_pos)
+        num_blocks = [-(-chunk.end_pos // block_size) for _, chunk in rows]
+        buckets = []
+        for start, end in plan_decode_buckets(num_blocks, self.decode_bucket_cost_blocks):
+            width = num_blocks[end - 1]
+            # Short tables are padded with block 0: its keys lie past each row's own
+            # context, so the mask gives them zero weight.
+            tables = [
+                [*chunk.block_table[: num_blocks[row]], *[0] * (width - num_blocks[row])]
+                for row, (_, chunk) in enumerate(rows[start:end], start)
+            ]
+            positions = [chunk.start_pos for _, chunk in rows[start:end]]
+            buckets.append(
+                DecodeBucket(
+                    row_start=start,
+                    row_end=end,
+                    block_tables=self._to_device(torch.tensor(tables, dtype=torch.int64)),
+                    query_positions=self._to_device(torch.tensor(positions, dtype=torch.int64)),
+                )
+            )
+        token_indices = torch.tensor([start for start, _ in rows], dtype=torch.int64)
+        return DecodeBatch(token_indices=self._to_device(token_indices), buckets=tuple(buckets))

@@ -1,0 +1,151 @@
+"""ModelRunner: its properties, input checks, cache sizing and out-of-memory handling."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conveyor.engine.core.step import PromptScoring, SeqChunk
+from conveyor.engine.model.model_runner import (
+    KVOutOfMemory,
+    ModelRunner,
+    StepOutOfMemory,
+    kv_cache_bytes_per_token,
+    num_kv_blocks_for_memory_fraction,
+    num_kv_blocks_for_tokens,
+    resolve_dtype,
+)
+from conveyor.errors import ModelOutOfMemory
+from conveyor.fakes.checkpoints import build_tiny_llama
+
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
+NUM_KV_BLOCKS = 16
+BLOCK_SIZE = 4
+
+
+@pytest.fixture
+def runner(llama_path: Path) -> Iterator[ModelRunner]:
+    yield ModelRunner(llama_path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, device="cpu")
+
+
+def test_properties_come_from_the_checkpoint(runner: ModelRunner) -> None:
+    assert runner.vocab_size == 512
+    assert runner.max_model_len == 1024
+    assert runner.eos_token_ids == (2,)
+    assert runner.num_kv_blocks == NUM_KV_BLOCKS
+    assert runner.block_size == BLOCK_SIZE
+    assert runner.dtype == torch.float32
+    assert runner.device == torch.device("cpu")
+    key_cache, value_cache = runner.kv_caches[0]
+    assert key_cache.shape == (NUM_KV_BLOCKS, BLOCK_SIZE, 2, 16)
+    assert value_cache.shape == key_cache.shape
+    assert runner.kv_cache_bytes == 2 * 2 * 2 * 16 * 4 * NUM_KV_BLOCKS * BLOCK_SIZE
+
+
+def test_eos_ids_merge_generation_config_and_config(tmp_path: Path) -> None:
+    path = build_tiny_llama(tmp_path / "ckpt")
+    generation = json.loads((path / "generation_config.json").read_text())
+    generation["eos_token_id"] = [2, 7]
+    (path / "generation_config.json").write_text(json.dumps(generation))
+    runner = ModelRunner(path, num_kv_blocks=2, block_size=4, device="cpu")
+    assert runner.eos_token_ids == (2, 7)
+
+
+def test_empty_step_returns_no_logits(runner: ModelRunner) -> None:
+    assert runner.execute([]).shape == (0, runner.vocab_size)
+
+
+def test_step_without_logits_still_fills_the_cache(runner: ModelRunner) -> None:
+    assert runner.execute([SeqChunk((5, 6, 7), 0, (3,), needs_logits=False)]).shape == (0, 512)
+    key_cache = runner.kv_caches[0][0]
+    assert key_cache[3, :3].abs().sum() > 0
+    assert key_cache[3, 3].abs().sum() == 0
+
+
+@pytest.mark.parametrize(
+    ("chunk", "message"),
+    [
+        (SeqChunk((), 0, (0,), True), "at least one token"),
+        (SeqChunk((5,), -1, (0,), True), "start_pos"),
+        (SeqChunk((5,) * 5, 0, (0,), True), "block_table has 1 blocks"),
+        (SeqChunk((5,), 0, (NUM_KV_BLOCKS,), True), "block ids"),
+        (SeqChunk((512,), 0, (0,), True), "token ids"),
+        (SeqChunk((5,), 1024, (0,) * 257, True), "max_model_len"),
+        (SeqChunk((5, 6), 0, (0,), True, scoring=PromptScoring(1, (7, 8))), "inside the chunk"),
+        (SeqChunk((5, 6), 0, (0,), True, scoring=PromptScoring(0, (512,))), "scored token ids"),
+        (SeqChunk((5, 6), 0, (0,), True, scoring=PromptScoring(0, (7,), -1)), "num_top"),
+    ],
+)
+def test_bad_chunks_are_rejected(runner: ModelRunner, chunk: SeqChunk, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        runner.execute([chunk])
+
+
+def test_out_of_memory_in_a_step_becomes_step_out_of_memory(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def explode(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(runner.model, "hidden_states", explode)
+    with pytest.raises(StepOutOfMemory) as caught:
+        runner.execute([SeqChunk((5, 6), 0, (0,), True)])
+    assert isinstance(caught.value, ModelOutOfMemory)
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+
+
+def test_kv_cache_that_does_not_fit_is_kv_out_of_memory(llama_path: Path) -> None:
+    # Far beyond any host's memory, so the allocator refuses at once.
+    with pytest.raises(KVOutOfMemory):
+        ModelRunner(llama_path, num_kv_blocks=10**12, block_size=4, device="cpu")
+
+
+def test_other_runtime_errors_are_not_called_out_of_memory(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def explode(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(runner.model, "hidden_states", explode)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        runner.execute([SeqChunk((5, 6), 0, (0,), True)])
+
+
+def test_cache_sizing_helpers(runner: ModelRunner) -> None:
+    assert num_kv_blocks_for_tokens(1, 16) == 1
+    assert num_kv_blocks_for_tokens(16, 16) == 1
+    assert num_kv_blocks_for_tokens(17, 16) == 2
+    with pytest.raises(ValueError, match="kv_cache_tokens"):
+        num_kv_blocks_for_tokens(0, 16)
+    # K and V x 2 layers x 2 KV heads x head_dim 16 x 2 bytes.
+    assert kv_cache_bytes_per_token(runner.config, torch.bfloat16) == 2 * 2 * 2 * 16 * 2
+
+
+def test_memory_fraction_sizing_needs_cuda(llama_path: Path) -> None:
+    with pytest.raises(ValueError, match="CUDA"):
+        num_kv_blocks_for_memory_fraction(
+            llama_path, block_size=16, memory_fraction=0.9, device="cpu"
+        )
+    with pytest.raises(ValueError, match="memory_fraction"):
+        num_kv_blocks_for_memory_fraction(llama_path, block_size=16, memory_fraction=1.5)
+
+
+def test_dtype_resolution() -> None:
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
+    with pytest.raises(ValueError, match="dtype"):
+        resolve_dtype("int8", torch.device("cpu"))
+
+
+def test_bfloat16_runs_on_cpu_and_returns_float32(llama_path: Path) -> None:
+    runner = ModelRunner(llama_path, num_kv_blocks=4, block_size=4, device="cpu", dtype="bfloat16")
+    logits = runner.execute([SeqChunk((5, 6, 7), 0, (0,), True)])
+    assert logits.dtype == torch.float32
+    assert torch.isfinite(logits).all()
