@@ -253,6 +253,30 @@ class LoraConfig(Strict):
         return value
 
 
+class KVOffloadConfig(Strict):
+    """A second KV tier: blocks evicted from the KV cache are kept in host memory (and on
+    disk once host memory is full) and copied back on a prefix hit instead of recomputed.
+
+    Sizes are in bytes; a block takes ``block_size`` x the model's KV bytes per token.
+    The disk tier writes under a directory of its own inside ``disk_path``, removed when
+    the model stops.
+    """
+
+    host_bytes: int = Field(ge=1, description="Host memory for evicted KV blocks.")
+    disk_path: Path | None = Field(
+        default=None, description="Directory for the disk tier (none: no disk tier)."
+    )
+    disk_bytes: int = Field(
+        default=0, ge=0, description="Disk taken by evicted KV blocks (0: no disk tier)."
+    )
+
+    @model_validator(mode="after")
+    def _disk_needs_a_path(self) -> KVOffloadConfig:
+        if self.disk_bytes and self.disk_path is None:
+            raise ValueError("disk_bytes needs disk_path")
+        return self
+
+
 class GenerateModelConfig(Strict):
     """A generative Llama-family checkpoint served with continuous batching.
 
@@ -307,6 +331,9 @@ class GenerateModelConfig(Strict):
     )
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
     lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
+    kv_offload: KVOffloadConfig | None = Field(
+        default=None, description="Keep evicted KV blocks in host memory or on disk (none: off)."
+    )
 
     _path_kind = field_validator("path", mode="before")(_model_path)
     _path_exists = field_validator("path")(_local_checkpoint_exists)

@@ -63,6 +63,7 @@ def generative_model(
             "used": reader.value("conveyor_kv_blocks_used", name),
             "free": reader.value("conveyor_kv_blocks_free", name),
         },
+        "kv_tier": kv_tier(reader, name),
         "config": None,
         "plan": None if hosted is None else _preset_plan(reader, hosted, board or PlanBoard()),
     })  # fmt: skip
@@ -73,6 +74,16 @@ def generative_model(
         histograms[key] = reader.histogram(family, name, "online")
         histograms[f"batch_{key}"] = reader.histogram(family, name, "batch")
     return state
+
+
+def kv_tier(reader: MetricReader, name: str) -> dict[str, Any]:
+    """The second KV tier: blocks restored per tier, bytes moved per direction, blocks held
+    (all 0 for a model without one)."""
+    return {
+        "hit_blocks": reader.by_label("conveyor_kv_tier_hit_blocks_total", name),
+        "bytes": reader.by_label("conveyor_kv_tier_bytes_total", name),
+        "blocks": reader.by_label("conveyor_kv_tier_blocks", name),
+    }
 
 
 def _preset_plan(

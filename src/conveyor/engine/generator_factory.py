@@ -9,11 +9,14 @@ import time
 
 import torch
 
-from conveyor.config.model_config import GenerateModelConfig, local_model_path
+from conveyor.config.model_config import GenerateModelConfig, KVOffloadConfig, local_model_path
+from conveyor.engine.core.kv_tier import TierIndex
 from conveyor.engine.core.limits import max_model_len_problem
 from conveyor.engine.generator import HostedGenerator
+from conveyor.engine.kv_offload import KVOffload
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
+from conveyor.engine.model.kv_store import HostKVStore
 from conveyor.engine.model.lora.runtime import LoraRuntime, new_lora_runtime
 from conveyor.engine.model.model_runner import (
     ModelRunner,
@@ -66,12 +69,31 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
     if lora is not None and config.lora is not None:
         slots = config.lora.max_loras_per_batch
         metrics.adapters = AdapterActivity(slots, lora.registry.names_by_id)
-    engine = LLMEngine(runner, tokenizer, engine_config, metrics=metrics, name=config.name)
+    engine = LLMEngine(
+        runner, tokenizer, engine_config, metrics=metrics, name=config.name,
+        kv_offload=_kv_offload(config.kv_offload, runner),
+    )  # fmt: skip
     engine.start()
     registry = None if lora is None else lora.registry
     return HostedGenerator(
         config, engine, tokenizer, metrics, runner.vocab_size, int(time.time()), registry
     )
+
+
+def _kv_offload(config: KVOffloadConfig | None, runner: ModelRunner) -> KVOffload | None:
+    """The second KV tier sized from its byte budgets; None without ``kv_offload``."""
+    if config is None:
+        return None
+    block_bytes = runner.kv_cache_bytes // runner.num_kv_blocks
+    host_blocks = config.host_bytes // block_bytes
+    if host_blocks < 1:
+        raise ConfigError(
+            f"kv_offload.host_bytes {config.host_bytes} is less than one KV block "
+            f"({block_bytes} bytes)"
+        )
+    disk_blocks = config.disk_bytes // block_bytes
+    store = HostKVStore(runner.kv_cache, host_blocks, config.disk_path if disk_blocks else None)
+    return KVOffload(TierIndex(host_blocks, disk_blocks), store)
 
 
 def _lora_runtime(config: GenerateModelConfig, device: torch.device) -> LoraRuntime | None:

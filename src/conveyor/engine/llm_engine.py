@@ -5,6 +5,9 @@ between steps, so nothing ever changes under a running step. Each step's outputs
 to the callers' streams in one ``loop.call_soon_threadsafe`` per loop. With nothing to
 do, the thread sleeps on a condition variable until a request or an abort arrives.
 
+With a second KV tier (``kv_offload``), the copies a step's schedule queued run before
+its forward pass; a failed copy fails that step only.
+
 Out-of-memory in a step halves the scheduler's token budget and plans the step again
 (the budget grows back after good steps). Any other failure of the model fails only the
 sequences of that step.
@@ -39,6 +42,7 @@ from conveyor.engine.engine_metrics import (
     record_finish,
 )
 from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
+from conveyor.engine.kv_offload import KVOffload
 from conveyor.engine.null_metrics import null_generator_metrics
 from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
 from conveyor.engine.request import GenerationRequest
@@ -96,8 +100,10 @@ class LLMEngine:
         *,
         metrics: GeneratorMetrics | None = None,
         name: str = "engine",
+        kv_offload: KVOffload | None = None,
     ) -> None:
         self.config = config
+        self.kv_offload = kv_offload
         self.name = name
         self.stats = EngineStats()
         self._runner = runner
@@ -106,7 +112,11 @@ class LLMEngine:
         self._phases = StepPhases(self.stats, self._metrics)
         self._scheduler = Scheduler(
             config.scheduler_config(),
-            BlockManager(config.num_kv_blocks, config.block_size),
+            BlockManager(
+                config.num_kv_blocks,
+                config.block_size,
+                None if kv_offload is None else kv_offload.index,
+            ),
             JobShare(config.job_share_config()),
         )
         self._sampler = Sampler()
@@ -235,6 +245,8 @@ class LLMEngine:
                 return
         self._fail_everything(ServiceUnavailable(f"model {self.name!r} is shutting down"))
         self.masks.close()
+        if self.kv_offload is not None:
+            self.kv_offload.close()
 
     # -- engine thread ------------------------------------------------------------
 
@@ -346,6 +358,8 @@ class LLMEngine:
         started_s = time.perf_counter()
         self._phases.count("schedule", started_s - scheduled_s)
         try:
+            if self.kv_offload is not None:
+                self.kv_offload.flush(self._scheduler.block_manager, self._metrics)
             logits = self._runner.execute(chunks)
         except ModelOutOfMemory as exc:
             self._on_out_of_memory(output, exc)
@@ -545,5 +559,7 @@ class LLMEngine:
         metrics.running.set(scheduler.num_running)
         metrics.waiting.set(scheduler.num_waiting)
         publish_kv_usage(metrics, manager)
+        if self.kv_offload is not None:
+            self.kv_offload.publish(metrics)
         publish_adapters(metrics, (entry.request.seq for entry in self._entries.values()))
         self.prefix_digest.refresh(manager, force=not scheduler.has_unfinished)

@@ -9,13 +9,23 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conveyor.observability.metrics import FINISH_REASONS, OUTCOMES, STEP_PHASES, GeneratorMetrics
+from conveyor.observability.metrics import (
+    FINISH_REASONS,
+    KV_TIER_DIRECTIONS,
+    KV_TIERS,
+    OUTCOMES,
+    STEP_PHASES,
+    GeneratorMetrics,
+)
 from conveyor.priority import Priority
 
 __all__ = ["null_generator_metrics"]
 
 # Children that come one per priority class.
 BY_PRIORITY = ("latency_s", "time_to_first_token_s", "time_per_output_token_s")
+# Children that come one per label value, of the families named.
+BY_LABEL = ("requests", "finished", "step_phase_s", "kv_tier_hit_blocks", "kv_tier_bytes",
+            "kv_tier_blocks")  # fmt: skip
 
 
 class _NoOpMetric:
@@ -37,7 +47,7 @@ def null_generator_metrics() -> GeneratorMetrics:
     children: dict[str, Any] = {
         field.name: noop
         for field in dataclasses.fields(GeneratorMetrics)
-        if field.name not in (*BY_PRIORITY, "requests", "finished", "step_phase_s", "adapters")
+        if field.name not in (*BY_PRIORITY, *BY_LABEL, "adapters")
     }
     return GeneratorMetrics(
         **children,
@@ -47,4 +57,7 @@ def null_generator_metrics() -> GeneratorMetrics:
         requests=dict.fromkeys(OUTCOMES, noop),
         finished=dict.fromkeys(FINISH_REASONS, noop),
         step_phase_s=dict.fromkeys(STEP_PHASES, noop),
+        kv_tier_hit_blocks=dict.fromkeys(KV_TIERS, noop),
+        kv_tier_bytes=dict.fromkeys(KV_TIER_DIRECTIONS, noop),
+        kv_tier_blocks=dict.fromkeys(KV_TIERS, noop),
     )

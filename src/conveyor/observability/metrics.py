@@ -53,6 +53,9 @@ CLOSE_REASONS = ("full", "tokens", "wait")
 FINISH_REASONS = ("stop", "length", "abort", "error", "shed")
 # Where an engine step's time goes (see llm_engine.LLMEngine._step).
 STEP_PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
+# The second KV tier: where restored blocks come from, and the directions bytes move in.
+KV_TIERS = ("host", "disk")
+KV_TIER_DIRECTIONS = ("device_to_host", "host_to_device", "host_to_disk", "disk_to_device")
 LENGTH_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072 tokens
 
 
@@ -115,6 +118,9 @@ class GeneratorMetrics:
     generation_length: Any
     queue_time_s: Any
     step_phase_s: dict[str, Any]
+    kv_tier_hit_blocks: dict[str, Any]
+    kv_tier_bytes: dict[str, Any]
+    kv_tier_blocks: dict[str, Any]
     # The LoRA adapters running and waiting (set by the loader when the model serves some).
     adapters: AdapterActivity | None = None
 
@@ -290,6 +296,20 @@ class Metrics:
             "Engine-thread seconds in each phase of a step (schedule, prepare, forward, "
             "sample, postprocess)", ["model", "phase"], registry=reg,
         )  # fmt: skip
+        self.kv_tier_hit_blocks = Counter(
+            "conveyor_kv_tier_hit_blocks_total",
+            "KV blocks copied back from the second tier instead of recomputed, by tier "
+            "(host|disk)", ["model", "tier"], registry=reg,
+        )  # fmt: skip
+        self.kv_tier_bytes = Counter(
+            "conveyor_kv_tier_bytes_total",
+            "Bytes the second KV tier moved, by direction (device_to_host, host_to_device, "
+            "host_to_disk, disk_to_device)", ["model", "direction"], registry=reg,
+        )  # fmt: skip
+        self.kv_tier_blocks = Gauge(
+            "conveyor_kv_tier_blocks", "KV blocks the second tier holds, by tier (host|disk)",
+            ["model", "tier"], registry=reg,
+        )  # fmt: skip
 
     def _add_generation_request_families(self, reg: CollectorRegistry) -> None:
         """Per-request families of generative models, as vLLM's (mapped in the docs)."""
@@ -362,6 +382,9 @@ class Metrics:
             generation_length=self.generation_length.labels(model),
             queue_time_s=self.queue_time_s.labels(model),
             step_phase_s={p: self.step_phase_s.labels(model, p) for p in STEP_PHASES},
+            kv_tier_hit_blocks={t: self.kv_tier_hit_blocks.labels(model, t) for t in KV_TIERS},
+            kv_tier_bytes={d: self.kv_tier_bytes.labels(model, d) for d in KV_TIER_DIRECTIONS},
+            kv_tier_blocks={t: self.kv_tier_blocks.labels(model, t) for t in KV_TIERS},
         )
         self.generators[model] = children
         return children

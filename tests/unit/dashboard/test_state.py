@@ -233,3 +233,15 @@ class _FakeHosted:
             kind="generate", name="tiny", path=path, device="cpu", max_num_seqs=16
         )
         self.engine = SimpleNamespace(num_kv_blocks=100, config=SimpleNamespace(block_size=16))
+
+
+def test_a_generative_model_shows_its_kv_tier() -> None:
+    metrics = Metrics()
+    children = metrics.for_generator("tiny")
+    children.kv_tier_hit_blocks["host"].inc(3)
+    children.kv_tier_bytes["device_to_host"].inc(4096)
+    children.kv_tier_blocks["disk"].set(2)
+    tier = generative_model(MetricReader(metrics.registry), "tiny")["kv_tier"]
+    assert tier["hit_blocks"] == {"host": 3.0, "disk": 0.0}
+    assert tier["bytes"]["device_to_host"] == 4096.0 and tier["bytes"]["host_to_device"] == 0.0
+    assert tier["blocks"] == {"host": 0.0, "disk": 2.0}

@@ -55,3 +55,37 @@ def test_the_job_token_cap_beside_online_traffic_reaches_the_engine(
         assert generator.engine.config.job_tokens_beside_online == expected
     finally:
         generator.stop()
+
+
+def test_kv_offload_sizes_the_tier_in_blocks_from_its_byte_budgets(
+    llama_path: Path, tmp_path: Path
+) -> None:
+    config = model_config(llama_path, block_size=16, kv_cache_tokens=256, max_model_len=128)
+    generator = load_generator(config, Metrics().for_generator("tiny"))
+    block_bytes = generator.engine._runner.kv_cache[:, :, 0].nbytes  # type: ignore[attr-defined]
+    generator.stop()
+    offload = {
+        "host_bytes": 10 * block_bytes + 1,
+        "disk_path": tmp_path,
+        "disk_bytes": 3 * block_bytes,
+    }
+    generator = load_generator(
+        model_config(
+            llama_path, block_size=16, kv_cache_tokens=256, max_model_len=128, kv_offload=offload
+        ),
+        Metrics().for_generator("tiny"),
+    )
+    try:
+        tier = generator.engine.kv_offload
+        assert tier is not None
+        assert (tier.index.host_blocks, tier.index.disk_blocks) == (10, 3)
+    finally:
+        generator.stop()
+
+
+def test_a_host_tier_smaller_than_a_block_is_refused(llama_path: Path) -> None:
+    config = model_config(
+        llama_path, kv_cache_tokens=256, max_model_len=128, kv_offload={"host_bytes": 1}
+    )
+    with pytest.raises(ConfigError, match="less than one KV block"):
+        load_generator(config, Metrics().for_generator("tiny"))

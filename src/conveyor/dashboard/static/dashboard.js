@@ -78,8 +78,14 @@ function derive(model, before, dt) {
     queue: sum(model.queue_depth),
     running: model.running,
     kv: model.kv_blocks ? model.kv_blocks.used : null,
+    // The second KV tier: blocks copied back instead of recomputed, and MB/s each way.
+    tier_hits: model.kv_tier ? rate(model, before, (m) => sum(m.kv_tier.hit_blocks), dt) : null,
+    tier_out_mb: model.kv_tier ? rate(model, before, (m) => tierBytes(m, "device_to_host"), dt) / 1e6 : null,
+    tier_in_mb: model.kv_tier ? rate(model, before, (m) => tierBytes(m, "host_to_device") + tierBytes(m, "disk_to_device"), dt) / 1e6 : null,
   };
 }
+
+function tierBytes(model, direction) { return (model.kv_tier && model.kv_tier.bytes[direction]) || 0; }
 
 function ms(seconds) { return seconds === null ? null : seconds * 1000; }
 
@@ -89,6 +95,7 @@ const CHARTS = [
   { title: "batch-job latency ms", series: ["batch_p50", "batch_p99", "batch_ttft"] },
   { title: "queue and running", series: ["queue", "running"] },
   { title: "batch fill / KV blocks", series: ["fill", "kv"] },
+  { title: "KV tier blocks/s, MB/s", series: ["tier_hits", "tier_out_mb", "tier_in_mb"], kind: "generative" },
 ];
 const SERIES = CHARTS.flatMap((spec) => spec.series);
 
@@ -135,6 +142,7 @@ function card(model) {
   const charts = el("div", { class: "charts" });
   entry.card.append(charts);
   for (const spec of CHARTS) {
+    if (spec.kind && spec.kind !== model.kind) continue;
     const box = el("div", { class: "chart", "data-chart": spec.title });
     charts.append(box);
     entry.charts.push({ spec, plot: chart(spec, box) });

@@ -9,6 +9,10 @@ the pool hands them out for other content.
 
 Sequences grow their tables step by step (``append``), so a chunked prefill only
 holds the blocks its computed chunks need.
+
+With a second tier (``kv_tier.TierIndex``), a cached block handed out for other content
+is spilled to host memory first, and a prefix lookup that runs past the pool's own blocks
+goes on in the tier: those blocks get fresh pool blocks, and the tier queues their copy.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from conveyor.engine.core.kv_tier import TierIndex
 from conveyor.engine.core.sequence import Sequence
 from conveyor.prefix.hashing import hash_block
 
@@ -48,8 +53,9 @@ class BlockManager:
     evicted oldest first only when the first pool is empty.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        """Create a pool of ``num_blocks`` blocks of ``block_size`` tokens each."""
+    def __init__(self, num_blocks: int, block_size: int, tier: TierIndex | None = None) -> None:
+        """Create a pool of ``num_blocks`` blocks of ``block_size`` tokens each; ``tier``
+        keeps the blocks it evicts (None: evicted content is lost)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -61,6 +67,7 @@ class BlockManager:
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._block_by_hash: dict[bytes, int] = {}
         self._allocated: dict[str, Sequence] = {}
+        self.tier = tier
 
     @property
     def num_blocks(self) -> int:
@@ -101,7 +108,7 @@ class BlockManager:
         """Up to ``limit`` hashes of blocks the cache can serve, the most useful first.
 
         Blocks sequences hold come first, then free cached blocks from the most recently
-        freed (the last to be evicted). For the heartbeat's prefix digest.
+        freed (the last to be evicted), then the tier's. For the heartbeat's prefix digest.
         """
         held = [b.content_hash for b in self._blocks if b.ref_count > 0 and b.content_hash]
         hashes = held[:limit]
@@ -111,6 +118,10 @@ class BlockManager:
             digest = self._blocks[block_id].content_hash
             if digest is not None:
                 hashes.append(digest)
+        if self.tier is not None and len(hashes) < limit:
+            seen = set(hashes)
+            more = self.tier.hashes(limit - len(hashes) + len(seen))
+            hashes.extend([h for h in more if h not in seen][: limit - len(hashes)])
         return hashes
 
     def is_allocated(self, seq: Sequence) -> bool:
@@ -138,20 +149,43 @@ class BlockManager:
 
         Sets ``block_table``, ``num_cached_tokens`` and ``num_computed_tokens``
         (to the cached length).  Blocks for the rest come from ``append`` as
-        chunks get scheduled.  Needs no fresh block (hits are either shared or
-        revived from the free pool), so it only fails on a sequence that
-        already has cache state.
+        chunks get scheduled.  Blocks found in the pool are shared or revived; blocks
+        found in the tier take a fresh block each, whose copy the tier queues (so
+        ``can_allocate`` first).  Raises ValueError for a sequence that already has
+        cache state.
         """
         error = self._allocation_error(seq)
         if error is not None:
             raise ValueError(error)
         hits = self._match_prefix(seq)
+        if None in hits and not self._fits(seq, hits, 0):
+            raise ValueError(f"not enough free blocks to restore {seq.seq_id!r}'s prefix")
         for block_id in hits:
-            self._take(block_id)
-        seq.block_table = hits
+            if block_id is not None:
+                self._take(block_id)
+        seq.block_table = self._table(seq, hits)
         seq.num_cached_tokens = len(hits) * self._block_size
         seq.num_computed_tokens = seq.num_cached_tokens
         self._allocated[seq.seq_id] = seq
+
+    def _table(self, seq: Sequence, hits: list[int | None]) -> list[int]:
+        """The table of ``hits`` with a fresh block for each tier hit (None), its copy
+        queued; the tier's entries stay pinned until every fresh block is taken."""
+        tier = self.tier
+        if tier is None or None not in hits:
+            return [b for b in hits if b is not None]
+        digests = [self._block_hash(seq, i) for i, b in enumerate(hits) if b is None]
+        table: list[int] = []
+        with tier.pinned(digests):
+            for index, block_id in enumerate(hits):
+                if block_id is None:
+                    block_id = self._take_fresh()
+                    digest = self._block_hash(seq, index)
+                    tier.restore(digest, block_id)
+                    self._blocks[block_id].content_hash = digest
+                    self._block_by_hash[digest] = block_id
+                table.append(block_id)
+        return table
 
     def _allocation_error(self, seq: Sequence) -> str | None:
         """Why ``seq`` cannot start an allocation, or None if it can."""
@@ -161,17 +195,19 @@ class BlockManager:
             return f"sequence {seq.seq_id!r} still has cache state; free it first"
         return None
 
-    def _fits(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
-        """Whether the free pool covers revived hits plus blocks for the new tokens."""
+    def _fits(self, seq: Sequence, hits: list[int | None], num_new_tokens: int) -> bool:
+        """Whether the free pool covers revived hits, a block per tier hit, and blocks
+        for the new tokens."""
         num_cached = len(hits) * self._block_size
         if num_new_tokens < 0 or num_cached + num_new_tokens > seq.num_tokens:
             return False
-        num_revived = sum(1 for block_id in hits if self._blocks[block_id].ref_count == 0)
+        num_taken = sum(1 for b in hits if b is None or self._blocks[b].ref_count == 0)
         num_fresh = self.num_blocks_needed(num_cached + num_new_tokens) - len(hits)
-        return num_revived + num_fresh <= self.num_free_blocks
+        return num_taken + num_fresh <= self.num_free_blocks
 
-    def _match_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids of the longest run of leading full blocks found in the cache.
+    def _match_prefix(self, seq: Sequence) -> list[int | None]:
+        """Block ids of the longest run of leading full blocks found in the cache; None
+        for a block found in the tier instead of the pool.
 
         Stops before the block holding the last token: that token is always
         computed (its logits give the next sample), and computing it must write
@@ -181,10 +217,11 @@ class BlockManager:
         if not seq.uses_prefix_cache:
             return []
         num_reusable = (seq.num_tokens - 1) // self._block_size
-        hits: list[int] = []
+        hits: list[int | None] = []
         for index in range(num_reusable):
-            block_id = self._block_by_hash.get(self._block_hash(seq, index))
-            if block_id is None:
+            digest = self._block_hash(seq, index)
+            block_id = self._block_by_hash.get(digest)
+            if block_id is None and (self.tier is None or digest not in self.tier):
                 break
             hits.append(block_id)
         return hits
@@ -261,6 +298,16 @@ class BlockManager:
             block.content_hash = self._block_hash(seq, index)
             self._block_by_hash.setdefault(block.content_hash, block.block_id)
 
+    def forget(self, block_ids: list[int]) -> None:
+        """Stop serving ``block_ids`` from the cache (their content cannot be trusted: a
+        copy into them failed); they are reused once released."""
+        for block_id in block_ids:
+            block = self._blocks[block_id]
+            if block.content_hash is not None:
+                if self._block_by_hash.get(block.content_hash) == block_id:
+                    del self._block_by_hash[block.content_hash]
+                block.content_hash = None
+
     # -- release ----------------------------------------------------------------
 
     def free(self, seq: Sequence) -> None:
@@ -296,9 +343,12 @@ class BlockManager:
         else:
             block_id, _ = self._free_cached.popitem(last=False)
         block = self._blocks[block_id]
-        if block.content_hash is not None:
-            if self._block_by_hash.get(block.content_hash) == block_id:
-                del self._block_by_hash[block.content_hash]
+        digest = block.content_hash
+        if digest is not None:
+            if self._block_by_hash.get(digest) == block_id:
+                del self._block_by_hash[digest]
+                if self.tier is not None:
+                    self.tier.spill(block_id, digest)
             block.content_hash = None
         block.ref_count = 1
         return block_id

@@ -201,7 +201,11 @@ class ModelRunner:
         self.lora = lora
         if lora is not None:
             lora.attach(self.model)
-        self.kv_caches = self._allocate_kv_cache()
+        # The whole allocation (the second KV tier copies blocks of it) and its per-layer views.
+        self.kv_cache = self._allocate_kv_cache()
+        self.kv_caches = [
+            (self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(len(self.kv_cache))
+        ]
 
     @property
     def vocab_size(self) -> int:
@@ -279,8 +283,8 @@ class ModelRunner:
             raise KVOutOfMemory(f"the model weights do not fit on {self.device}") from error
         return model.eval()
 
-    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One zeroed allocation for every layer's K and V, handed out as per-layer views."""
+    def _allocate_kv_cache(self) -> torch.Tensor:
+        """One zeroed allocation for every layer's K and V, [layers, 2, blocks, ...]."""
         shape = (
             self.config.num_layers,
             2,
@@ -299,7 +303,7 @@ class ModelRunner:
             raise KVOutOfMemory(
                 f"a KV cache of {self.num_kv_blocks} blocks does not fit on {self.device}"
             ) from error
-        return [(cache[layer, 0], cache[layer, 1]) for layer in range(self.config.num_layers)]
+        return cache
 
     def _check_chunk(self, chunk: SeqChunk) -> None:
         """Reject chunks that would index outside the cache or the vocabulary."""
