@@ -269,6 +269,9 @@ def gateway(
     affinity_load_bound: Annotated[
         int, typer.Option(min=0, help="How much busier than the least loaded affinity may go.")
     ] = 4,
+    affinity_routed_blocks: Annotated[
+        int, typer.Option(min=0, help="Prompt blocks remembered per worker as routed (0: off).")
+    ] = 16384,
     prefix_tokenizer: Annotated[
         list[str] | None,
         typer.Option(help="MODEL=DIR: hash MODEL's prompts with DIR's tokenizer (repeatable)."),
@@ -294,7 +297,9 @@ def gateway(
             store_url=store, objects_url=objects, stale_after_s=stale_after_s,
             reap_after_s=max(60.0, 20 * stale_after_s), refresh_s=refresh_s,
             max_attempts=max_attempts, target_utilisation=target_utilisation,
-            affinity=AffinitySettings(load_bound=affinity_load_bound) if affinity else None,
+            affinity=AffinitySettings(
+                load_bound=affinity_load_bound, max_routed_blocks=affinity_routed_blocks
+            ) if affinity else None,
             prefix_tokenizers=parse_model_dirs(prefix_tokenizer or []),
         )  # fmt: skip
     except ValueError as exc:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -29,6 +29,7 @@ __all__ = [
     "Affinity",
     "AffinityReason",
     "AffinitySettings",
+    "Holdings",
     "PromptKey",
     "Routable",
     "choose_by_affinity",
@@ -47,11 +48,16 @@ class AffinitySettings:
     use_session: bool = True
     # Leading prompt blocks hashed per request (bounds the gateway's work on long prompts).
     max_prompt_blocks: int = 256
+    # Prompt blocks this gateway remembers routing to each worker (0: none; see
+    # ``routed_prefixes``), taken as held besides what the worker reports.
+    max_routed_blocks: int = 16384
 
     def __post_init__(self) -> None:
         """Validate the knobs."""
         if self.load_bound < 0:
             raise ValueError(f"load_bound must be >= 0, got {self.load_bound}")
+        if self.max_routed_blocks < 0:
+            raise ValueError(f"max_routed_blocks must be >= 0, got {self.max_routed_blocks}")
         if self.max_prompt_blocks < 1:
             raise ValueError(f"max_prompt_blocks must be >= 1, got {self.max_prompt_blocks}")
 
@@ -96,6 +102,18 @@ class Routable(Protocol):
 W = TypeVar("W", bound=Routable)
 
 
+class Holdings(Protocol):
+    """Blocks a worker's cache is taken to hold for a model (``PrefixHoldings`` is one)."""
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+
+    @property
+    def keys(self) -> Container[bytes]:
+        """Digest keys of the blocks held."""
+
+
 class AffinityReason(enum.StrEnum):
     """Why a worker was chosen (``load``: no affinity applied)."""
 
@@ -104,7 +122,7 @@ class AffinityReason(enum.StrEnum):
     LOAD = "load"
 
 
-def matched_blocks(keys: Sequence[bytes], holdings: PrefixHoldings | None) -> int:
+def matched_blocks(keys: Sequence[bytes], holdings: Holdings | None) -> int:
     """How many of the prompt's leading blocks the worker holds, counted from the first.
 
     The engine reuses a cached prefix only up to its first missing block, so a gap ends
@@ -136,8 +154,12 @@ def choose_by_affinity(
     affinity: Affinity,
     load: Callable[[W], int],
     settings: AffinitySettings,
+    holdings: Callable[[W], Holdings | None] | None = None,
 ) -> tuple[W, AffinityReason] | None:
-    """The worker the request's prefix or session points to, within the load bound."""
+    """The worker the request's prefix or session points to, within the load bound.
+
+    ``holdings`` says what a worker holds for ``model`` (default: what it reported).
+    """
     if not workers:
         return None
     loads = {w.worker_id: load(w) for w in workers}
@@ -148,14 +170,19 @@ def choose_by_affinity(
         ids = {w.worker_id for w in within}
         owner = next(w for w in rendezvous_order(affinity.session, workers) if w.worker_id in ids)
     if settings.use_prefix and affinity.prompt is not None:
-        best = _longest_prefix(within, model, affinity.prompt, loads, owner)
+        held = holdings or (lambda worker: worker.prefixes.get(model))
+        best = _longest_prefix(within, affinity.prompt, loads, owner, held)
         if best is not None:
             return best, AffinityReason.PREFIX
     return (owner, AffinityReason.SESSION) if owner is not None else None
 
 
 def _longest_prefix(
-    workers: Sequence[W], model: str, prompt: PromptKey, loads: dict[str, int], owner: W | None
+    workers: Sequence[W],
+    prompt: PromptKey,
+    loads: dict[str, int],
+    owner: W | None,
+    held: Callable[[W], Holdings | None],
 ) -> W | None:
     """The worker holding the most leading blocks (at least one).
 
@@ -167,7 +194,7 @@ def _longest_prefix(
     best_rank = (0, 0, False)
     owner_id = owner.worker_id if owner is not None else None
     for worker in workers:
-        holdings = worker.prefixes.get(model)
+        holdings = held(worker)
         if holdings is None:
             continue
         rank = (matched_blocks(prompt.keys(holdings.block_size), holdings),

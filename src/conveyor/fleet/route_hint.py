@@ -1,8 +1,9 @@
 """What a gateway reads from a generation request to route it by affinity.
 
-The session hint is the ``x-conveyor-session`` header, else (``/v1/responses``) the
-conversation its ``previous_response_id`` names (``response_ids``: every later turn of a
-conversation goes where the earlier ones ran), else the body's ``user``. The prompt key
+The session hint is the ``x-conveyor-session`` header, else the body's
+``prompt_cache_key`` (OpenAI's name for it), else (``/v1/responses``) the conversation its
+``previous_response_id`` names (``response_ids``: every later turn of a conversation goes
+where the earlier ones ran), else the body's ``user``. The prompt key
 is the prompt's token ids from the gateway's own tokenizer for the model (configured per
 model; ``fleet.prompt_tokens``), loaded on first use. Only ``/v1/chat/completions``,
 ``/v1/completions`` and ``/v1/responses`` bodies are read; anything unreadable gives no
@@ -40,6 +41,7 @@ _COMPLETION_PATH = "/v1/completions"
 _RESPONSES_PATH = "/v1/responses"
 _HINTED_PATHS = (_CHAT_PATH, _COMPLETION_PATH, _RESPONSES_PATH)
 _USER_KEY = b'"user"'
+_CACHE_KEY = b'"prompt_cache_key"'
 _PREVIOUS_KEY = b'"previous_response_id"'
 # A Responses conversation's session hint: this and its key.
 CONVERSATION_PREFIX = "conversation:"
@@ -102,7 +104,11 @@ def responses_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def session_of(path: str, body: Mapping[str, Any]) -> str | None:
-    """The body's session hint: a Responses turn's conversation, else its ``user``."""
+    """The body's session hint: its ``prompt_cache_key``, else a Responses turn's
+    conversation, else its ``user``."""
+    cache_key = body.get("prompt_cache_key")
+    if isinstance(cache_key, str) and cache_key:
+        return cache_key
     if path == _RESPONSES_PATH:
         previous = body.get("previous_response_id")
         key = conversation_key(previous) if isinstance(previous, str) else None
@@ -181,7 +187,11 @@ class HintReader:
             return None
         session = next((v.decode("latin-1") for k, v in headers if k == SESSION_HEADER), None)
         tokenizer = self.tokenizer(model) if self._settings.use_prefix else None
-        has_hint = _USER_KEY in body or (path == _RESPONSES_PATH and _PREVIOUS_KEY in body)
+        has_hint = (
+            _USER_KEY in body
+            or _CACHE_KEY in body
+            or (path == _RESPONSES_PATH and _PREVIOUS_KEY in body)
+        )
         if tokenizer is None and (session or not has_hint):
             return Affinity(session=session) if session else None
         try:

@@ -11,7 +11,14 @@ import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from conveyor.fleet.affinity import Affinity, AffinityReason, AffinitySettings, choose_by_affinity
+from conveyor.fleet.affinity import (
+    Affinity,
+    AffinityReason,
+    AffinitySettings,
+    Holdings,
+    choose_by_affinity,
+)
+from conveyor.fleet.routed_prefixes import MergedHoldings, RoutedPrefixes
 from conveyor.observability.logs import log_event
 from conveyor.prefix.report import PrefixHoldings
 
@@ -107,6 +114,10 @@ class Router:
         self.policy = policy or RoutingPolicy()
         # None: requests' prefix and session hints are ignored (load alone decides).
         self.affinity = affinity
+        # The prompt blocks routed to each worker (None: only what workers report counts).
+        self.routed: RoutedPrefixes | None = None
+        if affinity is not None and affinity.use_prefix and affinity.max_routed_blocks:
+            self.routed = RoutedPrefixes(affinity.max_routed_blocks)
         self._in_flight: dict[str, int] = {}
         # How many choices each reason made (``AffinityReason``), for ``/v1/fleet``.
         self.num_routed: dict[str, int] = {}
@@ -164,12 +175,31 @@ class Router:
         """The worker for the next request of ``model``, or None when no worker can take it.
 
         With affinity settings and a hint, the worker holding the request's longest cached
-        prefix, else its session's worker, wins while within the load bound (see
-        ``fleet.affinity``). Otherwise two random workers that already have the model
-        loaded are compared on load; when even the better one is busier than
-        ``cold_penalty``, one worker without the model loaded competes too, its load
-        raised by the penalty (the cost of loading it).
+        prefix (reported, or routed there by this gateway), else its session's worker,
+        wins while within the load bound (see ``fleet.affinity``). Otherwise two random
+        workers that already have the model loaded are compared on load; when even the
+        better one is busier than ``cold_penalty``, one worker without the model loaded
+        competes too, its load raised by the penalty (the cost of loading it). The chosen
+        worker is remembered as holding the request's prompt blocks.
         """
+        worker = self._choose(workers, model, now, exclude, affinity)
+        prompt = affinity.prompt if affinity is not None else None
+        if worker is not None and prompt is not None and self.routed is not None:
+            reported = worker.prefixes.get(model)
+            if reported is not None:  # the worker's block size is known
+                keys = prompt.keys(reported.block_size)
+                self.routed.record(worker.worker_id, model, reported.block_size, keys)
+        return worker
+
+    def _choose(
+        self,
+        workers: Sequence[WorkerView],
+        model: str,
+        now: float,
+        exclude: Collection[str],
+        affinity: Affinity | None,
+    ) -> WorkerView | None:
+        """``choose`` without the remembering."""
         candidates = self.candidates(workers, model, now, exclude)
         if not candidates:
             return None
@@ -199,12 +229,27 @@ class Router:
         """The affinity choice among workers with the model loaded (all, if none has)."""
         warm = [w for w in candidates if model in w.loaded_models] or candidates
         choice = choose_by_affinity(
-            warm, model, affinity, lambda worker: self.load(worker, model), settings
-        )
+            warm, model, affinity, lambda worker: self.load(worker, model), settings,
+            lambda worker: self.holdings(worker, model),
+        )  # fmt: skip
         if choice is None:
             return None
         self._count(choice[1])
         return choice[0]
+
+    def holdings(self, worker: WorkerView, model: str) -> Holdings | None:
+        """What ``worker`` is taken to hold for ``model``: its report, widened by what this
+        gateway routed there; None when it reported nothing (its block size is unknown)."""
+        reported = worker.prefixes.get(model)
+        if reported is None or self.routed is None:
+            return reported
+        return MergedHoldings.of(reported, self.routed, worker.worker_id, model)
+
+    def forget_missing(self, present_ids: Collection[str]) -> None:
+        """Drop ejections and routed blocks of workers the registry no longer lists."""
+        self.ejections.forget_missing(present_ids)
+        if self.routed is not None:
+            self.routed.forget_missing(present_ids)
 
     def _count(self, reason: AffinityReason) -> None:
         self.num_routed[reason.value] = self.num_routed.get(reason.value, 0) + 1

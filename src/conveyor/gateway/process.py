@@ -244,7 +244,7 @@ class Gateway:
 
     def on_refresh(self) -> None:
         """After each registry refresh: forget vanished workers, update the gauges."""
-        self.router.ejections.forget_missing({v.worker_id for v in self.registry.views})
+        self.router.forget_missing({v.worker_id for v in self.registry.views})
         self._gauge_workers()
         for demand in self.demands():
             replicas = desired_replicas(demand, self.settings.target_utilisation)

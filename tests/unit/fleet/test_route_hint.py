@@ -92,6 +92,19 @@ def test_the_session_header_wins_over_user(reader: HintReader) -> None:
     assert hint is not None and hint.session == "u1"
 
 
+def test_prompt_cache_key_is_the_session_before_user(reader: HintReader) -> None:
+    keyed = body(messages=MESSAGES, user="u1", prompt_cache_key="conv-7")
+    hint = reader.affinity(CHAT, [], keyed, "m")
+    assert hint is not None and hint.session == "conv-7" and hint.prompt is not None
+    hint = reader.affinity(CHAT, [(b"x-conveyor-session", b"abc")], keyed, "m")
+    assert hint is not None and hint.session == "abc"
+    # Without a tokenizer the key alone is still a hint.
+    hint = reader.affinity(CHAT, [], body(model="x", messages=MESSAGES, prompt_cache_key="k"), "x")
+    assert hint is not None and hint.session == "k" and hint.prompt is None
+    assert session_of(RESPONSES, {"prompt_cache_key": "k", "user": "u"}) == "k"
+    assert session_of(CHAT, {"prompt_cache_key": "", "user": "u"}) == "u"
+
+
 def test_without_a_tokenizer_only_the_session_counts(reader: HintReader) -> None:
     assert reader.affinity(CHAT, [], body(model="x", messages=MESSAGES), "x") is None
     hint = reader.affinity(CHAT, [], body(messages=MESSAGES, user="u1"), "x")
