@@ -18,12 +18,21 @@ worker's mean must stay within ``--load-bound``.
 
 Each mode starts with a warm-up request straight to each worker and a wait for a quiet
 machine (noted in the result when it never came). Turns are closed-loop per session, as a
-chat is: the next turn waits for the reply.
+chat is: the next turn waits for the reply (after ``--think-s``). ``--concurrency`` runs
+that many sessions at a time; ``--hint`` puts the session id in ``user`` (the default),
+``prompt_cache_key`` or nowhere; ``--gateways 2`` starts two gateways and sends a
+session's turns to each in turn (each knows only what it routed itself);
+``--no-system-prompt`` and ``--turns 1`` make traffic with no shared prefix at all.
+``--routed-blocks N`` is passed to the gateways as ``--affinity-routed-blocks`` (0: no
+routing index, as before it existed); unset, the gateway's default.
+
+``bench.prefix_scenarios`` runs the scenarios the docs quote in one go.
 
 Needs PostgreSQL (CONVEYOR_TEST_PG_URL, default the local server's ``test`` database).
 
     python -m bench.prefix_routing                  # 20 sessions x 8 turns, 1 repeat
     python -m bench.prefix_routing --sessions 8 --turns 4 --repeats 3
+    python -m bench.prefix_routing --sessions 12 --turns 4 --concurrency 6 --hint none
     python -m bench.prefix_routing --smoke --out DIR
 """
 
@@ -55,7 +64,14 @@ from bench.common import (
     write_json,
 )
 from bench.fleet import fresh_database, wait_routable
-from bench.prefix_traffic import SessionScript, TurnResult, run_sessions, session_scripts
+from bench.prefix_traffic import (
+    HINTS,
+    SessionScript,
+    Traffic,
+    TurnResult,
+    run_sessions,
+    session_scripts,
+)
 
 MODEL = "llama"
 MODES = ("load_only", "prefix")
@@ -83,6 +99,17 @@ class Options:
     repeats: int
     seed: int
     think_s: float = 0.0  # a session's pause before each follow-up turn
+    concurrency: int | None = None  # sessions at once (None: all)
+    hint: str = "user"  # where the session id goes (``prefix_traffic.HINTS``)
+    num_gateways: int = 1
+    routed_blocks: int | None = None  # the gateways' --affinity-routed-blocks (None: default)
+    has_system_prompt: bool = True
+    modes: tuple[str, ...] = MODES
+
+    def traffic(self) -> Traffic:
+        """How the sessions send their turns."""
+        return Traffic(self.max_tokens, self.think_s, self.hint, self.concurrency,
+                       self.has_system_prompt)  # fmt: skip
 
 
 def parse_options(argv: Sequence[str] | None = None) -> Options:
@@ -100,6 +127,12 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument(
         "--think-s", type=float, default=0.0, help="pause before each follow-up turn"
     )
+    parser.add_argument("--concurrency", type=int, default=None, help="sessions at once")
+    parser.add_argument("--hint", choices=HINTS, default="user", help="where the session id goes")
+    parser.add_argument("--gateways", type=int, default=1, choices=(1, 2), help="gateways")
+    parser.add_argument("--routed-blocks", type=int, default=None, help="routing index size")
+    parser.add_argument("--no-system-prompt", action="store_true", help="no shared prefix")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     args = parser.parse_args(argv)
     if args.smoke:
         args.sessions, args.turns, args.max_tokens, args.repeats = 4, 3, 4, 1
@@ -108,7 +141,8 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         args.think_s = max(args.think_s, SMOKE_THINK_S)
     return Options(
         args.out, args.smoke, args.sessions, args.turns, args.workers, args.max_tokens,
-        args.load_bound, args.repeats, args.seed, args.think_s,
+        args.load_bound, args.repeats, args.seed, args.think_s, args.concurrency, args.hint,
+        args.gateways, args.routed_blocks, not args.no_system_prompt, tuple(args.modes),
     )  # fmt: skip
 
 
@@ -146,19 +180,23 @@ class Fleet:
         for proc in self.workers.values():
             proc.wait_ready()
 
-    def add_gateway(self, mode: str, checkpoint: Path, load_bound: int) -> ServerProcess:
+    def add_gateway(
+        self, mode: str, checkpoint: Path, opts: Options, index: int = 0
+    ) -> ServerProcess:
         """A gateway routing by ``mode``."""
         routing = (
             ["--prefix-tokenizer", f"{MODEL}={checkpoint}", "--affinity-load-bound",
-             str(load_bound)] if mode == "prefix" else ["--no-affinity"]
+             str(opts.load_bound)] if mode == "prefix" else ["--no-affinity"]
         )  # fmt: skip
+        if mode == "prefix" and opts.routed_blocks is not None:
+            routing += ["--affinity-routed-blocks", str(opts.routed_blocks)]
         config = self.work_dir / "gateway.yaml"
         config.write_text(yaml.safe_dump({"log_level": "warning"}))
         argv = lambda port: python_argv(  # noqa: E731
             "-m", "conveyor", "gateway", "--config", str(config), "--store", self.store_url,
             "--port", str(port), "--stale-after-s", "2.0", "--refresh-s", "0.1", *routing,
         )  # fmt: skip
-        gateway = self._spawn(f"gateway-{mode}", argv)
+        gateway = self._spawn(f"gateway-{mode}-{index}", argv)
         gateway.wait_ready()
         return gateway
 
@@ -219,13 +257,13 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def summarize(
-    opts: Options,
+    seconds: float,
     results: list[TurnResult],
     before: dict[str, dict[str, float]],
     after: dict[str, dict[str, float]],
     samples: list[dict[str, int]],
 ) -> dict[str, Any]:
-    """One mode's figures from the client's timings, the workers' counters and the
+    """One mode's figures from the client's timings, the workers' counters and the (first)
     gateway's in-flight samples."""
     delta = {w: {k: after[w][k] - before[w][k] for k in after[w]} for w in after}
     prompt = sum(d["prompt_tokens"] for d in delta.values())
@@ -245,6 +283,7 @@ def summarize(
                     "mean": round(1000 * statistics.fmean(ttft), 1) if ttft else 0.0},
         "ttft_follow_up_ms": {"p50": round(1000 * percentile(follow_ups, 0.5), 1),
                               "p99": round(1000 * percentile(follow_ups, 0.99), 1)},
+        "requests_per_s": round(len(results) / seconds, 3) if seconds else 0.0,
         "request_share": {w: round(n / total, 3) for w, n in sorted(requests.items())},
         "worst_share": round(max(requests.values()) / total, 3) if requests else 0.0,
         "in_flight": in_flight_figures(samples),
@@ -279,25 +318,29 @@ def run_mode(
     with ExitStack() as stack:
         fleet = Fleet(store_url, work_dir, stack)
         fleet.add_workers(names, checkpoint)
-        gateway = fleet.add_gateway(mode, checkpoint, opts.load_bound)
-        wait_routable(gateway, set(names))
+        gateways = [fleet.add_gateway(mode, checkpoint, opts, i) for i in range(opts.num_gateways)]
+        for gateway in gateways:
+            wait_routable(gateway, set(names))
         for proc in fleet.workers.values():
             warm_up(proc)  # the first step's one-off costs are not counted
         quiet = wait_until_quiet()
         before = {n: worker_counters(p) for n, p in fleet.workers.items()}
         started = time.monotonic()
-        with GapSampler(gateway) as sampler:
-            traffic = run_sessions(gateway.port, MODEL, scripts, opts.max_tokens, opts.think_s)
-            results = asyncio.run(traffic)
+        with GapSampler(gateways[0]) as sampler:
+            ports = [gateway.port for gateway in gateways]
+            results = asyncio.run(run_sessions(ports, MODEL, scripts, opts.traffic()))
         elapsed_s = time.monotonic() - started
         time.sleep(0.3)  # the last requests' counters
         after = {n: worker_counters(p) for n, p in fleet.workers.items()}
-        _, doc = http_get(gateway.port, "/v1/fleet")
-        routed_by = json.loads(doc).get("routed_by", {})
+        routed_by: dict[str, int] = {}
+        for gateway in gateways:
+            _, doc = http_get(gateway.port, "/v1/fleet")
+            for reason, count in json.loads(doc).get("routed_by", {}).items():
+                routed_by[reason] = routed_by.get(reason, 0) + count
         # A worker gone from the registry is not in the next mode's fresh database rows.
         for proc in fleet.workers.values():
             proc.stop()
-    summary = summarize(opts, results, before, after, sampler.samples)
+    summary = summarize(elapsed_s, results, before, after, sampler.samples)
     return {**summary, "seconds": round(elapsed_s, 2), "routed_by": routed_by,
             "quiet": quiet.to_dict()}  # fmt: skip
 
@@ -312,7 +355,7 @@ def warm_up(worker: ServerProcess) -> None:
 
 
 def evaluate(runs: dict[str, list[dict[str, Any]]], load_bound: int) -> dict[str, Any]:
-    """Medians over repeats per mode, and prefix-aware against load-only."""
+    """Medians over repeats per mode, and prefix-aware against load-only (when both ran)."""
 
     def median(mode: str, *path: str) -> float:
         values = []
@@ -330,12 +373,20 @@ def evaluate(runs: dict[str, list[dict[str, Any]]], load_bound: int) -> dict[str
             "ttft_p99_ms": median(mode, "ttft_ms", "p99"),
             "worst_share": median(mode, "worst_share"),
             "mean_in_flight_gap": max(r["in_flight"]["mean_gap"] for r in runs[mode]),
+            "requests_per_s": median(mode, "requests_per_s"),
         }
         for mode in MODES
+        if runs.get(mode)
     }
+    if len(modes) < len(MODES):
+        ran = next(iter(modes.values()))
+        return {**modes, "load_bound": load_bound,
+                "gap_within_bound": ran["mean_in_flight_gap"] <= load_bound}  # fmt: skip
     aware, blind = modes["prefix"], modes["load_only"]
     return {
         **modes,
+        "throughput_ratio": round(aware["requests_per_s"] / blind["requests_per_s"], 3)
+        if blind["requests_per_s"] else None,
         "ttft_p50_ratio": round(aware["ttft_p50_ms"] / blind["ttft_p50_ms"], 3)
         if blind["ttft_p50_ms"] else None,
         "ttft_p99_ratio": round(aware["ttft_p99_ms"] / blind["ttft_p99_ms"], 3)
@@ -353,14 +404,15 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     summary = result["summary"]
+    modes = [mode for mode in MODES if mode in summary]
     fig, (hit_ax, ttft_ax, share_ax) = plt.subplots(1, 3, figsize=(13, 4.2))
     colors = {"load_only": "tab:gray", "prefix": "tab:blue"}
-    hit_ax.bar(MODES, [summary[m]["prefix_cache_hit_rate"] for m in MODES],
-               color=[colors[m] for m in MODES])  # fmt: skip
+    hit_ax.bar(modes, [summary[m]["prefix_cache_hit_rate"] for m in modes],
+               color=[colors[m] for m in modes])  # fmt: skip
     hit_ax.set_ylim(0, 1)
     hit_ax.set_title("prefix-cache hit rate (prompt tokens)", fontsize=9)
     width = 0.38
-    for i, mode in enumerate(MODES):
+    for i, mode in enumerate(modes):
         values = [summary[mode]["ttft_p50_ms"], summary[mode]["ttft_p99_ms"]]
         ttft_ax.bar([x + (i - 0.5) * width for x in (0, 1)], values, width, label=mode,
                     color=colors[mode])  # fmt: skip
@@ -368,9 +420,9 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
     ttft_ax.set_ylabel("ms")
     ttft_ax.set_title("time to first token", fontsize=9)
     ttft_ax.legend(fontsize=8)
-    last = {mode: result["runs"][mode][-1]["request_share"] for mode in MODES}
-    workers = sorted(last["prefix"])
-    for i, mode in enumerate(MODES):
+    last = {mode: result["runs"][mode][-1]["request_share"] for mode in modes}
+    workers = sorted(last[modes[-1]])
+    for i, mode in enumerate(modes):
         share_ax.bar([x + (i - 0.5) * width for x in range(len(workers))],
                      [last[mode].get(w, 0) for w in workers], width, label=mode,
                      color=colors[mode])  # fmt: skip
@@ -378,7 +430,7 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
     share_ax.set_xticks(range(len(workers)), workers)
     share_ax.set_title(
         f"request share per worker (bound {summary['load_bound']}; mean in-flight gap "
-        f"{summary['prefix']['mean_in_flight_gap']})", fontsize=9)  # fmt: skip
+        f"{summary[modes[-1]]['mean_in_flight_gap']})", fontsize=9)  # fmt: skip
     inputs = result["inputs"]
     machine = "busy machine" if summary.get("machine_was_busy") else "quiet machine"
     fig.suptitle(
@@ -399,10 +451,10 @@ def run_benchmark(opts: Options) -> dict[str, Any]:
     work_dir.mkdir(exist_ok=True)
     checkpoint = build_tiny_llama(work_dir / "llama", **MODEL_SHAPE)
     scripts = session_scripts(opts.num_sessions, opts.num_turns, random.Random(opts.seed))
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in opts.modes}
     with fresh_database() as store_url:
         for repeat in range(opts.repeats):
-            order = MODES if repeat % 2 == 0 else MODES[::-1]
+            order = opts.modes if repeat % 2 == 0 else opts.modes[::-1]
             for mode in order:
                 runs[mode].append(run_mode(opts, mode, store_url, work_dir, checkpoint, scripts))
                 _forget_workers(store_url)

@@ -1,8 +1,10 @@
 """Multi-turn chat traffic for ``bench.prefix_routing``: scripted sessions, streamed turns.
 
-Every session shares one system prompt and sends its turns one after another, each with the
-whole conversation so far (earlier replies included, as the server wrote them), streamed,
-so the client sees when the first token arrives. The session id goes in ``user``.
+Every session shares one system prompt (unless told not to) and sends its turns one after
+another, each with the whole conversation so far (earlier replies included, as the server
+wrote them), streamed, so the client sees when the first token arrives. The session id
+goes in ``user`` or ``prompt_cache_key``, or nowhere (``HINTS``). With several gateways a
+session's turns take them in turn; at most ``concurrency`` sessions run at once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,24 @@ _WORD_TEXT = (
 _WORDS = _WORD_TEXT.split()
 # Sessions start this far apart, so first turns do not all arrive in one burst.
 _STAGGER_S = 0.05
+# Where a session's id goes in the body: nowhere, ``user``, or ``prompt_cache_key``.
+HINTS = ("none", "user", "prompt_cache_key")
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """How the sessions are sent."""
+
+    max_tokens: int
+    think_s: float = 0.0
+    hint: str = "user"
+    concurrency: int | None = None  # sessions at once (None: all)
+    has_system_prompt: bool = True
+
+    def __post_init__(self) -> None:
+        """Refuse an unknown hint."""
+        if self.hint not in HINTS:
+            raise ValueError(f"hint must be one of {HINTS}, got {self.hint!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,21 +106,26 @@ async def _turn(
 
 
 async def _session(
-    client: httpx.AsyncClient, url: str, model: str, script: SessionScript, max_tokens: int,
-    think_s: float,
+    client: httpx.AsyncClient, urls: list[str], model: str, script: SessionScript,
+    traffic: Traffic, first: int,
 ) -> list[TurnResult]:  # fmt: skip
     """Every turn of one session, in order, each carrying the conversation so far (after
-    `think_s` of pause before each follow-up)."""
-    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM_PROMPT}]
+    `think_s` of pause before each follow-up); turn ``i`` goes to ``urls[first + i]``."""
+    messages: list[dict[str, str]] = []
+    if traffic.has_system_prompt:
+        messages.append({"role": "system", "content": SYSTEM_PROMPT})
     results = []
     for turn, text in enumerate(script.user_messages):
-        if turn > 0 and think_s > 0:
-            await asyncio.sleep(think_s)
+        if turn > 0 and traffic.think_s > 0:
+            await asyncio.sleep(traffic.think_s)
         messages.append({"role": "user", "content": text})
-        body = {
-            "model": model, "messages": messages, "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True, "user": script.session_id,
+        body: dict[str, object] = {
+            "model": model, "messages": messages, "max_tokens": traffic.max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True,
         }  # fmt: skip
+        if traffic.hint != "none":
+            body[traffic.hint] = script.session_id
+        url = urls[(first + turn) % len(urls)]
         try:
             ttft_s, reply, ok = await _turn(client, url, body)
         except httpx.HTTPError:
@@ -111,16 +136,19 @@ async def _session(
 
 
 async def run_sessions(
-    port: int, model: str, scripts: list[SessionScript], max_tokens: int, think_s: float = 0.0
+    ports: list[int], model: str, scripts: list[SessionScript], traffic: Traffic
 ) -> list[TurnResult]:
-    """All sessions concurrently through the gateway on ``port``; every turn's result."""
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    """The sessions through the gateways on ``ports``, ``concurrency`` at a time; every
+    turn's result."""
+    urls = [f"http://127.0.0.1:{port}/v1/chat/completions" for port in ports]
     limits = httpx.Limits(max_connections=len(scripts) + 4)
+    slots = asyncio.Semaphore(traffic.concurrency or len(scripts))
     async with httpx.AsyncClient(limits=limits, timeout=300) as client:
 
         async def staggered(index: int, script: SessionScript) -> list[TurnResult]:
-            await asyncio.sleep(index * _STAGGER_S)
-            return await _session(client, url, model, script, max_tokens, think_s)
+            await asyncio.sleep(min(index, traffic.concurrency or index) * _STAGGER_S)
+            async with slots:
+                return await _session(client, urls, model, script, traffic, index)
 
         per_session = await asyncio.gather(
             *(staggered(i, script) for i, script in enumerate(scripts))

@@ -40,10 +40,10 @@ def test_smoke_reports_both_modes(smoke_out: Path) -> None:
     assert (smoke_out / "prefix_routing.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
-def _run(hit: float, p50: float, gap: float) -> dict[str, Any]:
+def _run(hit: float, p50: float, gap: float, rate: float = 10.0) -> dict[str, Any]:
     return {
         "prefix_cache_hit_rate": hit, "ttft_ms": {"p50": p50, "p99": 2 * p50},
-        "worst_share": 0.4, "in_flight": {"mean_gap": gap},
+        "worst_share": 0.4, "in_flight": {"mean_gap": gap}, "requests_per_s": rate,
     }  # fmt: skip
 
 
@@ -55,6 +55,15 @@ def test_evaluate_compares_the_modes_and_checks_the_bound() -> None:
     assert summary["gap_within_bound"] is True
     over = evaluate({**runs, "prefix": [_run(0.8, 100, 4.5)]}, load_bound=4)
     assert over["gap_within_bound"] is False
+    assert (
+        evaluate({**runs, "prefix": [_run(0.8, 100, 4, rate=9.7)]}, 4)["throughput_ratio"] == 0.97
+    )
+
+
+def test_evaluate_takes_one_mode_alone() -> None:
+    summary = evaluate({"prefix": [_run(0.5, 100, 1)]}, load_bound=4)
+    assert summary["prefix"]["prefix_cache_hit_rate"] == 0.5 and "load_only" not in summary
+    assert summary["gap_within_bound"] is True and "ttft_p50_ratio" not in summary
 
 
 def test_in_flight_figures_average_per_worker() -> None:
@@ -76,3 +85,10 @@ def test_options_shrink_for_smoke_and_take_flags(tmp_path: Path) -> None:
     assert (smoke.num_sessions, smoke.num_turns, smoke.out_dir) == (4, 3, tmp_path)
     full = parse_options(["--sessions", "8", "--turns", "4", "--repeats", "3", "--load-bound", "2"])
     assert (full.num_sessions, full.num_turns, full.repeats, full.load_bound) == (8, 4, 3, 2)
+    assert (full.hint, full.concurrency, full.num_gateways, full.modes) == ("user", None, 1, MODES)
+    issue = parse_options(["--concurrency", "6", "--hint", "none", "--gateways", "2",
+                           "--routed-blocks", "0", "--no-system-prompt", "--modes", "prefix"])  # fmt: skip
+    assert (issue.concurrency, issue.hint, issue.num_gateways, issue.routed_blocks) == (
+        6, "none", 2, 0)  # fmt: skip
+    assert issue.has_system_prompt is False and issue.modes == ("prefix",)
+    assert issue.traffic().hint == "none"
