@@ -26,6 +26,7 @@ from conveyor.fleet.credential import credential_from
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.gateway.limits import ProxyLimits
 from conveyor.gateway.process import Gateway, GatewaySettings, gateway_jobs
+from conveyor.gateway.proxy import ProxyApp, proxy_shortcut
 from conveyor.stores import open_job_store, open_object_store
 from conveyor.stores.protocols import ApiKeyStore
 
@@ -72,7 +73,7 @@ def create_gateway_app(
         **fastapi_options(),
     )
     app.state.gateway = gateway
-    app.state.proxy_app = proxy_app = fleet_routes.ProxyApp(gateway)
+    app.state.proxy_app = proxy_app = ProxyApp(gateway)
     app.state.jobs = jobs
     install_error_handlers(app)
     # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
@@ -90,7 +91,7 @@ def create_gateway_app(
         config,
         counter=gateway.metrics.http_requests,
         # Online requests go straight to the proxy once the keys, limits and body cap passed.
-        shortcut=fleet_routes.proxy_shortcut(proxy_app),
+        shortcut=proxy_shortcut(proxy_app),
         key_store=key_store,
         registry=gateway.metrics.registry,
         service_name="conveyor-gateway",
