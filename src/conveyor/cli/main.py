@@ -17,7 +17,6 @@ from conveyor.cli.keys import keys_app
 from conveyor.cli.models import models_app
 from conveyor.cli.plan import plan
 from conveyor.cli.quick_serve import quick_models
-from conveyor.cli.startup_checks import check_models
 from conveyor.cli.usage import usage_command
 from conveyor.config.model_config import (
     CHAT_MODEL_INSTALL,
@@ -30,6 +29,7 @@ from conveyor.errors import ConfigError
 T = TypeVar("T")
 
 if TYPE_CHECKING:
+    from conveyor.fleet.affinity import AffinitySettings
     from conveyor.gateway.process import GatewaySettings
 
 # Plain (click's) help for every command group mounted here: rich's tables cut long option
@@ -137,6 +137,7 @@ def serve(
 ) -> None:
     """Run the whole service in one process (default: MiniLM and SmolLM2-135M-Instruct)."""
     from conveyor.api.app import create_app
+    from conveyor.cli.startup_checks import check_models
 
     overrides: dict[str, object] = dict(
         host=host, port=port, max_connections=max_connections,
@@ -283,7 +284,6 @@ def gateway(
 ) -> None:
     """Route online requests to the fleet's workers; holds no model."""
     from conveyor.api.gateway_app import create_gateway_app
-    from conveyor.fleet.affinity import AffinitySettings
     from conveyor.gateway.process import GatewaySettings, parse_model_dirs
 
     settings = _load_or_exit(
@@ -297,9 +297,7 @@ def gateway(
             store_url=store, objects_url=objects, stale_after_s=stale_after_s,
             reap_after_s=max(60.0, 20 * stale_after_s), refresh_s=refresh_s,
             max_attempts=max_attempts, target_utilisation=target_utilisation,
-            affinity=AffinitySettings(
-                load_bound=affinity_load_bound, max_routed_blocks=affinity_routed_blocks
-            ) if affinity else None,
+            affinity=_affinity(affinity, affinity_load_bound, affinity_routed_blocks),
             prefix_tokenizers=parse_model_dirs(prefix_tokenizer or []),
         )  # fmt: skip
     except ValueError as exc:
@@ -310,6 +308,13 @@ def gateway(
         _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
         return
     _run_gateway_processes(gateway_settings, settings, processes)
+
+
+def _affinity(is_on: bool, load_bound: int, routed_blocks: int) -> AffinitySettings | None:
+    """The gateway's affinity knobs (None: ``--no-affinity``, load alone decides)."""
+    from conveyor.fleet.affinity import AffinitySettings
+
+    return AffinitySettings(load_bound, max_routed_blocks=routed_blocks) if is_on else None
 
 
 def _require_stored_keys(store_url: str) -> None:
@@ -365,6 +370,8 @@ def _gateway_process(gateway_settings: GatewaySettings, settings: ServerConfig, 
 @app.command("check-config")
 def check_config(config: Annotated[Path, typer.Argument(help="YAML config file.")]) -> None:
     """Validate a config file and print the models it defines."""
+    from conveyor.cli.startup_checks import check_models
+
     settings = _load_or_exit(config)
     _or_exit(lambda: check_models(settings))
     for model in settings.models:

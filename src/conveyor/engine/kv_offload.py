@@ -16,7 +16,7 @@ from conveyor.engine.core.block_manager import BlockManager
 from conveyor.engine.core.kv_tier import Restore, Tier, TierIndex, TierOp
 from conveyor.observability.metrics import GeneratorMetrics
 
-__all__ = ["KVOffload", "KVTierStore", "TierStats"]
+__all__ = ["KVOffload", "KVTierStore", "TierStats", "tier_index"]
 
 
 class _Moved(Protocol):
@@ -87,3 +87,8 @@ class KVOffload:
     def close(self) -> None:
         """Release the store's disk files."""
         self.store.close()
+
+
+def tier_index(offload: KVOffload | None) -> TierIndex | None:
+    """The index a block manager keeps its evicted blocks in (None without a tier)."""
+    return None if offload is None else offload.index

@@ -53,8 +53,7 @@ CLOSE_REASONS = ("full", "tokens", "wait")
 FINISH_REASONS = ("stop", "length", "abort", "error", "shed")
 # Where an engine step's time goes (see llm_engine.LLMEngine._step).
 STEP_PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
-# The second KV tier: where restored blocks come from, and the directions bytes move in.
-KV_TIERS = ("host", "disk")
+KV_TIERS = ("host", "disk")  # the second KV tier's, and the directions its bytes move in
 KV_TIER_DIRECTIONS = ("device_to_host", "host_to_device", "host_to_disk", "disk_to_device")
 LENGTH_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072 tokens
 
@@ -307,9 +306,8 @@ class Metrics:
             "host_to_disk, disk_to_device)", ["model", "direction"], registry=reg,
         )  # fmt: skip
         self.kv_tier_blocks = Gauge(
-            "conveyor_kv_tier_blocks", "KV blocks the second tier holds, by tier (host|disk)",
-            ["model", "tier"], registry=reg,
-        )  # fmt: skip
+            "conveyor_kv_tier_blocks", "KV blocks the second KV tier holds (host|disk)",
+            ["model", "tier"], registry=reg)  # fmt: skip
 
     def _add_generation_request_families(self, reg: CollectorRegistry) -> None:
         """Per-request families of generative models, as vLLM's (mapped in the docs)."""
