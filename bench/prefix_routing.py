@@ -22,7 +22,8 @@ chat is: the next turn waits for the reply (after ``--think-s``). ``--concurrenc
 that many sessions at a time; ``--hint`` puts the session id in ``user`` (the default),
 ``prompt_cache_key`` or nowhere; ``--gateways 2`` starts two gateways and sends a
 session's turns to each in turn (each knows only what it routed itself);
-``--no-system-prompt`` and ``--turns 1`` make traffic with no shared prefix at all.
+``--no-system-prompt`` and ``--turns 1`` make traffic with no shared prefix at all;
+``--heartbeat-s`` sets the workers' heartbeat (0.2 s by default here, 1 s in the product).
 ``--routed-blocks N`` is passed to the gateways as ``--affinity-routed-blocks`` (0: no
 routing index, as before it existed); unset, the gateway's default.
 
@@ -105,6 +106,7 @@ class Options:
     routed_blocks: int | None = None  # the gateways' --affinity-routed-blocks (None: default)
     has_system_prompt: bool = True
     modes: tuple[str, ...] = MODES
+    heartbeat_s: float = 0.2  # the workers' (1.0 is the product's default)
 
     def traffic(self) -> Traffic:
         """How the sessions send their turns."""
@@ -133,6 +135,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--routed-blocks", type=int, default=None, help="routing index size")
     parser.add_argument("--no-system-prompt", action="store_true", help="no shared prefix")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--heartbeat-s", type=float, default=0.2, help="workers' heartbeat")
     args = parser.parse_args(argv)
     if args.smoke:
         args.sessions, args.turns, args.max_tokens, args.repeats = 4, 3, 4, 1
@@ -143,6 +146,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         args.out, args.smoke, args.sessions, args.turns, args.workers, args.max_tokens,
         args.load_bound, args.repeats, args.seed, args.think_s, args.concurrency, args.hint,
         args.gateways, args.routed_blocks, not args.no_system_prompt, tuple(args.modes),
+        args.heartbeat_s,
     )  # fmt: skip
 
 
@@ -162,7 +166,7 @@ class Fleet:
         proc.start()
         return proc
 
-    def add_workers(self, names: Sequence[str], checkpoint: Path) -> None:
+    def add_workers(self, names: Sequence[str], checkpoint: Path, heartbeat_s: float = 0.2) -> None:
         """Start the workers together (they load in parallel), then wait for each."""
         model = {
             "name": MODEL, "kind": "generate", "path": str(checkpoint), "device": "cpu",
@@ -174,7 +178,8 @@ class Fleet:
         for name in names:
             argv = lambda port, name=name: python_argv(  # noqa: E731
                 "-m", "conveyor", "worker", "--config", str(config), "--store", self.store_url,
-                "--listen", f"127.0.0.1:{port}", "--worker-id", name, "--heartbeat-s", "0.2",
+                "--listen", f"127.0.0.1:{port}", "--worker-id", name,
+                "--heartbeat-s", str(heartbeat_s),
             )  # fmt: skip
             self.workers[name] = self._spawn(name, argv)
         for proc in self.workers.values():
@@ -317,7 +322,7 @@ def run_mode(
     names = [f"w{i}" for i in range(opts.num_workers)]
     with ExitStack() as stack:
         fleet = Fleet(store_url, work_dir, stack)
-        fleet.add_workers(names, checkpoint)
+        fleet.add_workers(names, checkpoint, opts.heartbeat_s)
         gateways = [fleet.add_gateway(mode, checkpoint, opts, i) for i in range(opts.num_gateways)]
         for gateway in gateways:
             wait_routable(gateway, set(names))

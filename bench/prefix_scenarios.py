@@ -2,7 +2,9 @@
 
 Twelve chat sessions of four turns, six at a time, through gateways to three workers
 (``bench.prefix_routing``'s fleet and traffic), each follow-up sent as soon as the answer
-arrives unless a scenario says otherwise. Each scenario runs twice on fresh workers:
+arrives unless a scenario says otherwise. Conversations share no system prompt (what one
+caches only its own later turns can use) and workers heartbeat every second, the
+product's default. Each scenario runs twice on fresh workers:
 ``before``, the gateway routing on what workers report alone (``--affinity-routed-blocks
 0``), and ``after``, with its index of the prompt blocks it routed. Scenarios:
 
@@ -47,6 +49,8 @@ NO_OVERLAP = {"hint": "none", "num_sessions": 48, "num_turns": 1, "has_system_pr
 # The issue's goals: hit rate after, per scenario; no-overlap throughput against load-only.
 GOALS = {"no_hint": 0.45, "prompt_cache_key": 0.6, "think_1s": 0.6, "two_gateways": 0.4}
 THROUGHPUT_TOLERANCE = 0.03
+# The product's heartbeat: how stale a gateway's view of the workers' caches really gets.
+HEARTBEAT_S = 1.0
 
 
 def parse_options(argv: Sequence[str] | None = None) -> tuple[Options, int]:
@@ -60,7 +64,7 @@ def parse_options(argv: Sequence[str] | None = None) -> tuple[Options, int]:
     base = Options(
         out_dir=args.out, is_smoke=args.smoke, num_sessions=sessions, num_turns=turns,
         num_workers=3, max_tokens=max_tokens, load_bound=4, repeats=1, seed=0,
-        concurrency=concurrency,
+        concurrency=concurrency, has_system_prompt=False, heartbeat_s=HEARTBEAT_S,
     )  # fmt: skip
     return base, 1 if args.smoke else args.repeats
 

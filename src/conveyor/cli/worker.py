@@ -34,6 +34,7 @@ from conveyor.distribution.resolver import has_remote_models
 from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.credential import credential_from
+from conveyor.fleet.drain import DRAINING_HEADER
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.host.service import Service
@@ -103,6 +104,7 @@ class DrainGate:
         path = scope.get("path", "") if scope["type"] == "http" else ""
         if self.is_draining and (path.startswith(WORK_PREFIX) or path == "/ready"):
             response = error_response(ServiceUnavailable("this worker is draining"))
+            response.headers[DRAINING_HEADER.decode()] = "1"  # gateways stop routing here
             await response(scope, receive, send)
             return
         if not path.startswith(WORK_PREFIX):

@@ -18,6 +18,7 @@ from conveyor.fleet.affinity import (
     Holdings,
     choose_by_affinity,
 )
+from conveyor.fleet.drain import Drained
 from conveyor.fleet.routed_prefixes import MergedHoldings, RoutedPrefixes
 from conveyor.observability.logs import log_event
 from conveyor.prefix.report import PrefixHoldings
@@ -111,6 +112,8 @@ class Router:
     ) -> None:
         self._rng = rng
         self.ejections = ejections
+        # Workers that answered with the drain marker (``fleet.drain``).
+        self.drained = Drained()
         self.policy = policy or RoutingPolicy()
         # None: requests' prefix and session hints are ignored (load alone decides).
         self.affinity = affinity
@@ -143,8 +146,8 @@ class Router:
         return self.in_flight(worker.worker_id) + worker.queue_depth.get(model, 0)
 
     def is_routable(self, worker: WorkerView, now: float) -> bool:
-        """Fresh heartbeat, not draining, not ejected."""
-        if worker.is_stale or worker.is_draining:
+        """Fresh heartbeat, not draining (reported, or answered so), not ejected."""
+        if worker.is_stale or worker.is_draining or self.drained.is_draining(worker):
             return False
         return not self.ejections.is_ejected(worker, now)
 
@@ -246,8 +249,10 @@ class Router:
         return MergedHoldings.of(reported, self.routed, worker.worker_id, model)
 
     def forget_missing(self, present_ids: Collection[str]) -> None:
-        """Drop ejections and routed blocks of workers the registry no longer lists."""
+        """Drop ejections, drain marks and routed blocks of workers the registry no longer
+        lists."""
         self.ejections.forget_missing(present_ids)
+        self.drained.forget_missing(present_ids)
         if self.routed is not None:
             self.routed.forget_missing(present_ids)
 

@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from conveyor.errors import DeadlineExceeded, ServiceUnavailable
 from conveyor.fleet.affinity import Affinity
 from conveyor.fleet.credential import VOUCHED_HEADERS, FleetCredential, vouch_headers
+from conveyor.fleet.drain import DRAINING_HEADER
 from conveyor.fleet.router import Router, WorkerView
 from conveyor.fleet.upstream_connection import UpstreamError, UpstreamTimeout
 from conveyor.observability.context import note_model
@@ -275,6 +276,8 @@ class Proxy:
         try:
             answer = await self._send(worker, request, remaining_s)
             if answer.status == 503:
+                if answer.header(DRAINING_HEADER):
+                    self._router.drained.mark(worker.worker_id, self._wall_clock())
                 answer.release()
                 raise _AttemptFailed(FailureReason.UNAVAILABLE, "answered 503")
             if (answer.header(b"content-type") or b"").startswith(EVENT_STREAM):

@@ -179,6 +179,35 @@ async def test_a_503_is_retried_without_ejection() -> None:
     assert upstream.all_released()
 
 
+async def test_a_draining_worker_is_out_of_routing_from_its_first_503() -> None:
+    def handler(sent: Sent) -> Answer:
+        return Answer(503, [(b"x-conveyor-draining", b"1")]) if sent.host == "a" else ok(sent)
+
+    workers = [worker("a"), worker("b"), worker("c")]
+    proxy, router, upstream = make_proxy(handler, workers)
+    for _ in range(20):
+        assert (await proxy.forward(outbound())).status_code == 200
+    assert sum(1 for sent in upstream.sent if sent.host == "a") == 1
+    assert not router.is_routable(workers[0], NOW) and router.is_routable(workers[1], NOW)
+    assert not router.ejections.is_ejected(workers[0], NOW)
+    # The same id back after a restart: routable from its first heartbeat after the mark.
+    restarted = WorkerView(
+        "a", "http://a", frozenset({M}), frozenset({M}), last_heartbeat_at=NOW + 1
+    )
+    assert router.is_routable(restarted, NOW + 1)
+    assert router.is_routable(workers[0], NOW + 1)  # the mark is spent
+
+
+async def test_drain_marks_of_vanished_workers_are_forgotten() -> None:
+    _, router, _ = make_proxy(ok, [worker("a")])
+    router.drained.mark("a", NOW)
+    router.drained.mark("gone", NOW)
+    router.forget_missing({"a"})
+    assert not router.is_routable(worker("a"), NOW)
+    router.forget_missing(set())
+    assert router.is_routable(worker("a"), NOW)
+
+
 async def test_a_reset_while_reading_the_body_is_retried() -> None:
     def handler(sent: Sent) -> Answer:
         if sent.host == "a":
