@@ -78,7 +78,10 @@ def create_gateway_app(
     objects = open_object_store(settings.objects_url) if settings.objects_url else None
     registry_store = store or open_job_store(settings.store_url)
     credential = credential_from(config.fleet)
-    gateway = Gateway(settings, registry_store, objects=objects, credential=credential)
+    gateway = Gateway(
+        settings, registry_store, objects=objects, credential=credential,
+        tenant_regions=config.tenancy.regions,
+    )  # fmt: skip
     jobs = gateway_jobs(gateway, config)
     app = EdgeApp(
         title="Conveyor gateway",

@@ -6,7 +6,7 @@ import logging
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from starlette.types import ASGIApp
@@ -219,6 +219,7 @@ def worker(
         str | None, typer.Option(help="Chunk server URL peers use (default: from --peer-listen).")
     ] = None,
     zone: Annotated[str | None, typer.Option(help="Zone label; same-zone peers first.")] = None,
+    region: Annotated[str | None, typer.Option(help="Region label (see gateway --region).")] = None,
     peer_upload_mb_s: Annotated[
         float | None, typer.Option(help="Cap on the MiB/s this worker serves to peers.")
     ] = None,
@@ -237,7 +238,7 @@ def worker(
             store_url=store, objects_url=objects, host=host, port=port, advertise=advertise,
             worker_id=worker_id, heartbeat_s=heartbeat_s, drain_timeout_s=drain_timeout_s,
             peer_host=peer_host, peer_port=peer_port, peer_advertise=peer_advertise, zone=zone,
-            peer_upload_mb_s=peer_upload_mb_s,
+            peer_upload_mb_s=peer_upload_mb_s, region=region,
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(str(exc), err=True)
@@ -277,13 +278,15 @@ def gateway(
         list[str] | None,
         typer.Option(help="MODEL=DIR: hash MODEL's prompts with DIR's tokenizer (repeatable)."),
     ] = None,
+    region: Annotated[str | None, typer.Option(help="This gateway's region.")] = None,
+    region_load_bound: Annotated[int, typer.Option(min=0, help="Own-region preference.")] = 8,
+    failover_ramp_s: Annotated[float, typer.Option(min=0, help="Region failover ramp.")] = 30.0,
     max_connections: MaxConnections = None,
     header_timeout_s: HeaderTimeoutS = None,
     body_timeout_s: BodyTimeoutS = None,
     log_format: LogFormatOption = None,
 ) -> None:
     """Route online requests to the fleet's workers; holds no model."""
-    from conveyor.api.gateway_app import create_gateway_app
     from conveyor.gateway.process import GatewaySettings, parse_model_dirs
 
     settings = _load_or_exit(
@@ -299,15 +302,33 @@ def gateway(
             max_attempts=max_attempts, target_utilisation=target_utilisation,
             affinity=_affinity(affinity, affinity_load_bound, affinity_routed_blocks),
             prefix_tokenizers=parse_model_dirs(prefix_tokenizer or []),
+            **_regions(region, region_load_bound, failover_ramp_s),
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
+    _serve_gateway(gateway_settings, settings, processes)
+
+
+def _serve_gateway(
+    gateway_settings: GatewaySettings, settings: ServerConfig, processes: int
+) -> None:
+    """Run the gateway in this process, or in ``processes`` sharing the port."""
+    from conveyor.api.gateway_app import create_gateway_app
+
     _configure_logging(settings)
     if processes == 1:
         _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
         return
     _run_gateway_processes(gateway_settings, settings, processes)
+
+
+def _regions(region: str | None, load_bound: int, ramp_s: float) -> dict[str, Any]:
+    """The gateway's region knobs (``GatewaySettings.regions`` and ``failover``)."""
+    from conveyor.fleet.failover import FailoverSettings
+    from conveyor.fleet.regions import RegionSettings
+
+    return {"regions": RegionSettings(region, load_bound), "failover": FailoverSettings(ramp_s)}
 
 
 def _affinity(is_on: bool, load_bound: int, routed_blocks: int) -> AffinitySettings | None:

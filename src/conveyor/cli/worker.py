@@ -71,6 +71,8 @@ class WorkerSettings:
     peer_advertise: str | None = None
     zone: str | None = None
     peer_upload_mb_s: float | None = None
+    # Its region (gateways prefer their own; resident tenants are served only in theirs).
+    region: str | None = None
 
     def __post_init__(self) -> None:
         """Validate the knobs."""
@@ -195,6 +197,8 @@ def worker_config(config: ServerConfig, settings: WorkerSettings, worker_id: str
     }  # fmt: skip
     if settings.objects_url:
         overrides["object_store_url"] = settings.objects_url
+    if settings.region:
+        overrides["region"] = settings.region
     return config.model_copy(update={"jobs": config.jobs.model_copy(update=overrides)})
 
 
@@ -309,7 +313,10 @@ async def _beat_until_drain(
     stops the jobs subsystem again at shutdown, which is then a no-op).
     """
     heartbeat = Heartbeat(
-        store, identity, lambda: service_load(service, gate), interval_s=settings.heartbeat_s
+        store,
+        identity,
+        lambda: {**service_load(service, gate), "region": settings.region},
+        interval_s=settings.heartbeat_s,
     )
     beating = asyncio.create_task(heartbeat.run(), name="heartbeat")
     log.info("worker %s registered at %s", identity.worker_id, identity.address)

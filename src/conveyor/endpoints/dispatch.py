@@ -92,5 +92,5 @@ def jobs_for_service(
         metrics=service.metrics, can_run_model=is_hosted,
         fair_share=FairShare(config.fair_share_half_life_s, tenancy.weights),
         budgets=MonthlyBudgets(tenancy.budgets_usd),
-        batch_queue_tokens=tenancy.batch_queue_tokens,
+        batch_queue_tokens=tenancy.batch_queue_tokens, tenant_regions=tenancy.regions,
     )  # fmt: skip

@@ -55,7 +55,14 @@ def view_from_record(record: WorkerRecord) -> WorkerView:
         is_stale=record.is_stale,
         is_draining=bool(record.load.get("is_draining", False)),
         prefixes=_prefix_holdings(record),
+        region=_region(record),
     )
+
+
+def _region(record: WorkerRecord) -> str | None:
+    """The region the worker's heartbeat named (None: none, or an older worker)."""
+    region = record.load.get("region")
+    return region if isinstance(region, str) and region else None
 
 
 def _prefix_holdings(record: WorkerRecord) -> dict[str, PrefixHoldings]:

@@ -19,6 +19,7 @@ from conveyor.fleet.affinity import (
     choose_by_affinity,
 )
 from conveyor.fleet.drain import Drained
+from conveyor.fleet.regions import RegionSettings, in_regions, prefer_home
 from conveyor.fleet.routed_prefixes import MergedHoldings, RoutedPrefixes
 from conveyor.observability.logs import log_event
 from conveyor.prefix.report import PrefixHoldings
@@ -40,6 +41,7 @@ class WorkerView:
     is_draining: bool = False
     # Per model: the prefix blocks its engine's cache holds (generative models only).
     prefixes: Mapping[str, PrefixHoldings] = field(default_factory=dict)
+    region: str | None = None
 
     def __post_init__(self) -> None:
         """Reject views that could never come from a real heartbeat."""
@@ -109,8 +111,10 @@ class Router:
         ejections: Ejections,
         policy: RoutingPolicy | None = None,
         affinity: AffinitySettings | None = None,
+        regions: RegionSettings | None = None,
     ) -> None:
         self._rng = rng
+        self.regions = regions or RegionSettings()
         self.ejections = ejections
         # Workers that answered with the drain marker (``fleet.drain``).
         self.drained = Drained()
@@ -157,11 +161,13 @@ class Router:
         model: str,
         now: float,
         exclude: Collection[str] = (),
+        regions: Collection[str] | None = None,
     ) -> list[WorkerView]:
-        """Routable workers hosting ``model``, minus those in ``exclude`` (already tried)."""
+        """Routable workers hosting ``model`` in ``regions`` (None: any), minus those in
+        ``exclude`` (already tried)."""
         return [
             worker
-            for worker in workers
+            for worker in in_regions(workers, regions)
             if model in worker.models
             and worker.worker_id not in exclude
             and self.is_routable(worker, now)
@@ -174,8 +180,12 @@ class Router:
         now: float,
         exclude: Collection[str] = (),
         affinity: Affinity | None = None,
+        regions: Collection[str] | None = None,
     ) -> WorkerView | None:
         """The worker for the next request of ``model``, or None when no worker can take it.
+
+        Only workers in ``regions`` (a resident tenant's) are considered; among them the
+        gateway's own region's while within its load bound (``fleet.regions``).
 
         With affinity settings and a hint, the worker holding the request's longest cached
         prefix (reported, or routed there by this gateway), else its session's worker,
@@ -185,7 +195,7 @@ class Router:
         competes too, its load raised by the penalty (the cost of loading it). The chosen
         worker is remembered as holding the request's prompt blocks.
         """
-        worker = self._choose(workers, model, now, exclude, affinity)
+        worker = self._choose(workers, model, now, exclude, affinity, regions)
         prompt = affinity.prompt if affinity is not None else None
         if worker is not None and prompt is not None and self.routed is not None:
             reported = worker.prefixes.get(model)
@@ -201,11 +211,13 @@ class Router:
         now: float,
         exclude: Collection[str],
         affinity: Affinity | None,
+        regions: Collection[str] | None,
     ) -> WorkerView | None:
         """``choose`` without the remembering."""
-        candidates = self.candidates(workers, model, now, exclude)
+        candidates = self.candidates(workers, model, now, exclude, regions)
         if not candidates:
             return None
+        candidates = prefer_home(candidates, self.regions, lambda w: self.load(w, model))
         if affinity is not None and self.affinity is not None:
             picked = self._by_affinity(candidates, model, affinity, self.affinity)
             if picked is not None:

@@ -131,6 +131,7 @@ class OutboundRequest:
     model: str
     deadline: float  # on the event loop's clock
     affinity: Affinity | None = None  # where its prefix or session would run best
+    regions: frozenset[str] | None = None  # a resident tenant's: no worker elsewhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +188,12 @@ def request_target(scope: Scope) -> str:
     return (raw_path + b"?" + query if query else raw_path).decode("latin-1")
 
 
+def principal_of(scope: Scope) -> Principal:
+    """Who the key middleware (always in front) found the caller to be."""
+    principal = scope.get("state", {}).get("principal", ANONYMOUS)
+    return principal if isinstance(principal, Principal) else ANONYMOUS
+
+
 def worker_headers(scope: Scope, credential: FleetCredential | None) -> list[tuple[bytes, bytes]]:
     """The headers a worker gets: the client's, less hop-by-hop ones and any a client may not
     send (``X-Conveyor-Tenant``); with the fleet key, that key instead of the client's and
@@ -195,9 +202,7 @@ def worker_headers(scope: Scope, credential: FleetCredential | None) -> list[tup
         return [(k, v) for k, v in scope["headers"] if k.lower() not in _NOT_FORWARDED]
     dropped = _NOT_FORWARDED_WITH_FLEET_KEY
     headers = [(k, v) for k, v in scope["headers"] if k.lower() not in dropped]
-    principal = scope.get("state", {}).get("principal", ANONYMOUS)
-    if not isinstance(principal, Principal):  # set by the key middleware, always in front
-        principal = ANONYMOUS
+    principal = principal_of(scope)
     headers.append((b"authorization", credential.authorization))
     headers.extend(vouch_headers(principal.tenant, principal.is_admin))
     return headers
@@ -248,7 +253,7 @@ class Proxy:
                 raise DeadlineExceeded("the deadline passed before any worker answered")
             worker = self._router.choose(
                 self._workers(), request.model, self._wall_clock(), exclude=tried,
-                affinity=request.affinity,
+                affinity=request.affinity, regions=request.regions,
             )  # fmt: skip
             if worker is None:
                 break

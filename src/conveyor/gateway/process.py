@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.config.settings import ServerConfig
-from conveyor.errors import ModelNotFound, ServiceUnavailable
+from conveyor.errors import ModelNotFound, QueueFull, ServiceUnavailable
 from conveyor.fleet.affinity import AffinitySettings
 from conveyor.fleet.credential import FleetCredential
+from conveyor.fleet.failover import FailoverRamp, FailoverSettings
+from conveyor.fleet.regions import RegionSettings, in_regions
 from conveyor.fleet.registry import FleetRegistry, model_loads
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.fleet.route_hint import HintReader
@@ -69,6 +71,10 @@ class GatewaySettings:
     affinity: AffinitySettings | None = field(default_factory=AffinitySettings)
     # Model name -> checkpoint directory whose tokenizer hashes prompts for prefix routing.
     prefix_tokenizers: Mapping[str, str] = field(default_factory=dict)
+    # This gateway's region and how far it prefers it; the admission ramp after a region
+    # is lost (``fleet.failover``).
+    regions: RegionSettings = field(default_factory=RegionSettings)
+    failover: FailoverSettings = field(default_factory=FailoverSettings)
 
     def __post_init__(self) -> None:
         """Reject settings that would make the gateway route badly or never."""
@@ -107,9 +113,11 @@ class Gateway:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         credential: FleetCredential | None = None,
+        tenant_regions: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         """A gateway on ``store``'s worker registry; ``clock`` is the registry's wall clock;
-        with ``credential`` it calls workers with the fleet key, vouching for its callers."""
+        with ``credential`` it calls workers with the fleet key, vouching for its callers;
+        ``tenant_regions`` pins tenants to regions (residency)."""
         self.settings = settings
         self.store = store
         self.objects = objects
@@ -123,7 +131,10 @@ class Gateway:
             rng or random.Random(),
             Ejections(settings.ejection_cooldown_s),
             affinity=settings.affinity,
+            regions=settings.regions,
         )
+        self.tenant_regions = dict(tenant_regions or {})
+        self.failover = FailoverRamp(settings.failover)
         self.hints = HintReader(settings.prefix_tokenizers, settings.affinity or AffinitySettings())
         self.num_in_flight = 0
         self._arrivals: dict[str, RateMeter] = {}
@@ -212,6 +223,28 @@ class Gateway:
             return True
         return self.registry.is_unsure() and self.registry.may_host(model)
 
+    def check_residency(self, tenant: str, model: str) -> frozenset[str] | None:
+        """The regions ``tenant`` is pinned to (None: any); 503 when no routable worker in
+        them hosts ``model`` (never a worker elsewhere)."""
+        regions = self.tenant_regions.get(tenant)
+        if regions is None:
+            return None
+        if not any(model in view.models for view in in_regions(self.routable(), regions)):
+            raise ServiceUnavailable(
+                f"no worker hosting {model!r} is up in the regions tenant {tenant!r} is "
+                f"pinned to ({', '.join(sorted(regions))})", code="no_worker_in_region",
+            )  # fmt: skip
+        return regions
+
+    def admit_failover(self, model: str) -> None:
+        """429 with Retry-After beyond the admission ramp after a region was lost."""
+        wait_s = self.failover.admit(model, time.time())
+        if wait_s is not None:
+            raise QueueFull(
+                "a region's workers are gone and their traffic is admitted gradually; retry "
+                "shortly", retry_after_s=int(wait_s), code="failover_ramp",
+            )  # fmt: skip
+
     def count_arrival(self, model: str, num_inputs: int) -> None:
         """Feed the arrival-rate meter of ``model``."""
         meter = self._arrivals.get(model)
@@ -245,6 +278,11 @@ class Gateway:
     def on_refresh(self) -> None:
         """After each registry refresh: forget vanished workers, update the gauges."""
         self.router.forget_missing({v.worker_id for v in self.registry.views})
+        if not self.registry.is_unsure():  # stale rows in an outage are no lost region
+            now_mono = time.monotonic()
+            rates = {m: meter.rate_per_s(now_mono) for m, meter in self._arrivals.items()}
+            up = {view.region for view in self.routable() if view.region}
+            self.failover.observe(up, rates, time.time())
         self._gauge_workers()
         for demand in self.demands():
             replicas = desired_replicas(demand, self.settings.target_utilisation)
@@ -272,7 +310,7 @@ class Gateway:
     def _routing_state(self, view: WorkerView, now: float) -> str:
         if view.is_stale:
             return "stale"
-        if view.is_draining:
+        if view.is_draining or self.router.drained.is_draining(view):
             return "draining"
         if self.router.ejections.is_ejected(view, now):
             return "ejected"

@@ -24,6 +24,7 @@ from conveyor.gateway.forward import (
     OutboundRequest,
     ProxiedResponse,
     affinity_hint,
+    principal_of,
     request_target,
     worker_headers,
 )
@@ -138,8 +139,10 @@ async def _forward(
 ) -> ProxiedResponse | StreamingResponse:
     """Admit, then proxy with the caller's deadline; a client that leaves cancels it."""
     gateway.check_model(model)
+    regions = gateway.check_residency(principal_of(scope).tenant, model)
     if gateway.num_in_flight >= gateway.settings.max_in_flight:
         raise QueueFull("the gateway is at its in-flight limit", retry_after_s=1)
+    gateway.admit_failover(model)
     gateway.count_arrival(model, num_inputs)
     timeout_ms = _timeout_ms(scope) or gateway.settings.default_timeout_ms
     outbound = OutboundRequest(
@@ -150,6 +153,7 @@ async def _forward(
         model=model,
         deadline=asyncio.get_running_loop().time() + timeout_ms / 1000,
         affinity=await affinity_hint(gateway, scope, body, model),
+        regions=regions,
     )
     gateway.num_in_flight += 1
     watcher = DisconnectWatcher(receive, cancel_current_task(), scope)

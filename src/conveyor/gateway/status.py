@@ -46,6 +46,7 @@ def fleet_document(gateway: Gateway) -> dict[str, Any]:
             {
                 "id": record.worker_id,
                 "address": record.address,
+                "region": view.region,
                 "models": list(record.models),
                 "loaded_models": sorted(view.loaded_models),
                 "capacity": record.capacity,
@@ -54,7 +55,7 @@ def fleet_document(gateway: Gateway) -> dict[str, Any]:
                 "gateway_in_flight": gateway.router.in_flight(record.worker_id),
                 "heartbeat_age_s": round(now - record.last_heartbeat_at, 3),
                 "is_stale": view.is_stale,
-                "is_draining": view.is_draining,
+                "is_draining": view.is_draining or gateway.router.drained.is_draining(view),
                 "is_ejected": gateway.router.ejections.is_ejected(view, now),
                 "is_routable": gateway.router.is_routable(view, now),
             }
@@ -70,4 +71,18 @@ def fleet_document(gateway: Gateway) -> dict[str, Any]:
         for d in gateway.demands()
     }
     routed = dict(gateway.router.num_routed)
-    return {"object": "fleet", "workers": workers, "models": models, "routed_by": routed}
+    return {
+        "object": "fleet", "region": gateway.settings.regions.home, "workers": workers,
+        "models": models, "routed_by": routed, "failover": _failover(gateway, now),
+    }  # fmt: skip
+
+
+def _failover(gateway: Gateway, now: float) -> dict[str, Any]:
+    """The admission ramp after a lost region: whether it runs, since when, what it lost."""
+    ramp = gateway.failover
+    return {
+        "is_ramping": ramp.is_ramping(now),
+        "started_at": ramp.started_at,
+        "lost_regions": sorted(ramp.lost),
+        "ramp_s": ramp.settings.ramp_s,
+    }

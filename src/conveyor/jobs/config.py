@@ -51,6 +51,11 @@ class JobsConfig(BaseModel):
     worker_id: str | None = Field(
         default=None, min_length=1, description="Owner name in leases (default: host-pid-random)."
     )
+    region: str | None = Field(
+        default=None,
+        min_length=1,
+        description="This worker's region: it runs no line of a tenant pinned elsewhere.",
+    )
     num_shard_runners: int = Field(default=2, ge=1, le=64, description="Shards run at once.")
     lines_per_shard: int = Field(default=1000, ge=1, description="The unit of leasing and rerun.")
     max_lines_in_flight: int = Field(default=256, ge=1, description="Per shard runner.")

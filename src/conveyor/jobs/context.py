@@ -74,6 +74,13 @@ class JobsContext:
     is_tenant_paused: Callable[[str], Awaitable[bool]] | None = None
     # A tenant's bound on its active batches' input tokens for a model (None: unbounded).
     batch_queue_tokens: Callable[[str, str], int | None] | None = None
+    # The regions each resident tenant is pinned to (``config.region`` must be one of them).
+    tenant_regions: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def may_run_tenant(self, tenant: str) -> bool:
+        """Whether this process may run ``tenant``'s batch lines (its residency allows)."""
+        pinned = self.tenant_regions.get(tenant)
+        return pinned is None or self.config.region in pinned
 
     @property
     def retry(self) -> RetryPolicy:

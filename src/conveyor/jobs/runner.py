@@ -110,12 +110,15 @@ class ShardRunner:
         return lease
 
     async def _runnable_batches(self) -> tuple[list[BatchRecord], bool]:
-        """In-progress batches whose model this process runs, and whether that is all."""
-        can_run = self._ctx.can_run_model
-        batches = await self._ctx.store.batches_in_status([BatchStatus.IN_PROGRESS])
-        if can_run is None:
-            return batches, True
-        runnable = [b for b in batches if b.model is None or can_run(b.model)]
+        """In-progress batches whose model this process runs and whose tenant's residency
+        allows it here, and whether that is all of them."""
+        ctx = self._ctx
+        can_run = ctx.can_run_model or (lambda model: True)
+        batches = await ctx.store.batches_in_status([BatchStatus.IN_PROGRESS])
+        runnable = [
+            b for b in batches
+            if (b.model is None or can_run(b.model)) and ctx.may_run_tenant(b.tenant)
+        ]  # fmt: skip
         return runnable, len(runnable) == len(batches)
 
     async def run_shard(self, lease: ShardLease, shutdown: asyncio.Event) -> bool:

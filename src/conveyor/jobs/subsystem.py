@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ class JobsSubsystem:
         fair_share: FairShare | None = None,
         budgets: MonthlyBudgets | None = None,
         batch_queue_tokens: Callable[[str, str], int | None] | None = None,
+        tenant_regions: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         """Nothing is opened before `start`.
 
@@ -58,6 +59,8 @@ class JobsSubsystem:
         half-life). `budgets` (read from this subsystem's store once started) pause a
         tenant's batch lines while its monthly budget is spent. `batch_queue_tokens(tenant,
         model)` bounds the input tokens of a tenant's active batches (None: unbounded).
+        `tenant_regions` pins tenants to regions: shards of their batches are claimed only
+        by a process whose `config.region` is one of them.
         """
         self.config = config
         self._data_dir = data_dir
@@ -68,6 +71,7 @@ class JobsSubsystem:
         self._fair_share = fair_share or FairShare()
         self.budgets = budgets or MonthlyBudgets({})
         self._batch_queue_tokens = batch_queue_tokens
+        self._tenant_regions = dict(tenant_regions or {})
         self._ctx: JobsContext | None = None
         self._api: JobOperations | None = None
         self._message_batches: MessageBatches | None = None
@@ -118,7 +122,7 @@ class JobsSubsystem:
             can_run_model=self._can_run_model, counters=self._counters,
             fair_share=self._fair_share,
             is_tenant_paused=self.budgets.is_over if self.budgets.has_budgets else None,
-            batch_queue_tokens=self._batch_queue_tokens,
+            batch_queue_tokens=self._batch_queue_tokens, tenant_regions=self._tenant_regions,
         )  # fmt: skip
         self.budgets.bind(store)
         self._ctx = ctx

@@ -54,6 +54,12 @@ class TenantConfig(_Strict):
     limits: dict[str, ModelLimits] = Field(
         default_factory=dict, description='Limits by model name; "*" applies to every model.'
     )
+    regions: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Residency: only workers in these regions serve its requests and batch "
+        "lines (none up: 503, never another region). Unset: any region.",
+    )
 
 
 class RateLimitsConfig(_Strict):
@@ -126,6 +132,11 @@ class TenancyConfig(_Strict):
     def batch_queue_tokens(self, tenant: str, model: str) -> int | None:
         """The input tokens the tenant's active batches on `model` may hold (None: any)."""
         return self.limits_for(tenant, model).batch_queue_tokens
+
+    @property
+    def regions(self) -> dict[str, frozenset[str]]:
+        """The regions each resident tenant is pinned to (unpinned tenants are absent)."""
+        return {t.name: frozenset(t.regions) for t in self.tenants if t.regions}
 
     @property
     def weights(self) -> dict[str, float]:

@@ -289,6 +289,23 @@ async def test_a_runner_claims_only_batches_of_models_it_runs() -> None:
     assert lease is not None and lease.batch_id == batch_id
 
 
+async def test_a_runner_claims_a_resident_tenants_shards_only_in_its_regions() -> None:
+    ctx = make_ctx()
+    batch_id = await start_batch(ctx, 4)
+    batch = ctx.store.blocking.get_batch_any(batch_id)
+    assert batch is not None
+    ctx.tenant_regions = {batch.tenant: frozenset({"eu"})}
+    runner = ShardRunner(ctx, asyncio.Event())
+    assert not ctx.may_run_tenant(batch.tenant)  # this process has no region
+    assert await runner._claim() is None
+    ctx.config = ctx.config.model_copy(update={"region": "us"})
+    assert await runner._claim() is None  # another region: never here
+    ctx.config = ctx.config.model_copy(update={"region": "eu"})
+    lease = await runner._claim()
+    assert lease is not None and lease.batch_id == batch_id
+    assert ctx.may_run_tenant("someone-unpinned")
+
+
 async def test_each_line_is_decoded_once_per_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
     """Cache lookup, the run and the records share one decode of each line."""
     import conveyor.jobs.shard as shard_module
