@@ -16,6 +16,7 @@ from conveyor.plan.gpus import GpuSpec
 from conveyor.plan.parallel import TpFit, choice_note, fit_at, sizes_for, tp_prefill_s, tp_step
 from conveyor.plan.shape import ModelShape
 from conveyor.plan.sizing import (
+    Replicas,
     Workload,
     batch_for_p99,
     generative_latency_s,
@@ -174,7 +175,7 @@ def _throughput(workload: Workload, costs: GenerativeCosts, max_batch: int, size
         "requests_per_s_per_replica": round(rps, 4),
         # A full replica: every request waits for the others' prefills and their shared steps.
         "predicted_request_ms": _ms(max_batch * max(1, workload.output_tokens) / tokens_per_s),
-        **_replica_figures(replicas.bare, replicas.with_headroom, replicas.total),
+        **_replica_figures(replicas),
         "gpus_per_replica": size,
         "gpus": replicas.total * size,
         "usd_per_million_output_tokens": _round(usd_per_million(
@@ -220,7 +221,7 @@ def plan_one_shot(
         "batch_ms_per_input": _ms(curve.per_item_s),
         "inputs_per_s_per_replica": round(capacity, 3),
         "tokens_per_s_per_replica": round(capacity * workload.prompt_tokens, 3),
-        **_replica_figures(replicas.bare, replicas.with_headroom, replicas.total),
+        **_replica_figures(replicas),
         "usd_per_million_output_tokens": None,
         "usd_per_million_inputs": _round(
             usd_per_million(replicas.total, workload.gpu_hour_usd, workload.qps)),
@@ -249,9 +250,10 @@ def _one_shot_latency(
     return figures
 
 
-def _replica_figures(bare: int, with_headroom: int, total: int) -> Plan:
-    return {"replicas_at_full_load": bare, "replicas_with_headroom": with_headroom,
-            "replicas": total}  # fmt: skip
+def _replica_figures(replicas: Replicas) -> Plan:
+    return {"replicas_at_full_load": replicas.bare,
+            "replicas_with_headroom": replicas.with_headroom, "replicas": replicas.total,
+            "replicas_per_region": replicas.per_region}  # fmt: skip
 
 
 def _round(value: float | None) -> float | None:

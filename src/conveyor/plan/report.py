@@ -31,6 +31,7 @@ LINES: tuple[tuple[str, str, str], ...] = (
     ("replicas_at_full_load", "replicas at 100% load", "int"),
     ("replicas_with_headroom", "replicas with headroom", "int"),
     ("replicas", "replicas to survive losing one", "int"),
+    ("replicas_per_region", "replicas a region (N-1 regions carry all)", "int"),
     ("gpus", "GPUs in all (hosts for cpu)", "int"),
     ("usd_per_million_output_tokens", "USD per million output tokens", "num"),
     ("usd_per_million_inputs", "USD per million inputs", "num"),

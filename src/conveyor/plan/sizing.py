@@ -53,6 +53,8 @@ class Replicas:
     bare: int
     with_headroom: int
     total: int
+    # With several regions: each region's, so that all but one carry the whole load.
+    per_region: int | None = None
 
 
 def replicas_for(qps: float, per_replica_rps: float, workload: Workload) -> Replicas:
@@ -64,7 +66,7 @@ def replicas_for(qps: float, per_replica_rps: float, workload: Workload) -> Repl
     if workload.regions == 1:
         return Replicas(bare, with_headroom, with_headroom + 1)
     per_region = math.ceil(with_headroom / (workload.regions - 1))
-    return Replicas(bare, with_headroom, per_region * workload.regions)
+    return Replicas(bare, with_headroom, per_region * workload.regions, per_region)
 
 
 def usd_per_million(replicas: int, gpu_hour_usd: float | None, units_per_s: float) -> float | None:

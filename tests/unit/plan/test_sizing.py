@@ -64,6 +64,8 @@ def test_replicas_with_headroom_and_the_failure_to_survive() -> None:
     three_regions = Workload(qps=100, prompt_tokens=1, output_tokens=1, regions=3)
     # 5 needed; losing a region leaves 2, each must hold ceil(5/2) = 3.
     assert replicas_for(100, 30, three_regions).total == 9
+    assert replicas_for(100, 30, three_regions).per_region == 3
+    assert replicas.per_region is None
 
 
 def test_cost_per_million_tokens() -> None:
