@@ -89,7 +89,7 @@ def run_scenarios(base: Options, repeats: int, store_url: str, work: Path, ckpt:
             "before": one_run(replace(opts, routed_blocks=0), "prefix", store_url, work, ckpt),
             "after": one_run(opts, "prefix", store_url, work, ckpt),
         }
-    overlap = replace(base, **NO_OVERLAP, num_sessions=4 if base.is_smoke else 48)
+    overlap = replace(base, **{**NO_OVERLAP, "num_sessions": 4 if base.is_smoke else 48})
     runs: dict[str, list[Any]] = {"load_only": [], "prefix": []}
     for repeat in range(repeats):
         for mode in ("load_only", "prefix") if repeat % 2 == 0 else ("prefix", "load_only"):

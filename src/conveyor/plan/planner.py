@@ -251,9 +251,14 @@ def _one_shot_latency(
 
 
 def _replica_figures(replicas: Replicas) -> Plan:
-    return {"replicas_at_full_load": replicas.bare,
-            "replicas_with_headroom": replicas.with_headroom, "replicas": replicas.total,
-            "replicas_per_region": replicas.per_region}  # fmt: skip
+    figures: Plan = {
+        "replicas_at_full_load": replicas.bare,
+        "replicas_with_headroom": replicas.with_headroom,
+        "replicas": replicas.total,
+    }
+    if replicas.per_region is not None:  # --regions 2 or more
+        figures["replicas_per_region"] = replicas.per_region
+    return figures  # fmt: skip
 
 
 def _round(value: float | None) -> float | None:
