@@ -15,6 +15,12 @@ product's default. Each scenario runs twice on fresh workers:
   requests per second of prefix-aware routing (after) against load-only routing, three
   runs each, alternating.
 
+The ceiling is the same traffic on a single worker: every turn finds every block any
+earlier turn of its conversation cached (replies are re-tokenized from text, so a turn
+reuses its predecessor's prompt, not the reply). ``--system-prompt`` gives every
+conversation the shared system prompt of ``bench.prefix_traffic`` (results in
+``prefix_scenarios_system_prompt.json``).
+
 Reported per run: the prefix-cache hit rate of prompt tokens (the workers' counters), TTFT,
 requests per second, and the mean in-flight gap between workers (the load bound's check).
 
@@ -59,12 +65,13 @@ def parse_options(argv: Sequence[str] | None = None) -> tuple[Options, int]:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the results")
     parser.add_argument("--smoke", action="store_true", help="tiny run for tests")
     parser.add_argument("--repeats", type=int, default=3, help="no-overlap runs per mode")
+    parser.add_argument("--system-prompt", action="store_true", help="a shared system prompt")
     args = parser.parse_args(argv)
     sessions, turns, concurrency, max_tokens = (4, 2, 2, 4) if args.smoke else (12, 4, 6, 16)
     base = Options(
         out_dir=args.out, is_smoke=args.smoke, num_sessions=sessions, num_turns=turns,
-        num_workers=3, max_tokens=max_tokens, load_bound=4, repeats=1, seed=0,
-        concurrency=concurrency, has_system_prompt=False, heartbeat_s=HEARTBEAT_S,
+        num_workers=2 if args.smoke else 3, max_tokens=max_tokens, load_bound=4, repeats=1, seed=0,
+        concurrency=concurrency, has_system_prompt=args.system_prompt, heartbeat_s=HEARTBEAT_S,
     )  # fmt: skip
     return base, 1 if args.smoke else args.repeats
 
@@ -79,8 +86,9 @@ def one_run(opts: Options, mode: str, store_url: str, work: Path, checkpoint: Pa
 
 
 def run_scenarios(base: Options, repeats: int, store_url: str, work: Path, ckpt: Path) -> Any:
-    """Every scenario before and after, then the no-overlap throughput comparison."""
-    results: dict[str, Any] = {}
+    """The ceiling, every scenario before and after, then the no-overlap comparison."""
+    ceiling = replace(base, hint="none", num_workers=1)
+    results: dict[str, Any] = {"ceiling": one_run(ceiling, "prefix", store_url, work, ckpt)}
     for name, changes in SCENARIOS.items():
         if base.is_smoke and name != "no_hint":  # a smoke run checks the machinery, once
             continue
@@ -100,7 +108,7 @@ def run_scenarios(base: Options, repeats: int, store_url: str, work: Path, ckpt:
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
     """Hit rates before and after against the goals; no-overlap throughput ratio."""
-    summary: dict[str, Any] = {}
+    summary: dict[str, Any] = {"ceiling_hit_rate": results["ceiling"]["prefix_cache_hit_rate"]}
     for name in [n for n in SCENARIOS if n in results]:
         before, after = results[name]["before"], results[name]["after"]
         summary[name] = {
@@ -142,6 +150,8 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
                label="after: + routing index", color="tab:blue")  # fmt: skip
     for x, name in zip(xs, names, strict=True):
         hit_ax.hlines(GOALS[name], x - 0.4, x + 0.4, colors="k", linestyles="--")
+    hit_ax.axhline(summary["ceiling_hit_rate"], color="tab:green", linewidth=1,
+                   label="ceiling: one worker holds everything")  # fmt: skip
     hit_ax.set_xticks(list(xs), names)
     hit_ax.set_ylim(0, 1)
     hit_ax.set_title("prefix-cache hit rate of prompt tokens (dashed: goal)", fontsize=9)
@@ -154,7 +164,8 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
     save_figure(fig, path, (
         f"{inputs['num_sessions']} sessions x {inputs['num_turns']} turns, "
         f"{inputs['concurrency']} at a time, {inputs['num_workers']} workers, zero think time "
-        "unless named"))  # fmt: skip
+        f"unless named, {'a' if inputs['has_system_prompt'] else 'no'} shared system "
+        "prompt"))  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -177,8 +188,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "runs": results,
         "summary": summarize(results),
     }  # fmt: skip
-    write_json(base.out_dir / "prefix_scenarios.json", result)
-    write_png(base.out_dir / "prefix_scenarios.png", result)
+    name = "prefix_scenarios_system_prompt" if base.has_system_prompt else "prefix_scenarios"
+    write_json(base.out_dir / f"{name}.json", result)
+    write_png(base.out_dir / f"{name}.png", result)
     print(json.dumps(result["summary"], indent=2))
 
 

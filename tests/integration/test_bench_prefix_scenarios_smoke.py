@@ -23,6 +23,7 @@ def test_smoke_runs_a_scenario_before_and_after_and_the_no_overlap_pair(tmp_path
     assert before["num_failed"] == after["num_failed"] == 0
     assert 0 <= before["prefix_cache_hit_rate"] <= 1 and 0 <= after["prefix_cache_hit_rate"] <= 1
     assert set(result["runs"]["no_overlap"]) == {"load_only", "prefix"}
+    assert 0 <= result["summary"]["ceiling_hit_rate"] <= 1
     assert result["summary"]["no_overlap"]["throughput_ratio"] > 0
     assert (out / "prefix_scenarios.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
@@ -38,10 +39,12 @@ def test_summary_checks_each_goal_and_the_throughput_tolerance() -> None:
     results: dict[str, Any] = {
         name: {"before": _run(0.3), "after": _run(GOALS[name])} for name in SCENARIOS
     }
+    results["ceiling"] = _run(0.7)
     results["no_hint"]["after"] = _run(0.44)
     results["no_overlap"] = {"load_only": [_run(0, 10.0), _run(0, 10.2)],
                              "prefix": [_run(0, 9.8), _run(0, 9.9)]}  # fmt: skip
     summary = summarize(results)
+    assert summary["ceiling_hit_rate"] == 0.7
     assert summary["no_hint"]["met"] is False and summary["prompt_cache_key"]["met"] is True
     assert summary["two_gateways"]["hit_rate_before"] == 0.3
     assert summary["no_overlap"]["throughput_ratio"] == round(9.85 / 10.1, 3)
