@@ -262,7 +262,8 @@ def _entries(position: Mapping[int, Any]) -> dict[int, tuple[float, int]]:
 
 def _vllm_error(exc: Exception) -> ConveyorError:
     """A vLLM failure as Conveyor's error: its validation errors are the caller's (400)."""
-    names = {type(error).__name__ for error in (exc, exc.__cause__) if error is not None}
-    if names & {"VLLMValidationError", "VLLMClientError", "ValueError"}:
-        return InvalidRequest(str(exc.__cause__ or exc))
+    for error in (exc, exc.__cause__):
+        names = {kind.__name__ for kind in type(error).__mro__}
+        if isinstance(error, ValueError) or "VLLMClientError" in names:
+            return InvalidRequest(str(error))
     return ModelFault(f"vLLM failed the request: {exc}")
