@@ -75,6 +75,24 @@ def test_without_vllm_the_start_up_check_says_what_to_install(
     assert "pip install 'conveyor[vllm]'" in VLLM_INSTALL and "\n" not in VLLM_INSTALL
 
 
+def test_serve_and_worker_stop_at_start_up_with_that_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from conveyor.cli.main import app
+
+    monkeypatch.setattr("conveyor.cli.startup_checks.is_vllm_installed", lambda: False)
+    model = {"kind": "generate", "name": "m", "path": str(hf_dir(tmp_path)), "engine": "vllm"}
+    path = tmp_path / "conveyor.yaml"
+    path.write_text(json.dumps({"models": [model], "data_dir": str(tmp_path / "data")}))
+    for argv in (["check-config", str(path)], ["serve", "--config", str(path)],
+                 ["worker", "--config", str(path), "--store", f"sqlite:///{tmp_path}/s.db"]):  # fmt: skip
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code != 0, argv
+        assert result.output.strip().splitlines() == [f"model 'm': {VLLM_INSTALL}"], argv
+
+
 def test_sampling_keywords_leave_stop_strings_to_conveyor() -> None:
     params = SamplingParams(temperature=0.5, top_k=-1, max_tokens=9, stop=["END"], seed=3,
                             stop_token_ids=[7, 2], logprobs=2, logit_bias=[(5, 1.5)])  # fmt: skip
