@@ -205,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "benchmark": "vllm_engine", "date": datetime.datetime.now(datetime.UTC).isoformat(),
         # The model directory by name only: its path is the machine's.
+        "command": f"python -m bench.vllm_engine --model-dir .../{args.model_dir.name}",
         "settings": {**{key: str(value) for key, value in vars(args).items()},
                      "model_dir": args.model_dir.name, "out": args.out.name},
         "engine_args": {**ENGINE, **VLLM_EXTRA}, "machine": machine_info(),
