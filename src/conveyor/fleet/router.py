@@ -188,9 +188,7 @@ class Router:
         cached = self._pools.get(model)
         if cached is not None and cached[0] is workers:
             return cached[1], cached[2]
-        fresh = [
-            w for w in workers if model in w.models and not w.is_stale and not w.is_draining
-        ]
+        fresh = [w for w in workers if model in w.models and not w.is_stale and not w.is_draining]
         warm = [w for w in fresh if model in w.loaded_models]
         cold = [w for w in fresh if model not in w.loaded_models]
         self._pools[model] = (workers, warm, cold)

@@ -65,6 +65,6 @@ class Clock:
             self.now = time_s
             self.num_events += 1
             fn(*args)
-            if idle is not None and self.num_events % 1024 == 0 and idle():
+            if idle is not None and idle():
                 return
         self.now = max(self.now, until_s)

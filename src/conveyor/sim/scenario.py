@@ -92,7 +92,9 @@ class RegionSpec(_Strict):
 class AffinitySpec(_Strict):
     """Prefix and session affinity in the router (None in the fleet: load alone)."""
 
-    load_bound: int = Field(default=4, ge=0, description="How much busier a preferred worker may be.")
+    load_bound: int = Field(
+        default=4, ge=0, description="How much busier a preferred worker may be."
+    )
     use_prefix: bool = Field(default=True, description="Prefer the worker holding the prefix.")
     use_session: bool = Field(default=True, description="Prefer the session's worker.")
 
@@ -205,7 +207,11 @@ class Scenario(_Strict):
     def _one_kind(self) -> Scenario:
         if (self.fleet is None) == (self.distribution is None):
             raise ValueError("a scenario has either a fleet (with traffic) or a distribution")
-        if self.fleet is not None and self.time_model.gpu is None and not self.time_model.calibration:
+        if (
+            self.fleet is not None
+            and self.time_model.gpu is None
+            and not self.time_model.calibration
+        ):
             raise ValueError("time_model needs a gpu preset or a calibration file")
         return self
 
