@@ -105,7 +105,9 @@ class OneShotWorker:
         if self.queue.ready_reason(now, max_wait_s, cap) is None:
             oldest = self.queue.oldest_enqueued_at()
             if oldest is not None and self._wake_timer is None:
-                self._wake_timer = self._clock.timer(oldest + max_wait_s, self._on_wake)
+                # A nanosecond late: ``now - oldest`` may round below ``max_wait_s`` at it.
+                wake_s = oldest + max_wait_s + 1e-9
+                self._wake_timer = self._clock.timer(wake_s, self._on_wake)
             return
         batch, _ = self.queue.take(cap)
         if not batch:
