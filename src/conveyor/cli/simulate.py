@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from conveyor.sim.distribution import Pull
 from conveyor.sim.output import summary, write_json, write_png
 from conveyor.sim.run import simulate as run_scenario
-from conveyor.sim.scenario import Scenario, load_scenario
+from conveyor.sim.scenario import Scenario, load_scenario, scaled
 
 
 def simulate(
@@ -24,6 +24,9 @@ def simulate(
     duration_s: Annotated[
         float | None, typer.Option(help="Override the scenario's simulated seconds.")
     ] = None,
+    scale: Annotated[
+        float, typer.Option(help="Run this share of the fleet and its traffic (a slice).")
+    ] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the totals as JSON.")] = False,
 ) -> None:
     """Drive Conveyor's own router, batching, scheduler, limits and leases on a virtual
@@ -31,9 +34,12 @@ def simulate(
     logging.getLogger("conveyor").setLevel(logging.ERROR)
     try:
         spec = load_scenario(scenario)
+        if scale != 1.0:
+            spec = scaled(spec, scale)
         if duration_s is not None:
             spec = spec.model_copy(update={"duration_s": duration_s})
         totals, series = _run(spec, seed)
+        totals["scale"] = scale
     except (ValueError, OSError, ValidationError) as exc:
         typer.echo(f"conveyor simulate: {exc}", err=True)
         raise typer.Exit(code=2) from None

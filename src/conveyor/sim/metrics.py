@@ -78,7 +78,7 @@ class Metrics:
         first = request.first_token_s
         if first is not None:
             self.latencies["ttft_ms"][self._bucket(now_s)].append((first - request.arrival_s) * 1e3)
-            if request.output_tokens > 1:
+            if request.output_tokens > 1 and now_s > first:
                 tpot = (now_s - first) / (request.output_tokens - 1) * 1e3
                 self.latencies["tpot_ms"][self._bucket(now_s)].append(tpot)
 

@@ -91,7 +91,7 @@ def _start_traffic(
         send = _sender(fleet, rng, spec)
         if spec.kind == "poisson":
             PoissonSource(spec, fleet.clock, prompts, send, scenario.duration_s).start()
-        elif spec.kind == "chat":
+        elif spec.kind in ("chat", "closed"):
             for index in range(spec.sessions):
                 session = ChatSession(spec, f"{spec.name}-{index}", fleet.clock, prompts, send)
                 session.start(spec.start_s + rng.uniform(0, max(spec.think_s, 1e-3)))

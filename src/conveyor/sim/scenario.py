@@ -127,10 +127,15 @@ class RateStep(_Strict):
 class TrafficSpec(_Strict):
     """One source of requests: open-loop Poisson, chat sessions, or a batch job."""
 
-    kind: Literal["poisson", "chat", "batch_job"] = Field(description="The source's kind.")
+    kind: Literal["poisson", "chat", "closed", "batch_job"] = Field(
+        description="The source's kind (closed: clients sending again as soon as answered)."
+    )
     name: str = Field(default="traffic", description="Label in the results.")
     rate_rps: float = Field(default=0.0, ge=0, description="Poisson: requests a second.")
     steps: list[RateStep] = Field(default_factory=list, description="Poisson: rate changes.")
+    arrivals: Literal["poisson", "constant"] = Field(
+        default="poisson", description="Gaps drawn at random, or a fixed schedule (loadgen's)."
+    )
     start_s: float = Field(default=0.0, ge=0, description="When the source starts.")
     stop_s: float | None = Field(default=None, description="When it stops (None: at the end).")
     prompt_tokens: Lengths = Field(default_factory=lambda: Lengths(mean=100))
@@ -214,6 +219,26 @@ class Scenario(_Strict):
         ):
             raise ValueError("time_model needs a gpu preset or a calibration file")
         return self
+
+
+def scaled(scenario: Scenario, factor: float) -> Scenario:
+    """The scenario with ``factor`` times the workers, gateways, rates and sessions: a slice
+    of a fleet too large to simulate whole, each worker loaded as in the whole."""
+    if factor <= 0:
+        raise ValueError("the scale must be > 0")
+    fleet = scenario.fleet
+    if fleet is None:
+        return scenario
+    regions = [r.model_copy(update={"workers": max(1, round(r.workers * factor)),
+                                    "gateways": max(1, round(r.gateways * factor))})
+               for r in fleet.regions]  # fmt: skip
+    traffic = [t.model_copy(update={
+        "rate_rps": t.rate_rps * factor, "sessions": round(t.sessions * factor),
+        "steps": [s.model_copy(update={"rate_rps": s.rate_rps * factor}) for s in t.steps],
+    }) for t in scenario.traffic]  # fmt: skip
+    return scenario.model_copy(
+        update={"fleet": fleet.model_copy(update={"regions": regions}), "traffic": traffic}
+    )
 
 
 def load_scenario(path: Path) -> Scenario:

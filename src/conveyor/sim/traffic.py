@@ -109,7 +109,12 @@ class PoissonSource:
         now = self._clock.now
         rate = rate_at(self.spec, now)
         change = _next_change(self.spec, now)
-        gap = self._prompts.rng.expovariate(rate) if rate > 0 else math.inf
+        if rate <= 0:
+            gap = math.inf
+        elif self.spec.arrivals == "constant":
+            gap = 1.0 / rate
+        else:
+            gap = self._prompts.rng.expovariate(rate)
         if now + gap >= change:
             self._clock.at(change, self._next)
         elif now + gap < self._end_s:
@@ -135,16 +140,18 @@ class ChatSession:
         self._clock.at(at_s, self._turn)
 
     def _turn(self) -> None:
-        request = self._prompts.request(self.spec, self._clock.now, history=self.history,
+        history = self.history if self.spec.kind == "chat" else None
+        request = self._prompts.request(self.spec, self._clock.now, history=history,
                                         session=self.name)  # fmt: skip
         request.session = self
-        self.history = list(request.prompt_ids)
+        if self.spec.kind == "chat":
+            self.history = list(request.prompt_ids)
         self._send(request)
 
     def on_answer(self, request: SimRequest, outcome: Outcome) -> None:
         """The turn ended; the next one follows after a think time."""
         self.turns_done += 1
-        if outcome is Outcome.COMPLETED:
+        if outcome is Outcome.COMPLETED and self.spec.kind == "chat":
             self.history += [ANSWER_TOKEN] * request.output_tokens
         if self.turns_done < self.spec.turns:
             think = self._prompts.rng.expovariate(1 / self.spec.think_s) if self.spec.think_s else 0
