@@ -108,8 +108,10 @@ def main() -> None:
     args = parser.parse_args()
     real = json.loads(MEASURED.read_text(encoding="utf-8"))
     cases = compare(real, args.seed, 0.3 if args.smoke else 1.0)
-    result = {"measured_from": "bench/results/fleet.json", "scenario": str(SCENARIO.name),
-              "goal_error": GOAL, "seed": args.seed, "is_smoke": args.smoke, "cases": cases}  # fmt: skip
+    result = {
+        "measured_from": "bench/results/fleet.json", "scenario": SCENARIO.name,
+        "goal_error": GOAL, "seed": args.seed, "is_smoke": args.smoke, "cases": cases,
+    }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sim_accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(cases, args.out / "sim_accuracy.png")

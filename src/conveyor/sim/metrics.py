@@ -122,6 +122,11 @@ class Metrics:
             for name, by_bucket in self.latencies.items()
         }
 
-    def lost(self) -> int:
-        """Requests that never got an answer."""
-        return len(self.open)
+    def lost(self, now_s: float) -> int:
+        """Requests unanswered past their deadline: every path answers by then (a 504 at
+        the latest), so these were dropped."""
+        return sum(1 for request in self.open.values() if request.deadline_s < now_s)
+
+    def unfinished(self, now_s: float) -> int:
+        """Requests still within their deadline when the run stopped."""
+        return len(self.open) - self.lost(now_s)

@@ -67,7 +67,8 @@ def summary(totals: dict[str, Any]) -> str:
         f"{totals['engine_steps']:,} engine steps",
         f"requests {totals['requests']:,}: completed {totals['completed']:,}, "
         f"429 {totals['rejected_429']:,}, 5xx {totals['failed_5xx']:,}, "
-        f"lost {totals['lost']}, duplicated {totals['duplicated']}",
+        f"lost {totals['lost']}, duplicated {totals['duplicated']}, "
+        f"unfinished at the end {totals['unfinished_at_end']}",
         f"throughput {totals['throughput_rps']:,.1f} req/s, "
         f"{totals['output_tokens_per_s']:,.0f} output tokens/s",
         f"latency {_ms(totals['latency_ms'])}; TTFT {_ms(totals['ttft_ms'])}; "
@@ -85,6 +86,8 @@ def summary(totals: dict[str, Any]) -> str:
             f"{job['lines']:,} lines committed, finished at {job['finished_at_s']} s, "
             f"shards committed twice: {job['shards_committed_twice']}"
         )
+    if totals["jobs"]:
+        lines.append(f"job lines answered: {totals['job_lines_done_per_s']:,} a second")
     if totals.get("lines_wasted"):
         lines.append(f"job lines run again after a lost lease: {totals['lines_wasted']:,}")
     return "\n".join(lines)

@@ -135,7 +135,8 @@ def _totals(
     retry = m.retry_after_s
     return {
         "scenario": scenario.name, "seed": seed,
-        "requests": m.num_requests, "completed": int(completed), "lost": m.lost(),
+        "requests": m.num_requests, "completed": int(completed), "lost": m.lost(fleet.clock.now),
+        "unfinished_at_end": m.unfinished(fleet.clock.now),
         "duplicated": int(m.total("duplicated")) + sum(j.shards_committed_twice for j in jobs),
         "rejected_429": int(m.total("rejected_429")),
         "rejected_429_by_tenant_limits": int(m.total("tenant_429")),
@@ -152,6 +153,7 @@ def _totals(
         "engine_steps": steps, "events": fleet.clock.num_events,
         "jobs": [_job_totals(job) for job in jobs],
         "lines_wasted": int(m.total("lines_wasted")),
+        "job_lines_done_per_s": round(m.total("lines_done") / scenario.duration_s, 2),
         "sim_seconds": round(fleet.clock.now, 3), "wall_seconds": round(wall_s, 3),
         "speed_x": round(fleet.clock.now / wall_s, 2) if wall_s > 0 else None,
     }  # fmt: skip

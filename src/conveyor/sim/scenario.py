@@ -228,7 +228,13 @@ def scaled(scenario: Scenario, factor: float) -> Scenario:
         raise ValueError("the scale must be > 0")
     fleet = scenario.fleet
     if fleet is None:
-        return scenario
+        pull = scenario.distribution
+        if pull is None:
+            return scenario
+        nodes = max(1, round(pull.nodes * factor))
+        return scenario.model_copy(
+            update={"distribution": pull.model_copy(update={"nodes": nodes})}
+        )
     regions = [r.model_copy(update={"workers": max(1, round(r.workers * factor)),
                                     "gateways": max(1, round(r.gateways * factor))})
                for r in fleet.regions]  # fmt: skip

@@ -13,13 +13,13 @@ from conveyor.sim.scenario import DistributionSpec
 
 SCENARIO = """
 name: cli
-duration_s: 3
+duration_s: 2
 time_model: {gpu: h100}
 fleet:
   model: {kind: one_shot}
   regions: [{name: a, workers: 2}]
 traffic:
-  - {kind: poisson, rate_rps: 200, prompt_tokens: {mean: 20}}
+  - {kind: poisson, rate_rps: 50, prompt_tokens: {mean: 20}}
 """
 
 
@@ -48,8 +48,8 @@ def test_a_bad_scenario_is_a_message_not_a_traceback(tmp_path: Path) -> None:
 
 
 def test_a_pull_reads_each_chunk_from_the_origin_about_once() -> None:
-    spec = DistributionSpec(model_bytes=64 * 2**20 * 20, nodes=64, rack_size=8)
+    spec = DistributionSpec(model_bytes=64 * 2**20 * 10, nodes=32, rack_size=8)
     figures = Pull(spec, seed=1).run()
-    assert figures["nodes_ready"] == 64
+    assert figures["nodes_ready"] == 32
     assert 1.0 <= figures["origin_egress_models"] < 2.0
     assert figures["all_ready_s"] < figures["direct"]["seconds"]

@@ -76,8 +76,18 @@ def test_a_worker_death_mid_batch_re_leases_its_lines_exactly_once() -> None:
 
 
 def test_overload_is_refused_with_429_not_lost() -> None:
-    heavy = [{"kind": "poisson", "rate_rps": 400, "prompt_tokens": {"mean": 200},
+    heavy = [{"kind": "poisson", "rate_rps": 300, "prompt_tokens": {"mean": 200},
               "output_tokens": {"mean": 200}, "timeout_s": 5.0}]  # fmt: skip
-    totals = simulate(scenario(traffic=heavy, duration_s=6.0), 6).totals
+    totals = simulate(scenario(traffic=heavy, duration_s=4.0), 6).totals
     assert totals["rejected_429"] > 0
     assert totals["lost"] == totals["duplicated"] == 0
+
+
+def test_only_requests_past_their_deadline_count_as_lost() -> None:
+    from conveyor.sim.metrics import Metrics
+    from conveyor.sim.request import SimRequest
+
+    metrics = Metrics()
+    metrics.arrived(SimRequest(1, "s", "t", [1], 1, arrival_s=0.0, deadline_s=5.0))
+    metrics.arrived(SimRequest(2, "s", "t", [1], 1, arrival_s=0.0, deadline_s=50.0))
+    assert (metrics.lost(10.0), metrics.unfinished(10.0)) == (1, 1)
