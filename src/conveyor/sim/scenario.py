@@ -138,8 +138,12 @@ class TrafficSpec(_Strict):
     )
     start_s: float = Field(default=0.0, ge=0, description="When the source starts.")
     stop_s: float | None = Field(default=None, description="When it stops (None: at the end).")
-    prompt_tokens: Lengths = Field(default_factory=lambda: Lengths(mean=100))
-    output_tokens: Lengths = Field(default_factory=lambda: Lengths(mean=20))
+    prompt_tokens: Lengths = Field(
+        default_factory=lambda: Lengths(mean=100), description="Prompt tokens a request."
+    )
+    output_tokens: Lengths = Field(
+        default_factory=lambda: Lengths(mean=20), description="Output tokens a request."
+    )
     shared_prefix_tokens: int = Field(default=0, ge=0, description="A system prompt all share.")
     tenant: str = Field(default="default", description="The tenant sending.")
     region: str | None = Field(default=None, description="Gateways' region (None: any).")
