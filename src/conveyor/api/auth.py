@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from conveyor.api.errors import error_response
+from conveyor.asgi.json import error_response
 from conveyor.config.settings import ApiKey
 from conveyor.errors import AuthenticationFailed, ServiceUnavailable
 from conveyor.fleet.credential import FleetCredential, vouched_principal

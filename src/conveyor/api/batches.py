@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from conveyor.api.request_state import int_param, jobs_of, tenant_of
-from conveyor.api.responses import json_response
+from conveyor.asgi.json import json_response
 from conveyor.errors import InvalidRequest
 from conveyor.jobs.views import batch_object, list_page
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.api.errors import error_response
+from conveyor.asgi.json import error_response
 from conveyor.errors import RequestTooLarge
 
 # Uploads stream to the object store and are bounded by the jobs' own ``max_file_bytes``; a

@@ -11,7 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from conveyor.api.errors import error_response
+from conveyor.asgi.json import error_response
 from conveyor.errors import InsufficientQuota
 from conveyor.tenants.estimate import LIMITED_PATHS
 

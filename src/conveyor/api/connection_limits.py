@@ -10,7 +10,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from conveyor.api.errors import error_response
+from conveyor.asgi.json import error_response
 from conveyor.errors import ConveyorError, RequestTimeout, TooManyConnections
 
 

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import FileResponse, Response
 
 from conveyor.api.request_state import is_admin, jobs_of, tenant_of
-from conveyor.api.responses import json_response
+from conveyor.asgi.json import json_response
 from conveyor.dashboard.metrics_read import MetricReader
 from conveyor.dashboard.state import (
     USAGE_WINDOW_S,

@@ -30,7 +30,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.api.errors import answered_error, error_response
+from conveyor.api.errors import answered_error
+from conveyor.asgi.json import error_response
 from conveyor.errors import ConveyorError
 from conveyor.observability.context import (
     REQUEST_ID_HEADER,

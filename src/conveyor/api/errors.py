@@ -11,16 +11,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from conveyor.api.responses import json_response
+from conveyor.asgi.json import error_response
 from conveyor.endpoints.validation import invalid_from_validation
 from conveyor.errors import ClientGone, ConveyorError
 
 log = logging.getLogger(__name__)
-
-
-def error_response(error: ConveyorError) -> Response:
-    """The JSON response for ``error``, with its status and headers."""
-    return json_response(error.to_body(), error.status_code, error.headers())
 
 
 def http_error(exc: HTTPException) -> ConveyorError:

@@ -8,7 +8,7 @@ from starlette.responses import Response, StreamingResponse
 
 from conveyor.api.multipart import MultipartStream
 from conveyor.api.request_state import int_param, jobs_of, tenant_of
-from conveyor.api.responses import json_response
+from conveyor.asgi.json import json_response
 from conveyor.jobs.views import deleted_file_object, file_object, list_page
 
 router = APIRouter()

@@ -26,11 +26,42 @@ from conveyor.fleet.credential import credential_from
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.gateway.limits import ProxyLimits
 from conveyor.gateway.process import Gateway, GatewaySettings, gateway_jobs
+from conveyor.gateway.proxy import ProxyApp, proxy_shortcut
 from conveyor.stores import open_job_store, open_object_store
 from conveyor.stores.protocols import ApiKeyStore
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
+
+
+# The fleet router last: its catch-all POST /v1/{path} would swallow the others' routes.
+_ROUTERS = (
+    file_routes.router,
+    batch_routes.router,
+    message_batch_routes.router,
+    stored_response_routes.router,
+    dashboard_routes.router,
+    usage_routes.router,
+    fleet_routes.router,
+)
+
+
+@asynccontextmanager
+async def _lifespan(app: EdgeApp) -> AsyncIterator[None]:
+    """Start the guards (key ring), the gateway and its jobs; stop them in reverse."""
+    guards, gateway, jobs = app.state.guards, app.state.gateway, app.state.jobs
+    await guards.start()
+    await gateway.start()
+    await jobs.start()
+    # As on `serve`: what start-up loaded lives as long as the process; frozen, full
+    # collections stop rescanning it and no longer stall the event loop under load.
+    gc.freeze()
+    try:
+        yield
+    finally:
+        await jobs.stop()
+        await guards.stop()  # before the gateway closes the store it reads keys from
+        await gateway.stop()
 
 
 def create_gateway_app(
@@ -49,40 +80,18 @@ def create_gateway_app(
     credential = credential_from(config.fleet)
     gateway = Gateway(settings, registry_store, objects=objects, credential=credential)
     jobs = gateway_jobs(gateway, config)
-
-    @asynccontextmanager
-    async def lifespan(app: EdgeApp) -> AsyncIterator[None]:
-        await guards.start()
-        await gateway.start()
-        await jobs.start()
-        # As on `serve`: what start-up loaded lives as long as the process; frozen, full
-        # collections stop rescanning it and no longer stall the event loop under load.
-        gc.freeze()
-        try:
-            yield
-        finally:
-            await jobs.stop()
-            await guards.stop()  # before the gateway closes the store it reads keys from
-            await gateway.stop()
-
     app = EdgeApp(
         title="Conveyor gateway",
         version=conveyor.__version__,
-        lifespan=lifespan,
+        lifespan=_lifespan,
         **fastapi_options(),
     )
     app.state.gateway = gateway
-    app.state.proxy_app = proxy_app = fleet_routes.ProxyApp(gateway)
+    app.state.proxy_app = proxy_app = ProxyApp(gateway)
     app.state.jobs = jobs
     install_error_handlers(app)
-    # Before the fleet router: its catch-all POST /v1/{path} would swallow these.
-    app.include_router(file_routes.router)
-    app.include_router(batch_routes.router)
-    app.include_router(message_batch_routes.router)
-    app.include_router(stored_response_routes.router)
-    app.include_router(dashboard_routes.router)
-    app.include_router(usage_routes.router)
-    app.include_router(fleet_routes.router)
+    for router in _ROUTERS:
+        app.include_router(router)
     install_openapi(app)
     key_store = registry_store if isinstance(registry_store, ApiKeyStore) else None
     guards = install_middleware(
@@ -90,7 +99,7 @@ def create_gateway_app(
         config,
         counter=gateway.metrics.http_requests,
         # Online requests go straight to the proxy once the keys, limits and body cap passed.
-        shortcut=fleet_routes.proxy_shortcut(proxy_app),
+        shortcut=proxy_shortcut(proxy_app),
         key_store=key_store,
         registry=gateway.metrics.registry,
         service_name="conveyor-gateway",

@@ -13,12 +13,12 @@ import functools
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
 from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
-from conveyor.api.responses import json_response
 from conveyor.api.sse import serve_generation
-from conveyor.api.timeouts import timeout_from_headers
+from conveyor.asgi.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.asgi.json import json_response
+from conveyor.asgi.timeouts import timeout_from_headers
 from conveyor.endpoints.chat import chat_body, chat_chunks, parse_chat_request, prepare_chat
 from conveyor.endpoints.completions import (
     completion_body,

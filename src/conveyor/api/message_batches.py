@@ -13,7 +13,7 @@ from starlette.concurrency import iterate_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
 from conveyor.api.request_state import int_param, jobs_of, tenant_of
-from conveyor.api.responses import json_response
+from conveyor.asgi.json import json_response
 from conveyor.errors import RequestTooLarge
 from conveyor.jobs.message_batch_input import MAX_MESSAGE_BATCH_BYTES
 from conveyor.jobs.message_batch_views import message_batch_object, public_id

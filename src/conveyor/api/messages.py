@@ -11,8 +11,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from conveyor.anthropic_errors import anthropic_error
-from conveyor.api.responses import json_response
 from conveyor.api.sse import EventFormat, encode_named, serve_generation
+from conveyor.asgi.json import json_response
 from conveyor.endpoints.messages.events import message_events
 from conveyor.endpoints.messages.reply import message_body
 from conveyor.endpoints.messages.run import count_tokens, parse_messages_request, prepare_messages

@@ -6,7 +6,8 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from conveyor.api.responses import find_model, json_response, version_body
+from conveyor.api.responses import find_model, version_body
+from conveyor.asgi.json import json_response
 from conveyor.endpoints.lora_adapters import adapter_entries
 from conveyor.host.service import Service
 

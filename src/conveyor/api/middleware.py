@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
@@ -117,25 +117,7 @@ def install_middleware(
     refusals = budget_refusals_counter(registry or CollectorRegistry()) if has_budgets else None
 
     def edge(full: ASGIApp) -> ASGIApp:
-        inner: ASGIApp = Dispatch(full, shortcut)
-        if has_budgets:  # outside the limiter: a refusal spends no tokens
-            inner = BudgetMiddleware(inner, refusals=refusals)
-        inner = BodyLimitMiddleware(
-            inner, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
-        )
-        inner = ApiKeyMiddleware(
-            inner, keyring=keyring, is_metrics_open=not config.metrics_auth, fleet=fleet_credential
-        )
-        if config.cors_origins:
-            # Outside the key check, so a browser's preflight OPTIONS, which carries no
-            # key, is answered, and error responses carry the CORS headers too.
-            inner = CORSMiddleware(
-                inner,
-                allow_origins=config.cors_origins,
-                allow_methods=["*"],
-                allow_headers=["*"],
-                expose_headers=["Retry-After"],
-            )
+        inner = _guarded(full, config, keyring, shortcut, refusals, fleet_credential)
         # Outermost, so a 401 or 413 carries a request id and is counted too.
         level = logging.INFO if config.log_format == "json" else logging.DEBUG
         issuer = TicketIssuer(gate) if gate is not None and counts_tokens else None
@@ -146,3 +128,35 @@ def install_middleware(
 
     app.edge = edge
     return guards
+
+
+def _guarded(
+    full: ASGIApp,
+    config: ServerConfig,
+    keyring: KeyRing,
+    shortcut: Shortcut | None,
+    refusals: Counter | None,
+    fleet_credential: FleetCredential | None,
+) -> ASGIApp:
+    """``full`` behind the guards, innermost first: ``shortcut``'s direct routes, budgets
+    (with ``refusals``), the body cap, API keys, CORS when configured."""
+    inner: ASGIApp = Dispatch(full, shortcut)
+    if refusals is not None:  # outside the limiter: a refusal spends no tokens
+        inner = BudgetMiddleware(inner, refusals=refusals)
+    inner = BodyLimitMiddleware(
+        inner, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
+    )
+    inner = ApiKeyMiddleware(
+        inner, keyring=keyring, is_metrics_open=not config.metrics_auth, fleet=fleet_credential
+    )
+    if config.cors_origins:
+        # Outside the key check, so a browser's preflight OPTIONS, which carries no
+        # key, is answered, and error responses carry the CORS headers too.
+        inner = CORSMiddleware(
+            inner,
+            allow_origins=config.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
+    return inner

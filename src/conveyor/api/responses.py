@@ -1,26 +1,9 @@
-"""The one way Conveyor answers with JSON: orjson, no FastAPI response model on the way."""
+"""Answers shared by the model lists of a worker and a gateway, and ``/version``."""
 
 from __future__ import annotations
 
-import orjson
-from starlette.responses import Response
-
 import conveyor
 from conveyor.errors import ModelNotFound
-
-
-def json_response(
-    body: object, status_code: int = 200, headers: dict[str, str] | None = None
-) -> Response:
-    """``body`` as a JSON response."""
-    return Response(
-        orjson.dumps(body), status_code=status_code, media_type="application/json", headers=headers
-    )
-
-
-def raw_json_response(content: bytes, status_code: int = 200) -> Response:
-    """A response of JSON already written (a large answer is written off the loop)."""
-    return Response(content, status_code=status_code, media_type="application/json")
 
 
 def find_model(entries: list[dict[str, object]], model_id: str) -> dict[str, object]:

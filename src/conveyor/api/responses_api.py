@@ -19,13 +19,13 @@ from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
-from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
 from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
-from conveyor.api.responses import json_response
 from conveyor.api.sse import SSE_HEADERS, encode_named
 from conveyor.api.stored_responses import stored_of
-from conveyor.api.timeouts import timeout_from_headers
+from conveyor.asgi.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.asgi.json import json_response
+from conveyor.asgi.timeouts import timeout_from_headers
 from conveyor.endpoints.generation import GenerationRun
 from conveyor.endpoints.responses.run import (
     OnEnd,

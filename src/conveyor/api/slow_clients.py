@@ -42,7 +42,7 @@ from conveyor.api.connection_limits import (
     error_bytes,
     too_many_connections,
 )
-from conveyor.api.disconnect import DISCONNECT_HOOK, DisconnectHook
+from conveyor.asgi.disconnect import DISCONNECT_HOOK, DisconnectHook
 from conveyor.errors import ConveyorError, HeadersTooLarge, InvalidRequest, RequestTimeout
 
 log = logging.getLogger(__name__)

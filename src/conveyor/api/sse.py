@@ -19,11 +19,11 @@ from fastapi import Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
-from conveyor.api.disconnect import DisconnectWatcher, cancel_current_task
 from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
-from conveyor.api.responses import raw_json_response
-from conveyor.api.timeouts import timeout_from_headers
+from conveyor.asgi.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.asgi.json import raw_json_response
+from conveyor.asgi.timeouts import timeout_from_headers
 from conveyor.endpoints.answers import encode_body
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun
 from conveyor.endpoints.off_loop import prepare_off_loop

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from conveyor.api.request_state import int_param, is_admin, jobs_of, tenant_of
-from conveyor.api.responses import json_response
+from conveyor.asgi.json import json_response
 from conveyor.errors import InvalidRequest
 from conveyor.tenants.usage_report import MAX_UNIX_S, parse_query, usage_page
 

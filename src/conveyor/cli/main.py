@@ -18,7 +18,6 @@ from conveyor.cli.models import models_app
 from conveyor.cli.plan import plan
 from conveyor.cli.quick_serve import quick_models
 from conveyor.cli.simulate import simulate
-from conveyor.cli.startup_checks import check_models
 from conveyor.cli.usage import usage_command
 from conveyor.config.model_config import (
     CHAT_MODEL_INSTALL,
@@ -139,6 +138,7 @@ def serve(
 ) -> None:
     """Run the whole service in one process (default: MiniLM and SmolLM2-135M-Instruct)."""
     from conveyor.api.app import create_app
+    from conveyor.cli.startup_checks import check_models
 
     overrides: dict[str, object] = dict(
         host=host, port=port, max_connections=max_connections,
@@ -362,6 +362,8 @@ def _gateway_process(gateway_settings: GatewaySettings, settings: ServerConfig, 
 @app.command("check-config")
 def check_config(config: Annotated[Path, typer.Argument(help="YAML config file.")]) -> None:
     """Validate a config file and print the models it defines."""
+    from conveyor.cli.startup_checks import check_models
+
     settings = _load_or_exit(config)
     _or_exit(lambda: check_models(settings))
     for model in settings.models:

@@ -13,7 +13,7 @@ import httpx
 import typer
 
 from conveyor.plan.calibrate import calibrate
-from conveyor.plan.compose import Measured, PlanRequest, make_plan
+from conveyor.plan.compose import Measured, Plan, PlanRequest, make_plan
 from conveyor.plan.distribution import GBIT, Fleet
 from conveyor.plan.gpus import gpu_spec
 from conveyor.plan.pace import DEFAULT_BUDGET_S
@@ -85,19 +85,30 @@ def plan(
             gpu_hour_usd=gpu_hour_usd, regions=regions, target_utilisation=target_utilisation,
             max_wait_ms=max_wait_ms, fleet=fleet,
         )  # fmt: skip
-        measured = None
-        if calibrate_url is not None and request.wants_capacity:
-            measured = _calibrate(calibrate_url, request, shape, served_model, api_key,
-                                  max_batch, calibrate_budget_s)  # fmt: skip
-        result = make_plan(request, measured)
-        if measured is not None:
-            result["calibrated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        calibration = (calibrate_url, served_model, api_key, max_batch, calibrate_budget_s)
+        result = _plan_with(request, shape, *calibration)
     except (ValueError, OSError, RuntimeError, httpx.HTTPError) as exc:
         typer.echo(f"conveyor plan: {exc}", err=True)
         raise typer.Exit(code=2) from None
     _print(result, as_json)
     if result.get("fits") is False:
         raise typer.Exit(code=2)
+
+
+def _plan_with(
+    request: PlanRequest, shape: ModelShape | None, calibrate_url: str | None,
+    served_model: str | None, api_key: str | None, max_batch: int, budget_s: float,
+) -> Plan:  # fmt: skip
+    """The plan for ``request``, on figures measured at ``calibrate_url`` when given (and
+    the request asks for capacity)."""
+    measured = None
+    if calibrate_url is not None and request.wants_capacity:
+        measured = _calibrate(calibrate_url, request, shape, served_model, api_key,
+                              max_batch, budget_s)  # fmt: skip
+    result = make_plan(request, measured)
+    if measured is not None:
+        result["calibrated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return result
 
 
 def _fleet(size: int | None, nodes: int, rack_size: int, gbps: tuple[float, float, float]) -> Fleet:

@@ -25,8 +25,8 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor.api.app import create_app
-from conveyor.api.errors import error_response
 from conveyor.api.server import uvicorn_config
+from conveyor.asgi.json import error_response
 from conveyor.config.settings import ServerConfig
 from conveyor.distribution.manifest import MIB
 from conveyor.distribution.peer import PeerNode, PeerSettings

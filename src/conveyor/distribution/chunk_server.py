@@ -17,14 +17,15 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from conveyor.asgi.json import error_response
 from conveyor.distribution.chunk_cache import ChunkCache
 from conveyor.distribution.manifest import is_digest
 from conveyor.distribution.pacer import PIECE_BYTES, BytePacer
-from conveyor.errors import AuthenticationFailed, ConveyorError, InvalidRequest, NotFound
+from conveyor.errors import AuthenticationFailed, InvalidRequest, NotFound
 from conveyor.fleet.credential import FleetCredential
 from conveyor.observability.metrics import DistributionMetrics
 from conveyor.tenants.keys import bearer_token
@@ -85,12 +86,6 @@ class FleetKeyRequired:
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
         token = bearer_token(header) if header is not None else None
         return token is not None and self.credential.matches(token)
-
-
-def error_response(error: ConveyorError) -> Response:
-    """`error` in the API's JSON shape (``conveyor.api`` builds on this package, so its
-    helper cannot be used here)."""
-    return JSONResponse(error.to_body(), status_code=error.status_code, headers=error.headers())
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -17,7 +17,6 @@ import math
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 
@@ -27,8 +26,8 @@ from conveyor.engine.core.job_share import JobShare
 from conveyor.engine.core.prefill_time import PrefillTime
 from conveyor.engine.core.prefix_digest import PrefixDigest
 from conveyor.engine.core.scheduler import Scheduler
-from conveyor.engine.core.seat_turnover import SeatTurnover, late_ones
-from conveyor.engine.core.step import ScoresPrompts, SeqChunk, StepExecutor
+from conveyor.engine.core.seat_turnover import SeatTurnover
+from conveyor.engine.core.step import ScoresPrompts, StepExecutor
 from conveyor.engine.core.step_plan import SchedulerOutput
 from conveyor.engine.engine_metrics import (
     StepPhases,
@@ -36,11 +35,10 @@ from conveyor.engine.engine_metrics import (
     note_preemptions,
     publish_adapters,
     publish_kv_usage,
-    record_finish,
 )
 from conveyor.engine.inbox import AbortCommand, AddCommand, Command, Inbox
+from conveyor.engine.live_requests import Delivery, Entry, LiveRequests
 from conveyor.engine.null_metrics import null_generator_metrics
-from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
 from conveyor.engine.request import GenerationRequest
 from conveyor.engine.sampling.grammar import GrammarCompiler
 from conveyor.engine.sampling.mask import MaskComputer
@@ -61,24 +59,13 @@ from conveyor.observability.engine_spans import StepTracer
 from conveyor.observability.logs import log_event
 from conveyor.observability.metrics import GeneratorMetrics
 from conveyor.priority import Priority
-from conveyor.tenants.usage import split_by_tokens
 
 __all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
 
 log = logging.getLogger(__name__)
 
-# Weight of the newest finished request in the running mean of request run time.
-_RUN_TIME_SMOOTHING = 0.1
 # How often waiting requests are checked against their deadlines (``_shed_late``).
 SHED_EVERY_S = 0.025
-
-
-@dataclass(slots=True)
-class _Entry:
-    """A live request and where its outputs go."""
-
-    request: GenerationRequest
-    stream: GenerationStream
 
 
 class LLMEngine:
@@ -118,11 +105,10 @@ class LLMEngine:
             tokenizer, vocab_size=tokenizer.vocab_size, eos_token_ids=self.eos_token_ids
         )
         self.masks = MaskComputer()
-        self._entries: dict[str, _Entry] = {}
         self._next_arrival = 0
-        self._mean_run_s = 0.0
         self.prefill_time = PrefillTime()
         self.turnover = SeatTurnover()
+        self._live = LiveRequests(self._scheduler, self.stats, self._metrics, self.turnover)
         self._next_shed_s = 0.0
         self._inbox = Inbox()
         self._spans = StepTracer(name)
@@ -203,7 +189,7 @@ class LLMEngine:
         if interval_s is not None:  # measured while saturated: seats come free this fast
             return self.num_waiting * interval_s
         seats = self.config.max_num_seqs
-        return math.ceil(self.num_waiting / seats) * max(self._mean_run_s, 0.1)
+        return math.ceil(self.num_waiting / seats) * max(self._live.mean_run_s, 0.1)
 
     def predicted_online_wait_s(self, num_new: int) -> float | None:
         """Seconds until the last of ``num_new`` online arrivals would get a seat, by the
@@ -267,7 +253,7 @@ class LLMEngine:
             if isinstance(command, AddCommand):
                 self._admit(command.request, command.stream)
             else:
-                self._abort_now(command.request_id)
+                self._live.abort(command.request_id)
 
     def _admit(self, request: GenerationRequest, stream: GenerationStream) -> None:
         """Hand a request to the scheduler; a refusal fails only that request."""
@@ -288,7 +274,7 @@ class LLMEngine:
         except ValueError as exc:
             deliver_threadsafe([(stream, InvalidRequest(str(exc)))])
             return
-        self._entries[request.request_id] = _Entry(request, stream)
+        self._live.add(request, stream)
         self._spans.queued(request.request_id, request.origin, request.arrival_s)
         self.stats.num_prompt_tokens += len(request.prompt_token_ids)
         self._metrics.prompt_tokens.inc(len(request.prompt_token_ids))
@@ -302,29 +288,15 @@ class LLMEngine:
         if interval_s is None or now_s < self._next_shed_s:
             return
         self._next_shed_s = now_s + SHED_EVERY_S
-        waiting = [self._entries[seq.seq_id].request for seq in self._scheduler.waiting_online()]
-        deadlines = [r.deadline_s if r.first_token_s is None else None for r in waiting]
-        deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = []
-        for index in late_ones(deadlines, now_s, interval_s):
-            request_id = waiting[index].request_id
-            self._scheduler.abort(request_id)
-            refusal = QueueFull(
-                f"model {self.name!r} is over capacity: this request would get a seat only "
-                "after its deadline", retry_after_s=max(1, round(self.estimated_drain_s())),
-                code="deadline_unreachable",
-            )  # fmt: skip
-            deliveries.append((self._entries.pop(request_id).stream, refusal))
-        if deliveries:
-            self._metrics.finished["shed"].inc(len(deliveries))
-            deliver_threadsafe(deliveries)
+        deliver_threadsafe(self._live.shed_late(now_s, interval_s, self._late_refusal))
 
-    def _abort_now(self, request_id: str) -> None:
-        """Free an aborted request's blocks (it may have finished meanwhile)."""
-        if self._entries.pop(request_id, None) is None:
-            return
-        self._scheduler.abort(request_id)
-        self.stats.num_aborted += 1
-        self._metrics.finished["abort"].inc()
+    def _late_refusal(self) -> ConveyorError:
+        """The 429 of a waiting online request that would get its seat after its deadline."""
+        return QueueFull(
+            f"model {self.name!r} is over capacity: this request would get a seat only "
+            "after its deadline", retry_after_s=max(1, round(self.estimated_drain_s())),
+            code="deadline_unreachable",
+        )  # fmt: skip
 
     def _step(self) -> None:
         """Plan, run, sample and account for one step."""
@@ -335,14 +307,14 @@ class LLMEngine:
             # Cannot happen with a pool that fits max_model_len; fail loudly, never spin.
             self._fail_everything(ModelFault("the scheduler could not place any sequence"))
             return
-        needs_logits = [self._entries[c.seq.seq_id] for c in output.scheduled if c.needs_logits]
+        needs_logits = [self._live[c.seq.seq_id] for c in output.scheduled if c.needs_logits]
         # Requests with max_tokens 0 end at their last prompt token without a sample.
         sampling = [entry for entry in needs_logits if entry.request.max_output_tokens]
         # Started before the forward pass and overlapped with it (llguidance drops the GIL).
         pending = self.masks.start(
             [entry.request.matcher for entry in sampling], self.grammars.vocab_size
         )
-        chunks = self._chunks(output)
+        chunks = self._live.chunks(output)
         started_s = time.perf_counter()
         self._phases.count("schedule", started_s - scheduled_s)
         try:
@@ -363,37 +335,15 @@ class LLMEngine:
         self.stats.num_steps += 1
         self._phases.count_run(ran_s - started_s, self._runner)
         self.prefill_time.observe(output.num_batched_tokens, self.token_budget, ran_s - started_s)
-        self._charge(output, chunks, ran_s - started_s)
-        self._keep_prompt_scores(output, chunks)
-        requests = [self._entries[item.seq.seq_id].request for item in output.scheduled]
+        self._live.charge(output, chunks, ran_s - started_s)
+        if isinstance(self._runner, ScoresPrompts) and any(c.scoring is not None for c in chunks):
+            self._live.keep_prompt_scores(output, chunks, self._runner.last_prompt_scores)
+        requests = [self._live[item.seq.seq_id].request for item in output.scheduled]
         note_admissions(self.stats, self._metrics, output, requests)
         if self._spans.num_live:  # some request is traced: its spans go out before its answer
             seq_ids = [scheduled.seq.seq_id for scheduled in output.scheduled]
-            self._spans.stepped(seq_ids, output.num_batched_tokens, started_s, self._entries)
+            self._spans.stepped(seq_ids, output.num_batched_tokens, started_s, self._live)
         self._finish_step(output, needs_logits, logits, allowed, sample_from_s=ran_s)
-
-    def _chunks(self, output: SchedulerOutput) -> list[SeqChunk]:
-        """The step's chunks, each asking to score the prompt positions its request wants."""
-        return [
-            self._entries[scheduled.seq.seq_id].request.with_scoring(chunk)
-            for scheduled, chunk in zip(output.scheduled, output.to_chunks(), strict=True)
-        ]
-
-    def _keep_prompt_scores(self, output: SchedulerOutput, chunks: list[SeqChunk]) -> None:
-        """Hand the positions the runner scored to their requests."""
-        if not isinstance(self._runner, ScoresPrompts) or all(c.scoring is None for c in chunks):
-            return
-        scores = iter(self._runner.last_prompt_scores)
-        for scheduled, chunk in zip(output.scheduled, chunks, strict=True):
-            if chunk.scoring is not None:
-                request = self._entries[scheduled.seq.seq_id].request
-                request.add_prompt_scores(chunk.scoring, next(scores))
-
-    def _charge(self, output: SchedulerOutput, chunks: list[SeqChunk], step_s: float) -> None:
-        """Give each scheduled request its share of the step's time, by tokens computed."""
-        shares_s = split_by_tokens(step_s, [len(chunk.token_ids) for chunk in chunks])
-        for scheduled, share_s in zip(output.scheduled, shares_s, strict=True):
-            self._entries[scheduled.seq.seq_id].request.model_s += share_s
 
     def _on_out_of_memory(self, output: SchedulerOutput, exc: ModelOutOfMemory) -> None:
         """Halve the token budget and let the next iteration plan a smaller step."""
@@ -412,7 +362,7 @@ class LLMEngine:
     def _finish_step(
         self,
         output: SchedulerOutput,
-        needs_logits: list[_Entry],
+        needs_logits: list[Entry],
         logits: torch.Tensor,
         allowed: torch.Tensor | None,
         *,
@@ -444,87 +394,34 @@ class LLMEngine:
         unsampled = {e.request.request_id for e in needs_logits if not e.request.max_output_tokens}
         capped = self._scheduler.postprocess(output, sampled, unsampled)
         now_s = time.monotonic()
-        deliveries = self._end_unsampled(needs_logits, now_s)
+        deliveries = [
+            self._live.end_at_length(entry, now_s)
+            for entry in needs_logits
+            if not entry.request.max_output_tokens
+        ]
         self._scheduler.restore_token_budget()
         for row, entry in enumerate(sampling):
             logprobs = result.logprobs[row] if result.logprobs else None
-            generated = self._take_token(entry, result.token_ids[row], logprobs, now_s)
+            generated = self._live.take_token(entry, result.token_ids[row], logprobs, now_s)
             deliveries.append((entry.stream, generated))
         for seq in capped:
-            capped_entry = self._entries.get(seq.seq_id)
-            if capped_entry is not None:  # at the context length but not finished: end it
-                last = capped_entry.request.final_output(FinishReason.LENGTH, now_s)
-                deliveries.append((capped_entry.stream, last))
-                self._retire(capped_entry)
+            if seq.seq_id in self._live:  # at the context length but not finished: end it
+                deliveries.append(self._live.end_at_length(self._live[seq.seq_id], now_s))
         deliver_threadsafe(deliveries)
         self._phases.count("postprocess", time.perf_counter() - sampled_s)
 
-    def _end_unsampled(
-        self, needs_logits: list[_Entry], now_s: float
-    ) -> list[tuple[GenerationStream, GenerationOutput | ConveyorError]]:
-        """End the requests that reached their last prompt token with max_tokens 0."""
-        deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = []
-        for entry in needs_logits:
-            if not entry.request.max_output_tokens:
-                last = entry.request.final_output(FinishReason.LENGTH, now_s)
-                deliveries.append((entry.stream, last))
-                self._retire(entry)
-        return deliveries
-
-    def _take_token(
-        self, entry: _Entry, token_id: int, logprobs: TokenLogprobs | None, now_s: float
-    ) -> GenerationOutput:
-        """Give a sampled token to its request; retire the request if it stopped."""
-        request = entry.request
-        previous_s = request.last_token_s
-        output = request.add_token(token_id, logprobs, now_s)
-        self.stats.num_generated_tokens += 1
-        self._metrics.generated_tokens.inc()
-        if previous_s is None:
-            self._metrics.time_to_first_token_s[request.priority].observe(now_s - request.arrival_s)
-        else:
-            self._metrics.time_per_output_token_s[request.priority].observe(now_s - previous_s)
-        if output.is_finished:
-            self._retire(entry)
-        return output
-
-    def _retire(self, entry: _Entry) -> None:
-        """Release a finished request's blocks and fold its run time into the mean."""
-        request = entry.request
-        del self._entries[request.request_id]
-        self._scheduler.finish(request.request_id)
-        self.turnover.on_finish(time.monotonic(), self._scheduler.num_waiting)
-        self.stats.num_finished += 1
-        record_finish(self._metrics, request)
-        if request.first_token_s is not None and request.finished_s is not None:
-            run_s = request.finished_s - request.arrival_s
-            self._mean_run_s += _RUN_TIME_SMOOTHING * (run_s - self._mean_run_s)
-
     def _fail_step(self, output: SchedulerOutput, error: ConveyorError) -> None:
         """Fail every request scheduled in this step; the others carry on."""
-        deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = []
-        for scheduled in output.scheduled:
-            entry = self._entries.pop(scheduled.seq.seq_id, None)
-            if entry is not None:
-                self._scheduler.abort(scheduled.seq.seq_id)
-                deliveries.append((entry.stream, error))
-                self.stats.num_failed += 1
-                self._metrics.finished["error"].inc()
-        deliver_threadsafe(deliveries)
+        deliver_threadsafe(self._live.fail_step(output, error))
 
     def _fail_everything(self, error: ConveyorError) -> None:
         """Fail queued and live requests alike (shutdown, or an engine fault)."""
-        deliveries: list[tuple[GenerationStream, GenerationOutput | ConveyorError]] = [
+        deliveries: list[Delivery] = [
             (command.stream, error)
             for command in self._inbox.drain()
             if isinstance(command, AddCommand)
         ]
-        for request_id, entry in list(self._entries.items()):
-            self._scheduler.abort(request_id)
-            deliveries.append((entry.stream, error))
-            self.stats.num_failed += 1
-            self._metrics.finished["error"].inc()
-        self._entries.clear()
+        deliveries += self._live.fail_all(error)
         deliver_threadsafe(deliveries)
         self._publish()
 
@@ -545,5 +442,5 @@ class LLMEngine:
         metrics.running.set(scheduler.num_running)
         metrics.waiting.set(scheduler.num_waiting)
         publish_kv_usage(metrics, manager)
-        publish_adapters(metrics, (entry.request.seq for entry in self._entries.values()))
+        publish_adapters(metrics, (request.seq for request in self._live.requests()))
         self.prefix_digest.refresh(manager, force=not scheduler.has_unfinished)

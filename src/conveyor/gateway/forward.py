@@ -27,7 +27,7 @@ from conveyor.errors import DeadlineExceeded, ServiceUnavailable
 from conveyor.fleet.affinity import Affinity
 from conveyor.fleet.credential import VOUCHED_HEADERS, FleetCredential, vouch_headers
 from conveyor.fleet.router import Router, WorkerView
-from conveyor.fleet.upstream import UpstreamError, UpstreamTimeout
+from conveyor.fleet.upstream_connection import UpstreamError, UpstreamTimeout
 from conveyor.observability.context import note_model
 from conveyor.observability.metrics import GatewayMetrics
 from conveyor.observability.tracing import child_span, outbound_headers

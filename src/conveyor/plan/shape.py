@@ -7,10 +7,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from conveyor.engine.model.gguf_format import GGUF_SUFFIX
-from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
+if TYPE_CHECKING:
+    from conveyor.engine.model.hf_config import DecoderConfig
 
 # Bytes per value. Weights may be int4 (AWQ, GPTQ); a KV cache is 16 or 8 bits a value.
 DTYPE_BYTES: dict[str, float] = {
@@ -88,6 +88,10 @@ def shape_from_hf(
 ) -> ModelShape:
     """The shape of the model a HF config describes, weights at ``dtype`` (default: its
     own) and its KV cache at ``kv_dtype`` (``auto``: the weights' dtype)."""
+    # Here, not at the top: the CLI and the dashboard import this module, and the GGUF
+    # reader beneath the config reader costs most of a second to import.
+    from conveyor.engine.model.hf_config import DecoderConfig
+
     config = DecoderConfig.from_hf(raw)
     weights = dtype_bytes(dtype or str(raw.get("torch_dtype") or "float16"))
     kv = weights if kv_dtype == "auto" else dtype_bytes(kv_dtype, for_kv=True)
@@ -107,6 +111,9 @@ def load_shape(
     path: Path, dtype: str | None = None, kv_dtype: str = DEFAULT_KV_DTYPE
 ) -> ModelShape:
     """Read ``path``: a ``config.json``, a checkpoint directory holding one, or a GGUF file."""
+    from conveyor.engine.model.gguf_format import GGUF_SUFFIX
+    from conveyor.engine.model.hf_config import load_hf_config
+
     if path.is_file() and path.suffix != GGUF_SUFFIX:
         raw = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(raw, dict):

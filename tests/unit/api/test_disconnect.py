@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from starlette.types import Message
 
-from conveyor.api.disconnect import DISCONNECT_HOOK, DisconnectHook, DisconnectWatcher
+from conveyor.asgi.disconnect import DISCONNECT_HOOK, DisconnectHook, DisconnectWatcher
 
 pytestmark = pytest.mark.anyio
 

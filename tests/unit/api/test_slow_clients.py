@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from conveyor.api.connection_limits import Linger, ReadTimeouts, timeout_response
-from conveyor.api.disconnect import DISCONNECT_HOOK, DisconnectHook
 from conveyor.api.slow_clients import SlowClientProtocol, slow_client_protocol
+from conveyor.asgi.disconnect import DISCONNECT_HOOK, DisconnectHook
 from tests.unit.api.protocol_fakes import (
     HEAD,
     TIMEOUTS,

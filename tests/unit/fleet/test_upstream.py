@@ -11,12 +11,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from conveyor.fleet import upstream as upstream_module
-from conveyor.fleet.upstream import (
+from conveyor.fleet import upstream_connection as connection_module
+from conveyor.fleet.upstream import PoolLimits, UpstreamPool
+from conveyor.fleet.upstream_connection import (
     ConnectFailed,
     ConnectionBroken,
-    PoolLimits,
-    UpstreamPool,
     UpstreamTimeout,
     encode_head,
     parse_origin,
@@ -288,7 +287,7 @@ async def test_idle_connections_expire_and_are_capped(
 async def test_a_stream_the_client_does_not_take_pauses_the_worker(
     serve: Callable[[Script], Awaitable[ScriptedServer]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(upstream_module, "HIGH_WATER_BYTES", 1000)
+    monkeypatch.setattr(connection_module, "HIGH_WATER_BYTES", 1000)
     piece = b"x" * 600
 
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -14,7 +14,7 @@ from starlette.responses import StreamingResponse
 
 from conveyor.errors import DeadlineExceeded, ServiceUnavailable
 from conveyor.fleet.router import Ejections, Router, WorkerView
-from conveyor.fleet.upstream import ConnectFailed, ConnectionBroken, UpstreamTimeout
+from conveyor.fleet.upstream_connection import ConnectFailed, ConnectionBroken, UpstreamTimeout
 from conveyor.gateway.forward import (
     OutboundRequest,
     ProxiedResponse,

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conveyor.api.fleet import is_proxied
+from conveyor.gateway.proxy import is_proxied
 from tests.unit.gateway.scripted_gateway import gateway_before
 
 pytestmark = pytest.mark.anyio

@@ -14,8 +14,8 @@ import httpx
 import orjson
 import pytest
 
-from conveyor.api.fleet import is_proxied
 from conveyor.errors import InvalidRequest
+from conveyor.gateway.proxy import is_proxied
 from conveyor.gateway.sniff import read_model, scan_model
 from conveyor.tenants.keys import new_key_record
 from tests.unit.gateway.scripted_gateway import gateway_before

@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from conveyor.api.fleet import ProxyApp
 from conveyor.errors import ModelNotFound, ServiceUnavailable
 from conveyor.fakes import MemoryJobStore
 from conveyor.gateway.process import Gateway, GatewaySettings
+from conveyor.gateway.proxy import ProxyApp
 from conveyor.stores.errors import StoreUnavailableError
 from conveyor.stores.records import WorkerRecord
 

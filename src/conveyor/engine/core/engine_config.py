@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from conveyor.engine.core.job_share import JobShareConfig
-from conveyor.engine.core.scheduler import SchedulerConfig
+from conveyor.engine.core.scheduler_config import SchedulerConfig
 from conveyor.observability.metrics import STEP_PHASES
 
 

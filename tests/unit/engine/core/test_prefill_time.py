@@ -6,7 +6,8 @@ import pytest
 
 from conveyor.engine.core.block_manager import BlockManager
 from conveyor.engine.core.prefill_time import RECENT_STEPS, PrefillTime, check_prefill
-from conveyor.engine.core.scheduler import Scheduler, SchedulerConfig
+from conveyor.engine.core.scheduler import Scheduler
+from conveyor.engine.core.scheduler_config import SchedulerConfig
 from conveyor.engine.core.sequence import Sequence
 from conveyor.errors import DeadlineTooShort
 

@@ -17,7 +17,8 @@ import pytest
 
 from conveyor.engine.core.block_manager import BlockManager
 from conveyor.engine.core.job_share import JobShare
-from conveyor.engine.core.scheduler import Scheduler, SchedulerConfig
+from conveyor.engine.core.scheduler import Scheduler
+from conveyor.engine.core.scheduler_config import SchedulerConfig
 from conveyor.engine.core.sequence import Priority, Sequence, SequenceStatus
 from conveyor.engine.core.step_plan import ScheduledSeq, SchedulerOutput
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conveyor.engine.core.block_manager import BlockManager
-from conveyor.engine.core.scheduler import Scheduler, SchedulerConfig
+from conveyor.engine.core.scheduler import Scheduler
+from conveyor.engine.core.scheduler_config import SchedulerConfig
 from conveyor.engine.core.sequence import Priority, Sequence
 from tests.unit.engine.core.test_scheduler import FakeRunner, Harness, reference_tokens
 
