@@ -35,6 +35,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixturenames = getattr(item, "fixturenames", ())
         item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid, fixturenames)))
 
+
 # The database drivers are imported by the fixtures that need them, so the engine's tests
 # also run where only torch and the engine's own dependencies are installed (a GPU image).
 

@@ -11,9 +11,6 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from conveyor.sim.distribution import Pull
-from conveyor.sim.output import summary, write_json, write_png
-from conveyor.sim.run import simulate as run_scenario
 from conveyor.sim.scenario import Scenario, load_scenario, scaled
 
 
@@ -31,6 +28,10 @@ def simulate(
 ) -> None:
     """Drive Conveyor's own router, batching, scheduler, limits and leases on a virtual
     clock; print the totals, and with --out write the per-second series and plots."""
+    # Imported here: the simulator loads the scheduler and batching code, which the
+    # gateway's command (the same CLI) must not load.
+    from conveyor.sim.output import summary, write_json, write_png
+
     logging.getLogger("conveyor").setLevel(logging.ERROR)
     try:
         spec = load_scenario(scenario)
@@ -57,6 +58,9 @@ def simulate(
 
 def _run(spec: Scenario, seed: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Totals and series of a serving scenario, or a distribution's figures."""
+    from conveyor.sim.distribution import Pull
+    from conveyor.sim.run import simulate as run_scenario
+
     if spec.distribution is not None:
         started = time.perf_counter()
         figures = Pull(spec.distribution, spec.seed if seed is None else seed).run()

@@ -17,7 +17,8 @@ from typing import Any
 from conveyor.engine.core.block_manager import BlockManager
 from conveyor.engine.core.job_share import JobShare, JobShareConfig
 from conveyor.engine.core.prefix_digest import PrefixDigest
-from conveyor.engine.core.scheduler import Scheduler, SchedulerConfig
+from conveyor.engine.core.scheduler import Scheduler
+from conveyor.engine.core.scheduler_config import SchedulerConfig
 from conveyor.engine.core.seat_turnover import SeatTurnover, late_ones
 from conveyor.engine.core.sequence import Sequence
 from conveyor.engine.core.step_plan import SchedulerOutput
