@@ -17,6 +17,7 @@ from conveyor.cli.keys import keys_app
 from conveyor.cli.models import models_app
 from conveyor.cli.plan import plan
 from conveyor.cli.quick_serve import quick_models
+from conveyor.cli.simulate import simulate
 from conveyor.cli.usage import usage_command
 from conveyor.config.model_config import (
     CHAT_MODEL_INSTALL,
@@ -40,6 +41,7 @@ app = typer.Typer(
 app.add_typer(batch_app, name="batch")
 app.add_typer(keys_app, name="keys")
 app.command("plan")(plan)
+app.command("simulate")(simulate)
 app.add_typer(models_app, name="models")
 app.command("usage")(usage_command)
 
@@ -225,12 +227,14 @@ def worker(
     ] = None,
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
+    from conveyor.cli.startup_checks import check_models
     from conveyor.cli.worker import WorkerSettings, parse_listen, run_worker
 
     settings = _load_or_exit(
         config, max_connections=max_connections, header_timeout_s=header_timeout_s,
         body_timeout_s=body_timeout_s, log_format=log_format,
     )  # fmt: skip
+    _or_exit(lambda: check_models(settings))
     try:
         host, port = parse_listen(listen)
         peer_host, peer_port = parse_listen(peer_listen)

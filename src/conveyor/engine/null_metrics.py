@@ -9,14 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conveyor.observability.metrics import (
-    FINISH_REASONS,
-    KV_TIER_DIRECTIONS,
-    KV_TIERS,
-    OUTCOMES,
-    STEP_PHASES,
-    GeneratorMetrics,
-)
+from conveyor.observability.kv_tier_metrics import KV_TIER_DIRECTIONS, KV_TIERS
+from conveyor.observability.metrics import FINISH_REASONS, OUTCOMES, STEP_PHASES, GeneratorMetrics
 from conveyor.priority import Priority
 
 __all__ = ["null_generator_metrics"]

@@ -43,6 +43,11 @@ class Drained:
     def __init__(self) -> None:
         self._marked_at: dict[str, float] = {}
 
+    @property
+    def num_marked(self) -> int:
+        """Workers marked now (some may be back at their next check)."""
+        return len(self._marked_at)
+
     def mark(self, worker_id: str, now: float) -> None:
         """``worker_id`` answered that it is draining, at ``now``."""
         if worker_id not in self._marked_at:

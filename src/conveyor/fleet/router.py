@@ -84,6 +84,15 @@ class Ejections:
             return False
         return True
 
+    @property
+    def num_ejected(self) -> int:
+        """Workers ejected now (some may be due for re-admission at their next check)."""
+        return len(self._ejected_at)
+
+    def ejected_ids(self) -> frozenset[str]:
+        """Ids of the workers ejected now (as ``num_ejected`` counts them)."""
+        return frozenset(self._ejected_at)
+
     def forget_missing(self, present_ids: Collection[str]) -> None:
         """Drop ejections of workers the registry no longer lists."""
         for worker_id in [w for w in self._ejected_at if w not in present_ids]:
@@ -114,11 +123,11 @@ class Router:
         regions: RegionSettings | None = None,
     ) -> None:
         self._rng = rng
-        self.regions = regions or RegionSettings()
         self.ejections = ejections
+        self.policy = policy or RoutingPolicy()
+        self.regions = regions or RegionSettings()
         # Workers that answered with the drain marker (``fleet.drain``).
         self.drained = Drained()
-        self.policy = policy or RoutingPolicy()
         # None: requests' prefix and session hints are ignored (load alone decides).
         self.affinity = affinity
         # The prompt blocks routed to each worker (None: only what workers report counts).
@@ -128,6 +137,11 @@ class Router:
         self._in_flight: dict[str, int] = {}
         # How many choices each reason made (``AffinityReason``), for ``/v1/fleet``.
         self.num_routed: dict[str, int] = {}
+        # Per model, the fresh workers hosting it (warm, cold) in the last ``workers`` seen:
+        # the registry replaces its list whole on each refresh, so between refreshes a
+        # choice costs O(1), not a scan of every worker (which dominates at 1,000 workers).
+        self._pools: dict[str, tuple[Sequence[WorkerView], list[WorkerView], list[WorkerView]]]
+        self._pools = {}
 
     def in_flight(self, worker_id: str) -> int:
         """Requests this gateway has outstanding on ``worker_id``."""
@@ -165,13 +179,44 @@ class Router:
     ) -> list[WorkerView]:
         """Routable workers hosting ``model`` in ``regions`` (None: any), minus those in
         ``exclude`` (already tried)."""
-        return [
-            worker
-            for worker in in_regions(workers, regions)
-            if model in worker.models
-            and worker.worker_id not in exclude
-            and self.is_routable(worker, now)
-        ]
+        warm, cold = self._routable(workers, model, now, exclude, regions)
+        order = {id(w): i for i, w in enumerate(workers)} if warm and cold else None
+        if order is None:
+            return warm + cold
+        return sorted(warm + cold, key=lambda w: order[id(w)])
+
+    def _routable(
+        self, workers: Sequence[WorkerView], model: str, now: float, exclude: Collection[str],
+        regions: Collection[str] | None = None,
+    ) -> tuple[list[WorkerView], list[WorkerView]]:  # fmt: skip
+        """The routable workers hosting ``model`` in ``regions``: those with it loaded, and
+        the others."""
+        warm, cold = self._fresh_pools(workers, model)
+        if regions is not None:
+            warm, cold = in_regions(warm, regions), in_regions(cold, regions)
+        if not exclude and not self.ejections.num_ejected and not self.drained.num_marked:
+            return warm, cold
+        ejected = self.ejections.ejected_ids()
+
+        def keep(worker: WorkerView) -> bool:
+            if worker.worker_id in exclude or self.drained.is_draining(worker):
+                return False
+            return worker.worker_id not in ejected or not self.ejections.is_ejected(worker, now)
+
+        return [w for w in warm if keep(w)], [w for w in cold if keep(w)]
+
+    def _fresh_pools(
+        self, workers: Sequence[WorkerView], model: str
+    ) -> tuple[list[WorkerView], list[WorkerView]]:
+        """Workers hosting ``model``, neither stale nor draining: loaded, not loaded."""
+        cached = self._pools.get(model)
+        if cached is not None and cached[0] is workers:
+            return cached[1], cached[2]
+        fresh = [w for w in workers if model in w.models and not w.is_stale and not w.is_draining]
+        warm = [w for w in fresh if model in w.loaded_models]
+        cold = [w for w in fresh if model not in w.loaded_models]
+        self._pools[model] = (workers, warm, cold)
+        return warm, cold
 
     def choose(
         self,
@@ -214,17 +259,15 @@ class Router:
         regions: Collection[str] | None,
     ) -> WorkerView | None:
         """``choose`` without the remembering."""
-        candidates = self.candidates(workers, model, now, exclude, regions)
-        if not candidates:
+        warm, cold = self._routable(workers, model, now, exclude, regions)
+        if not warm and not cold:
             return None
-        candidates = prefer_home(candidates, self.regions, lambda w: self.load(w, model))
+        warm, cold = self._prefer_home(warm, cold, model)
         if affinity is not None and self.affinity is not None:
-            picked = self._by_affinity(candidates, model, affinity, self.affinity)
+            picked = self._by_affinity(warm or cold, model, affinity, self.affinity)
             if picked is not None:
                 return picked
         self._count(AffinityReason.LOAD)
-        warm = [w for w in candidates if model in w.loaded_models]
-        cold = [w for w in candidates if model not in w.loaded_models]
         best = self._two_choices(warm, model) if warm else None
         if best is not None and (not cold or self.load(best, model) < self.policy.cold_penalty):
             return best
@@ -236,21 +279,34 @@ class Router:
 
     def _by_affinity(
         self,
-        candidates: Sequence[WorkerView],
+        pool: Sequence[WorkerView],
         model: str,
         affinity: Affinity,
         settings: AffinitySettings,
     ) -> WorkerView | None:
-        """The affinity choice among workers with the model loaded (all, if none has)."""
-        warm = [w for w in candidates if model in w.loaded_models] or candidates
+        """The affinity choice among ``pool`` (the workers with the model loaded, or all
+        candidates when none has)."""
         choice = choose_by_affinity(
-            warm, model, affinity, lambda worker: self.load(worker, model), settings,
+            pool, model, affinity, lambda worker: self.load(worker, model), settings,
             lambda worker: self.holdings(worker, model),
         )  # fmt: skip
         if choice is None:
             return None
         self._count(choice[1])
         return choice[0]
+
+    def _prefer_home(
+        self, warm: list[WorkerView], cold: list[WorkerView], model: str
+    ) -> tuple[list[WorkerView], list[WorkerView]]:
+        """``warm`` and ``cold`` narrowed to the gateway's own region while it is within its
+        load bound (``fleet.regions.prefer_home``)."""
+        if self.regions.home is None:
+            return warm, cold
+        kept = prefer_home(warm + cold, self.regions, lambda w: self.load(w, model))
+        if len(kept) == len(warm) + len(cold):
+            return warm, cold
+        home = {id(worker) for worker in kept}
+        return [w for w in warm if id(w) in home], [w for w in cold if id(w) in home]
 
     def holdings(self, worker: WorkerView, model: str) -> Holdings | None:
         """What ``worker`` is taken to hold for ``model``: its report, widened by what this
@@ -275,5 +331,5 @@ class Router:
         """The less loaded of two distinct random members of ``pool`` (ties: the first)."""
         if len(pool) == 1:
             return pool[0]
-        first, second = self._rng.sample(list(pool), 2)
+        first, second = self._rng.sample(pool, 2)
         return second if self.load(second, model) < self.load(first, model) else first

@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+from conveyor.observability.kv_tier_metrics import KVTierFamilies
 from conveyor.observability.usage_metrics import UsageMetrics
 from conveyor.observability.vllm_names import AdapterActivity, VllmNames
 from conveyor.priority import Priority
@@ -53,8 +54,6 @@ CLOSE_REASONS = ("full", "tokens", "wait")
 FINISH_REASONS = ("stop", "length", "abort", "error", "shed")
 # Where an engine step's time goes (see llm_engine.LLMEngine._step).
 STEP_PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
-KV_TIERS = ("host", "disk")  # the second KV tier's, and the directions its bytes move in
-KV_TIER_DIRECTIONS = ("device_to_host", "host_to_device", "host_to_disk", "disk_to_device")
 LENGTH_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072 tokens
 
 
@@ -122,6 +121,8 @@ class GeneratorMetrics:
     kv_tier_blocks: dict[str, Any]
     # The LoRA adapters running and waiting (set by the loader when the model serves some).
     adapters: AdapterActivity | None = None
+    # True on engine: vllm, whose own metrics carry vLLM's names for this model.
+    reports_vllm_names: bool = False
 
 
 class DistributionMetrics:
@@ -295,19 +296,7 @@ class Metrics:
             "Engine-thread seconds in each phase of a step (schedule, prepare, forward, "
             "sample, postprocess)", ["model", "phase"], registry=reg,
         )  # fmt: skip
-        self.kv_tier_hit_blocks = Counter(
-            "conveyor_kv_tier_hit_blocks_total",
-            "KV blocks copied back from the second tier instead of recomputed, by tier "
-            "(host|disk)", ["model", "tier"], registry=reg,
-        )  # fmt: skip
-        self.kv_tier_bytes = Counter(
-            "conveyor_kv_tier_bytes_total",
-            "Bytes the second KV tier moved, by direction (device_to_host, host_to_device, "
-            "host_to_disk, disk_to_device)", ["model", "direction"], registry=reg,
-        )  # fmt: skip
-        self.kv_tier_blocks = Gauge(
-            "conveyor_kv_tier_blocks", "KV blocks the second KV tier holds (host|disk)",
-            ["model", "tier"], registry=reg)  # fmt: skip
+        self.kv_tier = KVTierFamilies(reg)
 
     def _add_generation_request_families(self, reg: CollectorRegistry) -> None:
         """Per-request families of generative models, as vLLM's (mapped in the docs)."""
@@ -380,9 +369,7 @@ class Metrics:
             generation_length=self.generation_length.labels(model),
             queue_time_s=self.queue_time_s.labels(model),
             step_phase_s={p: self.step_phase_s.labels(model, p) for p in STEP_PHASES},
-            kv_tier_hit_blocks={t: self.kv_tier_hit_blocks.labels(model, t) for t in KV_TIERS},
-            kv_tier_bytes={d: self.kv_tier_bytes.labels(model, d) for d in KV_TIER_DIRECTIONS},
-            kv_tier_blocks={t: self.kv_tier_blocks.labels(model, t) for t in KV_TIERS},
+            **self.kv_tier.children(model),
         )
         self.generators[model] = children
         return children

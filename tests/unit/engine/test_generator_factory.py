@@ -89,3 +89,8 @@ def test_a_host_tier_smaller_than_a_block_is_refused(llama_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="less than one KV block"):
         load_generator(config, Metrics().for_generator("tiny"))
+
+
+def test_kv_offload_on_the_vllm_engine_is_refused_not_yet(llama_path: Path) -> None:
+    with pytest.raises(ValueError, match="kv_offload is not yet available on engine: vllm"):
+        model_config(llama_path, engine="vllm", kv_offload={"host_bytes": 1 << 20})

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from conveyor.engine.core.kv_tier import Demote, Discard, Restore, Spill, TierOp
-from conveyor.observability.metrics import KV_TIER_DIRECTIONS
+from conveyor.observability.kv_tier_metrics import KV_TIER_DIRECTIONS
 
 __all__ = ["HostKVStore", "TransferBytes"]
 
