@@ -106,10 +106,13 @@ class SteadyLoad:
 
 
 def restart(fleet: Fleet, gateway: Proc, worker: Proc, config: dict[str, Any], args: Any) -> Proc:
-    """SIGTERM ``worker``, wait for its clean exit, start its replacement under its id."""
+    """SIGTERM ``worker``; once it has deregistered (out of routing), start its replacement
+    under its id while it drains; it exits 0 and the replacement becomes routable."""
     worker.process.send_signal(signal.SIGTERM)
+    wait_until(lambda: worker.name not in routable_ids(gateway), 15, f"{worker.name} out")
+    replacement = fleet.spawn_worker(worker.name, config=config, extra_args=args)
     assert worker.process.wait(timeout=30) == 0, worker.log()
-    replacement = fleet.start_worker(worker.name, config=config, extra_args=args)
+    fleet.wait_ready(replacement)
     wait_until(lambda: worker.name in routable_ids(gateway), 15, f"{worker.name} routable again")
     return replacement
 
