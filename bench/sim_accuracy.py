@@ -87,15 +87,17 @@ def recorded_cases(real: dict[str, Any], seed: int, scale: float) -> dict[str, A
     return cases
 
 
-def one_shot_calibration(capacity: dict[str, Any], base: Scenario) -> dict[str, Any]:
-    """This machine's batch time now: three workers' full batches at the saturated rate
-    the same run measured (the 40 ms sleep plus what the worker's own code costs on a
-    shared CPU); the hop and request overhead from the committed calibration."""
+def one_shot_calibration(measured: dict[str, Any], base: Scenario) -> dict[str, Any]:
+    """This machine's batch time in the run: three workers' full batches at the saturated
+    rate measured before and after the loads (their mean; the 40 ms sleep plus what the
+    worker's own code costs on a shared CPU); hop and request overhead as committed."""
     assert base.fleet is not None
     committed = json.loads((Path(base.base_dir) / str(base.time_model.calibration)).read_text())
     size = base.fleet.batching.max_batch_size
     workers = sum(region.workers for region in base.fleet.regions)
-    fixed_s = workers * size / float(capacity["throughput_per_s"])
+    runs = [measured[k] for k in ("capacity", "capacity_after") if k in measured]
+    capacity = sum(float(run["throughput_per_s"]) for run in runs) / len(runs)
+    fixed_s = workers * size / capacity
     return {**committed, "one_shot": {"fixed_s": round(fixed_s, 5), "per_item_s": 0.0}}
 
 
@@ -110,12 +112,12 @@ def one_shot_cases(
     assert base.fleet is not None
     batching = {**base.fleet.batching.model_dump(), "max_queue": ONE_SHOT_MAX_QUEUE}
     fleet = {**base.fleet.model_dump(), "batching": batching}
-    calibration = one_shot_calibration(measured["capacity"], base)
+    calibration = one_shot_calibration(measured, base)
     (work_dir / "calibration-one-shot.json").write_text(json.dumps(calibration))
     time_model = {"calibration": "calibration-one-shot.json"}
     cases: dict[str, Any] = {"calibration": calibration}
     for case, real in measured.items():
-        if case == "capacity":
+        if case.startswith("capacity"):
             continue
         traffic = [{"kind": "poisson", "name": case, "rate_rps": real["offered_per_s"],
                     "arrivals": "constant", "prompt_tokens": {"mean": 8},

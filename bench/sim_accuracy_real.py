@@ -6,7 +6,7 @@
   First the fleet's capacity as it is on this machine now (closed loop, 64 clients: 300
   inputs/s on an idle machine, less when other processes take CPU); then open-loop load
   on the load generator's fixed schedule at 50% and 90% of it and at twice it, one after
-  another on the same fleet.
+  another on the same fleet, and the capacity again after them (how far it drifted).
 - Chat case: ``bench.prefix_routing``'s fleet (three workers serving a small random
   Llama, a gateway routing by prefix) and its scripted sessions, each turn re-sending the
   whole conversation: the prefix-cache hit ratio from the workers' counters, and the
@@ -50,6 +50,9 @@ def measure_one_shot(work_dir: Path, seconds: float) -> dict[str, Any]:
             spec = LoadSpec(mode=LoadMode.OPEN, seconds=seconds, rate_per_s=share * capacity,
                             expected_latency_ms=60, drain_s=3.0)  # fmt: skip
             runs[case] = run_load_process(spec, gateway.port, bodies).to_dict()
+        time.sleep(1.0)
+        # Again at the end: how far the machine's capacity drifted while the loads ran.
+        runs["capacity_after"] = run_load_process(saturation, gateway.port, bodies).to_dict()
     return runs
 
 
