@@ -240,9 +240,12 @@ class Router:
         settings: AffinitySettings,
     ) -> WorkerView | None:
         """The affinity choice among ``pool`` (the workers with the model loaded, or all
-        candidates when none has)."""
+        candidates when none has). The load bound weighs this gateway's own requests in
+        flight, known exactly: a reported depth counts every running sequence and is up to
+        a heartbeat old, so its spread between workers outgrows any small bound and sends
+        sessions away from their cached prefixes."""
         choice = choose_by_affinity(
-            pool, model, affinity, lambda worker: self.load(worker, model), settings
+            pool, model, affinity, lambda worker: self.in_flight(worker.worker_id), settings
         )
         if choice is None:
             return None
