@@ -207,7 +207,7 @@ class Fleet:
 
 
 def worker_counters(worker: ServerProcess) -> dict[str, float]:
-    """The worker's prompt, cache-hit and request counters for the model."""
+    """The worker's prompt, cache-hit, request and engine-step counters for the model."""
     from prometheus_client.parser import text_string_to_metric_families
 
     _, body = http_get(worker.port, "/metrics", timeout_s=10)
@@ -215,6 +215,7 @@ def worker_counters(worker: ServerProcess) -> dict[str, float]:
         "conveyor_prompt_tokens_total": "prompt_tokens",
         "conveyor_prefix_cache_hit_tokens_total": "hit_tokens",
         "conveyor_request_prompt_tokens_count": "requests",
+        "conveyor_engine_step_seconds_total": "step_s",  # every phase of every step
     }
     counters = dict.fromkeys(wanted.values(), 0.0)
     for family in text_string_to_metric_families(body.decode()):
@@ -283,6 +284,7 @@ def summarize(
         "prefix_cache_hit_rate": round(hits / prompt, 4) if prompt else 0.0,
         "prompt_tokens": prompt,
         "hit_tokens": hits,
+        "engine_step_s": round(sum(d["step_s"] for d in delta.values()), 3),
         "ttft_ms": {"p50": round(1000 * percentile(ttft, 0.5), 1),
                     "p99": round(1000 * percentile(ttft, 0.99), 1),
                     "mean": round(1000 * statistics.fmean(ttft), 1) if ttft else 0.0},

@@ -36,6 +36,7 @@ from conveyor.errors import ServiceUnavailable
 from conveyor.fleet.credential import credential_from
 from conveyor.fleet.drain import DRAINING_HEADER
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
+from conveyor.fleet.model_load import generative_load
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.host.service import Service
 from conveyor.jobs.subsystem import JobsSubsystem
@@ -146,16 +147,18 @@ def service_load(service: Service, gate: DrainGate) -> dict[str, Any]:
     # gateways prefer a worker that has it loaded.
     for unloaded in service.unloaded_models():
         models[unloaded.name] = {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": False}
-    # Generative models run their own scheduler; they are listed so gateways route to them,
-    # with a digest of their prefix cache for prefix-aware routing. LoRA adapters route
-    # like models (no digest: their prefix blocks are keyed by adapter).
+    # Generative models run their own scheduler: their load is the engine's sequences
+    # waiting plus running (as vLLM's gauges count it), so a gateway's router weighs what
+    # other gateways sent too, with a digest of their prefix cache for prefix-aware
+    # routing. LoRA adapters share their base model's engine, so its load, and route like
+    # models (no digest: their prefix blocks are keyed by adapter).
     for name, generator in service.generators.items():
-        entry = models.setdefault(name, {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": True})
         engine = generator.engine
+        load = generative_load(engine.num_waiting, engine.num_running)
         digest = prefix_report(engine.config.block_size, engine.prefix_digest.hashes)
-        models[name] = {**entry, "prefix": digest}
+        models[name] = {**models.get(name, {}), **load, "prefix": digest}
         for adapter in generator.adapter_names():
-            models.setdefault(adapter, {"queue_depth": 0, "service_per_s": 0.0, "is_loaded": True})
+            models.setdefault(adapter, dict(load))
     return {"in_flight": gate.num_in_flight, "is_draining": gate.is_draining, "models": models}
 
 

@@ -39,6 +39,11 @@ class GenerationEngine(Protocol):
         ...
 
     @property
+    def num_running(self) -> int:
+        """Sequences running (the heartbeat's load counts them with the waiting ones)."""
+        ...
+
+    @property
     def num_kv_blocks(self) -> int:
         """Blocks in the KV-cache pool."""
         ...

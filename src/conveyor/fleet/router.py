@@ -160,8 +160,12 @@ class Router:
             self._in_flight.pop(worker_id, None)
 
     def load(self, worker: WorkerView, model: str) -> int:
-        """In flight from this gateway plus the queue depth the worker last reported."""
-        return self.in_flight(worker.worker_id) + worker.queue_depth.get(model, 0)
+        """The larger of this gateway's requests in flight there and the depth the worker
+        last reported. The report counts every gateway's requests, this gateway's among
+        them, but is up to a heartbeat old: with one gateway the exact in-flight count
+        wins (a sum would count its requests twice, once stale); with several, the report
+        shows what the others sent."""
+        return max(self.in_flight(worker.worker_id), worker.queue_depth.get(model, 0))
 
     def is_routable(self, worker: WorkerView, now: float) -> bool:
         """Fresh heartbeat, not draining (reported, or answered so), not ejected."""
@@ -285,9 +289,12 @@ class Router:
         settings: AffinitySettings,
     ) -> WorkerView | None:
         """The affinity choice among ``pool`` (the workers with the model loaded, or all
-        candidates when none has)."""
+        candidates when none has). The load bound weighs this gateway's own requests in
+        flight, known exactly: a reported depth counts every running sequence and is up to
+        a heartbeat old, so its spread between workers outgrows any small bound and sends
+        sessions away from their cached prefixes."""
         choice = choose_by_affinity(
-            pool, model, affinity, lambda worker: self.load(worker, model), settings,
+            pool, model, affinity, lambda worker: self.in_flight(worker.worker_id), settings,
             lambda worker: self.holdings(worker, model),
         )  # fmt: skip
         if choice is None:

@@ -22,6 +22,7 @@ from conveyor.engine.core.scheduler_config import SchedulerConfig
 from conveyor.engine.core.seat_turnover import SeatTurnover, late_ones
 from conveyor.engine.core.sequence import Sequence
 from conveyor.engine.core.step_plan import SchedulerOutput
+from conveyor.fleet.model_load import generative_load
 from conveyor.priority import Priority
 from conveyor.sim.clock import Clock
 from conveyor.sim.metrics import Metrics
@@ -212,9 +213,9 @@ class LlmWorker:
         return lost
 
     def load(self) -> dict[str, Any]:
-        """As a real worker reports a generative model: queue depth 0 (its engine keeps its
-        own queue, which the heartbeat does not count), plus the prefix digest."""
-        return {"in_flight": len(self._entries), "is_draining": False}
+        """As a real worker reports a generative model (``cli.worker.generative_load``):
+        sequences waiting plus running as its queue depth."""
+        return generative_load(self.scheduler.num_waiting, self.scheduler.num_running)
 
     def sample(self, now_s: float) -> dict[str, float]:
         """Waiting and running sequences, KV use."""

@@ -94,7 +94,10 @@ def _start_traffic(
         elif spec.kind in ("chat", "closed"):
             for index in range(spec.sessions):
                 session = ChatSession(spec, f"{spec.name}-{index}", fleet.clock, prompts, send)
-                session.start(spec.start_s + rng.uniform(0, max(spec.think_s, 1e-3)))
+                if spec.stagger_s is None:
+                    session.start(spec.start_s + rng.uniform(0, max(spec.think_s, 1e-3)))
+                else:
+                    session.start(spec.start_s + index * spec.stagger_s)
         else:
             jobs.append(BatchJob(spec, len(jobs), fleet.store, spec.start_s))
     return jobs

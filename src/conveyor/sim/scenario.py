@@ -151,6 +151,11 @@ class TrafficSpec(_Strict):
     sessions: int = Field(default=0, ge=0, description="Chat: concurrent sessions.")
     turns: int = Field(default=1, ge=1, description="Chat: turns a session.")
     think_s: float = Field(default=1.0, ge=0, description="Chat: mean think time.")
+    stagger_s: float | None = Field(
+        default=None, ge=0,
+        description="Chat: sessions start this far apart (None: each at random within the "
+        "first think time).",
+    )  # fmt: skip
     lines: int = Field(default=0, ge=0, description="Batch job: lines.")
     shard_lines: int = Field(default=100, ge=1, description="Batch job: lines a shard.")
     lease_s: float = Field(default=30.0, gt=0, description="Batch job: shard lease.")

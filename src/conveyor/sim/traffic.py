@@ -56,7 +56,7 @@ class Prompts:
         """A request of ``spec`` sent at ``now`` (after ``history``, for a chat turn)."""
         rid = self.next_rid()
         new = draw(spec.prompt_tokens, self.rng)
-        if history is not None:
+        if history:  # a chat's first turn has none yet: it starts with the shared prefix
             ids = [*history, *([UNIQUE_BASE + rid] * new)]
         else:
             shared = min(spec.shared_prefix_tokens, new - 1)

@@ -243,11 +243,15 @@ def test_with_no_worker_warm_affinity_picks_among_them_all() -> None:
     assert r.num_routed == {"session": 1}
 
 
-def test_the_load_bound_through_the_router_counts_the_reported_queue() -> None:
-    """A session's worker whose reported queue for the model is past the bound is passed
-    over for the next worker in the session's order."""
+def test_the_load_bound_through_the_router_counts_this_gateways_in_flight() -> None:
+    """A session's worker this gateway has more requests in flight on than the bound allows
+    is passed over for the next worker in the session's order; a large reported depth (every
+    running sequence, a heartbeat old) does not pass it over."""
     workers = [view("a", depth=10), view("b")]
     session = session_owned_by("a", workers)
     r = router(AffinitySettings(load_bound=4))
+    assert r.choose(workers, M, now=100, affinity=Affinity(session=session)) == workers[0]
+    for _ in range(5):
+        r.acquire("a")
     assert r.choose(workers, M, now=100, affinity=Affinity(session=session)) == workers[1]
-    assert r.num_routed == {"session": 1}
+    assert r.num_routed == {"session": 2}

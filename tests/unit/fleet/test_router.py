@@ -77,7 +77,7 @@ def test_the_most_loaded_worker_is_never_chosen() -> None:
     assert chosen == {"w0", "w1", "w2", "w3"}
 
 
-def test_load_counts_this_gateways_in_flight_plus_reported_depth() -> None:
+def test_load_is_this_gateways_in_flight_or_the_reported_depth_whichever_is_larger() -> None:
     a, b = view("a", depth=2), view("b", depth=0)
     r = router()
     for _ in range(3):
@@ -236,3 +236,14 @@ def test_a_new_views_list_replaces_the_remembered_pools() -> None:
 def test_candidates_keep_the_registry_order_across_warm_and_cold() -> None:
     workers = [view("a", loaded=()), view("b"), view("c", loaded=())]
     assert [w.worker_id for w in router().candidates(workers, M, now=100)] == ["a", "b", "c"]
+
+
+def test_a_stale_report_of_this_gateways_own_requests_is_not_counted_twice() -> None:
+    # One gateway: its 4 requests on "a" are also in a's (stale) report.
+    a = view("a", depth=4)
+    r = router()
+    for _ in range(4):
+        r.acquire("a")
+    assert r.load(a, M) == 4  # not 8
+    # Another gateway's requests show only through the report.
+    assert r.load(view("c", depth=6), M) == 6

@@ -91,3 +91,19 @@ def test_only_requests_past_their_deadline_count_as_lost() -> None:
     metrics.arrived(SimRequest(1, "s", "t", [1], 1, arrival_s=0.0, deadline_s=5.0))
     metrics.arrived(SimRequest(2, "s", "t", [1], 1, arrival_s=0.0, deadline_s=50.0))
     assert (metrics.lost(10.0), metrics.unfinished(10.0)) == (1, 1)
+
+
+def test_staggered_chat_sessions_find_the_system_prompt_cached() -> None:
+    def hit_ratio(stagger_s: float) -> float:
+        chat = {"kind": "chat", "sessions": 4, "turns": 1, "think_s": 0.0,
+                "stagger_s": stagger_s, "shared_prefix_tokens": 64,
+                "prompt_tokens": {"mean": 100, "dist": "fixed"},
+                "output_tokens": {"mean": 4, "dist": "fixed"}}  # fmt: skip
+        run = simulate(
+            scenario(traffic=[chat], fleet={"regions": [{"name": "a", "workers": 1}]}), 1
+        )
+        return float(run.totals["prefix_hit_ratio"])
+
+    # A client starting its sessions 0.5 s apart: the last three reuse the first's 64 tokens.
+    assert hit_ratio(0.5) == 3 * 64 / 400
+    assert hit_ratio(0.0) == 0.0  # all at once: nothing is cached yet

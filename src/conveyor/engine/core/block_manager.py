@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from itertools import islice
 
 from conveyor.engine.core.kv_tier import TierIndex
 from conveyor.engine.core.sequence import Sequence
@@ -68,6 +69,9 @@ class BlockManager:
         self._block_by_hash: dict[bytes, int] = {}
         self._allocated: dict[str, Sequence] = {}
         self.tier = tier
+        # Held blocks (refcount > 0) that carry a hash, kept as they change so the prefix
+        # digest reads them without scanning the pool.
+        self._held_hashed: dict[int, None] = {}
 
     @property
     def num_blocks(self) -> int:
@@ -110,8 +114,8 @@ class BlockManager:
         Blocks sequences hold come first, then free cached blocks from the most recently
         freed (the last to be evicted), then the tier's. For the heartbeat's prefix digest.
         """
-        held = [b.content_hash for b in self._blocks if b.ref_count > 0 and b.content_hash]
-        hashes = held[:limit]
+        blocks = self._blocks
+        hashes = [h for i in islice(self._held_hashed, limit) if (h := blocks[i].content_hash)]
         for block_id in reversed(self._free_cached):
             if len(hashes) >= limit:
                 break
@@ -184,6 +188,7 @@ class BlockManager:
                     tier.restore(digest, block_id)
                     self._blocks[block_id].content_hash = digest
                     self._block_by_hash[digest] = block_id
+                    self._held_hashed[block_id] = None
                 table.append(block_id)
         return table
 
@@ -297,6 +302,7 @@ class BlockManager:
             block = self._blocks[seq.block_table[index]]
             block.content_hash = self._block_hash(seq, index)
             self._block_by_hash.setdefault(block.content_hash, block.block_id)
+            self._held_hashed[block.block_id] = None
 
     def forget(self, block_ids: list[int]) -> None:
         """Stop serving ``block_ids`` from the cache (their content cannot be trusted: a
@@ -307,6 +313,7 @@ class BlockManager:
                 if self._block_by_hash.get(block.content_hash) == block_id:
                     del self._block_by_hash[block.content_hash]
                 block.content_hash = None
+                self._held_hashed.pop(block_id, None)
 
     # -- release ----------------------------------------------------------------
 
@@ -334,6 +341,8 @@ class BlockManager:
         block = self._blocks[block_id]
         if block.ref_count == 0:
             del self._free_cached[block_id]
+            if block.content_hash is not None:
+                self._held_hashed[block_id] = None
         block.ref_count += 1
 
     def _take_fresh(self) -> int:
@@ -359,6 +368,7 @@ class BlockManager:
         block.ref_count -= 1
         if block.ref_count > 0:
             return
+        self._held_hashed.pop(block_id, None)
         digest = block.content_hash
         # setdefault: a duplicate whose twin was evicted becomes the findable copy.
         if digest is not None and self._block_by_hash.setdefault(digest, block_id) == block_id:
