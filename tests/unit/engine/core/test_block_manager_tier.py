@@ -36,6 +36,8 @@ def test_an_evicted_block_is_spilled_and_a_later_prompt_restores_it() -> None:
     restores = [op for op in ops if isinstance(op, Restore)]
     assert [(op.slot, op.digest) for op in restores] == [(1, digests[0]), (0, digests[1])]
     assert [op.block_id for op in restores] == again.block_table
+    # Held now: the digest lists the restored blocks first, as the pool's own held blocks.
+    assert manager.cached_hashes(2) == digests
     # The restored blocks serve the next prompt from the pool, sharing them.
     twin = Sequence("d", list(range(9)))
     manager.allocate(twin)
@@ -115,5 +117,6 @@ def test_forgotten_blocks_are_not_served_again() -> None:
     seq = Sequence("a", list(range(9)))
     run_prefill(manager, seq)
     manager.forget(seq.block_table[:1])
+    assert seq.block_hashes[0] not in manager.cached_hashes(10)
     manager.free(seq)
     assert manager.num_cache_hit_tokens(Sequence("b", list(range(9)))) == 0
