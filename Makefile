@@ -34,9 +34,13 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Test processes: most integration tests wait on servers they start, so two overlap well on
+# two cores; tests sharing a loaded model or server stay in one process (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: $(BIN)/.installed lint  ## install, lint, type-check, run every test, print line coverage
 	$(BIN)/coverage erase
-	$(BIN)/coverage run -m pytest
+	$(BIN)/coverage run -m pytest -n $(TEST_WORKERS) --dist loadgroup
 	$(BIN)/coverage combine --quiet
 	$(BIN)/coverage report
 

@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import pytest
+
+# Session fixtures that load a model or start a server: every test using one runs in the same
+# xdist worker, so each is built once per run, not once per worker.
+SHARED_SESSION_FIXTURES: dict[str, str] = {
+    "smollm2_tokenizer": "smollm2",
+    "smollm2_runner": "smollm2",
+    "smollm2_hf": "smollm2",
+    "smollm2_scorer": "smollm2",
+    "default_server": "default_server",
+    "main_server": "main_server",
+}
+
+
+def xdist_group_of(nodeid: str, fixturenames: Collection[str]) -> str:
+    """The worker group of a test: its shared session fixture's, else its file's.
+
+    Keeping a file together keeps its module-scoped servers to one start per run.
+    """
+    for fixture, group in SHARED_SESSION_FIXTURES.items():
+        if fixture in fixturenames:
+            return group
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group tests for ``pytest -n N --dist loadgroup`` (``make test``); harmless without it."""
+    for item in items:
+        fixturenames = getattr(item, "fixturenames", ())
+        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid, fixturenames)))
+
 
 # The database drivers are imported by the fixtures that need them, so the engine's tests
 # also run where only torch and the engine's own dependencies are installed (a GPU image).

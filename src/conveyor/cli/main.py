@@ -17,6 +17,7 @@ from conveyor.cli.keys import keys_app
 from conveyor.cli.models import models_app
 from conveyor.cli.plan import plan
 from conveyor.cli.quick_serve import quick_models
+from conveyor.cli.simulate import simulate
 from conveyor.cli.usage import usage_command
 from conveyor.config.model_config import (
     CHAT_MODEL_INSTALL,
@@ -39,6 +40,7 @@ app = typer.Typer(
 app.add_typer(batch_app, name="batch")
 app.add_typer(keys_app, name="keys")
 app.command("plan")(plan)
+app.command("simulate")(simulate)
 app.add_typer(models_app, name="models")
 app.command("usage")(usage_command)
 

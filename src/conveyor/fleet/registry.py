@@ -145,31 +145,38 @@ class FleetRegistry:
         now = self._clock()
         try:
             records = await self._store.list_workers(now, self.stale_after_s)
-            if self._is_failing:
-                self._is_failing, self._recovered_at = False, now
-            is_sure = not self._is_recovering(now)
-            alive = await self._reap(records) if is_sure else records
+            dead = self.adopt(records, now)
+            for record in dead:
+                await self._store.remove_worker(record.worker_id)
         except StoreError:
-            self._is_failing = True
+            self.on_read_failed()
             raise
+
+    def on_read_failed(self) -> None:
+        """A read of the store failed: unsure until it answers again (the last view stays)."""
+        self._is_failing = True
+
+    def adopt(self, records: list[WorkerRecord], now: float) -> list[WorkerRecord]:
+        """Take rows just read at ``now`` as the view; return the rows to reap (none while
+        unsure). Pure: the caller removes the returned rows from the store."""
+        if self._is_failing:
+            self._is_failing, self._recovered_at = False, now
+        is_sure = not self._is_recovering(now)
+        dead = [r for r in records if r.heartbeat_age_s > self.reap_after_s] if is_sure else []
+        for record in dead:
+            log_event(
+                log, logging.INFO, "worker_reaped",
+                f"reaped worker {record.worker_id} (silent for {record.heartbeat_age_s:.1f} s)",
+                worker_id=record.worker_id,
+            )  # fmt: skip
+        alive = [r for r in records if r.heartbeat_age_s <= self.reap_after_s] if dead else records
         _log_joined(self.records, alive)
         self.records = alive
         self.views = [view_from_record(r) for r in alive]
         self.num_refreshes += 1
         if is_sure:
             self.sure_models = frozenset(m for v in self.views if not v.is_stale for m in v.models)
-
-    async def _reap(self, records: list[WorkerRecord]) -> list[WorkerRecord]:
-        """Remove the rows silent for longer than ``reap_after_s``; the others."""
-        dead = [r for r in records if r.heartbeat_age_s > self.reap_after_s]
-        for record in dead:
-            await self._store.remove_worker(record.worker_id)
-            log_event(
-                log, logging.INFO, "worker_reaped",
-                f"reaped worker {record.worker_id} (silent for {record.heartbeat_age_s:.1f} s)",
-                worker_id=record.worker_id,
-            )  # fmt: skip
-        return [r for r in records if r.heartbeat_age_s <= self.reap_after_s]
+        return dead
 
     async def run(self, interval_s: float, on_refresh: Callable[[], None]) -> None:
         """Refresh every ``interval_s`` until cancelled; a failing store keeps the last view."""

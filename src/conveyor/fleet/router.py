@@ -74,6 +74,15 @@ class Ejections:
             return False
         return True
 
+    @property
+    def num_ejected(self) -> int:
+        """Workers ejected now (some may be due for re-admission at their next check)."""
+        return len(self._ejected_at)
+
+    def ejected_ids(self) -> frozenset[str]:
+        """Ids of the workers ejected now (as ``num_ejected`` counts them)."""
+        return frozenset(self._ejected_at)
+
     def forget_missing(self, present_ids: Collection[str]) -> None:
         """Drop ejections of workers the registry no longer lists."""
         for worker_id in [w for w in self._ejected_at if w not in present_ids]:
@@ -110,6 +119,11 @@ class Router:
         self._in_flight: dict[str, int] = {}
         # How many choices each reason made (``AffinityReason``), for ``/v1/fleet``.
         self.num_routed: dict[str, int] = {}
+        # Per model, the fresh workers hosting it (warm, cold) in the last ``workers`` seen:
+        # the registry replaces its list whole on each refresh, so between refreshes a
+        # choice costs O(1), not a scan of every worker (which dominates at 1,000 workers).
+        self._pools: dict[str, tuple[Sequence[WorkerView], list[WorkerView], list[WorkerView]]]
+        self._pools = {}
 
     def in_flight(self, worker_id: str) -> int:
         """Requests this gateway has outstanding on ``worker_id``."""
@@ -145,13 +159,40 @@ class Router:
         exclude: Collection[str] = (),
     ) -> list[WorkerView]:
         """Routable workers hosting ``model``, minus those in ``exclude`` (already tried)."""
-        return [
-            worker
-            for worker in workers
-            if model in worker.models
-            and worker.worker_id not in exclude
-            and self.is_routable(worker, now)
-        ]
+        warm, cold = self._routable(workers, model, now, exclude)
+        order = {id(w): i for i, w in enumerate(workers)} if warm and cold else None
+        if order is None:
+            return warm + cold
+        return sorted(warm + cold, key=lambda w: order[id(w)])
+
+    def _routable(
+        self, workers: Sequence[WorkerView], model: str, now: float, exclude: Collection[str]
+    ) -> tuple[list[WorkerView], list[WorkerView]]:
+        """The routable workers hosting ``model``: those with it loaded, and the others."""
+        warm, cold = self._fresh_pools(workers, model)
+        if not exclude and not self.ejections.num_ejected:
+            return warm, cold
+        ejected = self.ejections.ejected_ids()
+
+        def keep(worker: WorkerView) -> bool:
+            if worker.worker_id in exclude:
+                return False
+            return worker.worker_id not in ejected or not self.ejections.is_ejected(worker, now)
+
+        return [w for w in warm if keep(w)], [w for w in cold if keep(w)]
+
+    def _fresh_pools(
+        self, workers: Sequence[WorkerView], model: str
+    ) -> tuple[list[WorkerView], list[WorkerView]]:
+        """Workers hosting ``model``, neither stale nor draining: loaded, not loaded."""
+        cached = self._pools.get(model)
+        if cached is not None and cached[0] is workers:
+            return cached[1], cached[2]
+        fresh = [w for w in workers if model in w.models and not w.is_stale and not w.is_draining]
+        warm = [w for w in fresh if model in w.loaded_models]
+        cold = [w for w in fresh if model not in w.loaded_models]
+        self._pools[model] = (workers, warm, cold)
+        return warm, cold
 
     def choose(
         self,
@@ -170,16 +211,14 @@ class Router:
         ``cold_penalty``, one worker without the model loaded competes too, its load
         raised by the penalty (the cost of loading it).
         """
-        candidates = self.candidates(workers, model, now, exclude)
-        if not candidates:
+        warm, cold = self._routable(workers, model, now, exclude)
+        if not warm and not cold:
             return None
         if affinity is not None and self.affinity is not None:
-            picked = self._by_affinity(candidates, model, affinity, self.affinity)
+            picked = self._by_affinity(warm or cold, model, affinity, self.affinity)
             if picked is not None:
                 return picked
         self._count(AffinityReason.LOAD)
-        warm = [w for w in candidates if model in w.loaded_models]
-        cold = [w for w in candidates if model not in w.loaded_models]
         best = self._two_choices(warm, model) if warm else None
         if best is not None and (not cold or self.load(best, model) < self.policy.cold_penalty):
             return best
@@ -191,15 +230,15 @@ class Router:
 
     def _by_affinity(
         self,
-        candidates: Sequence[WorkerView],
+        pool: Sequence[WorkerView],
         model: str,
         affinity: Affinity,
         settings: AffinitySettings,
     ) -> WorkerView | None:
-        """The affinity choice among workers with the model loaded (all, if none has)."""
-        warm = [w for w in candidates if model in w.loaded_models] or candidates
+        """The affinity choice among ``pool`` (the workers with the model loaded, or all
+        candidates when none has)."""
         choice = choose_by_affinity(
-            warm, model, affinity, lambda worker: self.load(worker, model), settings
+            pool, model, affinity, lambda worker: self.load(worker, model), settings
         )
         if choice is None:
             return None
@@ -213,5 +252,5 @@ class Router:
         """The less loaded of two distinct random members of ``pool`` (ties: the first)."""
         if len(pool) == 1:
             return pool[0]
-        first, second = self._rng.sample(list(pool), 2)
+        first, second = self._rng.sample(pool, 2)
         return second if self.load(second, model) < self.load(first, model) else first

@@ -222,3 +222,17 @@ def test_a_worker_that_reports_no_depth_for_the_model_counts_as_idle() -> None:
 def test_defaults_and_a_zero_penalty_are_valid() -> None:
     assert Router(random.Random(0), Ejections(1.0)).policy == RoutingPolicy()
     assert RoutingPolicy(cold_penalty=0).cold_penalty == 0
+
+
+def test_a_new_views_list_replaces_the_remembered_pools() -> None:
+    r = router()
+    first = [view("a"), view("b")]
+    assert {r.choose(first, M, now=100).worker_id for _ in range(40)} == {"a", "b"}  # type: ignore[union-attr]
+    refreshed = [view("a", is_stale=True), view("b")]
+    assert {r.choose(refreshed, M, now=100).worker_id for _ in range(40)} == {"b"}  # type: ignore[union-attr]
+    assert r.candidates(refreshed, M, now=100) == [refreshed[1]]
+
+
+def test_candidates_keep_the_registry_order_across_warm_and_cold() -> None:
+    workers = [view("a", loaded=()), view("b"), view("c", loaded=())]
+    assert [w.worker_id for w in router().candidates(workers, M, now=100)] == ["a", "b", "c"]
