@@ -15,6 +15,7 @@ No allow-list: a module or function over the limit is split by role.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -117,8 +118,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@functools.cache
 def module_graph() -> dict[str, set[str]]:
-    """Who imports whom, module by module."""
+    """Who imports whom, module by module (read once per run; callers do not change it)."""
     modules = module_paths()
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
 
