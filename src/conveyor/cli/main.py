@@ -225,12 +225,14 @@ def worker(
     ] = None,
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
+    from conveyor.cli.startup_checks import check_models
     from conveyor.cli.worker import WorkerSettings, parse_listen, run_worker
 
     settings = _load_or_exit(
         config, max_connections=max_connections, header_timeout_s=header_timeout_s,
         body_timeout_s=body_timeout_s, log_format=log_format,
     )  # fmt: skip
+    _or_exit(lambda: check_models(settings))
     try:
         host, port = parse_listen(listen)
         peer_host, peer_port = parse_listen(peer_listen)

@@ -10,6 +10,7 @@ from conveyor.config.model_config import GenerateModelConfig, remote_model_name
 from conveyor.config.settings import ServerConfig
 from conveyor.engine.core.limits import kv_pool_problem, max_model_len_problem
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
+from conveyor.engine.vllm_mapping import VLLM_INSTALL, is_vllm_installed
 from conveyor.errors import ConfigError
 
 
@@ -20,6 +21,8 @@ def generate_model_problems(config: GenerateModelConfig) -> list[str]:
     A KV cache sized by memory fraction is only known once the device is probed, so only
     ``kv_cache_tokens`` is checked here (the engine checks the rest when it starts).
     """
+    if config.engine == "vllm" and not is_vllm_installed():
+        return [f"model {config.name!r}: {VLLM_INSTALL}"]
     try:
         decoder = DecoderConfig.from_hf(load_hf_config(config.path))
     except (OSError, ValueError, KeyError) as exc:

@@ -307,6 +307,17 @@ class GenerateModelConfig(Strict):
     )
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
     lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
+    engine: Literal["conveyor", "vllm"] = Field(
+        default="conveyor",
+        description="conveyor: Conveyor's own engine (runs anywhere); vllm: vLLM's, in-process "
+        "(needs vLLM installed: the vllm extra, or vLLM's build for the hardware).",
+    )
+    vllm: dict[str, Any] = Field(
+        default_factory=dict,
+        description="engine: vllm only: vLLM engine arguments passed through (dtype, "
+        "max_model_len, gpu_memory_utilization, enable_prefix_caching, "
+        "tensor_parallel_size, enforce_eager...); they win over the fields above.",
+    )
 
     _path_kind = field_validator("path", mode="before")(_model_path)
     _path_exists = field_validator("path")(_local_checkpoint_exists)
@@ -320,6 +331,10 @@ class GenerateModelConfig(Strict):
             )
         if self.kv_cache_tokens is not None and self.kv_cache_memory_fraction is not None:
             raise ValueError("set kv_cache_tokens or kv_cache_memory_fraction, not both")
+        if self.vllm and self.engine != "vllm":
+            raise ValueError("vllm: engine arguments need engine: vllm")
+        if self.lora is not None and self.engine == "vllm":
+            raise ValueError("LoRA adapters on engine: vllm are not yet served")
         return self
 
     @property

@@ -26,17 +26,20 @@ from conveyor.observability.metrics import GeneratorMetrics
 from conveyor.priority import Priority
 
 if TYPE_CHECKING:  # only named in annotations: callers of submit() need not load torch
-    from conveyor.engine.llm_engine import LLMEngine
+    from conveyor.engine.engine_protocol import GenerationEngine
 
 __all__ = ["HostedGenerator"]
 
 
 @dataclass(slots=True)
 class HostedGenerator:
-    """A loaded generative model: its engine (already stepping) and what requests need."""
+    """A loaded generative model: its engine (already stepping) and what requests need.
+
+    The engine is Conveyor's ``LLMEngine`` or, with ``engine: vllm``, ``VllmEngine``.
+    """
 
     config: GenerateModelConfig
-    engine: LLMEngine
+    engine: GenerationEngine
     tokenizer: Tokenizer
     metrics: GeneratorMetrics
     vocab_size: int

@@ -36,6 +36,10 @@ def build_embedding_model(
 
 def build_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> HostedGenerator:
     """Load a generative model and start its engine (slow: call from a thread)."""
+    if config.engine == "vllm":
+        from conveyor.engine.vllm_factory import load_vllm_generator
+
+        return load_vllm_generator(config, metrics)
     from conveyor.engine.generator_factory import load_generator
 
     return load_generator(config, metrics)

@@ -117,6 +117,8 @@ class GeneratorMetrics:
     step_phase_s: dict[str, Any]
     # The LoRA adapters running and waiting (set by the loader when the model serves some).
     adapters: AdapterActivity | None = None
+    # True on engine: vllm, whose own metrics carry vLLM's names for this model.
+    reports_vllm_names: bool = False
 
 
 class DistributionMetrics:

@@ -20,6 +20,10 @@ picker) and common KEDA / HPA setups scrape these from every model server:
 ``engine`` is always ``"0"`` (vLLM numbers its engine cores; Conveyor has one engine per
 model). The values are read from Conveyor's own families when scraped, so the two names
 of a figure never disagree.
+
+A model on ``engine: vllm`` reports vLLM's own metrics instead (every ``vllm:`` family of
+the process's default registry, where vLLM registers them), merged into these families
+so each name appears once.
 """
 
 from __future__ import annotations
@@ -102,9 +106,12 @@ class VllmNames(Collector):
         """Nothing up front: the registry then never collects this to learn its names."""
         return []
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        """The vLLM families, one sample per model (the LoRA one per process)."""
+    def collect(self) -> Iterator[Any]:
+        """The vLLM families, one sample per model (the LoRA one per process), vLLM's own
+        samples for the models on its engine, then vLLM's other families."""
         metrics = self._metrics
+        on_vllm = {name for name, g in metrics.generators.items() if g.reports_vllm_names}
+        own = vllm_own_families() if on_vllm else {}
         running = samples_by_model(metrics.in_flight)
         waiting = samples_by_model(metrics.queue_depth)
         running.update(samples_by_model(metrics.running_seqs))
@@ -116,11 +123,23 @@ class VllmNames(Collector):
                              ("vllm:gpu_cache_usage_perc", kv)):  # fmt: skip
             family = GaugeMetricFamily(name, HELP[name], labels=LABELS)
             for model, value in sorted(values.items()):
-                family.add_metric([model, ENGINE], value)
+                if model not in on_vllm:
+                    family.add_metric([model, ENGINE], value)
+            vllm_family = own.pop(name, None)
+            if vllm_family is not None:
+                family.samples.extend(vllm_family.samples)
             yield family
         activities = [g.adapters for g in metrics.generators.values() if g.adapters is not None]
-        if activities:
+        if activities and "vllm:lora_requests_info" not in own:
             yield lora_family(activities)
+        yield from own.values()
+
+
+def vllm_own_families() -> dict[str, Any]:
+    """vLLM's own metric families, by name: those it registered in this process."""
+    from prometheus_client import REGISTRY
+
+    return {family.name: family for family in REGISTRY.collect() if family.name.startswith("vllm:")}
 
 
 def lora_family(activities: list[AdapterActivity]) -> GaugeMetricFamily:

@@ -16,6 +16,7 @@ import conveyor.engine.core
 # Outside engine/core: what callers import (the generator and its streams, the sampling
 # parameters) and what sizes or describes a model before it loads.
 CALLER_MODULES = (
+    "conveyor.engine.engine_protocol",
     "conveyor.engine.generator",
     "conveyor.engine.inbox",
     "conveyor.engine.model.decode_buckets",
@@ -26,6 +27,7 @@ CALLER_MODULES = (
     "conveyor.engine.outputs",
     "conveyor.engine.sampling.params",
     "conveyor.engine.stream",
+    "conveyor.engine.vllm_mapping",
 )
 
 

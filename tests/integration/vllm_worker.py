@@ -1,0 +1,124 @@
+"""Conveyor processes on ``engine: vllm`` for the tests: vLLM's environment, SmolLM2 as a
+Hugging Face directory, and start / stop / kill of a whole process group.
+
+vLLM pins its own dependencies, so its engine runs in its own environment
+(``make vllm-env`` builds ``.venv-vllm``, with conveyor installed from this checkout); the
+tests drive it over HTTP from theirs. Without that environment the tests skip here and fail
+under CI. Each module starts one engine (start-up is most of their cost): small limits,
+``enforce_eager`` (no compilation), a small KV cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import Server, free_port, wait_until_ready
+from tests.missing import missing
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON_ENV = "CONVEYOR_VLLM_PYTHON"
+# vLLM's start-up imports it three times (server, engine core, CPU worker), loads the
+# weights and profiles memory: about a minute on two idle cores, several when they are busy.
+READY_TIMEOUT_S = 900.0
+VLLM_MODEL_NAME = "smol-vllm"
+
+
+def vllm_python() -> str:
+    """The python of the environment with vLLM and conveyor (skip, or fail under CI)."""
+    path = Path(os.environ.get(VLLM_PYTHON_ENV) or REPO / ".venv-vllm" / "bin" / "python")
+    if not path.is_file():
+        missing(f"no vLLM environment at {path}: `make vllm-env` builds it")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 as a Hugging Face directory (``conveyor models import`` of the GGUF)."""
+    from conveyor.engine.model.gguf_import import import_gguf
+
+    return import_gguf(smollm2_path, tmp_path_factory.mktemp("smollm2-hf") / "SmolLM2").directory
+
+
+def vllm_model(path: Path, **changes: Any) -> dict[str, Any]:
+    """SmolLM2 on engine: vllm in float32 (so greedy tokens match the other engines)."""
+    return {
+        "name": VLLM_MODEL_NAME, "kind": "generate", "path": str(path), "engine": "vllm",
+        "dtype": "float32", "max_model_len": 512, "max_num_seqs": 4,
+        "max_num_batched_tokens": 512, "timeout_ms": 600_000,
+        "vllm": {"enforce_eager": True, "kv_cache_memory_bytes": 128 << 20},
+        **changes,
+    }  # fmt: skip
+
+
+def vllm_env() -> dict[str, str]:
+    """The environment of a process running vLLM on the CPU."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_WAIT_POLICY": "PASSIVE",  # idle OpenMP threads sleep instead of spinning
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def spawn(python: str, argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``python -m conveyor ARGV`` in a new process group (vLLM starts children)."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [python, "-m", "conveyor", *argv], stdout=log, stderr=subprocess.STDOUT,
+            env=vllm_env(), start_new_session=True, cwd=REPO,
+        )  # fmt: skip
+
+
+def start_vllm_server(tmp: Path, config: dict[str, Any]) -> Server:
+    """``conveyor serve`` with ``config`` in vLLM's environment; wait until it is ready."""
+    port = free_port()
+    config_path = tmp / "conveyor.yaml"
+    config_path.write_text(yaml.safe_dump({"data_dir": str(tmp / "data"), **config}))
+    log_path = tmp / "server.log"
+    argv = ["serve", "--config", str(config_path), "--port", str(port)]
+    process = spawn(vllm_python(), argv, log_path)
+    try:
+        return wait_until_ready(
+            Server(f"http://127.0.0.1:{port}", process, log_path), READY_TIMEOUT_S
+        )
+    except BaseException:
+        kill_group(process)
+        raise
+
+
+def metric_sum(server: Server, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` matching ``labels`` in the server's /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process and every child it started (as a machine or pod dying would)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a drain, then vLLM's shutdown); the whole group is killed if it lingers."""
+    if process.poll() is None:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=60)
+    kill_group(process)
