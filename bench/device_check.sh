@@ -116,7 +116,7 @@ fi
 "$PYTHON" -c 'import conveyor, sys; print("conveyor from", conveyor.__file__)'
 
 # 2. Parity with HF generate on the device (float32 counted, bfloat16 informational).
-PARITY=(tests/unit/engine/model/test_llama_parity.py tests/unit/engine/test_engine_parity.py)
+PARITY=(tests/unit/engine/model/test_llama_parity.py tests/unit/engine/test_llm_engine_parity.py)
 PYTEST=(-q -p no:cacheprovider -p no:timeout -o addopts= -W ignore::DeprecationWarning)
 CONVEYOR_TEST_DEVICE=$DEVICE CONVEYOR_TEST_DTYPE=float32 step parity_float32 "$PARITY_S" \
     "$PYTHON" -m pytest "${PYTEST[@]}" --junitxml="$RESULTS/parity_float32.xml" "${PARITY[@]}"

@@ -31,9 +31,11 @@ from bench.common import RESULTS_DIR, machine_info, package_versions, write_json
 from bench.rounds import alternate_cases, median_per_case
 from conveyor.config.model_config import bundled_chat_model_path
 from conveyor.config.settings import ServerConfig
-from conveyor.endpoints.chat import run_chat
+from conveyor.endpoints.dispatch import execute
 from conveyor.fakes.checkpoints import build_tiny_llama
 from conveyor.host.service import Service
+from conveyor.openai_paths import CHAT_COMPLETIONS
+from conveyor.priority import Priority
 
 MODEL = "llama"  # the served name, whichever checkpoint (random Llama or SmolLM2)
 SMOLLM2 = "smollm2"
@@ -98,13 +100,18 @@ def request_body(case: str, index: int, max_tokens: int) -> dict[str, Any]:
     return body
 
 
+async def chat(service: Service, body: dict[str, Any]) -> dict[str, Any]:
+    """One whole chat completion at online priority."""
+    return await execute(service, CHAT_COMPLETIONS, body, priority=Priority.ONLINE)
+
+
 async def run_case(service: Service, case: str, opts: argparse.Namespace) -> dict[str, float]:
     """One round of one case: tokens/s and the grammar's time on the side thread."""
     engine = service.generator(MODEL).engine
     mask_before_s, wait_before_s = engine.masks.compute_s, engine.stats.grammar_wait_s
     started_s = time.perf_counter()
     replies = await asyncio.gather(
-        *(run_chat(service, request_body(case, i, opts.max_tokens)) for i in range(opts.requests))
+        *(chat(service, request_body(case, i, opts.max_tokens)) for i in range(opts.requests))
     )
     elapsed_s = time.perf_counter() - started_s
     num_tokens = sum(reply["usage"]["completion_tokens"] for reply in replies)

@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
+from tests.polling import until
 
 SYNTHETIC = {
     "name": "syn",
@@ -90,18 +91,19 @@ def launch_server(tmp: Path, config: dict[str, Any]) -> Server:
 def wait_until_ready(server: Server, ready_timeout_s: float = 90) -> Server:
     """Wait until the server's /ready answers 200; shut it down if it does not in time."""
     process = server.process
-    deadline = time.monotonic() + ready_timeout_s
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"server exited early:\n{server.log()}")
-        try:
-            if httpx.get(f"{server.url}/ready", timeout=1).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    stop_server(server)
-    raise RuntimeError(f"server not ready in {ready_timeout_s} s:\n{server.log()}")
+        return httpx.get(f"{server.url}/ready", timeout=1).status_code == 200
+
+    try:
+        until(ready, lambda: f"the server to be ready:\n{server.log()}",
+              timeout_s=ready_timeout_s, interval_s=0.1, ignoring=(httpx.TransportError,))  # fmt: skip
+    except BaseException:
+        stop_server(server)
+        raise
+    return server
 
 
 def stop_server(server: Server) -> None:

@@ -6,7 +6,6 @@ Every object and result line's raw JSON validates against the client's own types
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from anthropic.types.messages import MessageBatch, MessageBatchIndividualRespons
 from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.conftest import Server, start_server, stop_server
 from tests.e2e.test_batch_api import FAST_JOBS
+from tests.polling import until
 
 pytestmark = pytest.mark.slow
 
@@ -64,14 +64,13 @@ def create(client: anthropic.Anthropic, requests: list[dict[str, Any]]) -> Messa
 
 
 def wait_ended(client: anthropic.Anthropic, batch_id: str) -> MessageBatch:
-    deadline = time.monotonic() + WAIT_S
-    while True:
+
+    def ended() -> MessageBatch | None:
         raw = client.messages.batches.with_raw_response.retrieve(batch_id)
         batch = MessageBatch.model_validate(raw.http_response.json())
-        if batch.processing_status == "ended":
-            return batch
-        assert time.monotonic() < deadline, f"batch {batch_id} did not end"
-        time.sleep(0.05)
+        return batch if batch.processing_status == "ended" else None
+
+    return until(ended, f"batch {batch_id} to end", timeout_s=WAIT_S)
 
 
 def raw_results(server: Server, batch: MessageBatch) -> list[MessageBatchIndividualResponse]:

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import Server, start_server, stop_server
+from tests.polling import until
 
 pytestmark = pytest.mark.slow
 
@@ -76,27 +76,22 @@ def submit(
 
 def wait_until(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...] = TERMINAL) -> Any:
     """Poll the batch until its status is one of `statuses`."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in statuses:
-            return batch
-        if time.monotonic() > deadline:
-            raise AssertionError(f"batch {batch_id} still {batch.status} after {WAIT_S} s")
-        time.sleep(0.05)
+    return until(
+        lambda: b if (b := client.batches.retrieve(batch_id)).status in statuses else None,
+        f"batch {batch_id} to be {statuses}", timeout_s=WAIT_S,
+    )  # fmt: skip
 
 
 def wait_for_progress(client: openai.OpenAI, batch_id: str, num_done: int) -> Any:
     """Poll until at least `num_done` requests finished (or the batch ended)."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
+
+    def progressed() -> Any:
         batch = client.batches.retrieve(batch_id)
         counts = batch.request_counts
-        if batch.status in TERMINAL or (counts and counts.completed >= num_done):
-            return batch
-        if time.monotonic() > deadline:
-            raise AssertionError(f"batch {batch_id} made no progress")
-        time.sleep(0.02)
+        is_done = batch.status in TERMINAL or (counts and counts.completed >= num_done)
+        return batch if is_done else None
+
+    return until(progressed, f"batch {batch_id} to progress", timeout_s=WAIT_S, interval_s=0.02)
 
 
 def records(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -187,14 +182,15 @@ def test_files_can_be_listed_read_and_deleted(client: openai.OpenAI) -> None:
 
 def wait_until_gone(client: openai.OpenAI, file_id: str) -> None:
     """Poll until the file is deleted (404)."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
         try:
             client.files.retrieve(file_id)
         except openai.NotFoundError:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"file {file_id} still exists after {WAIT_S} s")
+            return True
+        return False
+
+    until(gone, f"file {file_id} to be deleted", timeout_s=WAIT_S, interval_s=0.1)
 
 
 def test_files_and_batch_outputs_expire_as_asked(client: openai.OpenAI) -> None:

@@ -5,7 +5,6 @@ afterwards, read from /metrics), and bad input on both endpoints."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.conftest import Server, start_server, stop_server
+from tests.polling import until
 
 pytestmark = pytest.mark.slow
 
@@ -69,11 +69,7 @@ def reference_text(checkpoint: Path, prompt: str, max_new_tokens: int) -> tuple[
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:
     """Poll ``condition`` until it holds (the server applies aborts between steps)."""
-    deadline = time.monotonic() + POOL_TIMEOUT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    until(condition, what, timeout_s=POOL_TIMEOUT_S)
 
 
 def pool_is_whole(server: Server) -> bool:

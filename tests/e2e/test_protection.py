@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import time
 
 import httpx
 import openai
@@ -11,6 +10,7 @@ import pytest
 
 from tests.e2e.conftest import Server
 from tests.overload import burst, statuses
+from tests.polling import until
 
 pytestmark = pytest.mark.slow
 
@@ -90,11 +90,8 @@ def blocked_model() -> dict[str, object]:
 
 def wait_for_metric(server: Server, value: float, name: str, **labels: str) -> None:
     """Poll /metrics until the sample equals ``value``; fail after WAIT_S."""
-    deadline = time.monotonic() + WAIT_S
-    while server.metric(name, **labels) != value:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{name}{labels} never reached {value}")
-        time.sleep(POLL_S)
+    until(lambda: server.metric(name, **labels) == value, f"{name}{labels} to reach {value}",
+          timeout_s=WAIT_S, interval_s=POLL_S)  # fmt: skip
 
 
 def start_blocker(

@@ -7,7 +7,6 @@ openai-python's own types (the client itself builds them without checking)."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from conveyor.fakes.checkpoints import build_tiny_llama
+from tests import polling
 from tests.e2e.conftest import Server, start_server, stop_server
 from tests.e2e.test_batch_api import FAST_JOBS, jsonl, results, submit
 from tests.e2e.test_batch_api import wait_until as wait_for_batch
@@ -92,13 +92,10 @@ def stream(server: Server, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def poll(client: openai.OpenAI, response_id: str, *, until: tuple[str, ...]) -> Any:
     """Retrieve the response until its status is one of ``until``."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        found = client.responses.retrieve(response_id)
-        if found.status in until:
-            return found
-        assert time.monotonic() < deadline, f"{response_id} still {found.status}"
-        time.sleep(0.02)
+    return polling.until(
+        lambda: r if (r := client.responses.retrieve(response_id)).status in until else None,
+        f"{response_id} to be {until}", timeout_s=WAIT_S, interval_s=0.02,
+    )  # fmt: skip
 
 
 def test_a_response_is_created_retrieved_and_deleted_by_its_tenant_only(

@@ -15,6 +15,7 @@ import pytest
 
 from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.conftest import start_server, stop_server
+from tests.polling import until
 
 pytestmark = pytest.mark.slow
 
@@ -40,11 +41,10 @@ def statuses(client: openai.OpenAI, ids: list[str]) -> list[str]:
 
 def wait_for(client: openai.OpenAI, ids: list[str], is_ready: Any) -> list[str]:
     """Poll the responses' statuses until ``is_ready(statuses)``."""
-    deadline = time.monotonic() + WAIT_S
-    while not is_ready(found := statuses(client, ids)):
-        assert time.monotonic() < deadline, f"still {found}"
-        time.sleep(0.05)
-    return found
+    return until(
+        lambda: found if is_ready(found := statuses(client, ids)) else None,
+        f"the responses {ids} to be ready", timeout_s=WAIT_S,
+    )  # fmt: skip
 
 
 def kill_and_restart(tmp_path: Path, jobs: dict[str, Any]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 
 from conveyor.fakes.checkpoints import build_tiny_cross_encoder
 from tests.e2e.conftest import Server, free_port, stop_server
+from tests.polling import until
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +32,13 @@ def test_serve_a_directory_without_a_config_file(tmp_path: Path) -> None:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     try:
-        deadline = time.monotonic() + 90
-        while not _ready(server):
-            assert process.poll() is None and time.monotonic() < deadline, server.log()
-            time.sleep(0.1)
+
+        def ready() -> bool:
+            assert process.poll() is None, server.log()
+            return _ready(server)
+
+        until(ready, lambda: f"the server to be ready:\n{server.log()}", timeout_s=90,
+              interval_s=0.1)  # fmt: skip
         client = openai.OpenAI(base_url=server.api, api_key=KEY, max_retries=0)
         assert client.models.retrieve("ranker").id == "ranker"
         headers = {"Authorization": f"Bearer {KEY}"}

@@ -28,6 +28,7 @@ from tests.e2e.test_batch_api import (
     wait_for_progress,
 )
 from tests.e2e.test_batch_restart import RESTART_SYN
+from tests.polling import until
 from tests.tcp_proxy import ProxyMode, TcpProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -98,14 +99,13 @@ def assert_online_embeddings_work(server: Server) -> None:
 def completed_until_done(client: openai.OpenAI, batch_id: str) -> tuple[Any, list[int]]:
     """Poll the batch until it ends: the last Batch object and every `completed` shown."""
     shown: list[int] = []
-    deadline = time.monotonic() + WAIT_S
-    while True:
+
+    def ended() -> Any:
         batch = client.batches.retrieve(batch_id)
         shown.append(batch.request_counts.completed if batch.request_counts else 0)
-        if batch.status in TERMINAL:
-            return batch, shown
-        assert time.monotonic() < deadline, f"batch {batch_id} still {batch.status}"
-        time.sleep(0.02)
+        return batch if batch.status in TERMINAL else None
+
+    return until(ended, f"batch {batch_id} to end", timeout_s=WAIT_S, interval_s=0.02), shown
 
 
 def test_postgres_frozen_then_refused_mid_batch(

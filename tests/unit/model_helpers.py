@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from conveyor.endpoints.dispatch import execute
 from conveyor.engine.core.step import StepExecutor
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
 from conveyor.engine.model.model_runner import ModelRunner
@@ -20,6 +21,7 @@ from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.fakes.checkpoints import device_under_test, dtype_under_test
+from conveyor.host.service import Service
 from conveyor.priority import Priority
 
 FIRST_ORDINARY_TOKEN = 3  # ids 0..2 are pad, BOS and EOS in the tiny tokenizer
@@ -165,3 +167,9 @@ def merged_reference(base: Path, adapter: Path) -> HFReference:
     merged: Any = PeftModel.from_pretrained(reference.model, str(adapter))
     reference.model = merged.merge_and_unload().eval()
     return reference
+
+
+async def run_whole(service: Service, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The answer to a request ``body`` at ``path``, whole, at online priority: through the
+    request kinds' table a batch line takes (``endpoints.dispatch``)."""
+    return await execute(service, path, body, priority=Priority.ONLINE)

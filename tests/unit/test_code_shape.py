@@ -15,6 +15,7 @@ No allow-list: a module or function over the limit is split by role.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -117,8 +118,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@functools.cache
 def module_graph() -> dict[str, set[str]]:
-    """Who imports whom, module by module."""
+    """Who imports whom, module by module (read once per run; callers do not change it)."""
     modules = module_paths()
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
 
@@ -307,3 +309,54 @@ def test_the_gateway_loads_neither_torch_nor_any_model_code() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True, timeout=60)  # fmt: skip
     assert done.stdout.strip() == "[]"
+
+
+UNIT_TESTS = Path(__file__).parent
+REPO_ROOT = PACKAGE_ROOT.parent.parent
+# Unit tests of the repository as a whole rather than of one module.
+REPO_WIDE_TESTS = frozenset({
+    "test_code_shape.py",  # this file: the code's shape
+    "test_deploy.py",  # deploy/'s manifests
+    "test_missing_services.py",  # tests/missing.py: a missing service fails under CI
+    "test_mutation_report.py",  # bench/mutation_report.py
+    "engine/test_torch_free.py",  # the engine's modules import without torch
+    "docs/test_readme.py",  # README.md
+})  # fmt: skip
+
+
+def mirrored_module(test: Path, package_dir: Path) -> bool:
+    """Whether `test` (`test_<name>.py`) is named after a module in `package_dir`: `name`
+    is the module's, or `<module>_<aspect>` for one aspect of it."""
+    name = test.stem.removeprefix("test_")
+    modules = {path.stem for path in package_dir.glob("*.py") if path.stem != "__init__"}
+    return any(name == module or name.startswith(module + "_") for module in modules)
+
+
+def unmirrored_tests() -> list[str]:
+    """Unit test files that do not mirror a module: `tests/unit/<package>/test_<module>.py`
+    for `src/conveyor/<package>/<module>.py` (`tests/unit/docs` mirrors `docs/_ext`)."""
+    found = []
+    for test in sorted(UNIT_TESTS.rglob("test_*.py")):
+        relative = test.relative_to(UNIT_TESTS)
+        if relative.as_posix() in REPO_WIDE_TESTS:
+            continue
+        parts = relative.parent.parts
+        package_dir = REPO_ROOT / "docs" / "_ext" if parts[:1] == ("docs",) else PACKAGE_ROOT
+        package_dir = package_dir.joinpath(*parts[1:]) if parts[:1] == ("docs",) else (
+            package_dir.joinpath(*parts)
+        )  # fmt: skip
+        if not mirrored_module(test, package_dir):
+            found.append(relative.as_posix())
+    return found
+
+
+def test_the_mirror_check_matches_modules_and_their_aspects(tmp_path: Path) -> None:
+    (tmp_path / "batcher.py").touch()
+    assert mirrored_module(Path("test_batcher.py"), tmp_path)
+    assert mirrored_module(Path("test_batcher_clock.py"), tmp_path)
+    assert not mirrored_module(Path("test_batching.py"), tmp_path)
+    assert not mirrored_module(Path("test_batcher.py"), tmp_path / "elsewhere")
+
+
+def test_unit_tests_mirror_the_package_module_for_module() -> None:
+    assert unmirrored_tests() == []

@@ -7,7 +7,6 @@ the generation routes answer as JSON or server-sent events (``api.sse``).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 
 from fastapi import APIRouter, Request
@@ -16,7 +15,7 @@ from starlette.responses import Response
 from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
 from conveyor.api.sse import serve_generation
-from conveyor.asgi.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.asgi.disconnect import disconnect_cancels
 from conveyor.asgi.json import json_response
 from conveyor.asgi.timeouts import timeout_from_headers
 from conveyor.endpoints.chat import chat_body, chat_chunks, parse_chat_request, prepare_chat
@@ -27,9 +26,13 @@ from conveyor.endpoints.completions import (
     prepare_completion,
 )
 from conveyor.endpoints.embeddings import parse_embedding_request, run_embeddings
-from conveyor.endpoints.rerank import run_rerank, run_score
+from conveyor.endpoints.rerank import (
+    parse_rerank_request,
+    parse_score_request,
+    run_rerank,
+    run_score,
+)
 from conveyor.endpoints.tokenize import run_detokenize, run_tokenize
-from conveyor.errors import ClientGone
 from conveyor.host.offload import run_sized
 from conveyor.host.service import Service
 
@@ -42,16 +45,9 @@ async def create_embeddings(request: Request) -> Response:
     raw = await request.body()
     body = await run_sized(len(raw), parse_embedding_request, raw)
     timeout_ms = timeout_from_headers(request)
-    watcher = DisconnectWatcher(request.receive, cancel_current_task(), request.scope)
-    try:
+    with disconnect_cancels(request.receive, request.scope):
         payer = service.online_payer(tenant_of(request), admission_of(request))
         result = await run_embeddings(service, body, timeout_ms=timeout_ms, payer=payer)
-    except asyncio.CancelledError:
-        if not watcher.is_gone:
-            raise
-        raise ClientGone("the client disconnected before the result was ready") from None
-    finally:
-        watcher.close()
     return json_response(result)
 
 
@@ -89,7 +85,8 @@ async def rerank(request: Request) -> Response:
     service: Service = request.app.state.service
     payer = service.online_payer(tenant_of(request), admission_of(request))
     timeout_ms = timeout_from_headers(request)
-    return json_response(await run_rerank(service, body, timeout_ms=timeout_ms, payer=payer))
+    parsed = parse_rerank_request(body)
+    return json_response(await run_rerank(service, parsed, timeout_ms=timeout_ms, payer=payer))
 
 
 @router.post("/v1/score")
@@ -99,4 +96,5 @@ async def score(request: Request) -> Response:
     service: Service = request.app.state.service
     payer = service.online_payer(tenant_of(request), admission_of(request))
     timeout_ms = timeout_from_headers(request)
-    return json_response(await run_score(service, body, timeout_ms=timeout_ms, payer=payer))
+    parsed = parse_score_request(body)
+    return json_response(await run_score(service, parsed, timeout_ms=timeout_ms, payer=payer))

@@ -10,7 +10,6 @@ are sent as OpenAI sends them: ``event: <type>`` and ``data: <json>``, no ``[DON
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,7 +22,7 @@ from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
 from conveyor.api.sse import SSE_HEADERS, encode_named
 from conveyor.api.stored_responses import stored_of
-from conveyor.asgi.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.asgi.disconnect import disconnect_cancels
 from conveyor.asgi.json import json_response
 from conveyor.asgi.timeouts import timeout_from_headers
 from conveyor.endpoints.generation import GenerationRun
@@ -36,7 +35,7 @@ from conveyor.endpoints.responses.run import (
     stream_events,
 )
 from conveyor.endpoints.responses.stored import StoredResponses
-from conveyor.errors import ClientGone, ConveyorError, JobStoreUnavailable
+from conveyor.errors import JobStoreUnavailable
 from conveyor.host.offload import run_sized
 from conveyor.host.service import Service
 from conveyor.priority import Priority
@@ -63,8 +62,7 @@ async def create_response(request: Request) -> Response:
     response_id = new_response_id(body.previous_response_id)
     prepared = await prepare_response(service, body, context, response_id=response_id)
     payer = service.online_payer(tenant, admission_of(request))
-    await payer.admit(prepared.chat.model, *prepared.chat.token_ask())  # exact tokens
-    run = prepared.launch(
+    run = await prepared.start(
         service, priority=Priority.ONLINE, timeout_ms=timeout_from_headers(request), payer=payer
     )
     on_end = _saver(stored, tenant, prepared) if body.is_stored else None
@@ -92,15 +90,10 @@ async def _whole(
     request: Request, prepared: PreparedResponse, run: GenerationRun, on_end: OnEnd | None
 ) -> Response:
     """The whole response as JSON, once stored; a caller who leaves aborts the run."""
-    watcher = DisconnectWatcher(request.receive, cancel_current_task(), request.scope)
     try:
-        response = await collect_response(prepared, run)
-    except asyncio.CancelledError:
-        if not watcher.is_gone:
-            raise
-        raise ClientGone("the client disconnected before the result was ready") from None
+        with disconnect_cancels(request.receive, request.scope):
+            response = await collect_response(prepared, run)
     finally:
-        watcher.close()
         run.close()
     if on_end is not None:
         await on_end(response)
@@ -111,19 +104,12 @@ async def _stream(
     request: Request, prepared: PreparedResponse, run: GenerationRun, on_end: OnEnd | None
 ) -> Response:
     """Server-sent events, started once the first output is in hand."""
-    watcher = DisconnectWatcher(request.receive, cancel_current_task(), request.scope)
     try:
-        await run.first()
-    except asyncio.CancelledError:
-        run.close()
-        if not watcher.is_gone:
-            raise
-        raise ClientGone("the client disconnected before the result was ready") from None
-    except ConveyorError:
+        with disconnect_cancels(request.receive, request.scope):
+            await run.first()
+    except BaseException:  # an error, the caller gone or a cancellation: nothing to wait for
         run.close()
         raise
-    finally:
-        watcher.close()
     return StreamingResponse(
         _encoded(stream_events(prepared, run, on_end), run),
         media_type="text/event-stream",

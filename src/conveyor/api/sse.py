@@ -9,7 +9,6 @@ KV-cache blocks are freed at once.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,13 +20,13 @@ from starlette.responses import Response, StreamingResponse
 
 from conveyor.api.rate_limit import admission_of
 from conveyor.api.request_state import tenant_of
-from conveyor.asgi.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.asgi.disconnect import disconnect_cancels
 from conveyor.asgi.json import raw_json_response
 from conveyor.asgi.timeouts import timeout_from_headers
 from conveyor.endpoints.answers import encode_body
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun, PreparedRun
 from conveyor.endpoints.off_loop import prepare_off_loop
-from conveyor.errors import ClientGone, ConveyorError
+from conveyor.errors import ConveyorError
 from conveyor.host.offload import run_sized
 from conveyor.host.service import Service
 from conveyor.priority import Priority
@@ -95,11 +94,11 @@ async def serve_generation(
     raw = await request.body()
     timeout_ms = timeout_from_headers(request)
     body = await run_sized(len(raw), parse, raw)
-    service.generator(body.model)  # 404 / 400 for the wrong model, before any tokenizing
-    prepared = await prepare_off_loop(service, prepare, body)
+    prepared = await prepare_off_loop(service, prepare, body)  # the model resolved once, here
     payer = service.online_payer(tenant_of(request), admission_of(request))
-    await payer.admit(prepared.model, *prepared.token_ask())  # rate limits, exact tokens
-    run = prepared.launch(service, priority=Priority.ONLINE, timeout_ms=timeout_ms, payer=payer)
+    run = await prepared.start(
+        service, priority=Priority.ONLINE, timeout_ms=timeout_ms, payer=payer
+    )
     return await respond(
         request,
         run,
@@ -120,22 +119,15 @@ async def respond(
     event_format: EventFormat = OPENAI_EVENTS,
 ) -> Response:
     """Wait for the first output (stream) or the whole result (JSON), watching the caller."""
-    watcher = DisconnectWatcher(request.receive, cancel_current_task(), request.scope)
     try:
-        if is_stream:
-            await run.first()
-        else:
-            results = await run.collect()
-    except asyncio.CancelledError:
-        run.close()
-        if not watcher.is_gone:
-            raise
-        raise ClientGone("the client disconnected before the result was ready") from None
-    except ConveyorError:
+        with disconnect_cancels(request.receive, request.scope):
+            if is_stream:
+                await run.first()
+            else:
+                results = await run.collect()
+    except BaseException:  # an error, the caller gone or a cancellation: nothing to wait for
         run.close()
         raise
-    finally:
-        watcher.close()
     if not is_stream:
         run.close()
         return raw_json_response(await encode_body(make_body, run, results))

@@ -1,11 +1,15 @@
-"""Notice a caller who disconnects while their inputs wait."""
+"""Notice a caller who disconnects while their inputs wait: ``disconnect_cancels`` is the
+one way a handler waits on work it drops when its caller leaves."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from starlette.types import Receive, Scope
+
+from conveyor.errors import ClientGone
 
 # Where Conveyor's server protocol puts each request's `DisconnectHook`, in the ASGI
 # scope's ``extensions``.
@@ -84,6 +88,24 @@ class DisconnectWatcher:
             self._hook.watch(None)
         if self._task is not None:
             self._task.cancel()
+
+
+@contextmanager
+def disconnect_cancels(receive: Receive, scope: Scope) -> Iterator[None]:
+    """Run the block cancelled if the client goes away meanwhile, which then raises
+    ``ClientGone`` instead of the cancellation (any other cancellation goes on as it came).
+
+    Enter it only after the request body has been read (``DisconnectWatcher``).
+    """
+    watcher = DisconnectWatcher(receive, cancel_current_task(), scope)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not watcher.is_gone:
+            raise
+        raise ClientGone("the client disconnected before the result was ready") from None
+    finally:
+        watcher.close()
 
 
 def _hook_of(scope: Scope | None) -> DisconnectHook | None:

@@ -14,12 +14,10 @@ from conveyor.endpoints.generation import (
     PreparedRun,
     check_prompt_size,
     choice_params,
-    parse_body,
     resolve_max_tokens,
     sampling_params,
     usage_body,
 )
-from conveyor.endpoints.off_loop import run_unstreamed
 from conveyor.endpoints.tool_stream import Event, ToolCallStream, stream_deltas
 from conveyor.endpoints.tools import (
     ParsedCall,
@@ -29,20 +27,18 @@ from conveyor.endpoints.tools import (
     template_tools,
     tool_call_grammar,
 )
+from conveyor.endpoints.validation import parse_body
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import FinishReason, TokenLogprobs
 from conveyor.engine.sampling.grammar import grammar_from_json_schema
 from conveyor.errors import InvalidRequest
 from conveyor.host.service import Service
-from conveyor.priority import Priority
-from conveyor.tenants.usage import Payer
 
 __all__ = [
     "chat_body",
     "chat_chunks",
     "parse_chat_request",
     "prepare_chat",
-    "run_chat",
 ]
 
 OBJECT = "chat.completion"
@@ -186,27 +182,6 @@ def _format_grammar(request: ChatCompletionRequest) -> str | None:
         return grammar_from_json_schema(schema)
     except ValueError as exc:
         raise InvalidRequest(str(exc), param="response_format") from None
-
-
-async def run_chat(
-    service: Service,
-    body: bytes | str | dict[str, Any] | ChatCompletionRequest,
-    *,
-    priority: Priority = Priority.ONLINE,
-    timeout_ms: float | None = None,
-    payer: Payer | None = None,
-) -> dict[str, Any]:
-    """Run a whole (non-streamed) chat completion; cancelling this aborts the generation."""
-    request = body if isinstance(body, ChatCompletionRequest) else parse_chat_request(body)
-    return await run_unstreamed(
-        service,
-        request,
-        prepare_chat,
-        chat_body,
-        priority=priority,
-        timeout_ms=timeout_ms,
-        payer=payer,
-    )
 
 
 def chat_body(run: GenerationRun, results: Sequence[ChoiceResult]) -> dict[str, Any]:

@@ -16,21 +16,18 @@ from conveyor.endpoints.generation import (
     check_prompt_size,
     check_token_ids,
     choice_params,
-    parse_body,
     resolve_max_tokens,
     sampling_params,
     usage_body,
 )
 from conveyor.endpoints.generation_schemas import CompletionRequest
-from conveyor.endpoints.off_loop import run_unstreamed
 from conveyor.endpoints.raw_id_lists import count_id_lists
+from conveyor.endpoints.validation import parse_body
 from conveyor.engine.generator import HostedGenerator
 from conveyor.errors import InvalidRequest
 from conveyor.host.offload import LARGE_INPUT_BYTES
 from conveyor.host.service import Service
 from conveyor.input_limits import utf8_size
-from conveyor.priority import Priority
-from conveyor.tenants.usage import Payer
 
 __all__ = [
     "completion_body",
@@ -39,7 +36,6 @@ __all__ = [
     "parse_completion_request",
     "prepare_completion",
     "refuse_long_id_prompts",
-    "run_completion",
 ]
 
 OBJECT = "text_completion"
@@ -151,27 +147,6 @@ def prepare_completion(
         per_choice * len(prompts),
         prefixes=prefixes,
         num_choices=num_choices,
-    )
-
-
-async def run_completion(
-    service: Service,
-    body: bytes | str | dict[str, Any] | CompletionRequest,
-    *,
-    priority: Priority = Priority.ONLINE,
-    timeout_ms: float | None = None,
-    payer: Payer | None = None,
-) -> dict[str, Any]:
-    """Run a whole (non-streamed) completion; cancelling this aborts the generation."""
-    request = body if isinstance(body, CompletionRequest) else parse_completion_request(body)
-    return await run_unstreamed(
-        service,
-        request,
-        prepare_completion,
-        completion_body,
-        priority=priority,
-        timeout_ms=timeout_ms,
-        payer=payer,
     )
 
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from pydantic import ValidationError
-
 from conveyor.endpoints.schemas import EmbeddingRequest
-from conveyor.endpoints.validation import invalid_from_validation
+from conveyor.endpoints.validation import EMBEDDING_HINTS, parse_body
 from conveyor.host.service import Service
 from conveyor.models.base import Vector
 from conveyor.priority import Priority
@@ -17,24 +15,18 @@ from conveyor.tenants.usage import Payer
 
 def parse_embedding_request(body: bytes | dict[str, Any]) -> EmbeddingRequest:
     """Validate a JSON body (raw bytes or decoded); any mistake is a 400 naming the field."""
-    try:
-        if isinstance(body, bytes | str):
-            return EmbeddingRequest.model_validate_json(body)
-        return EmbeddingRequest.model_validate(body)
-    except ValidationError as exc:
-        raise invalid_from_validation(exc) from None
+    return parse_body(EmbeddingRequest, body, hints=EMBEDDING_HINTS)
 
 
 async def run_embeddings(
     service: Service,
-    body: bytes | dict[str, Any] | EmbeddingRequest,
+    request: EmbeddingRequest,
     *,
     priority: Priority = Priority.ONLINE,
     timeout_ms: float | None = None,
     payer: Payer | None = None,
 ) -> dict[str, Any]:
     """Embed every input of one request; cancelling this drops inputs not yet run."""
-    request = body if isinstance(body, EmbeddingRequest) else parse_embedding_request(body)
     result = await service.embed(
         request.model,
         request.inputs(),

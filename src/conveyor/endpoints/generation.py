@@ -11,12 +11,9 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from importlib.metadata import version
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
-from conveyor.endpoints.generation_schemas import PROMPT_HINT, GenerationRequestBody
-from conveyor.endpoints.validation import too_many_errors
+from conveyor.endpoints.generation_schemas import GenerationRequestBody
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import GenerationOutput, PromptLogprobs, TokenLogprobs
 from conveyor.engine.sampling.params import SamplingParams
@@ -35,7 +32,6 @@ __all__ = [
     "PreparedRun",
     "check_prompt_size",
     "check_token_ids",
-    "parse_body",
     "prepare_counted",
     "resolve_max_tokens",
     "sampling_params",
@@ -43,69 +39,8 @@ __all__ = [
     "usage_body",
 ]
 
-BodyT = TypeVar("BodyT", bound=BaseModel)
-
 # OpenAI's backend-configuration marker; Conveyor's changes only with its version.
 SYSTEM_FINGERPRINT = f"fp_conveyor_{version('conveyor')}"
-
-
-def parse_body(model_cls: type[BodyT], body: bytes | str | dict[str, Any]) -> BodyT:
-    """Validate a JSON body (raw or decoded); any mistake is a 400 naming the field."""
-    try:
-        if isinstance(body, bytes | str):
-            return model_cls.model_validate_json(body)
-        return model_cls.model_validate(body)
-    except ValidationError as exc:
-        raise _invalid(exc) from None
-
-
-def _invalid(exc: ValidationError) -> InvalidRequest:
-    """A 400 naming the field, clearer than pydantic's report on unions and unknown fields.
-
-    Our own checks (``value_error``) win over a union's per-branch type errors, and the
-    branch tags pydantic puts in the location (``stop.str``) are dropped.
-    """
-    crowded = too_many_errors(exc)
-    if crowded is not None:
-        return crowded
-    errors = exc.errors()
-    if not errors:
-        return InvalidRequest("the request body is invalid")
-    first = next((error for error in errors if error["type"] == "value_error"), errors[0])
-    kind = first["type"]
-    location = [str(part) for part in first["loc"] if not _is_union_tag(part)]
-    where = ".".join(location)
-    param = location[0] if location else None
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if kind == "json_invalid":
-        return InvalidRequest(f"the request body is not valid JSON: {message}")
-    if kind == "missing":
-        return InvalidRequest(f"missing required parameter: {where!r}", param=param)
-    if kind == "extra_forbidden":
-        return InvalidRequest(f"unrecognized request argument: {where!r}", param=where)
-    if param == "prompt" and kind != "value_error":
-        return InvalidRequest(PROMPT_HINT, param=param)
-    field_name = next((part for part in reversed(location) if not part.isdigit()), "")
-    if field_name in _UNION_HINTS and kind != "value_error":
-        return InvalidRequest(
-            f"invalid value for {where!r}: {_UNION_HINTS[field_name]}", param=param
-        )
-    if not location:
-        return InvalidRequest(message)
-    return InvalidRequest(f"invalid value for {where!r}: {message}", param=param)
-
-
-def _is_union_tag(part: object) -> bool:
-    """Whether a location part names a union branch (``str``, ``list[str]``), not a field."""
-    return isinstance(part, str) and (part in _SCALAR_TAGS or "[" in part)
-
-
-# Fields that accept several shapes: one sentence instead of an error per shape.
-_UNION_HINTS = {
-    "content": "content must be a string or an array of text parts",
-    "stop": "stop must be a string or an array of strings",
-}
-_SCALAR_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list"})
 
 
 def resolve_max_tokens(
@@ -341,7 +276,7 @@ class PreparedRun:
     """A request checked against its model and tokenized, ready to submit.
 
     Preparing is pure CPU work (tokenizing, the chat template) and may run on any thread;
-    ``launch`` submits to the engine and must run on the event loop.
+    ``start`` submits to the engine and must run on the event loop.
     """
 
     generator: HostedGenerator
@@ -367,7 +302,7 @@ class PreparedRun:
         num_input = sum(len(prompt) for prompt in self.prompts[:: self.num_choices])
         return num_input, num_output
 
-    def launch(
+    async def start(
         self,
         service: Service,
         *,
@@ -375,12 +310,13 @@ class PreparedRun:
         timeout_ms: float | None,
         payer: Payer | None = None,
     ) -> GenerationRun:
-        """Submit every prompt to the engine and return the run (429 / 400 raised here).
+        """Admit ``payer``'s tokens and queue every prompt through the service's door for
+        generation (``Service.start_generation``); the run (429 / 400 raised here).
 
-        The run bills `payer` when it ends.
+        The run bills ``payer`` when it ends.
         """
-        stream = service.generate(
-            self.model, self.prompts, self.params, priority=priority, timeout_ms=timeout_ms
+        stream = await service.start_generation(
+            self, priority=priority, timeout_ms=timeout_ms, payer=payer
         )
         return GenerationRun(
             id=f"{self.id_prefix}-{uuid.uuid4().hex}",

@@ -28,7 +28,6 @@ from conveyor.engine.sampling.params import MAX_LOGPROBS
 __all__ = [
     "MAX_CHOICES",
     "MAX_STOP_STRINGS",
-    "PROMPT_HINT",
     "CompletionRequest",
     "GenerationRequestBody",
     "StreamOptions",
@@ -41,11 +40,6 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 # A token id key of logit_bias: vocabularies are far below 10**10 ids.
 MAX_TOKEN_ID_DIGITS = 10
-
-PROMPT_HINT = (
-    "'prompt' must be a string, an array of strings, an array of token ids (integers) "
-    "or an array of arrays of token ids"
-)
 
 Number = StrictFloat | StrictInt
 # Tried in order, each list stopping at its first bad item: a megabyte of the wrong kind is

@@ -77,7 +77,7 @@ async def run_unstreamed(
     if request.stream:
         raise InvalidRequest("stream: true is not supported here", param="stream")
     prepared = await prepare_off_loop(service, prepare, request)
-    run = prepared.launch(service, priority=priority, timeout_ms=timeout_ms, payer=payer)
+    run = await prepared.start(service, priority=priority, timeout_ms=timeout_ms, payer=payer)
     try:
         results = await run.collect()
     finally:

@@ -6,24 +6,33 @@ import time
 import uuid
 from typing import Any
 
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.rerank_schemas import RerankRequest, ScoreRequest
+from conveyor.endpoints.validation import parse_body
 from conveyor.errors import InvalidRequest
 from conveyor.host.service import Service
 from conveyor.priority import Priority
 from conveyor.tenants.usage import Payer
 
 
+def parse_rerank_request(body: bytes | dict[str, Any]) -> RerankRequest:
+    """Validate a rerank body; any mistake is a 400 naming the field."""
+    return parse_body(RerankRequest, body)
+
+
+def parse_score_request(body: bytes | dict[str, Any]) -> ScoreRequest:
+    """Validate a score body; any mistake is a 400 naming the field."""
+    return parse_body(ScoreRequest, body)
+
+
 async def run_rerank(
     service: Service,
-    body: bytes | dict[str, Any],
+    request: RerankRequest,
     *,
     priority: Priority = Priority.ONLINE,
     timeout_ms: float | None = None,
     payer: Payer | None = None,
 ) -> dict[str, Any]:
     """``{id, model, results: [{index, relevance_score, document?}], usage}``, best first."""
-    request = parse_body(RerankRequest, body)
     texts = request.texts()
     result = await service.score_pairs(
         request.model, [(request.query, text) for text in texts],
@@ -47,14 +56,13 @@ async def run_rerank(
 
 async def run_score(
     service: Service,
-    body: bytes | dict[str, Any],
+    request: ScoreRequest,
     *,
     priority: Priority = Priority.ONLINE,
     timeout_ms: float | None = None,
     payer: Payer | None = None,
 ) -> dict[str, Any]:
     """vLLM's score list: ``data`` of ``{index, object: "score", score}`` in pair order."""
-    request = parse_body(ScoreRequest, body)
     try:
         pairs = request.pairs()
     except ValueError as exc:

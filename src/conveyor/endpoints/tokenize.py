@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.endpoints.chat import encode_chat, parse_chat_request
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.schemas import DetokenizeRequest, TokenizeRequest
+from conveyor.endpoints.validation import parse_body
 from conveyor.errors import InvalidRequest
 from conveyor.host.offload import run_sized
 from conveyor.host.service import Service

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.asgi.disconnect import DisconnectWatcher, cancel_current_task
+from conveyor.asgi.disconnect import disconnect_cancels
 from conveyor.asgi.json import error_response
 from conveyor.asgi.timeouts import TIMEOUT_HEADER, timeout_from_headers
 from conveyor.errors import ClientGone, ConveyorError, QueueFull
@@ -156,13 +156,8 @@ async def _forward(
         regions=regions,
     )
     gateway.num_in_flight += 1
-    watcher = DisconnectWatcher(receive, cancel_current_task(), scope)
     try:
-        return await gateway.proxy.forward(outbound)
-    except asyncio.CancelledError:
-        if not watcher.is_gone:
-            raise
-        raise ClientGone("the client disconnected before the result was ready") from None
+        with disconnect_cancels(receive, scope):
+            return await gateway.proxy.forward(outbound)
     finally:
-        watcher.close()
         gateway.num_in_flight -= 1

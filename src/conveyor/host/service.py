@@ -1,37 +1,28 @@
-"""The engine room shared by the HTTP API and the library: models and their batchers."""
+"""The engine room shared by the HTTP API, batch jobs and the library: one door per
+request kind on the model host (``host.model_host``).
+
+``embed`` and ``score_pairs`` take a one-shot request, ``start_generation`` a prepared
+generative one (completions, chat, messages, responses). Each resolves its model once,
+admits the payer's tokens against the rate limits, counts the outcome and bills.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from conveyor.batching.batcher import Batcher, BatcherSettings
-from conveyor.config.model_config import (
-    GenerateModelConfig,
-    ModelEntry,
-)
 from conveyor.config.settings import ServerConfig
-from conveyor.errors import (
-    ConveyorError,
-    InvalidRequest,
-    ModelNotFound,
-    RateLimitBackendDown,
-    RateLimited,
-    ServiceUnavailable,
-    TokensExceedLimit,
-)
-from conveyor.host.hosted_model import HostedModel, OneShotConfig
-from conveyor.host.model_cache import CacheFull, ModelCache
-from conveyor.models.base import EmbeddingInput, EmbeddingModel, Vector, shorten_vectors
+from conveyor.errors import ConveyorError, RateLimitBackendDown, RateLimited, TokensExceedLimit
+from conveyor.host.hosted_model import HostedModel
+from conveyor.host.model_host import GeneratorFactory, ModelFactory, ModelHost, ModelResolver
+from conveyor.models.base import EmbeddingInput, EncodedInput, Vector, shorten_vectors
 from conveyor.models.registry import build_embedding_model, build_generator
-from conveyor.models.text_tokenizer import TextTokenizer
 from conveyor.observability.context import note_model
-from conveyor.observability.metrics import GeneratorMetrics, Metrics, ModelMetrics, outcome_of
+from conveyor.observability.metrics import Metrics, ModelMetrics, outcome_of
 from conveyor.priority import Priority
 from conveyor.tenants.ledger import UsageLedger
 from conveyor.tenants.usage import Admission, Payer, UsageEvent, cost_usd
@@ -40,16 +31,6 @@ if TYPE_CHECKING:
     from conveyor.engine.generator import HostedGenerator
     from conveyor.engine.sampling.params import SamplingParams
     from conveyor.engine.stream import GenerationStream
-
-log = logging.getLogger(__name__)
-
-MIB = 1024 * 1024
-
-ModelFactory = Callable[[OneShotConfig], EmbeddingModel]
-GeneratorFactory = Callable[[GenerateModelConfig, GeneratorMetrics], "HostedGenerator"]
-AnyModelConfig = ModelEntry
-# Points a model entry at local weights (pulls `conveyor://NAME` models); see distribution.
-ModelResolver = Callable[[AnyModelConfig], Awaitable[AnyModelConfig]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,14 +41,10 @@ class EmbedResult:
     num_tokens: int
 
 
-class Service:
-    """Loads the configured models, batches their inputs, answers callers.
+class Service(ModelHost):
+    """The models of a config and one door per request kind into them.
 
     Use as ``async with Service(config) as service: await service.embed(...)``.
-
-    With ``model_memory_budget_mb`` set, one-shot models load on first use instead of at
-    start-up (in a thread, one load at a time), and the least recently used idle model is
-    unloaded when the next one would not fit. Callers hold a model through ``using``.
     """
 
     def __init__(
@@ -79,237 +56,13 @@ class Service:
         generator_factory: GeneratorFactory = build_generator,
         model_resolver: ModelResolver | None = None,
     ) -> None:
-        self.config = config
-        self._resolver = model_resolver
-        # Models whose weights could not be fetched, with why: 503 for them, the rest serve.
-        self.failed_models: dict[str, str] = {}
-        self.metrics = metrics or Metrics()
-        self._model_factory = model_factory
-        self._generator_factory = generator_factory
-        self._models: dict[str, HostedModel] = {}
-        # Generative models (continuous batching), beside the one-shot ones.
-        self.generators: dict[str, HostedGenerator] = {}
-        self._is_ready = False
-        budget_mb = config.model_memory_budget_mb
-        self._cache = ModelCache(budget_mb * MIB) if budget_mb is not None else None
-        self._load_lock = asyncio.Lock()
-        self._started_at = int(time.time())
+        """The host of ``config``'s models (see ``ModelHost``) and an online usage ledger."""
+        super().__init__(
+            config, metrics=metrics, model_factory=model_factory,
+            generator_factory=generator_factory, model_resolver=model_resolver,
+        )  # fmt: skip
         # Online requests' usage; written to the job store once the app starts it.
         self.ledger = UsageLedger()
-
-    @property
-    def is_ready(self) -> bool:
-        """True once every model is loaded and accepting inputs."""
-        return self._is_ready
-
-    async def _resolve_models(self) -> None:
-        """Point `conveyor://` entries at pulled local copies; a failed pull skips its model."""
-        if self._resolver is None:
-            from conveyor.distribution.resolver import has_remote_models, standalone_resolver
-
-            if not has_remote_models(self.config):
-                return
-            self._resolver = standalone_resolver(self.config, self.metrics.distribution)
-        resolver = self._resolver
-        resolved: list[AnyModelConfig] = []
-        for model_config in self.config.models:
-            try:
-                resolved.append(await resolver(model_config))
-            except ServiceUnavailable as exc:
-                log.error("model %s cannot be loaded: %s", model_config.name, exc.message)
-                self.failed_models[model_config.name] = exc.message
-        self.config = self.config.model_copy(update={"models": resolved})
-
-    async def start(self) -> None:
-        """Load every model (off the event loop) and start its batcher."""
-        await self._resolve_models()
-        for model_config in self.config.models:
-            started = time.perf_counter()
-            if isinstance(model_config, GenerateModelConfig):
-                metrics = self.metrics.for_generator(model_config.name)
-                self.generators[model_config.name] = await asyncio.to_thread(
-                    self._generator_factory, model_config, metrics
-                )
-            elif self._cache is not None:
-                continue  # loaded on first use
-            else:
-                model = await asyncio.to_thread(self._model_factory, model_config)
-                self._models[model_config.name] = self._host(model_config, model)
-            log.info("loaded %s in %.1f s", model_config.name, time.perf_counter() - started)
-        self._is_ready = True
-
-    def _host(self, config: OneShotConfig, model: EmbeddingModel) -> HostedModel:
-        settings = BatcherSettings(
-            max_batch_size=config.max_batch_size,
-            max_wait_ms=config.max_wait_ms,
-            max_batch_tokens=config.max_batch_tokens,
-            max_queue=config.max_queue,
-            mixed_batch_slack_ms=config.mixed_batch_slack_ms,
-        )
-        metrics = self.metrics.for_model(config.name)
-        batcher = Batcher(config.name, model.embed_batch, settings, metrics)
-        batcher.start()
-        return HostedModel(config, model, batcher, metrics, int(time.time()))
-
-    async def stop(self) -> None:
-        """Refuse new work, fail what is queued, release the models."""
-        self._is_ready = False
-        for hosted in self._models.values():
-            await hosted.batcher.stop()
-            hosted.model.close()
-        self._models.clear()
-        for generator in self.generators.values():
-            await asyncio.to_thread(generator.stop)
-        self.generators.clear()
-        close = getattr(self._resolver, "close", None)
-        if close is not None:
-            await asyncio.to_thread(close)
-
-    async def __aenter__(self) -> Service:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    def models(self) -> list[HostedModel]:
-        """Every loaded one-shot model."""
-        return list(self._models.values())
-
-    def unloaded_models(self) -> list[OneShotConfig]:
-        """Configured one-shot models not loaded now (only under a memory budget)."""
-        return [
-            m
-            for m in self.config.models
-            if not isinstance(m, GenerateModelConfig) and m.name not in self._models
-        ]
-
-    @property
-    def started_at(self) -> int:
-        """When this service was created (unix seconds)."""
-        return self._started_at
-
-    def model_metrics(self, name: str) -> ModelMetrics:
-        """The metric children of a one-shot model, loaded or not (404/400 like ``hosted``)."""
-        hosted = self._models.get(name)
-        if hosted is not None:
-            return hosted.metrics
-        if self._cache is not None and self._lazy_config(name) is not None:
-            return self.metrics.for_model(name)
-        return self.hosted(name).metrics
-
-    @asynccontextmanager
-    async def using(self, name: str) -> AsyncIterator[HostedModel]:
-        """Hold a one-shot model for a request: loaded first if needed, not evicted meanwhile."""
-        if self._cache is None:
-            yield self.hosted(name)
-            return
-        hosted = await self._acquire(name)
-        try:
-            yield hosted
-        finally:
-            if name in self._models:
-                self._cache.release(name)
-
-    def _lazy_config(self, name: str) -> OneShotConfig | None:
-        """The config of a one-shot model loaded on demand, if ``name`` is one."""
-        config = self.config.model(name)
-        if config is None or isinstance(config, GenerateModelConfig):
-            return None
-        return config
-
-    async def _acquire(self, name: str) -> HostedModel:
-        """Mark ``name`` in use, loading it (and evicting idle models) when it is not loaded."""
-        cache = self._cache
-        if cache is None:
-            raise RuntimeError("models load on first use only under a memory budget")
-        if name in self._models:  # no await between the check and acquire: nothing evicts it
-            cache.acquire(name)
-            return self._models[name]
-        config = self._lazy_config(name)
-        if config is None or not self._is_ready:
-            return self.hosted(name)  # raises the right error (404, 400 or 503)
-        async with self._load_lock:
-            if name not in self._models:
-                await self._load(config, cache)
-            cache.acquire(name)
-            return self._models[name]
-
-    async def _load(self, config: OneShotConfig, cache: ModelCache) -> None:
-        """Evict the least recently used idle models so ``config`` fits, then load it."""
-        size_bytes = (config.memory_mb or 0) * MIB
-        try:
-            victims = cache.plan_load(config.name, size_bytes)
-        except CacheFull as exc:
-            raise ServiceUnavailable(f"model {config.name!r} cannot be loaded now: {exc}") from None
-        evicted = []
-        for victim in victims:
-            # Out of the table and the cache before any await, so no caller can pick it up.
-            evicted.append(self._models.pop(victim))
-            cache.remove(victim)
-        for hosted in evicted:
-            log.info("evicting %s (least recently used)", hosted.config.name)
-            await hosted.batcher.stop()
-            await asyncio.to_thread(hosted.model.close)
-        started = time.perf_counter()
-        model = await asyncio.to_thread(self._model_factory, config)
-        self._models[config.name] = self._host(config, model)
-        cache.add(config.name, size_bytes)
-        log.info("loaded %s on demand in %.1f s", config.name, time.perf_counter() - started)
-
-    def hosted(self, name: str) -> HostedModel:
-        """The hosted model of that name, or 404."""
-        hosted = self._models.get(name)
-        if hosted is None:
-            self._check_failed(name)
-            if name in self.generators:
-                raise InvalidRequest(
-                    f"the model {name!r} is a generative model; use /v1/completions or "
-                    "/v1/chat/completions",
-                    param="model",
-                )
-            if not self._is_ready and self.config.model(name) is not None:
-                raise ServiceUnavailable(f"model {name!r} is still loading")
-            raise ModelNotFound(f"the model {name!r} does not exist", param="model")
-        return hosted
-
-    def generator(self, name: str) -> HostedGenerator:
-        """The generative model of that name: 404 if unknown, 400 if it only embeds."""
-        generator = self.generators.get(name)
-        if generator is not None:
-            return generator
-        for base in self.generators.values():  # a LoRA adapter runs on its base's engine
-            adapter = base.for_adapter(name)
-            if adapter is not None:
-                return adapter
-        self._check_failed(name)
-        if name in self._models:
-            raise InvalidRequest(
-                f"the model {name!r} is an embedding model; it does not generate text",
-                param="model",
-            )
-        if not self._is_ready and self.config.model(name) is not None:
-            raise ServiceUnavailable(f"model {name!r} is still loading")
-        raise ModelNotFound(f"the model {name!r} does not exist", param="model")
-
-    async def text_tokenizer(self, name: str) -> TextTokenizer:
-        """The tokenizer of model ``name``: 404 if unknown, 400 if the model has none."""
-        generator = self.generators.get(name)
-        if generator is not None:
-            hf, limit = generator.tokenizer.hf, generator.max_model_len
-            return TextTokenizer(hf, limit, generator.max_input_bytes)
-        async with self.using(name) as hosted:
-            hf = getattr(hosted.model, "tokenizer", None)
-            if hf is None:
-                raise InvalidRequest(f"the model {name!r} has no tokenizer", param="model")
-            return TextTokenizer(hf, hosted.model.max_input_tokens, hosted.text_byte_limit())
-
-    def _check_failed(self, name: str) -> None:
-        """503 naming why, for a configured model whose weights could not be fetched."""
-        if name in self.failed_models:
-            raise ServiceUnavailable(
-                f"model {name!r} failed to load: {self.failed_models[name]}", param="model"
-            )
 
     async def embed(
         self,
@@ -324,24 +77,19 @@ class Service:
     ) -> EmbedResult:
         """Embed ``inputs`` with ``model``; each input is batched like a separate request.
 
-        The one way in for HTTP requests, batch lines and the library alike, so the
-        request outcome and latency metrics count them all, and ``payer`` is billed.
+        The one door for embeddings, HTTP requests, batch lines and the library alike: the
+        request outcome and latency metrics count them all, ``payer``'s tokens are
+        admitted here once counted, and ``payer`` is billed.
         """
-        note_model(model)
-        with counted_outcome(self.model_metrics(model), priority):
-            async with self.using(model) as hosted:
-                hosted.check_inputs(inputs, dimensions)
-                encoded = await hosted.encode_inputs(inputs, truncate)
-                if payer is not None:
-                    num_tokens = sum(enc.num_tokens for enc in encoded)
-                    if not payer.admit_now(model, num_tokens, 0):  # no await on the hot path
-                        await payer.wait_admitted(model, num_tokens, 0)
-                items, num_tokens = hosted.admit_encoded(encoded, priority, timeout_ms)
-                vectors = await hosted.gather_items(items)
-                if dimensions is not None and dimensions < hosted.model.dim:
-                    vectors = shorten_vectors(vectors, dimensions)
-        self.bill(payer, model, num_tokens, 0, sum(item.model_s for item in items))
-        return EmbedResult(vectors, num_tokens)
+
+        async def encode(hosted: HostedModel) -> list[EncodedInput]:
+            hosted.check_inputs(inputs, dimensions)
+            return await hosted.encode_inputs(inputs, truncate)
+
+        hosted, result = await self._run_one_shot(model, encode, priority, timeout_ms, payer)
+        if dimensions is not None and dimensions < hosted.model.dim:
+            return EmbedResult(shorten_vectors(result.vectors, dimensions), result.num_tokens)
+        return result
 
     async def score_pairs(
         self,
@@ -355,18 +103,43 @@ class Service:
     ) -> EmbedResult:
         """Score (query, document) pairs with a rerank model, each batched like an input.
 
-        The rerank twin of ``embed``: same admission, deadlines, outcome metrics and billing.
+        The one door for rerank and score: the same admission, deadlines, outcome metrics
+        and billing as ``embed``.
         """
-        with counted_outcome(self.model_metrics(model), priority):
-            async with self.using(model) as hosted:
-                hosted.check_inputs(pairs, None)
-                encoded = await hosted.encode_pairs(pairs, truncate)
-                if payer is not None:
-                    await payer.admit(model, sum(enc.num_tokens for enc in encoded), 0)
+
+        async def encode(hosted: HostedModel) -> list[EncodedInput]:
+            hosted.check_inputs(pairs, None)
+            return await hosted.encode_pairs(pairs, truncate)
+
+        return (await self._run_one_shot(model, encode, priority, timeout_ms, payer))[1]
+
+    async def _run_one_shot(
+        self,
+        model: str,
+        encode: Callable[[HostedModel], Awaitable[list[EncodedInput]]],
+        priority: Priority,
+        timeout_ms: float | None,
+        payer: Payer | None,
+    ) -> tuple[HostedModel, EmbedResult]:
+        """Hold ``model`` (resolved once), encode, admit ``payer``'s tokens, batch every
+        input and wait for them; the outcome is counted and ``payer`` billed."""
+        note_model(model)
+        resolved, metrics = self._one_shot(model)
+        with counted_outcome(metrics, priority):
+            async with self.using(model, resolved) as hosted:
+                encoded = await encode(hosted)
+                await self._admit(payer, model, sum(enc.num_tokens for enc in encoded), 0)
                 items, num_tokens = hosted.admit_encoded(encoded, priority, timeout_ms)
-                scores = await hosted.gather_items(items)
+                vectors = await hosted.gather_items(items)
         self.bill(payer, model, num_tokens, 0, sum(item.model_s for item in items))
-        return EmbedResult(scores, num_tokens)
+        return hosted, EmbedResult(vectors, num_tokens)
+
+    @staticmethod
+    async def _admit(payer: Payer | None, model: str, num_input: int, num_output: int) -> None:
+        """Admit a request's tokens against its payer's rate limits, if any apply: the one
+        place every request kind is admitted, online and batch alike."""
+        if payer is not None:
+            await payer.admit(model, num_input, num_output)
 
     def online_payer(self, tenant: str, admission: Admission | None = None) -> Payer:
         """The payer of an online request of `tenant`: its usage goes to the ledger, and
@@ -388,6 +161,25 @@ class Service:
         if payer.recorder is not None:
             payer.recorder.record(event, time.time())
 
+    async def start_generation(
+        self,
+        prepared: PreparedGeneration,
+        *,
+        priority: Priority,
+        timeout_ms: float | None,
+        payer: Payer | None,
+    ) -> GenerationStream:
+        """Queue a prepared generation request: the one door of every generative kind
+        (completions, chat, messages, responses), HTTP requests and batch lines alike.
+
+        ``payer``'s tokens (the exact input, the most output) are admitted first; the
+        prompts go to the model resolved when the request was prepared. Raises 429 when
+        its waiting queue is full (counted in the model's outcome metrics).
+        """
+        note_model(prepared.model)
+        await self._admit(payer, prepared.model, *prepared.token_ask())
+        return _submit(prepared.generator, prepared.prompts, prepared.params, priority, timeout_ms)
+
     def generate(
         self,
         model: str,
@@ -399,16 +191,56 @@ class Service:
     ) -> GenerationStream:
         """Queue one sequence per prompt on a generative model; their outputs share a stream.
 
-        Raises 404/400 for the wrong model and 429 when its waiting queue is full; counts
-        such a refusal in the model's outcome metrics (the run counts the rest).
+        The library's way in (requests go through ``start_generation``). Raises 404/400 for
+        the wrong model and 429 when its waiting queue is full; counts such a refusal in
+        the model's outcome metrics (the run counts the rest).
         """
         note_model(model)
-        generator = self.generator(model)
-        try:
-            return generator.submit(prompts, params, priority=priority, timeout_ms=timeout_ms)
-        except ConveyorError as exc:
-            generator.metrics.requests[outcome_of(exc.status_code)].inc()
-            raise
+        return _submit(self.generator(model), prompts, params, priority, timeout_ms)
+
+
+def _submit(
+    generator: HostedGenerator,
+    prompts: Sequence[list[int]],
+    params: SamplingParams | Sequence[SamplingParams],
+    priority: Priority,
+    timeout_ms: float | None,
+) -> GenerationStream:
+    """``generator.submit``, a refusal counted in its outcome metrics."""
+    try:
+        return generator.submit(prompts, params, priority=priority, timeout_ms=timeout_ms)
+    except ConveyorError as exc:
+        generator.metrics.requests[outcome_of(exc.status_code)].inc()
+        raise
+
+
+class PreparedGeneration(Protocol):
+    """A generation request checked against its model and tokenized, ready to queue
+    (``endpoints.generation.PreparedRun``)."""
+
+    @property
+    def generator(self) -> HostedGenerator:
+        """The model it was prepared for."""
+        ...
+
+    @property
+    def model(self) -> str:
+        """The model's name in the request."""
+        ...
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        """Token ids of each sequence to run."""
+        ...
+
+    @property
+    def params(self) -> SamplingParams | list[SamplingParams]:
+        """One params for all sequences, or one per sequence."""
+        ...
+
+    def token_ask(self) -> tuple[int, int]:
+        """Input tokens and the most output tokens, as admitted against rate limits."""
+        ...
 
 
 @contextmanager

@@ -12,8 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.polling import until
 from tests.postgres import fresh_database
 
 HEARTBEAT_S = 0.2
@@ -44,16 +44,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until true; fail the test with ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @dataclass
@@ -156,17 +146,14 @@ class Fleet:
 
     def wait_ready(self, proc: Proc) -> None:
         """Wait until `proc` answers /ready; fail the test if it exits or takes too long."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
+
+        def is_ready() -> bool:
             if proc.process.poll() is not None:
                 pytest.fail(f"{proc.name} exited early:\n{proc.log()}")
-            try:
-                if httpx.get(f"{proc.url}/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"{proc.name} not ready in {READY_TIMEOUT_S} s:\n{proc.log()}")
+            return httpx.get(f"{proc.url}/ready", timeout=1).status_code == 200
+
+        until(is_ready, lambda: f"{proc.name} to be ready:\n{proc.log()}",
+              timeout_s=READY_TIMEOUT_S, ignoring=(httpx.TransportError,))  # fmt: skip
 
     def stop_all(self) -> None:
         for proc in self.procs:

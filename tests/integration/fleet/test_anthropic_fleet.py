@@ -5,7 +5,6 @@ from the shared PostgreSQL job store, each request answered once."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import anthropic
@@ -14,7 +13,8 @@ import yaml
 
 from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.test_anthropic_batches import tiny_llama
-from tests.integration.fleet.conftest import Fleet, routable_ids, wait_until
+from tests.integration.fleet.conftest import Fleet, routable_ids
+from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -29,7 +29,7 @@ def test_messages_and_a_message_batch_go_through_the_gateway(fleet: Fleet, tmp_p
     gateway_config = tmp_path / "gateway.yaml"
     gateway_config.write_text(yaml.safe_dump({"jobs": JOBS}))
     gateway = fleet.start_gateway(extra_args=(*objects, "--config", str(gateway_config)))
-    wait_until(lambda: routable_ids(gateway) == {"a"}, 10, "a routable worker")
+    until(lambda: routable_ids(gateway) == {"a"}, "a routable worker", timeout_s=10)
     client = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "Hello"}]
     message = client.messages.create(model="tiny-llama", max_tokens=4, messages=messages)  # type: ignore[arg-type]
@@ -42,11 +42,11 @@ def test_messages_and_a_message_batch_go_through_the_gateway(fleet: Fleet, tmp_p
     requests = [{"custom_id": f"f{i}", "params": {"model": "tiny-llama", "max_tokens": 4,
                                                   "messages": messages}} for i in range(10)]  # fmt: skip
     batch = client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
-    deadline = time.monotonic() + WAIT_S
-    while batch.processing_status != "ended":
-        assert time.monotonic() < deadline, "the message batch did not end"
-        time.sleep(0.1)
-        batch = client.messages.batches.retrieve(batch.id)
+    batch = until(
+        lambda: b if (b := client.messages.batches.retrieve(batch.id)).processing_status
+        == "ended" else None,
+        "the message batch to end", timeout_s=WAIT_S, interval_s=0.1,
+    )  # fmt: skip
     assert batch.request_counts.succeeded == 10
     found = [result.custom_id for result in client.messages.batches.results(batch.id)]
     assert sorted(found) == sorted(r["custom_id"] for r in requests)

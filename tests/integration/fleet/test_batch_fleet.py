@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ import yaml
 from conveyor.stores import open_job_store
 from conveyor.stores.records import ShardStatus
 from tests.e2e.test_batch_api import assert_each_once, embedding_lines, jsonl, results
-from tests.integration.fleet.conftest import SYNTHETIC, Fleet, routable_ids, wait_until
+from tests.integration.fleet.conftest import SYNTHETIC, Fleet, routable_ids
+from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -58,13 +58,10 @@ def leased_by(store_url: str, batch_id: str, worker_id: str) -> bool:
 
 def finished(client: openai.OpenAI, batch_id: str) -> Any:
     """Poll the batch until it reaches a terminal status."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in TERMINAL:
-            return batch
-        time.sleep(0.1)
-    pytest.fail(f"batch {batch_id} did not finish in {WAIT_S} s")
+    return until(
+        lambda: b if (b := client.batches.retrieve(batch_id)).status in TERMINAL else None,
+        f"batch {batch_id} to finish", timeout_s=WAIT_S, interval_s=0.1,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
@@ -76,7 +73,7 @@ def test_a_batch_survives_a_worker_stopped_mid_job(
     config = {"models": [SLOW_SYNTHETIC], "jobs": JOBS}
     workers = [fleet.start_worker(n, config=config, extra_args=objects) for n in ("a", "b", "c")]
     gateway = fleet.start_gateway(extra_args=shared_args(tmp_path))
-    wait_until(lambda: routable_ids(gateway) == {"a", "b", "c"}, 5, "three routable workers")
+    until(lambda: routable_ids(gateway) == {"a", "b", "c"}, "three routable workers", timeout_s=5)
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     lines = embedding_lines(NUM_LINES)
     uploaded = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
@@ -84,13 +81,13 @@ def test_a_batch_survives_a_worker_stopped_mid_job(
         input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
     )
     assert client.files.retrieve(uploaded.id).bytes == len(jsonl(lines))
-    wait_until(
+    until(
         lambda: (
             leased_by(store_url, created.id, "a")
             or client.batches.retrieve(created.id).status in TERMINAL
         ),
-        WAIT_S,
         "a shard leased by a",
+        timeout_s=WAIT_S,
     )
     assert client.batches.retrieve(created.id).status == "in_progress", gateway.log()
     workers[0].process.send_signal(sig)
@@ -113,7 +110,7 @@ def test_the_gateway_refuses_models_no_healthy_worker_serves(fleet: Fleet, tmp_p
     objects = ("--objects", str(tmp_path / "objects"))
     fleet.start_worker("a", config={"models": [SYNTHETIC], "jobs": JOBS}, extra_args=objects)
     gateway = fleet.start_gateway(extra_args=shared_args(tmp_path))
-    wait_until(lambda: routable_ids(gateway) == {"a"}, 5, "a routable worker")
+    until(lambda: routable_ids(gateway) == {"a"}, "a routable worker", timeout_s=5)
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     data = jsonl(embedding_lines(3, model="nope"))
     uploaded = client.files.create(file=("bad.jsonl", io.BytesIO(data)), purpose="batch")
@@ -133,7 +130,7 @@ def test_a_batch_cancelled_through_the_gateway_ends_cancelled(fleet: Fleet, tmp_
     config = {"models": [SLOW_SYNTHETIC], "jobs": JOBS}
     fleet.start_worker("a", config=config, extra_args=objects)
     gateway = fleet.start_gateway(extra_args=shared_args(tmp_path))
-    wait_until(lambda: routable_ids(gateway) == {"a"}, 5, "a routable worker")
+    until(lambda: routable_ids(gateway) == {"a"}, "a routable worker", timeout_s=5)
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     data = jsonl(embedding_lines(NUM_LINES, prefix="cancel"))
     uploaded = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
@@ -142,8 +139,10 @@ def test_a_batch_cancelled_through_the_gateway_ends_cancelled(fleet: Fleet, tmp_
     )
     # Cancel mid-job, once its lines are planned: a batch cancelled while still
     # validating has no planned lines, and its output and error files stay empty.
-    wait_until(
-        lambda: client.batches.retrieve(created.id).status == "in_progress", WAIT_S, "planning"
+    until(
+        lambda: client.batches.retrieve(created.id).status == "in_progress",
+        "planning",
+        timeout_s=WAIT_S,
     )
     assert client.batches.cancel(created.id).status in ("cancelling", "cancelled")
     batch = finished(client, created.id)

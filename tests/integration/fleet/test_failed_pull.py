@@ -11,7 +11,8 @@ import httpx
 from conveyor.distribution.manifest import chunk_key
 from conveyor.distribution.push import push_model
 from conveyor.stores import open_job_store, open_object_store
-from tests.integration.fleet.conftest import MODEL, SYNTHETIC, Fleet, wait_until
+from tests.integration.fleet.conftest import MODEL, SYNTHETIC, Fleet
+from tests.polling import until
 
 
 def push_corrupt(tmp_path: Path, store_url: str, objects: Path) -> None:
@@ -50,7 +51,7 @@ def test_a_failed_pull_leaves_the_worker_not_ready_and_the_model_unregistered(
     config: dict[str, Any] = {"data_dir": str(tmp_path / "w1"), "models": [SYNTHETIC, broken]}
     try:
         proc = fleet.spawn_worker("w1", config=config, extra_args=("--objects", str(objects)))
-        wait_until(lambda: registered_models(store_url, "w1") is not None, 60, "registration")
+        until(lambda: registered_models(store_url, "w1") is not None, "registration", timeout_s=60)
         ready = httpx.get(f"{proc.url}/ready", timeout=5)
         assert ready.status_code == 503, ready.text
         assert list(ready.json()["failed"]) == ["broken"]

@@ -13,9 +13,9 @@ from tests.integration.fleet.conftest import (
     Fleet,
     embed,
     routable_ids,
-    wait_until,
 )
 from tests.integration.fleet.load import SteadyLoad
+from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -25,12 +25,14 @@ NUM_REQUESTS = 600
 def test_sigkill_under_load_moves_traffic_to_survivors(fleet: Fleet) -> None:
     workers = [fleet.start_worker(name) for name in ("a", "b", "c")]
     gateway = fleet.start_gateway()
-    wait_until(lambda: routable_ids(gateway) == {"a", "b", "c"}, 5, "three routable workers")
+    until(lambda: routable_ids(gateway) == {"a", "b", "c"}, "three routable workers", timeout_s=5)
     load = SteadyLoad(gateway, num_requests=NUM_REQUESTS)
-    wait_until(lambda: load.num_done >= NUM_REQUESTS // 4, 60, "a quarter of the load")
+    until(lambda: load.num_done >= NUM_REQUESTS // 4, "a quarter of the load", timeout_s=60)
     workers[0].process.send_signal(signal.SIGKILL)
     # Gone from the routing table within a few heartbeats (passive ejection is faster).
-    wait_until(lambda: "a" not in routable_ids(gateway), STALE_AFTER_S + 5 * HEARTBEAT_S, "eject")
+    until(
+        lambda: "a" not in routable_ids(gateway), "eject", timeout_s=STALE_AFTER_S + 5 * HEARTBEAT_S
+    )
     outcome = load.wait()
     assert outcome.hung == 0
     assert outcome.num_sent == NUM_REQUESTS
@@ -45,16 +47,16 @@ def test_sigterm_drains_without_loss_and_a_restarted_worker_rejoins(fleet: Fleet
     draining = fleet.start_worker("a")
     fleet.start_worker("b")
     gateway = fleet.start_gateway()
-    wait_until(lambda: routable_ids(gateway) == {"a", "b"}, 5, "two routable workers")
+    until(lambda: routable_ids(gateway) == {"a", "b"}, "two routable workers", timeout_s=5)
     load = SteadyLoad(gateway, num_requests=NUM_REQUESTS // 2)
-    wait_until(lambda: load.num_done >= NUM_REQUESTS // 8, 60, "some of the load")
+    until(lambda: load.num_done >= NUM_REQUESTS // 8, "some of the load", timeout_s=60)
     draining.process.send_signal(signal.SIGTERM)
     assert draining.process.wait(timeout=30) == 0, draining.log()
     outcome = load.wait()
     assert outcome.num_ok == NUM_REQUESTS // 2, outcome
-    wait_until(lambda: routable_ids(gateway) == {"b"}, 5, "a deregistered")
+    until(lambda: routable_ids(gateway) == {"b"}, "a deregistered", timeout_s=5)
     restarted = fleet.start_worker("a")
-    wait_until(lambda: routable_ids(gateway) == {"a", "b"}, 5, "a rejoined")
+    until(lambda: routable_ids(gateway) == {"a", "b"}, "a rejoined", timeout_s=5)
     with httpx.Client() as client:
         for i in range(40):
             assert embed(client, gateway, f"after {i}").status_code == 200

@@ -10,8 +10,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.fleet.conftest import MODEL, SYNTHETIC, Fleet, Proc, wait_until
+from tests.integration.fleet.conftest import MODEL, SYNTHETIC, Fleet, Proc
 from tests.integration.fleet.test_tenant_limits import create_key
+from tests.polling import until
 
 pytestmark = pytest.mark.postgres
 
@@ -51,7 +52,7 @@ def test_a_stored_key_works_through_a_gateway_on_a_worker_with_keys(
         doc = httpx.get(f"{gateway.url}/v1/fleet", headers=auth, timeout=5).json()
         return [w["is_routable"] for w in doc["workers"]] == [True]
 
-    wait_until(is_routable, 10, "w1 routable")
+    until(is_routable, "w1 routable", timeout_s=10)
 
     through = embed(gateway.url, {**auth, **SPOOF})
     assert through.status_code == 200, through.text

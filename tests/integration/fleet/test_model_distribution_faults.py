@@ -24,8 +24,9 @@ from conveyor.distribution.manifest import Manifest
 from conveyor.distribution.push import push_model
 from conveyor.fakes.checkpoints import build_tiny_llama
 from conveyor.stores import open_job_store, open_object_store
-from tests.integration.fleet.conftest import Fleet, Proc, wait_until
+from tests.integration.fleet.conftest import Fleet, Proc
 from tests.integration.fleet.test_model_distribution import AS_GATEWAY, worker_config
+from tests.polling import until
 
 CHUNK_BYTES = 32 * 1024
 SEED_UPLOAD_MB_S = "0.25"  # the ~0.6 MB model takes seconds to serve from the seed
@@ -73,7 +74,7 @@ def held_chunks(fleet: Fleet, name: str) -> dict[str, int]:
 
 def wait_for_chunks(fleet: Fleet, name: str, manifest: Manifest, at_least: int) -> None:
     """Wait until a worker has verified `at_least` chunks, and fail if it already has them all."""
-    wait_until(lambda: len(held_chunks(fleet, name)) >= at_least, 30, f"{name}'s first chunks")
+    until(lambda: len(held_chunks(fleet, name)) >= at_least, f"{name}'s first chunks", timeout_s=30)
     assert len(held_chunks(fleet, name)) < len(manifest.unique_chunks()), "pull not cut short"
 
 
@@ -124,7 +125,7 @@ def test_a_peer_killed_mid_transfer_does_not_stall_the_others(
     sigkill(first)
     for proc in pullers:  # the pull itself is timed, not the model load that follows it
         pulled = functools.partial(has_every_chunk, fleet, proc.name, manifest)
-        wait_until(pulled, NO_STALL_S, f"{proc.name} to finish its pull after the kill")
+        until(pulled, f"{proc.name} to finish its pull after the kill", timeout_s=NO_STALL_S)
     for proc in pullers:
         fleet.wait_ready(proc)
     assert sum(fetched(p, "origin") for p in pullers) > 0  # what only the seed had came again
@@ -132,7 +133,7 @@ def test_a_peer_killed_mid_transfer_does_not_stall_the_others(
         assert fetched(proc, "origin") + fetched(proc, "peer") == manifest.total_bytes
         assert completes(proc)
     # The dead seed's holds linger in the tracker; once stale, a newcomer does not ask it.
-    wait_until(lambda: seed_holds_are_stale(fleet), 30, "the seed's holds to go stale")
+    until(lambda: seed_holds_are_stale(fleet), "the seed's holds to go stale", timeout_s=30)
     late = spawn(fleet, "late")
     fleet.wait_ready(late)
     assert fetched(late, "peer") == manifest.total_bytes

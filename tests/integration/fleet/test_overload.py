@@ -11,9 +11,9 @@ from tests.integration.fleet.conftest import (
     Fleet,
     embed,
     routable_ids,
-    wait_until,
 )
 from tests.overload import burst, statuses
+from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -29,7 +29,7 @@ def test_ten_times_capacity_through_a_gateway_is_refused_with_429s(fleet: Fleet)
     deadline, so neither it nor the gateway answers 504."""
     worker = fleet.start_worker("a", config={"models": [SLOW_WORKER]})
     gateway = fleet.start_gateway()
-    wait_until(lambda: routable_ids(gateway) == {"a"}, 5, "the worker routable")
+    until(lambda: routable_ids(gateway) == {"a"}, "the worker routable", timeout_s=5)
     with httpx.Client() as client:  # the model learns its batch time from three batches
         for index in range(3):
             assert embed(client, gateway, f"warm-up {index}").status_code == 200

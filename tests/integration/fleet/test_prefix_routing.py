@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from conveyor.fakes.checkpoints import build_tiny_llama
-from tests.integration.fleet.conftest import Fleet, Proc, fleet_doc, routable_ids, wait_until
+from tests.integration.fleet.conftest import Fleet, Proc, fleet_doc, routable_ids
+from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -65,7 +66,7 @@ def test_a_follow_up_turn_goes_to_the_worker_holding_its_prefix(
     config = generate_config(checkpoint)
     workers = [fleet.start_worker(name, config=config) for name in ("a", "b", "c")]
     gateway = fleet.start_gateway(extra_args=("--prefix-tokenizer", f"{LLAMA}={checkpoint}"))
-    wait_until(lambda: routable_ids(gateway) == {"a", "b", "c"}, 10, "three workers routable")
+    until(lambda: routable_ids(gateway) == {"a", "b", "c"}, "three workers routable", timeout_s=10)
     conversations = [
         [{"role": "system", "content": f"You are assistant number {i}. Be brief."},
          {"role": "user", "content": f"Conversation {i}: tell me about paged attention."}]
@@ -85,7 +86,7 @@ def test_a_follow_up_turn_goes_to_the_worker_holding_its_prefix(
             }
             return all(held[name] > 0 for name in set(first_worker))
 
-        wait_until(digests_arrived, 10, "prefix digests in the workers' heartbeats")
+        until(digests_arrived, "prefix digests in the workers' heartbeats", timeout_s=10)
         for messages, expected in zip(conversations, first_worker, strict=True):
             before = {w.name: prompt_tokens(w) for w in workers}
             hits_before = {w.name: cache_hits(w) for w in workers}

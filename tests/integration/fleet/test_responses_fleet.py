@@ -11,7 +11,6 @@ tool loop through the gateway.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +28,8 @@ from agents import (
 from pydantic import BaseModel
 
 from conveyor.fakes.checkpoints import build_tiny_llama
-from tests.integration.fleet.conftest import Fleet, Proc, routable_ids, wait_until
+from tests.integration.fleet.conftest import Fleet, Proc, routable_ids
+from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -76,7 +76,7 @@ def test_responses_through_a_gateway(fleet: Fleet, tmp_path: Path) -> None:
     for worker in workers:
         fleet.wait_ready(worker)
     gateway = fleet.start_gateway()
-    wait_until(lambda: routable_ids(gateway) == {"a", "b"}, 10, "both workers routable")
+    until(lambda: routable_ids(gateway) == {"a", "b"}, "both workers routable", timeout_s=10)
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     last_ids = []
     for index in range(NUM_CONVERSATIONS):
@@ -110,10 +110,11 @@ def check_background_through_the_gateway(client: openai.OpenAI) -> None:
     """Queued through a worker, run by a worker, read back through the gateway."""
     queued = client.responses.create(model=LLAMA, input="In the background.", background=True,
                                      max_output_tokens=16, temperature=0)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while (found := client.responses.retrieve(queued.id)).status in ("queued", "in_progress"):
-        assert time.monotonic() < deadline, "the background response did not end"
-        time.sleep(0.05)
+    found = until(
+        lambda: r if (r := client.responses.retrieve(queued.id)).status not in
+        ("queued", "in_progress") else None,
+        "the background response to end",
+    )  # fmt: skip
     assert found.status in ("completed", "incomplete") and found.output and found.usage
 
 

@@ -17,8 +17,8 @@ from tests.integration.fleet.conftest import (
     embed,
     fleet_doc,
     routable_ids,
-    wait_until,
 )
+from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -34,7 +34,7 @@ def test_two_gateways_route_to_fresh_workers_only(fleet: Fleet) -> None:
         def is_c_stale(g: Proc = gateway) -> bool:
             return routable_ids(g) == {"a", "b"}
 
-        wait_until(is_c_stale, 10 * STALE_AFTER_S, "c stale")
+        until(is_c_stale, "c stale", timeout_s=10 * STALE_AFTER_S)
     workers = {p.name: p for p in fleet.procs}
     before = {name: workers[name].num_ok() for name in "abc"}
     with httpx.Client() as client:
@@ -53,7 +53,7 @@ def test_models_are_the_union_of_healthy_workers(fleet: Fleet) -> None:
     fleet.start_worker("a")
     fleet.start_worker("b", config={"models": [{**SYNTHETIC, "name": "other"}]})
     gateway = fleet.start_gateway()
-    wait_until(lambda: routable_ids(gateway) == {"a", "b"}, 5, "both workers routable")
+    until(lambda: routable_ids(gateway) == {"a", "b"}, "both workers routable", timeout_s=5)
     models = httpx.get(f"{gateway.url}/v1/models").json()
     assert sorted(m["id"] for m in models["data"]) == sorted([MODEL, "other"])
     response = httpx.post(f"{gateway.url}/v1/embeddings", json={"model": "nope", "input": "x"})
@@ -64,7 +64,7 @@ def test_models_are_the_union_of_healthy_workers(fleet: Fleet) -> None:
 def test_fleet_status_and_scaling_signal(fleet: Fleet) -> None:
     worker_a = fleet.start_worker("a")
     gateway = fleet.start_gateway()
-    wait_until(lambda: routable_ids(gateway) == {"a"}, 5, "worker routable")
+    until(lambda: routable_ids(gateway) == {"a"}, "worker routable", timeout_s=5)
     with httpx.Client() as client:
         for i in range(20):
             assert embed(client, gateway, f"t{i}").status_code == 200
@@ -75,7 +75,9 @@ def test_fleet_status_and_scaling_signal(fleet: Fleet) -> None:
     assert set(worker["load"]["models"][MODEL]) >= {"queue_depth", "service_per_s"}
     assert doc["models"][MODEL]["arrival_per_s"] > 0
     assert doc["models"][MODEL]["num_replicas"] == 1
-    wait_until(lambda: gateway.metric("conveyor_desired_replicas", model=MODEL) >= 1, 5, "gauge")
+    until(
+        lambda: gateway.metric("conveyor_desired_replicas", model=MODEL) >= 1, "gauge", timeout_s=5
+    )
     assert gateway.metric("conveyor_gateway_requests_total", model=MODEL, code="200") == 20
     # A worker also speaks vLLM's names, for gateways and autoscalers that read those.
     from prometheus_client.parser import text_string_to_metric_families
@@ -98,8 +100,8 @@ def test_gateway_processes_share_one_port_and_stop_together(fleet: Fleet) -> Non
         pids.add(httpx.get(f"{gateway.url}/health", timeout=5).json()["pid"])
         return len(pids) == 2
 
-    wait_until(both_answer, 30, "both gateway processes answering")
-    wait_until(lambda: routable_ids(gateway) == {"a"}, 10, "a routable")
+    until(both_answer, "both gateway processes answering", timeout_s=30)
+    until(lambda: routable_ids(gateway) == {"a"}, "a routable", timeout_s=10)
     for i in range(20):
         with httpx.Client() as client:  # new connections: both processes proxy
             assert embed(client, gateway, f"text {i}").status_code == 200

@@ -19,6 +19,7 @@ import yaml
 from conveyor.stores import open_job_store
 from conveyor.tenants.keys import new_key_record
 from tests.integration.fleet.conftest import MODEL, Fleet, Proc
+from tests.polling import until
 from tests.redis_server import REDIS_HOST, REDIS_PORT
 from tests.tcp_proxy import ProxyMode, TcpProxy
 
@@ -110,8 +111,10 @@ def post_until(
 ) -> httpx.Response:
     """Post until the answer has status `wanted` (and no header `without`); fail after
     `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    seen: list[httpx.Response] = []
+
+    def wanted_answer() -> httpx.Response | None:
         answer = httpx.post(
             f"{gateway.url}/v1/embeddings",
             json={"model": MODEL, "input": "x"},
@@ -121,10 +124,15 @@ def post_until(
         is_wanted = answer.status_code == wanted and (
             without is None or without not in answer.headers
         )
-        if is_wanted or time.monotonic() > deadline:
-            assert is_wanted, (answer.status_code, answer.headers, answer.text)
-            return answer
-        time.sleep(0.05)
+        seen[:] = [answer]
+        return answer if is_wanted else None
+
+    def what() -> str:
+        last = seen[-1] if seen else None
+        shown = (last.status_code, last.headers, last.text) if last is not None else None
+        return f"a {wanted} answer without {without}; last: {shown}"
+
+    return until(wanted_answer, what, timeout_s=timeout_s)
 
 
 def test_redis_outage_is_allowed_or_denied_as_configured_and_recovers(

@@ -19,6 +19,7 @@ from conveyor.stores.tenant_records import UsageRow
 from conveyor.tenants.budget import MonthlyBudgets, month_start_s
 from conveyor.tenants.usage import Payer
 from tests.integration.jobs.test_subsystem import BOUNDARY, body_of
+from tests.polling import until_async
 from tests.unit.jobs.fakes import input_file
 
 pytestmark = pytest.mark.anyio
@@ -53,11 +54,15 @@ async def submit(jobs: JobsSubsystem, tenant: str, num_lines: int) -> BatchRecor
 
 async def wait_status(jobs: JobsSubsystem, batch: BatchRecord, status: BatchStatus) -> BatchRecord:
     """Poll until the batch reaches `status` (bounded by WAIT_S)."""
-    async with asyncio.timeout(WAIT_S):
-        while batch.status is not status:
-            await asyncio.sleep(0.005)
-            batch = await jobs.api.get_batch(batch.tenant, batch.id)
-    return batch
+
+    async def reached() -> BatchRecord | None:
+        found = await jobs.api.get_batch(batch.tenant, batch.id)
+        return found if found.status is status else None
+
+    if batch.status is status:
+        return batch
+    return await until_async(reached, f"{batch.id} to be {status}", timeout_s=WAIT_S,
+                             interval_s=0.005)  # fmt: skip
 
 
 async def test_a_small_job_behind_a_big_one_finishes_in_its_share(tmp_path: Path) -> None:

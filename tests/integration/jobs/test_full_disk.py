@@ -4,7 +4,6 @@ the dashboard and the metrics say why until the disk has room again."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import json
 import os
@@ -23,6 +22,7 @@ from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.host.service import Service
 from conveyor.stores import local_store
 from tests.disk_full import FullDisk
+from tests.polling import until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -52,14 +52,11 @@ async def served(tmp_path: Path, **jobs: Any) -> AsyncIterator[httpx.AsyncClient
 
 async def until(http: httpx.AsyncClient, path: str, check: Callable[[Any], Any]) -> Any:
     """GET `path` until `check` holds for its JSON; fail after DEADLINE_S."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        body = (await http.get(path)).json()
-        found = check(body)
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out on {path}: {body}"
-        await asyncio.sleep(0.02)
+
+    async def probe() -> Any:
+        return check((await http.get(path)).json())
+
+    return await until_async(probe, f"{path} to show it", timeout_s=DEADLINE_S, interval_s=0.02)
 
 
 def stalled_gauge(metrics: str) -> float:

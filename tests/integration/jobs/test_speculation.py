@@ -21,6 +21,7 @@ from conveyor.host.service import Service
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.stores.records import BatchStatus, ShardStatus
 from tests.integration.jobs.test_subsystem import WAIT_S, run_batch
+from tests.polling import until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -65,9 +66,12 @@ async def test_an_idle_worker_speculates_on_a_straggler_and_wins(tmp_path: Path)
     try:
         store = slow[1].context.store.blocking
         running = asyncio.create_task(run_batch(slow[1], NUM_LINES))
-        async with asyncio.timeout(WAIT_S):
-            while not any(s.lease_owner == "slow" for s in await _shards(store)):  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+
+        async def slow_holds_a_shard() -> bool:
+            return any(s.lease_owner == "slow" for s in await _shards(store))
+
+        await until_async(slow_holds_a_shard, "the slow worker to hold a shard",
+                          timeout_s=WAIT_S, interval_s=0.01)  # fmt: skip
         # Only now does the fast worker start: the slow one holds the first shard.
         fast = await started(worker_config(tmp_path, "fast"))
         batch, outputs = await running

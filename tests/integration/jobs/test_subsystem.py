@@ -15,6 +15,7 @@ from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.stores.records import BatchRecord, BatchStatus
 from conveyor.tenants.usage import Payer
+from tests.polling import until_async
 from tests.unit.jobs.fakes import input_file
 
 pytestmark = pytest.mark.anyio
@@ -53,10 +54,13 @@ async def run_batch(
     batch = await jobs.api.create_batch("t", {"input_file_id": record.id,
                                               "endpoint": "/v1/embeddings",
                                               "completion_window": "24h"})  # fmt: skip
-    async with asyncio.timeout(WAIT_S):
-        while batch.status is not BatchStatus.COMPLETED:
-            await asyncio.sleep(0.02)
-            batch = await jobs.api.get_batch("t", batch.id)
+
+    async def completed() -> BatchRecord | None:
+        found = await jobs.api.get_batch("t", batch.id)
+        return found if found.status is BatchStatus.COMPLETED else None
+
+    batch = await until_async(completed, f"{batch.id} to complete", timeout_s=WAIT_S,
+                              interval_s=0.02)  # fmt: skip
     _, chunks = await jobs.api.file_content("t", batch.output_file_id or "")
     lines = b"".join(chunks).splitlines()
     return batch, [orjson.loads(line) for line in lines]

@@ -3,9 +3,7 @@ tokenizing (the synthetic model's tokens are whitespace words), not on a byte es
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ import pytest
 
 from conveyor.api.app import create_app
 from conveyor.config.settings import ServerConfig
+from tests.polling import until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -114,10 +113,9 @@ async def test_batch_lines_spend_nothing_of_the_online_limits(tmp_path: Path) ->
 
 async def finished(client: httpx.AsyncClient, batch_id: str) -> dict[str, Any]:
     """The batch once it is in a final status (polled; fails after 30 s)."""
-    deadline = time.monotonic() + 30
-    while True:
+
+    async def final() -> dict[str, Any] | None:
         batch: dict[str, Any] = (await client.get(f"/v1/batches/{batch_id}")).json()
-        if batch["status"] in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        assert time.monotonic() < deadline, batch
-        await asyncio.sleep(0.02)
+        return batch if batch["status"] in ("completed", "failed", "expired", "cancelled") else None
+
+    return await until_async(final, f"batch {batch_id} to end", timeout_s=30, interval_s=0.02)

@@ -10,10 +10,10 @@ import pytest
 # Loaded at collection, not inside a test's short timeout (transformers' import is slow).
 from transformers import AutoTokenizer
 
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.responses.input import input_items
 from conveyor.endpoints.responses.items import chat_messages as worker_messages
 from conveyor.endpoints.responses.schemas import ResponseRequest
+from conveyor.endpoints.validation import parse_body
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.fakes.checkpoints import build_tiny_tokenizer
 from conveyor.fleet.affinity import AffinitySettings

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import sqlite3
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -31,6 +30,7 @@ from conveyor.observability.metrics import Metrics
 from conveyor.stores import JobStore, StoreError, StoreUnavailableError, open_job_store
 from conveyor.stores.errors import ObjectStoreError, ObjectStoreUnavailableError
 from conveyor.stores.records import BatchError, BatchStatus
+from tests.polling import until_async
 from tests.unit.jobs.fakes import MemoryObjectStore, make_ctx, records, status_of
 from tests.unit.jobs.test_shard_runner import start_batch
 
@@ -76,10 +76,7 @@ class DownJobStore:
 
 async def until(condition: Callable[[], bool], what: str) -> None:
     """Poll `condition` until it holds; fail after DEADLINE_S."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+    await until_async(condition, what, timeout_s=DEADLINE_S, interval_s=0.01)
 
 
 class Loops:

@@ -25,6 +25,7 @@ from conveyor.api.gateway_app import create_gateway_app
 from conveyor.config.settings import ServerConfig
 from conveyor.gateway.process import GatewaySettings
 from conveyor.stores import open_job_store
+from tests.polling import until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -49,10 +50,12 @@ async def worker_url(provider: TracerProvider, tmp_path: Path) -> AsyncIterator[
     app = create_app(config, tracer_provider=provider)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     serving = asyncio.create_task(server.serve())
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and not serving.done(), "worker did not start"
-        await asyncio.sleep(0.01)
+
+    def started() -> bool:
+        assert not serving.done(), "the worker stopped before it started"
+        return bool(server.started)
+
+    await until_async(started, "the worker to start", timeout_s=20, interval_s=0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True

@@ -30,6 +30,7 @@ from conveyor.endpoints.messages.schemas import (
     ToolUseBlock,
     _Conversation,
 )
+from conveyor.endpoints.validation import invalid_from_validation
 from conveyor.errors import InvalidRequest
 
 __all__ = ["ConvertedRequest", "chat_messages", "to_chat"]
@@ -61,8 +62,8 @@ def to_chat(request: _Conversation) -> ConvertedRequest:
     try:
         chat = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:  # the Messages schema checked first: rare
-        message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-        raise InvalidRequest(f"the request cannot run as a conversation: {message}") from None
+        problem = invalid_from_validation(exc).message
+        raise InvalidRequest(f"the request cannot run as a conversation: {problem}") from None
     return ConvertedRequest(chat, prefill)
 
 

@@ -11,23 +11,19 @@ from dataclasses import replace
 from typing import Any
 
 from conveyor.endpoints.chat import encode_chat, prepare_chat
-from conveyor.endpoints.generation import PreparedRun, parse_body, resolve_max_tokens
+from conveyor.endpoints.generation import PreparedRun, resolve_max_tokens
 from conveyor.endpoints.messages.convert import to_chat
-from conveyor.endpoints.messages.reply import message_body
 from conveyor.endpoints.messages.schemas import CountTokensRequest, MessagesRequest
-from conveyor.endpoints.off_loop import run_unstreamed
+from conveyor.endpoints.validation import parse_body
 from conveyor.engine.generator import HostedGenerator
 from conveyor.host.offload import run_sized
 from conveyor.host.service import Service
-from conveyor.priority import Priority
-from conveyor.tenants.usage import Payer
 
 __all__ = [
     "count_tokens",
     "parse_count_tokens_request",
     "parse_messages_request",
     "prepare_messages",
-    "run_messages",
 ]
 
 ID_PREFIX = "msg"
@@ -66,22 +62,6 @@ def _with_prefill(prepared: PreparedRun, prefill: str, max_tokens: int) -> Prepa
 def _prefill_ids(generator: HostedGenerator, prefill: str) -> list[int]:
     """Token ids of the prefill text, as the start of the reply (no special tokens)."""
     return generator.tokenizer.encode(prefill, add_special_tokens=False)
-
-
-async def run_messages(
-    service: Service,
-    body: bytes | str | dict[str, Any] | MessagesRequest,
-    *,
-    priority: Priority = Priority.ONLINE,
-    timeout_ms: float | None = None,
-    payer: Payer | None = None,
-) -> dict[str, Any]:
-    """Run a whole (non-streamed) Messages request; the ``message`` object."""
-    request = body if isinstance(body, MessagesRequest) else parse_messages_request(body)
-    return await run_unstreamed(
-        service, request, prepare_messages, message_body,
-        priority=priority, timeout_ms=timeout_ms, payer=payer,
-    )  # fmt: skip
 
 
 def prompt_tokens(service: Service, request: CountTokensRequest) -> int:

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.endpoints.chat_schemas import ChatCompletionRequest
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.responses.item_schemas import AllowedTools, FunctionChoice
 from conveyor.endpoints.responses.schemas import ResponseRequest
+from conveyor.endpoints.validation import parse_body
 from conveyor.errors import InvalidRequest
 
 __all__ = ["chat_messages", "chat_request"]

@@ -17,12 +17,13 @@ from typing import Any
 
 from conveyor.endpoints.chat import prepare_chat
 from conveyor.endpoints.chat_schemas import ChatCompletionRequest
-from conveyor.endpoints.generation import GenerationRun, PreparedRun, parse_body, prepare_counted
+from conveyor.endpoints.generation import GenerationRun, PreparedRun, prepare_counted
 from conveyor.endpoints.responses.events import ResponseBuilder
 from conveyor.endpoints.responses.input import input_items, items_chars
 from conveyor.endpoints.responses.items import chat_messages, chat_request
 from conveyor.endpoints.responses.output import envelope, error_object, usage_object
 from conveyor.endpoints.responses.schemas import ResponseRequest
+from conveyor.endpoints.validation import parse_body
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.outputs import FinishReason, TokenLogprobs
 from conveyor.errors import ConveyorError, InvalidRequest
@@ -76,11 +77,12 @@ class PreparedResponse:
         """The response's id."""
         return str(self.base["id"])
 
-    def launch(
+    async def start(
         self, service: Service, *, priority: Priority, timeout_ms: float | None, payer: Payer | None
     ) -> GenerationRun:
-        """Submit to the engine (429 / 400 raised here); the run bills ``payer`` at its end."""
-        return self.chat.launch(service, priority=priority, timeout_ms=timeout_ms, payer=payer)
+        """Admit and submit to the engine (429 / 400 raised here); the run bills ``payer`` at
+        its end."""
+        return await self.chat.start(service, priority=priority, timeout_ms=timeout_ms, payer=payer)
 
 
 async def prepare_response(
@@ -232,7 +234,7 @@ async def run_response(
             param="previous_response_id" if request.previous_response_id else "background",
         )
     prepared = await prepare_response(service, request)
-    run = prepared.launch(service, priority=priority, timeout_ms=timeout_ms, payer=payer)
+    run = await prepared.start(service, priority=priority, timeout_ms=timeout_ms, payer=payer)
     try:
         return await collect_response(prepared, run)
     finally:

@@ -3,8 +3,9 @@
 llguidance (Rust, no torch) compiles a JSON schema or a Lark grammar lazily against the
 tokenizer, so a mask over the whole vocabulary costs tens of microseconds per token and
 needs no per-schema precompilation. A grammar travels in :class:`SamplingParams` as
-llguidance's own string (hashable, shared by every choice of a request); each sequence
-gets its own :class:`llguidance.LLMatcher`, built and advanced on the engine thread.
+llguidance's own string (hashable, shared by every choice of a request); it is compiled
+once, when the request is checked, and each sequence gets its own
+:class:`llguidance.LLMatcher`, a copy of that compiled one, advanced on the engine thread.
 
 Torch-free: the HTTP layer imports this to check a schema before a request is queued;
 applying masks to logits lives in ``mask``.
@@ -19,6 +20,7 @@ from typing import Any
 
 import llguidance
 
+from conveyor.engine.sampling.grammar_cache import GrammarCache
 from conveyor.engine.tokenizer import Tokenizer
 
 __all__ = [
@@ -75,6 +77,7 @@ class GrammarCompiler:
         self._eos_token_ids = sorted(eos_token_ids)
         self._lock = threading.Lock()
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._compiled = GrammarCache(self._compile, _copy_matcher)
 
     @property
     def vocab_size(self) -> int:
@@ -91,29 +94,36 @@ class GrammarCompiler:
     def check(self, grammar: str) -> None:
         """ValueError unless ``grammar`` compiles for this model and admits some output.
 
-        A grammar can compile yet match nothing (a schema that is only ``{"$ref": "#"}``):
+        Compiles it once (``grammar_cache``): the engine's matchers for it are copies. A
+        grammar can compile yet match nothing (a schema that is only ``{"$ref": "#"}``):
         llguidance finds that out when it fills the first mask, so one is filled here
         (GIL released; microseconds for ordinary schemas) rather than in the engine, where
         the reply would end at once with text that is not JSON.
         """
+        self._compiled.compile(grammar)
+
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
+        """A fresh matcher at the grammar's start: a copy of the grammar compiled (and
+        checked) once; ValueError if the grammar is invalid."""
+        return self._compiled.get(grammar)
+
+    def _compile(self, grammar: str) -> llguidance.LLMatcher:
+        """The checked matcher of ``grammar`` at its start, to be copied (see ``check``)."""
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, self.ll_tokenizer()
         )
         if is_error:
             raise ValueError(messages[0] if messages else "the grammar is invalid")
-        matcher = self.matcher(grammar)
-        matcher.compute_bitmask()
+        matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
         if matcher.is_error():
+            raise ValueError(matcher.get_error())
+        probe = matcher.deep_copy()  # the kept matcher stays at the start, its mask unfilled
+        probe.compute_bitmask()
+        if probe.is_error():
             raise ValueError(
                 "no output can satisfy it (for a JSON schema: no value matches it, as with a "
                 "$ref that leads only back to itself)"
             )
-
-    def matcher(self, grammar: str) -> llguidance.LLMatcher:
-        """A fresh matcher at the grammar's start; ValueError if the grammar is invalid."""
-        matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
-        if matcher.is_error():
-            raise ValueError(matcher.get_error())
         return matcher
 
     def _build_tokenizer(self) -> llguidance.LLTokenizer:
@@ -124,3 +134,8 @@ class GrammarCompiler:
         return llguidance.hf.from_tokenizer(
             hf, n_vocab=max(self._vocab_size, len(hf)), eos_token=self._eos_token_ids or None
         )
+
+
+def _copy_matcher(matcher: llguidance.LLMatcher) -> llguidance.LLMatcher:
+    """An independent matcher in ``matcher``'s state."""
+    return matcher.deep_copy()

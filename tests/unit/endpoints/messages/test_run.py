@@ -19,10 +19,11 @@ from conveyor.endpoints.messages.run import (
     count_tokens,
     parse_messages_request,
     prepare_messages,
-    run_messages,
 )
 from conveyor.host.service import Service
+from conveyor.openai_paths import MESSAGES
 from conveyor.priority import Priority
+from tests.unit.model_helpers import run_whole
 
 pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
@@ -49,7 +50,7 @@ def request(**fields: Any) -> dict[str, Any]:
 
 
 async def reply(service: Service, **fields: Any) -> Message:
-    return Message.model_validate(await run_messages(service, request(**fields)))
+    return Message.model_validate(await run_whole(service, MESSAGES, request(**fields)))
 
 
 async def test_the_reply_is_a_message_and_counts_its_prompt_as_count_tokens_does(
@@ -90,7 +91,7 @@ async def test_the_stream_says_what_the_whole_reply_says(service: Service) -> No
     whole = await reply(service)
     parsed = parse_messages_request(request(stream=True))
     prepared = prepare_messages(service, parsed)
-    run = prepared.launch(service, priority=Priority.ONLINE, timeout_ms=None)
+    run = await prepared.start(service, priority=Priority.ONLINE, timeout_ms=None)
     try:
         events = [event async for event in message_events(run)]
     finally:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.responses.background import BackgroundRunner
 from conveyor.endpoints.responses.output import envelope, response_object, usage_object
 from conveyor.endpoints.responses.schemas import ResponseRequest
 from conveyor.endpoints.responses.stored import StoredResponses
+from conveyor.endpoints.validation import parse_body
 from conveyor.errors import InvalidRequest, QueueFull
 from conveyor.fakes import MemoryJobStore
 from conveyor.jobs.context import JobsContext

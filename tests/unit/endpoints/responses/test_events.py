@@ -10,10 +10,10 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.responses.events import ResponseBuilder
 from conveyor.endpoints.responses.output import envelope, usage_object
 from conveyor.endpoints.responses.schemas import ResponseRequest
+from conveyor.endpoints.validation import parse_body
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]

@@ -7,9 +7,9 @@ from typing import Any
 from openai.types.responses import ResponseItem
 from pydantic import TypeAdapter
 
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.responses.input import input_items, items_chars
 from conveyor.endpoints.responses.schemas import ResponseRequest
+from conveyor.endpoints.validation import parse_body
 
 ITEM = TypeAdapter(ResponseItem)
 

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from conveyor.endpoints.chat_schemas import NamedToolChoice
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.responses.input import input_items
 from conveyor.endpoints.responses.items import chat_messages, chat_request
 from conveyor.endpoints.responses.schemas import ResponseRequest
+from conveyor.endpoints.validation import parse_body
 from conveyor.errors import InvalidRequest
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",

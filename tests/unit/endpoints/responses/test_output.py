@@ -6,7 +6,6 @@ import orjson
 import pytest
 from openai.types.responses import Response
 
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.responses.output import (
     envelope,
     error_object,
@@ -14,6 +13,7 @@ from conveyor.endpoints.responses.output import (
     usage_object,
 )
 from conveyor.endpoints.responses.schemas import ResponseRequest
+from conveyor.endpoints.validation import parse_body
 from conveyor.errors import ConveyorError, InvalidRequest, QueueFull, ServiceUnavailable
 from conveyor.gateway.limits import TAIL_BYTES, read_usage
 

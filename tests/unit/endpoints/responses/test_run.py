@@ -11,9 +11,9 @@ import pytest
 from openai.types.responses import Response
 
 from conveyor.config.settings import ServerConfig
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.responses.run import prepare_response, run_response
 from conveyor.endpoints.responses.schemas import ResponseRequest
+from conveyor.endpoints.validation import parse_body
 from conveyor.errors import InvalidRequest
 from conveyor.host.service import Service
 

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.responses.item_schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -14,6 +13,7 @@ from conveyor.endpoints.responses.item_schemas import (
     ReasoningItem,
 )
 from conveyor.endpoints.responses.schemas import ResponseRequest
+from conveyor.endpoints.validation import parse_body
 from conveyor.errors import InvalidRequest
 
 FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from openai.types.responses import Response
 
-from conveyor.endpoints.generation import parse_body
 from conveyor.endpoints.responses.input import input_items
 from conveyor.endpoints.responses.output import envelope, response_object
 from conveyor.endpoints.responses.schemas import ResponseRequest
 from conveyor.endpoints.responses.stored import StoredResponses, finished_body, job_body
+from conveyor.endpoints.validation import parse_body
 from conveyor.errors import InvalidRequest, NotFound
 from conveyor.fakes import MemoryJobStore
 from conveyor.response_ids import new_response_id

@@ -19,8 +19,8 @@ import pytest
 from conveyor.api import inference
 from conveyor.api.app import create_app
 from conveyor.config.settings import ServerConfig
-from conveyor.endpoints import answers, completions
-from conveyor.endpoints.dispatch import execute
+from conveyor.endpoints import answers, completions, dispatch
+from conveyor.endpoints.dispatch import execute, whole_generation
 from conveyor.endpoints.generation import ChoiceResult, GenerationRun
 from conveyor.errors import InvalidRequest
 from conveyor.host.service import Service
@@ -121,7 +121,9 @@ async def test_batch_lines_build_a_large_answer_off_the_loop(
         built_on.append(threading.get_ident())
         return make_body(run, results)
 
-    monkeypatch.setattr(completions, "completion_body", recording)
+    door = (completions.parse_completion_request,
+            whole_generation(completions.prepare_completion, recording))  # fmt: skip
+    monkeypatch.setitem(dispatch.DOORS, COMPLETIONS, door)  # type: ignore[index]
     result = await execute(service, COMPLETIONS, AT_CAP)
     assert len(result["choices"]) == 4
     assert built_on and built_on[0] != threading.get_ident()

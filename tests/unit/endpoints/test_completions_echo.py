@@ -15,17 +15,16 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from conveyor.config.settings import ServerConfig
-from conveyor.endpoints.chat import run_chat
 from conveyor.endpoints.completions import (
     completion_chunks,
     parse_completion_request,
     prepare_completion,
-    run_completion,
 )
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.host.service import Service
+from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS
 from conveyor.priority import Priority
-from tests.unit.model_helpers import HFReference, random_prompts
+from tests.unit.model_helpers import HFReference, random_prompts, run_whole
 
 pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
@@ -52,7 +51,9 @@ def tokenizer(llama_path: Path) -> Tokenizer:
 
 
 async def completion(service: Service, **body: Any) -> Completion:
-    return Completion.model_validate(await run_completion(service, {"model": "tiny", **body}))
+    return Completion.model_validate(
+        await run_whole(service, COMPLETIONS, {"model": "tiny", **body})
+    )
 
 
 def hf_prompt_logprobs(reference: HFReference, prompt: list[int]) -> list[float]:
@@ -66,7 +67,7 @@ def hf_prompt_logprobs(reference: HFReference, prompt: list[int]) -> list[float]
 async def echoed(service: Service, **body: Any) -> dict[str, Any]:
     """The raw body: OpenAI's types call the first token's null logprob invalid, though
     OpenAI's legacy completions answer so (as vLLM does)."""
-    return await run_completion(service, {"model": "tiny", "echo": True, **body})
+    return await run_whole(service, COMPLETIONS, {"model": "tiny", "echo": True, **body})
 
 
 async def test_echo_with_logprobs_and_max_tokens_0_scores_the_prompt(
@@ -131,7 +132,7 @@ async def test_streamed_echo_carries_the_prompt_logprobs_in_the_first_chunk(
     body = {"prompt": "The quick brown fox", "logprobs": 1, "max_tokens": 3, "temperature": 0}
     expected = (await echoed(service, **body))["choices"][0]
     streamed = {"model": "tiny", "echo": True, "stream": True, **body}
-    run = prepare_completion(service, parse_completion_request(streamed)).launch(
+    run = await prepare_completion(service, parse_completion_request(streamed)).start(
         service, priority=Priority.ONLINE, timeout_ms=None
     )
     chunks = [chunk async for chunk in completion_chunks(run, include_usage=False)]
@@ -154,8 +155,10 @@ async def test_usage_counts_each_prompt_once_whatever_its_choices(service: Servi
     assert both.usage.prompt_tokens == 36 and both.usage.completion_tokens == 12
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 3,
             "max_completion_tokens": 2}  # fmt: skip
-    single = ChatCompletion.model_validate(await run_chat(service, body))
-    triple = ChatCompletion.model_validate(await run_chat(service, {**body, "n": 1}))
+    single = ChatCompletion.model_validate(await run_whole(service, CHAT_COMPLETIONS, body))
+    triple = ChatCompletion.model_validate(
+        await run_whole(service, CHAT_COMPLETIONS, {**body, "n": 1})
+    )
     assert single.usage is not None and triple.usage is not None
     assert single.usage.prompt_tokens == triple.usage.prompt_tokens
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import anyio
 import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
@@ -16,6 +15,7 @@ from conveyor.fakes import MemoryJobStore
 from conveyor.stores import StoreError
 from conveyor.tenants.keyring import KeyRing
 from conveyor.tenants.keys import new_key_record
+from tests.polling import until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -126,15 +126,10 @@ async def test_the_refresh_loop_rereads_every_refresh_s() -> None:
     await keyring.start()
     try:
         store.revoke_api_key(rec.id, time.time())
-        deadline = time.monotonic() + 5
-        while keyring.lookup(bytes.fromhex(rec.digest)) is not None:
-            assert time.monotonic() < deadline, "the revoked key was never reread"
-            await keyring_tick()
+        await until_async(
+            lambda: keyring.lookup(bytes.fromhex(rec.digest)) is None,
+            "the revoked key to be reread", timeout_s=5, interval_s=0.01,
+        )  # fmt: skip
     finally:
         await keyring.stop()
     assert key.startswith("sk-cv-")
-
-
-async def keyring_tick() -> None:
-    """Yield to the event loop briefly so the refresh task can run."""
-    await anyio.sleep(0.01)

@@ -17,10 +17,12 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from conveyor.config.settings import ServerConfig
-from conveyor.endpoints.chat import chat_chunks, parse_chat_request, prepare_chat, run_chat
+from conveyor.endpoints.chat import chat_chunks, parse_chat_request, prepare_chat
 from conveyor.errors import InvalidRequest
 from conveyor.host.service import Service
+from conveyor.openai_paths import CHAT_COMPLETIONS, COMPLETIONS
 from conveyor.priority import Priority
+from tests.unit.model_helpers import run_whole
 
 # `model`: runs a real (tiny) torch model, so mutation runs leave it out.
 pytestmark = [pytest.mark.anyio, pytest.mark.model]
@@ -121,7 +123,10 @@ def schema_body(schema: dict[str, Any], seed: int) -> dict[str, Any]:
 async def test_fifty_random_schemas_always_parse_and_validate(service: Service) -> None:
     schemas = object_schemas()
     replies = await asyncio.gather(
-        *(run_chat(service, schema_body(schema, seed)) for seed, schema in enumerate(schemas))
+        *(
+            run_whole(service, CHAT_COMPLETIONS, schema_body(schema, seed))
+            for seed, schema in enumerate(schemas)
+        )
     )
     for schema, reply in zip(schemas, replies, strict=True):
         completion = ChatCompletion.model_validate(reply)
@@ -136,7 +141,7 @@ async def test_fifty_random_schemas_always_parse_and_validate(service: Service) 
 async def test_json_object_mode_gives_an_object(service: Service) -> None:
     body = {**schema_body({}, 1), "response_format": {"type": "json_object"}}
     body["max_completion_tokens"] = 480
-    replies = [ChatCompletion.model_validate(await run_chat(service, {**body, "seed": s}))
+    replies = [ChatCompletion.model_validate(await run_whole(service, CHAT_COMPLETIONS, {**body, "seed": s}))
                for s in range(3)]  # fmt: skip
     finished = [r.choices[0] for r in replies if r.choices[0].finish_reason == "stop"]
     assert finished  # a random model may run out of room inside an open-ended object
@@ -147,7 +152,7 @@ async def test_json_object_mode_gives_an_object(service: Service) -> None:
 async def test_without_a_schema_the_same_seed_is_not_json(service: Service) -> None:
     body = schema_body({"type": "object"}, 3)
     del body["response_format"]
-    reply = ChatCompletion.model_validate(await run_chat(service, body))
+    reply = ChatCompletion.model_validate(await run_whole(service, CHAT_COMPLETIONS, body))
     with pytest.raises(ValueError):  # the grammar, not luck, made the replies above JSON
         json.loads(reply.choices[0].message.content or "")
 
@@ -155,7 +160,7 @@ async def test_without_a_schema_the_same_seed_is_not_json(service: Service) -> N
 async def test_an_invalid_schema_is_a_400_naming_response_format(service: Service) -> None:
     body = schema_body({"type": "object", "properties": {"a": {"type": "strin"}}}, 0)
     with pytest.raises(InvalidRequest, match="strin") as caught:
-        await run_chat(service, body)
+        await run_whole(service, CHAT_COMPLETIONS, body)
     assert caught.value.param == "response_format"
 
 
@@ -173,7 +178,7 @@ async def test_an_unsatisfiable_schema_is_a_400_naming_response_format(
     service: Service, schema: dict[str, Any]
 ) -> None:
     with pytest.raises(InvalidRequest, match="no output can satisfy") as caught:
-        await run_chat(service, schema_body(schema, 0))
+        await run_whole(service, CHAT_COMPLETIONS, schema_body(schema, 0))
     assert caught.value.param == "response_format" and caught.value.status_code == 400
 
 
@@ -183,7 +188,7 @@ async def test_a_forced_tool_with_unsatisfiable_parameters_is_a_400_naming_tools
     tool = {"type": "function", "function": {"name": "loop", "parameters": {"$ref": "#"}}}
     body = {**tool_body("required", 0), "tools": [tool]}
     with pytest.raises(InvalidRequest, match="no output can satisfy") as caught:
-        await run_chat(service, body)
+        await run_whole(service, CHAT_COMPLETIONS, body)
     assert caught.value.param == "tools"
 
 
@@ -200,8 +205,33 @@ async def test_a_grammar_is_checked_off_the_event_loop(
         check(grammar)
 
     monkeypatch.setattr(grammars, "check", recording)
-    await run_chat(service, {**schema_body({"type": "object"}, 0), "max_completion_tokens": 2})
+    await run_whole(
+        service,
+        CHAT_COMPLETIONS,
+        {**schema_body({"type": "object"}, 0), "max_completion_tokens": 2},
+    )
     assert checked_on and threading.get_ident() not in checked_on
+
+
+async def test_a_grammar_compiles_once_for_all_choices_and_never_on_the_engine_thread(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked on a worker thread, the compiled grammar is what each choice's matcher
+    copies: the engine thread, which every sequence's step waits on, compiles nothing."""
+    cache = service.generator("tiny").engine.grammars._compiled
+    compiled_on: list[str] = []
+    compile_grammar = cache._compile
+
+    def recording(grammar: str) -> Any:
+        compiled_on.append(threading.current_thread().name)
+        return compile_grammar(grammar)
+
+    monkeypatch.setattr(cache, "_compile", recording)
+    schema = {"type": "object", "properties": {"compiled_once": {"type": "integer"}}}
+    body = {**schema_body(schema, 3), "n": 3, "max_completion_tokens": 4}
+    for _ in range(2):  # the second request finds it compiled
+        await run_whole(service, CHAT_COMPLETIONS, body)
+    assert len(compiled_on) == 1 and not compiled_on[0].startswith("engine-")
 
 
 WEATHER = {
@@ -241,7 +271,9 @@ def tool_body(choice: Any, seed: int, **extra: Any) -> dict[str, Any]:
 async def test_a_named_tool_choice_always_calls_that_function(service: Service) -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
     validator = jsonschema_rs.validator_for(WEATHER["function"]["parameters"])  # type: ignore[index]
-    replies = await asyncio.gather(*(run_chat(service, tool_body(named, s)) for s in range(20)))
+    replies = await asyncio.gather(
+        *(run_whole(service, CHAT_COMPLETIONS, tool_body(named, s)) for s in range(20))
+    )
     for reply in replies:
         choice = ChatCompletion.model_validate(reply).choices[0]
         assert choice.finish_reason == "tool_calls"
@@ -253,7 +285,9 @@ async def test_a_named_tool_choice_always_calls_that_function(service: Service) 
 
 
 async def test_required_calls_some_tool_and_history_round_trips(service: Service) -> None:
-    reply = ChatCompletion.model_validate(await run_chat(service, tool_body("required", 5)))
+    reply = ChatCompletion.model_validate(
+        await run_whole(service, CHAT_COMPLETIONS, tool_body("required", 5))
+    )
     message = reply.choices[0].message
     assert reply.choices[0].finish_reason == "tool_calls"
     assert message.tool_calls and all(
@@ -269,7 +303,7 @@ async def test_required_calls_some_tool_and_history_round_trips(service: Service
         ),
     ]
     body = {**tool_body("auto", 6), "messages": history, "max_completion_tokens": 8}
-    follow_up = ChatCompletion.model_validate(await run_chat(service, body))
+    follow_up = ChatCompletion.model_validate(await run_whole(service, CHAT_COMPLETIONS, body))
     assert follow_up.choices[0].message.role == "assistant"
 
 
@@ -277,7 +311,7 @@ async def test_streamed_tool_calls_assemble_like_openai(service: Service) -> Non
     named = {"type": "function", "function": {"name": "get_weather"}}
     request = parse_chat_request(tool_body(named, 7, stream=True))
     prepared = prepare_chat(service, request)
-    run = prepared.launch(service, priority=Priority.ONLINE, timeout_ms=None)
+    run = await prepared.start(service, priority=Priority.ONLINE, timeout_ms=None)
     chunks = [
         ChatCompletionChunk.model_validate(c) async for c in chat_chunks(run, include_usage=False)
     ]
@@ -296,18 +330,16 @@ async def test_streamed_tool_calls_assemble_like_openai(service: Service) -> Non
 async def test_n_choices_differ_with_a_seed_and_echo_prepends_the_prompt(service: Service) -> None:
     from openai.types import Completion
 
-    from conveyor.endpoints.completions import run_completion
-
     body = {"model": "tiny", "prompt": ["The quick", "A block"], "n": 3, "seed": 11,
             "temperature": 1.0, "max_tokens": 12, "echo": True}  # fmt: skip
-    completion = Completion.model_validate(await run_completion(service, body))
+    completion = Completion.model_validate(await run_whole(service, COMPLETIONS, body))
     assert [choice.index for choice in completion.choices] == list(range(6))
     first, second = completion.choices[:3], completion.choices[3:]
     assert all(choice.text.startswith("The quick") for choice in first)
     assert all(choice.text.startswith("A block") for choice in second)
     assert len({choice.text for choice in first}) > 1  # seed + i per choice
     chat = ChatCompletion.model_validate(
-        await run_chat(service, {**schema_body({"type": "object"}, 2), "n": 2})
+        await run_whole(service, CHAT_COMPLETIONS, {**schema_body({"type": "object"}, 2), "n": 2})
     )
     assert len(chat.choices) == 2 and completion.usage is not None
 
@@ -316,17 +348,21 @@ async def test_a_forced_call_cut_by_max_tokens_is_a_call_as_far_as_it_got(
     service: Service,
 ) -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
-    whole = ChatCompletion.model_validate(await run_chat(service, tool_body(named, 8)))
+    whole = ChatCompletion.model_validate(
+        await run_whole(service, CHAT_COMPLETIONS, tool_body(named, 8))
+    )
     assert whole.usage is not None and whole.choices[0].finish_reason == "tool_calls"
     # Cut in the arguments, a few tokens before the call's end (the same seed: the same tokens).
     cut_body = tool_body(named, 8, max_completion_tokens=whole.usage.completion_tokens - 4)
-    cut = ChatCompletion.model_validate(await run_chat(service, cut_body)).choices[0]
+    cut = ChatCompletion.model_validate(
+        await run_whole(service, CHAT_COMPLETIONS, cut_body)
+    ).choices[0]
     assert cut.finish_reason == "length" and cut.message.content is None
     (call,) = cut.message.tool_calls or []
     assert call.function.name == "get_weather"  # type: ignore[union-attr]
     arguments = call.function.arguments  # type: ignore[union-attr]
     assert arguments.startswith("{") and len(arguments) > 2
-    run = prepare_chat(service, parse_chat_request({**cut_body, "stream": True})).launch(
+    run = await prepare_chat(service, parse_chat_request({**cut_body, "stream": True})).start(
         service, priority=Priority.ONLINE, timeout_ms=None
     )
     chunks = [
