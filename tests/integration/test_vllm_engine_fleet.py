@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Server, free_port, wait_until_ready
-from tests.integration.fleet.conftest import Fleet, Proc, fleet, routable_ids, store_url, wait_until
+from tests.polling import until
+from tests.integration.fleet.conftest import Fleet, Proc, fleet, routable_ids, store_url
 from tests.integration.vllm_worker import (
     READY_TIMEOUT_S,
     smollm2_dir,
@@ -68,7 +69,7 @@ def test_a_conveyor_and_a_vllm_worker_behind_one_gateway(
     theirs = start_worker(fleet, "on-vllm", vllm_python(), vllm_model(smollm2_dir, name=MODEL))
     try:
         gateway = fleet.start_gateway()
-        wait_until(lambda: routable_ids(gateway) == {"on-conveyor", "on-vllm"}, 30, "both")
+        until(lambda: routable_ids(gateway) == {"on-conveyor", "on-vllm"}, "both", timeout_s=30)
         with ThreadPoolExecutor(NUM_REQUESTS) as pool:
             answers = list(pool.map(ask, [gateway.url] * NUM_REQUESTS))
         direct = {ask(ours.url), ask(theirs.url)}

@@ -60,6 +60,16 @@ _NOT_FORWARDED_WITH_FLEET_KEY = _NOT_FORWARDED | {b"authorization", b"x-api-key"
 EVENT_STREAM = b"text/event-stream"
 # Below this much time left an attempt cannot do useful work.
 MIN_ATTEMPT_S = 0.005
+# The worker is told to finish this much before the gateway's own deadline (at most a tenth
+# of the time left): its answer still has to travel back and be relayed. Without it, a
+# worker that admits an input it predicts to finish just in time answers after the gateway
+# has given up, and the caller gets a 504 for work that was done.
+RETURN_TRIP_RESERVE_S = 0.05
+
+
+def worker_timeout_ms(remaining_s: float) -> float:
+    """The time the worker is given, in ms: ``remaining_s`` less the return trip's reserve."""
+    return max(0.0, remaining_s - min(RETURN_TRIP_RESERVE_S, remaining_s / 10)) * 1000
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -305,7 +315,7 @@ class Proxy:
     ) -> UpstreamAnswer:
         """Send the request and read the status line and headers (body still streaming)."""
         trip = [(name.encode(), value.encode()) for name, value in outbound_headers()]
-        headers = [*request.headers, (TIMEOUT_HEADER, b"%.0f" % (remaining_s * 1000)), *trip]
+        headers = [*request.headers, (TIMEOUT_HEADER, b"%.0f" % worker_timeout_ms(remaining_s)), *trip]
         try:
             return await self._upstream.request(
                 worker.address, request.method, request.path, headers, request.body,

@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from tests.e2e.test_batch_api import embedding_lines, jsonl, results
-from tests.integration.fleet.conftest import SYNTHETIC, Fleet, Proc, wait_until
+from tests.polling import until
+from tests.integration.fleet.conftest import SYNTHETIC, Fleet, Proc
 from tests.integration.fleet.test_batch_fleet import JOBS, finished
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -132,7 +133,7 @@ def test_a_lost_region_keeps_residents_home_and_ramps_the_others_over(
     for proc in fleet.procs:
         if proc.name in "abc":
             fleet.wait_ready(proc)
-    wait_until(lambda: routable_ids(us) == {"a", "b", "c"}, 15, "both regions routable")
+    until(lambda: routable_ids(us) == {"a", "b", "c"}, "both regions routable", timeout_s=15)
     with httpx.Client(timeout=10) as client:
         before = [embed(client, gateway, "resident") for gateway in (eu, us) for _ in range(10)]
         assert {(r.status_code, dim_of(r)) for r in before} == {(200, 4)}  # never us
@@ -147,8 +148,8 @@ def test_a_lost_region_keeps_residents_home_and_ramps_the_others_over(
     for proc in fleet.procs:
         if proc.name in ("a", "b", "gateway-eu"):
             proc.process.send_signal(signal.SIGKILL)
-    wait_until(lambda: routable_ids(us) == {"c"}, 15, "eu gone from us's routing")
-    wait_until(lambda: fleet_doc(us)["failover"]["is_ramping"], 5, "the failover ramp")
+    until(lambda: routable_ids(us) == {"c"}, "eu gone from us's routing", timeout_s=15)
+    until(lambda: fleet_doc(us)["failover"]["is_ramping"], "the failover ramp", timeout_s=5)
     with httpx.Client(timeout=10) as client:
         refused = [embed(client, us, "resident") for _ in range(5)]
     assert {r.status_code for r in refused} == {503}

@@ -22,12 +22,12 @@ import pytest
 
 from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.test_batch_api import assert_each_once, embedding_lines, jsonl, results
+from tests.polling import until
 from tests.integration.fleet.conftest import (
     SYNTHETIC,
     Fleet,
     Proc,
     routable_ids,
-    wait_until,
 )
 from tests.integration.fleet.test_batch_fleet import JOBS, finished, shared_args
 
@@ -109,11 +109,11 @@ def restart(fleet: Fleet, gateway: Proc, worker: Proc, config: dict[str, Any], a
     """SIGTERM ``worker``; once it has deregistered (out of routing), start its replacement
     under its id while it drains; it exits 0 and the replacement becomes routable."""
     worker.process.send_signal(signal.SIGTERM)
-    wait_until(lambda: worker.name not in routable_ids(gateway), 15, f"{worker.name} out")
+    until(lambda: worker.name not in routable_ids(gateway), f"{worker.name} out", timeout_s=15)
     replacement = fleet.spawn_worker(worker.name, config=config, extra_args=args)
     assert worker.process.wait(timeout=30) == 0, worker.log()
     fleet.wait_ready(replacement)
-    wait_until(lambda: worker.name in routable_ids(gateway), 15, f"{worker.name} routable again")
+    until(lambda: worker.name in routable_ids(gateway), f"{worker.name} routable again", timeout_s=15)
     return replacement
 
 
@@ -125,7 +125,7 @@ def test_a_rolling_restart_loses_nothing(fleet: Fleet, tmp_path: Path) -> None:
     for worker in workers:
         fleet.wait_ready(worker)
     gateway = fleet.start_gateway(extra_args=shared_args(tmp_path))
-    wait_until(lambda: routable_ids(gateway) == {"a", "b", "c"}, 10, "three routable workers")
+    until(lambda: routable_ids(gateway) == {"a", "b", "c"}, "three routable workers", timeout_s=10)
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     lines = embedding_lines(NUM_LINES)
     uploaded = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")

@@ -22,6 +22,7 @@ from conveyor.gateway.forward import (
     ProxySettings,
     forwardable_headers,
     stream_error_event,
+    worker_timeout_ms,
 )
 from conveyor.observability.metrics import GatewayMetrics
 
@@ -300,7 +301,7 @@ async def test_the_remaining_deadline_is_forwarded_and_hop_headers_dropped() -> 
     proxy, _, upstream = make_proxy(ok, [worker("a")])
     await proxy.forward(outbound(timeout_s=2.0))
     (sent,) = upstream.sent
-    assert 1000 < float(sent.headers[b"x-conveyor-timeout-ms"]) <= 2000
+    assert 1000 < float(sent.headers[b"x-conveyor-timeout-ms"]) <= 1950
     assert sent.headers[b"authorization"] == b"Bearer k"
     assert sent.body == b'{"model":"m"}' and sent.target == "/v1/embeddings"
     hops = [
@@ -310,6 +311,14 @@ async def test_the_remaining_deadline_is_forwarded_and_hop_headers_dropped() -> 
         (b"a", b"b"),
     ]
     assert forwardable_headers(hops) == [(b"a", b"b")]
+
+
+def test_the_worker_is_told_to_finish_before_the_gateway_s_deadline() -> None:
+    """The answer must travel back before the gateway's own timer fires: the worker gets the
+    time left minus a reserve of at most 50 ms and at most a tenth of it."""
+    assert worker_timeout_ms(2.0) == pytest.approx(1950)
+    assert worker_timeout_ms(0.1) == pytest.approx(90)
+    assert worker_timeout_ms(0.0) == 0
 
 
 def test_expect_and_the_headers_connection_names_are_not_forwarded() -> None:
