@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Server, free_port, wait_until_ready
-from tests.polling import until
 from tests.integration.fleet.conftest import Fleet, Proc, fleet, routable_ids, store_url
 from tests.integration.vllm_worker import (
     READY_TIMEOUT_S,
@@ -23,6 +22,7 @@ from tests.integration.vllm_worker import (
     vllm_model,
     vllm_python,
 )
+from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(1200)]
 

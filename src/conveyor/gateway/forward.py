@@ -71,6 +71,7 @@ def worker_timeout_ms(remaining_s: float) -> float:
     """The time the worker is given, in ms: ``remaining_s`` less the return trip's reserve."""
     return max(0.0, remaining_s - min(RETURN_TRIP_RESERVE_S, remaining_s / 10)) * 1000
 
+
 Headers = Sequence[tuple[bytes, bytes]]
 
 
@@ -315,7 +316,8 @@ class Proxy:
     ) -> UpstreamAnswer:
         """Send the request and read the status line and headers (body still streaming)."""
         trip = [(name.encode(), value.encode()) for name, value in outbound_headers()]
-        headers = [*request.headers, (TIMEOUT_HEADER, b"%.0f" % worker_timeout_ms(remaining_s)), *trip]
+        timeout = (TIMEOUT_HEADER, b"%.0f" % worker_timeout_ms(remaining_s))
+        headers = [*request.headers, timeout, *trip]
         try:
             return await self._upstream.request(
                 worker.address, request.method, request.path, headers, request.body,

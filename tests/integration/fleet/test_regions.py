@@ -25,9 +25,9 @@ import pytest
 import yaml
 
 from tests.e2e.test_batch_api import embedding_lines, jsonl, results
-from tests.polling import until
 from tests.integration.fleet.conftest import SYNTHETIC, Fleet, Proc
 from tests.integration.fleet.test_batch_fleet import JOBS, finished
+from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

@@ -22,7 +22,6 @@ import pytest
 
 from conveyor.fakes.checkpoints import build_tiny_llama
 from tests.e2e.test_batch_api import assert_each_once, embedding_lines, jsonl, results
-from tests.polling import until
 from tests.integration.fleet.conftest import (
     SYNTHETIC,
     Fleet,
@@ -30,6 +29,7 @@ from tests.integration.fleet.conftest import (
     routable_ids,
 )
 from tests.integration.fleet.test_batch_fleet import JOBS, finished, shared_args
+from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -113,7 +113,9 @@ def restart(fleet: Fleet, gateway: Proc, worker: Proc, config: dict[str, Any], a
     replacement = fleet.spawn_worker(worker.name, config=config, extra_args=args)
     assert worker.process.wait(timeout=30) == 0, worker.log()
     fleet.wait_ready(replacement)
-    until(lambda: worker.name in routable_ids(gateway), f"{worker.name} routable again", timeout_s=15)
+    until(
+        lambda: worker.name in routable_ids(gateway), f"{worker.name} routable again", timeout_s=15
+    )
     return replacement
 
 
