@@ -1,13 +1,22 @@
-"""A small request's latency while a large chat body is parsed and tokenized, and memory after.
+"""A small request's latency while one large request is handled, and memory after.
 
 One ``conveyor serve`` hosts a tiny random Llama and a synthetic embedding model. Side by
 side in one run: one-input embeddings requests sent back to back on an idle server, then
-the same while a chat request carrying ``--chat-mb`` megabytes of text is in flight (it is
-far longer than the context window, so it ends in a 400 after being tokenized). Reports
-the small requests' latencies in both phases, the chat request's time, and the server's
-resident memory before and after. Writes ``bench/results/large_body.json`` and ``.png``.
+the same while one large request is in flight. Reports the small requests' latencies in
+both phases, the large request's time, and the server's resident memory before and after.
 
-    .venv/bin/python -m bench.large_body            # 10 MB chat body, 3 repeats
+Two large requests (``--large``):
+
+- ``body``: a chat request carrying ``--chat-mb`` megabytes of text (far longer than the
+  context window, so it ends in a 400 after being tokenized). Writes
+  ``bench/results/large_body.json`` and ``.png``.
+- ``answer``: the largest answer a model returns by default: a completion with
+  ``logprobs: 20``, ``n: 32`` and ``max_tokens: 390`` (262,080 logprob entries, just under
+  ``max_logprob_entries``; some 17 MB of JSON), EOS ignored. Writes
+  ``bench/results/large_answer.json`` and ``.png``.
+
+    .venv/bin/python -m bench.large_body                   # 10 MB chat body, 3 repeats
+    .venv/bin/python -m bench.large_body --large answer    # the largest answer, 3 repeats
     .venv/bin/python -m bench.large_body --smoke --out DIR
 """
 
@@ -56,19 +65,33 @@ def small_latencies_ms(url: str, until: threading.Event | None, count: int) -> l
     return latencies
 
 
-def one_repeat(url: str, pid: int, chat_bytes: int) -> dict[str, Any]:
-    """Idle latencies, then latencies during one large chat request, and memory."""
-    idle = small_latencies_ms(url, None, 20)
-    before_mb = rss_mb(pid)
+# The largest answer under the default max_logprob_entries (262,144): 32 x 390 x (1 + 20).
+LARGEST_ANSWER = {"model": "llama", "prompt": "hello", "n": 32, "max_tokens": 390,
+                  "logprobs": 20, "ignore_eos": True}  # fmt: skip
+
+
+def large_request(large: str, chat_bytes: int) -> tuple[str, dict[str, Any]]:
+    """The path and body of the large request."""
+    if large == "answer":
+        return "/v1/completions", LARGEST_ANSWER
     content = "hello world " * (chat_bytes // 12)
     body = {"model": "llama", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    return "/v1/chat/completions", body
+
+
+def one_repeat(url: str, pid: int, request: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """Idle latencies, then latencies during one large request, and memory."""
+    idle = small_latencies_ms(url, None, 20)
+    before_mb = rss_mb(pid)
+    path, body = request
     done = threading.Event()
     chat: dict[str, Any] = {}
 
     def send() -> None:
         started = time.perf_counter()
-        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
-        chat.update(status=response.status_code, seconds=time.perf_counter() - started)
+        response = httpx.post(f"{url}{path}", json=body, timeout=600)
+        chat.update(status=response.status_code, seconds=time.perf_counter() - started,
+                    response_mb=len(response.content) / 1e6)  # fmt: skip
         done.set()
 
     sender = threading.Thread(target=send)
@@ -97,6 +120,7 @@ def summary(repeats: list[dict[str, Any]]) -> dict[str, Any]:
         "during_p50_ms": med("during_ms", statistics.median),
         "during_max_ms": med("during_ms", max),
         "chat_seconds": float(statistics.median(r["chat"]["seconds"] for r in repeats)),
+        "response_mb": float(statistics.median(r["chat"]["response_mb"] for r in repeats)),
         "rss_growth_mb": float(
             statistics.median(r["rss_after_mb"] - r["rss_before_mb"] for r in repeats)
         ),
@@ -117,34 +141,74 @@ def write_png(path: Path, result: dict[str, Any]) -> None:
     ax.bar(labels, values, color=["#4c72b0", "#4c72b0", "#dd8452", "#dd8452"])
     ax.axhline(100, color="gray", linestyle="--", label="goal: 100 ms")
     ax.set_ylabel("one-input embeddings latency (ms)")
-    ax.set_title(f"during a {result['inputs']['chat_mb']} MB chat body")
+    inputs = result["inputs"]
+    during = (
+        f"a {inputs['chat_mb']} MB chat body"
+        if inputs["large"] == "body"
+        else f"the largest answer ({s['response_mb']:.0f} MB)"
+    )
+    ax.set_title(f"during {during}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def measure(url: str, pid: int, request: tuple[str, dict[str, Any]], repeats: int) -> list[Any]:
+    """``repeats`` runs of one large request, each on a quiet machine."""
+    runs = []
+    for _ in range(repeats):
+        quiet = wait_until_quiet()
+        runs.append({**one_repeat(url, pid, request), "quiet": quiet.to_dict()})
+    return runs
+
+
+def write_result(out: Path, large: str, chat_mb: float, runs: list[Any]) -> None:
+    """JSON and PNG of one kind of large request; its summary printed."""
+    result = {
+        "inputs": {"large": large, "chat_mb": chat_mb, "repeats": len(runs)},
+        "summary": summary(runs),
+        "runs": runs,
+        "machine": machine_info(),
+        "versions": package_versions(),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    name = "large_body" if large == "body" else "large_answer"
+    write_json(out / f"{name}.json", result)
+    write_png(out / f"{name}.png", result)
+    print(yaml.safe_dump({name: result["summary"]}, sort_keys=False))
+
+
+def write_config(tmp: Path) -> Path:
+    """A tiny random Llama (room for 32 sequences of 400 tokens) and a synthetic model."""
+    from conveyor.fakes.checkpoints import build_tiny_llama
+
+    checkpoint = build_tiny_llama(tmp / "llama")
+    config = {"data_dir": str(tmp / "data"), "models": [
+        {"name": "syn", "kind": "synthetic", "batch_latency_ms": 1, "dim": 8},
+        {"name": "llama", "kind": "generate", "path": str(checkpoint), "device": "cpu",
+         "kv_cache_tokens": 16384, "max_num_seqs": 32, "threads": 1}]}  # fmt: skip
+    path = tmp / "conveyor.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--large", choices=["body", "answer"], default="body")
     parser.add_argument("--chat-mb", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="1 MB, one repeat")
+    smoke_help = "one repeat of each: a 1 MB body and a 4 x 50-token answer"
+    parser.add_argument("--smoke", action="store_true", help=smoke_help)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
     chat_mb, repeats = (1.0, 1) if args.smoke else (args.chat_mb, args.repeats)
-    from conveyor.fakes.checkpoints import build_tiny_llama
-
+    kinds = ["body", "answer"] if args.smoke else [args.large]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        checkpoint = build_tiny_llama(tmp / "llama")
-        config = {"data_dir": str(tmp / "data"), "models": [
-            {"name": "syn", "kind": "synthetic", "batch_latency_ms": 1, "dim": 8},
-            {"name": "llama", "kind": "generate", "path": str(checkpoint), "device": "cpu",
-             "kv_cache_tokens": 2048, "threads": 1}]}  # fmt: skip
-        (tmp / "conveyor.yaml").write_text(yaml.safe_dump(config))
+        config_path = str(write_config(tmp))
 
         def argv(port: int) -> list[str]:
-            config_path = str(tmp / "conveyor.yaml")
             return python_argv("-m", "conveyor", "serve", "--config", config_path,
                                "--port", str(port))  # fmt: skip
 
@@ -152,23 +216,13 @@ def main() -> None:
             server.start()
             server.wait_ready()
             url = f"http://127.0.0.1:{server.port}"
-            one_repeat(url, server.pid, 100_000)  # warm-up, not counted
-            runs = []
-            for _ in range(repeats):
-                quiet = wait_until_quiet()
-                runs.append({**one_repeat(url, server.pid, int(chat_mb * 1e6)),
-                             "quiet": quiet.to_dict()})  # fmt: skip
-    result = {
-        "inputs": {"chat_mb": chat_mb, "repeats": repeats},
-        "summary": summary(runs),
-        "runs": runs,
-        "machine": machine_info(),
-        "versions": package_versions(),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "large_body.json", result)
-    write_png(args.out / "large_body.png", result)
-    print(yaml.safe_dump(result["summary"], sort_keys=False))
+            one_repeat(url, server.pid, large_request("body", 100_000))  # warm-up
+            for kind in kinds:
+                path, body = large_request(kind, int(chat_mb * 1e6))
+                if args.smoke and kind == "answer":
+                    body = {**body, "n": 4, "max_tokens": 50}
+                runs = measure(url, server.pid, (path, body), repeats)
+                write_result(args.out, kind, chat_mb, runs)
 
 
 if __name__ == "__main__":
