@@ -10,9 +10,9 @@ Two large requests (``--large``):
 - ``body``: a chat request carrying ``--chat-mb`` megabytes of text (far longer than the
   context window, so it ends in a 400 after being tokenized). Writes
   ``bench/results/large_body.json`` and ``.png``.
-- ``answer``: the largest answer a model returns by default: a completion with
-  ``logprobs: 20``, ``n: 32`` and ``max_tokens: 390`` (262,080 logprob entries, just under
-  ``max_logprob_entries``; some 17 MB of JSON), EOS ignored. Writes
+- ``answer``: the largest answer a model returns by default: a chat completion with
+  ``top_logprobs: 20``, ``n: 32`` and ``max_tokens: 390`` (262,080 logprob entries, just
+  under ``max_logprob_entries``; chat entries carry their bytes too), EOS ignored. Writes
   ``bench/results/large_answer.json`` and ``.png``.
 
     .venv/bin/python -m bench.large_body                   # 10 MB chat body, 3 repeats
@@ -66,14 +66,15 @@ def small_latencies_ms(url: str, until: threading.Event | None, count: int) -> l
 
 
 # The largest answer under the default max_logprob_entries (262,144): 32 x 390 x (1 + 20).
-LARGEST_ANSWER = {"model": "llama", "prompt": "hello", "n": 32, "max_tokens": 390,
-                  "logprobs": 20, "ignore_eos": True}  # fmt: skip
+LARGEST_ANSWER = {"model": "llama", "messages": [{"role": "user", "content": "hello"}],
+                  "n": 32, "max_tokens": 390, "logprobs": True, "top_logprobs": 20,
+                  "ignore_eos": True}  # fmt: skip
 
 
 def large_request(large: str, chat_bytes: int) -> tuple[str, dict[str, Any]]:
     """The path and body of the large request."""
     if large == "answer":
-        return "/v1/completions", LARGEST_ANSWER
+        return "/v1/chat/completions", LARGEST_ANSWER
     content = "hello world " * (chat_bytes // 12)
     body = {"model": "llama", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
     return "/v1/chat/completions", body
