@@ -80,18 +80,27 @@ def spawn(python: str, argv: list[str], log_path: Path) -> subprocess.Popen[byte
 
 def start_vllm_server(tmp: Path, config: dict[str, Any]) -> Server:
     """``conveyor serve`` with ``config`` in vLLM's environment; wait until it is ready."""
+    return wait_until_vllm_ready(launch_vllm_server(tmp, config))
+
+
+def launch_vllm_server(tmp: Path, config: dict[str, Any]) -> Server:
+    """``conveyor serve`` with ``config`` in vLLM's environment, starting (not yet ready:
+    other work can overlap vLLM's start-up; then :func:`wait_until_vllm_ready`)."""
     port = free_port()
     config_path = tmp / "conveyor.yaml"
     config_path.write_text(yaml.safe_dump({"data_dir": str(tmp / "data"), **config}))
     log_path = tmp / "server.log"
     argv = ["serve", "--config", str(config_path), "--port", str(port)]
     process = spawn(vllm_python(), argv, log_path)
+    return Server(f"http://127.0.0.1:{port}", process, log_path)
+
+
+def wait_until_vllm_ready(server: Server) -> Server:
+    """The launched server once it answers; killed (with its children) if it never does."""
     try:
-        return wait_until_ready(
-            Server(f"http://127.0.0.1:{port}", process, log_path), READY_TIMEOUT_S
-        )
+        return wait_until_ready(server, READY_TIMEOUT_S)
     except BaseException:
-        kill_group(process)
+        kill_group(server.process)
         raise
 
 

@@ -43,4 +43,4 @@ async def unload_lora_adapter(request: Request) -> Response:
     _check_allowed(request)
     body = UnloadLoraAdapterRequest.model_validate_json(await request.body())
     service: Service = request.app.state.service
-    return PlainTextResponse(unload_adapter(service, body))
+    return PlainTextResponse(await unload_adapter(service, body))

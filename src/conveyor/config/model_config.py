@@ -360,8 +360,6 @@ class GenerateModelConfig(Strict):
             raise ValueError("set kv_cache_tokens or kv_cache_memory_fraction, not both")
         if self.vllm and self.engine != "vllm":
             raise ValueError("vllm: engine arguments need engine: vllm")
-        if self.lora is not None and self.engine == "vllm":
-            raise ValueError("LoRA adapters on engine: vllm are not yet served")
         if self.kv_offload is not None and self.engine == "vllm":
             raise ValueError(
                 "kv_offload is not yet available on engine: vllm (it is Conveyor's engine's; "

@@ -3,7 +3,9 @@
 No HTTP here: the route parses the body and checks the caller may do it. An adapter goes
 to the generative model that has ``lora`` configured (``base_model`` picks one when
 several do), from a directory under that model's ``lora.load_roots`` only (see
-``engine.model.lora.files``); reading it runs off the event loop.
+``engine.model.lora.files``); reading it runs off the event loop. On ``engine: vllm`` the
+model's registry is followed by vLLM's own table (``adapter_sync``: ``add_lora``,
+``remove_lora``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from conveyor.errors import InvalidRequest, ModelNotFound, PermissionDenied
 
 if TYPE_CHECKING:  # named in annotations only
     from conveyor.engine.generator import HostedGenerator
+    from conveyor.engine.model.lora.registry import AdapterEntry
     from conveyor.host.service import Service
 
 __all__ = [
@@ -85,11 +88,18 @@ async def load_adapter(service: Service, body: LoadLoraAdapterRequest) -> str:
         raise InvalidRequest(
             f"the name {body.lora_name!r} is already a model or an adapter", param="lora_name"
         )
-    await asyncio.to_thread(_read_into, target, body)
+    entry = await asyncio.to_thread(_read_into, target, body)
+    if target.adapter_sync is not None:
+        try:
+            await target.adapter_sync.add_adapter(entry)
+        except BaseException:
+            if target.lora is not None and target.lora.get(entry.name) == entry:
+                target.lora.unload(entry.name)  # the engine refused it: not served at all
+            raise
     return f"Success: LoRA adapter '{body.lora_name}' added successfully."
 
 
-def _read_into(target: HostedGenerator, body: LoadLoraAdapterRequest) -> None:
+def _read_into(target: HostedGenerator, body: LoadLoraAdapterRequest) -> AdapterEntry:
     """Blocking: register the adapter at ``lora_path`` if it lies under the model's roots.
 
     403 when the model allows no run-time loads; one 400 for any path it will not read.
@@ -101,14 +111,16 @@ def _read_into(target: HostedGenerator, body: LoadLoraAdapterRequest) -> None:
             f"the model {target.config.name!r} loads no LoRA adapters at run time: list the "
             "directories they may come from in its lora.load_roots"
         )
-    registry.load(body.lora_name, resolve_under(body.lora_path, settings.load_roots))
+    return registry.load(body.lora_name, resolve_under(body.lora_path, settings.load_roots))
 
 
-def unload_adapter(service: Service, body: UnloadLoraAdapterRequest) -> str:
+async def unload_adapter(service: Service, body: UnloadLoraAdapterRequest) -> str:
     """Forget an adapter (404 if none has that name); queued requests for it still run."""
     for generator in _lora_models(service):
         if generator.lora is not None and body.lora_name in generator.lora:
-            generator.lora.unload(body.lora_name)
+            entry = generator.lora.unload(body.lora_name)
+            if generator.adapter_sync is not None:
+                await generator.adapter_sync.remove_adapter(entry)
             return f"Success: LoRA adapter '{body.lora_name}' removed successfully."
     raise ModelNotFound(f"no LoRA adapter named {body.lora_name!r} is loaded", param="lora_name")
 

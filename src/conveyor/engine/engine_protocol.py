@@ -14,12 +14,13 @@ from conveyor.priority import Priority
 if TYPE_CHECKING:
     from conveyor.engine.core.engine_config import EngineConfig
     from conveyor.engine.core.prefix_digest import PrefixDigest
+    from conveyor.engine.model.lora.registry import AdapterEntry
     from conveyor.engine.request import GenerationRequest
     from conveyor.engine.sampling.grammar import GrammarCompiler
     from conveyor.engine.sampling.params import SamplingParams
     from conveyor.engine.stream import GenerationStream
 
-__all__ = ["GenerationEngine"]
+__all__ = ["AdapterSync", "GenerationEngine"]
 
 
 class GenerationEngine(Protocol):
@@ -81,4 +82,20 @@ class GenerationEngine(Protocol):
 
     def stop(self) -> None:
         """Stop generating; every unfinished request gets 503 (blocking)."""
+        ...
+
+
+class AdapterSync(Protocol):
+    """An engine that keeps its own table of LoRA adapters (vLLM's), told of run-time changes.
+
+    Conveyor's ``LoraRegistry`` stays the one list of names: these follow its loads and
+    unloads, on the event loop.
+    """
+
+    async def add_adapter(self, entry: AdapterEntry) -> None:
+        """Take in a registered adapter; 400 (``AdapterError``) if the engine cannot serve it."""
+        ...
+
+    async def remove_adapter(self, entry: AdapterEntry) -> None:
+        """Forget an unregistered adapter."""
         ...

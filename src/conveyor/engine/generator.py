@@ -26,7 +26,7 @@ from conveyor.observability.metrics import GeneratorMetrics
 from conveyor.priority import Priority
 
 if TYPE_CHECKING:  # only named in annotations: callers of submit() need not load torch
-    from conveyor.engine.engine_protocol import GenerationEngine
+    from conveyor.engine.engine_protocol import AdapterSync, GenerationEngine
 
 __all__ = ["HostedGenerator"]
 
@@ -47,6 +47,8 @@ class HostedGenerator:
     # The model's LoRA adapters (None: it serves none), and the one this view runs with.
     lora: LoraRegistry[Any] | None = None
     adapter: AdapterEntry | None = None
+    # An engine with its own adapter table (vLLM's), told of run-time loads and unloads.
+    adapter_sync: AdapterSync | None = None
 
     def for_adapter(self, name: str) -> HostedGenerator | None:
         """This model as adapter ``name`` serves it; None if it has no such adapter."""

@@ -5,6 +5,10 @@ samples (priority scheduling: online before batch); Conveyor's ``GenerationReque
 turns the tokens into text, finds stop strings and builds the same outputs as its own
 engine, so every endpoint reads either engine alike. Closing a stream (a client gone, a
 deadline, a stop string) cancels the task, which aborts the request inside vLLM.
+
+LoRA adapters: Conveyor's ``LoraRegistry`` names them and checks their files; each is
+added to vLLM (``add_lora``) once, when loaded at run time or before its first request,
+and a request for it carries its ``LoRARequest`` (see ``vllm_mapping.lora_request_fields``).
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from conveyor.engine.core.engine_config import EngineConfig
 from conveyor.engine.core.prefix_digest import PrefixDigest
 from conveyor.engine.engine_metrics import record_finish
+from conveyor.engine.model.lora.files import AdapterError
+from conveyor.engine.model.lora.registry import AdapterEntry, LoraRegistry
 from conveyor.engine.outputs import FinishReason, GenerationOutput, TokenLogprobs
 from conveyor.engine.request import GenerationRequest
 from conveyor.engine.sampling.grammar import GrammarCompiler
@@ -27,6 +33,7 @@ from conveyor.engine.stream import GenerationStream, deliver_threadsafe
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.engine.vllm_mapping import (
     finish_reason,
+    lora_request_fields,
     prompt_entries,
     sampling_kwargs,
     token_logprobs,
@@ -46,7 +53,10 @@ class VllmEngine:
     """One model on vLLM's engine; the methods of ``GenerationEngine`` (see there).
 
     ``llm`` is a started ``vllm.v1.engine.async_llm.AsyncLLM``; ``new_params`` builds
-    vLLM's ``SamplingParams`` from :func:`sampling_kwargs`' dictionary.
+    vLLM's ``SamplingParams`` from :func:`sampling_kwargs`' dictionary. With ``lora`` (the
+    model's adapters), ``new_lora`` builds vLLM's ``LoRARequest`` from
+    :func:`lora_request_fields`' dictionary; ``base_lora``, if given, is the ``LoRARequest``
+    base requests run under (see ``vllm_lora``).
     """
 
     def __init__(
@@ -59,6 +69,9 @@ class VllmEngine:
         eos_token_ids: frozenset[int],
         metrics: GeneratorMetrics,
         name: str,
+        lora: LoraRegistry[Any] | None = None,
+        new_lora: Callable[..., Any] = dict,
+        base_lora: Any = None,
     ) -> None:
         self.config = config
         self.name = name
@@ -75,6 +88,16 @@ class VllmEngine:
         self._tasks: dict[str, tuple[asyncio.Task[None], GenerationStream]] = {}
         self._num_waiting = 0
         self._is_stopped = False
+        self._lora = lora
+        self._new_lora = new_lora
+        # Per adapter id: its LoRARequest, and the task adding it to vLLM.
+        self._lora_requests: dict[int, Any] = {}
+        self._lora_names: dict[str, int] = {}  # vLLM's adapter names -> adapter ids
+        self._adding: dict[int, asyncio.Task[None]] = {}
+        # The adapter base requests run under (vLLM's CPU build: see ``vllm_lora``), if any.
+        self._base_adapter_id = 0 if base_lora is None else int(base_lora.lora_int_id)
+        if base_lora is not None:
+            self._lora_requests[self._base_adapter_id] = base_lora
 
     @property
     def num_waiting(self) -> int:
@@ -103,9 +126,9 @@ class VllmEngine:
         adapter_id: int = 0,
         deadline_s: float | None = None,
     ) -> GenerationRequest:
-        """Build a request; ValueError if it cannot run (too long, empty)."""
+        """Build a request; ValueError if it cannot run (too long, empty, no such adapter)."""
         if adapter_id:
-            raise ValueError("LoRA adapters are not served on engine: vllm yet")
+            self._lora_request(adapter_id)
         return GenerationRequest(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -119,6 +142,7 @@ class VllmEngine:
             prefix_group=prefix_group,
             origin=current_request(),
             deadline_s=deadline_s,
+            adapter_id=adapter_id,
         )
 
     def add_request(self, request: GenerationRequest, stream: GenerationStream) -> None:
@@ -158,16 +182,74 @@ class VllmEngine:
             self.abort(request_id)
         self._llm.shutdown()
 
+    # -- LoRA adapters, on the loop ----------------------------------------------------
+
+    async def add_adapter(self, entry: AdapterEntry) -> None:
+        """Load a newly registered adapter into vLLM (``add_lora``); 400 if vLLM cannot."""
+        self._lora_request(entry.adapter_id)
+        await self._added(entry.adapter_id)
+
+    async def remove_adapter(self, entry: AdapterEntry) -> None:
+        """Drop an unloaded adapter from vLLM (``remove_lora``).
+
+        Requests already queued for it still run: they add it again (vLLM reads it anew).
+        """
+        self._adding.pop(entry.adapter_id, None)
+        if entry.adapter_id in self._lora_requests:
+            await self._llm.remove_lora(entry.adapter_id)
+
+    def _lora_request(self, adapter_id: int) -> Any:
+        """vLLM's ``LoRARequest`` for a registered adapter; ValueError for an unknown id."""
+        lora = self._lora_requests.get(adapter_id)
+        if lora is not None:
+            return lora
+        entry = None if self._lora is None else self._lora.entry(adapter_id)
+        if entry is None:
+            raise ValueError(f"model {self.name!r} has no LoRA adapter of id {adapter_id}")
+        fields = lora_request_fields(entry, self._lora_names)
+        lora = self._new_lora(**fields)
+        self._lora_names.setdefault(fields["lora_name"], adapter_id)
+        self._lora_requests[adapter_id] = lora
+        return lora
+
+    def _added(self, adapter_id: int) -> asyncio.Task[None]:
+        """The task adding an adapter to vLLM: the one started before, unless that failed."""
+        task = self._adding.get(adapter_id)
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = asyncio.get_running_loop().create_task(self._add_lora(adapter_id))
+            self._adding[adapter_id] = task
+        return task
+
+    async def _add_lora(self, adapter_id: int) -> None:
+        """``add_lora``; vLLM's refusal as a 400 naming the adapter (logged in full)."""
+        lora = self._lora_requests[adapter_id]
+        entry = None if self._lora is None else self._lora.entry(adapter_id)
+        name = "the base model's null adapter" if entry is None else repr(entry.name)
+        try:
+            is_added = await self._llm.add_lora(lora)
+        except Exception as exc:
+            log.warning("model %s: vLLM cannot load LoRA adapter %s: %s", self.name, lora, exc)
+            raise AdapterError(  # the reason may name files: the log has it, not the caller
+                f"vLLM cannot load the LoRA adapter {name}", param="lora_path"
+            ) from None
+        if not is_added:
+            raise AdapterError(f"vLLM did not load the LoRA adapter {name}", param="lora_path")
+
     # -- the request's task, on the loop ------------------------------------------------
 
     async def _run(self, request: GenerationRequest, params: Any, stream: GenerationStream) -> None:
         """Generate, hand each output to the stream, count the ending."""
         is_waiting = True
         try:
+            adapter_id = request.adapter_id or self._base_adapter_id
+            lora = self._lora_requests.get(adapter_id) if adapter_id else None
+            if lora is not None:  # added once; a cancelled request leaves the add running
+                await asyncio.shield(self._added(adapter_id))
             prompt = {"prompt_token_ids": request.prompt_token_ids}
             outputs = self._llm.generate(
-                prompt, params, request.request_id, priority=vllm_priority(request.priority)
-            )
+                prompt, params, request.request_id,
+                priority=vllm_priority(request.priority), lora_request=lora,
+            )  # fmt: skip
             async with contextlib.aclosing(outputs):
                 async for out in outputs:
                     if is_waiting:

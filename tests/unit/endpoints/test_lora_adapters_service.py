@@ -1,5 +1,6 @@
 """LoRA adapters through the Service and the endpoint layer batch jobs use: configured and
-run-time adapters answer as models, bad adapters are refused clearly, the base serves on."""
+run-time adapters answer as models, bad adapters are refused clearly, the base serves on; an
+engine with its own adapter table (vLLM's) is told of loads and unloads."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import shutil
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,14 @@ from conveyor.endpoints.lora_adapters import (
     load_adapter,
     unload_adapter,
 )
-from conveyor.engine.model.lora.files import CONFIG_FILE, CONFIG_MAX_BYTES, REFUSAL, AdapterRefused
+from conveyor.engine.model.lora.files import (
+    CONFIG_FILE,
+    CONFIG_MAX_BYTES,
+    REFUSAL,
+    AdapterError,
+    AdapterRefused,
+)
+from conveyor.engine.model.lora.registry import AdapterEntry
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.errors import ConfigError, InvalidRequest, ModelNotFound, PermissionDenied
 from conveyor.fakes.checkpoints import build_lora_adapter
@@ -160,11 +169,48 @@ async def test_without_load_roots_nothing_loads_at_run_time(
 
 
 async def test_an_unloaded_adapter_is_gone(service: Service) -> None:
-    unload_adapter(service, UnloadLoraAdapterRequest(lora_name="sql"))
+    await unload_adapter(service, UnloadLoraAdapterRequest(lora_name="sql"))
     with pytest.raises(ModelNotFound):
         await complete(service, "sql", [5, 6, 7])
     with pytest.raises(ModelNotFound):
-        unload_adapter(service, UnloadLoraAdapterRequest(lora_name="sql"))
+        await unload_adapter(service, UnloadLoraAdapterRequest(lora_name="sql"))
+
+
+@dataclass
+class FakeSync:
+    """An engine's own adapter table (vLLM's), refusing adapters named in ``refuse``."""
+
+    refuse: set[str] = field(default_factory=set)
+    added: list[AdapterEntry] = field(default_factory=list)
+    removed: list[AdapterEntry] = field(default_factory=list)
+
+    async def add_adapter(self, entry: AdapterEntry) -> None:
+        self.added.append(entry)
+        if entry.name in self.refuse:
+            raise AdapterError(f"vLLM cannot load the LoRA adapter {entry.name!r}")
+
+    async def remove_adapter(self, entry: AdapterEntry) -> None:
+        self.removed.append(entry)
+
+
+async def test_an_engine_with_its_own_adapter_table_follows_loads_and_unloads(
+    service: Service, adapter_dirs: list[Path]
+) -> None:
+    sync = FakeSync(refuse={"odd"})
+    service.generators["tiny"].adapter_sync = sync
+    await load_adapter(
+        service, LoadLoraAdapterRequest(lora_name="chat", lora_path=str(adapter_dirs[1]))
+    )
+    assert [(entry.name, entry.path) for entry in sync.added] == [("chat", adapter_dirs[1])]
+    odd = LoadLoraAdapterRequest(lora_name="odd", lora_path=str(adapter_dirs[1]))
+    with pytest.raises(AdapterError, match="vLLM cannot load"):
+        await load_adapter(service, odd)
+    # What the engine refuses is not served at all: the name is free again.
+    assert [entry["id"] for entry in adapter_entries(service)] == ["sql", "chat"]
+    with pytest.raises(ModelNotFound):
+        await complete(service, "odd", [5, 6, 7])
+    await unload_adapter(service, UnloadLoraAdapterRequest(lora_name="chat"))
+    assert sync.removed == [sync.added[0]]
 
 
 async def test_a_configured_adapter_that_cannot_load_stops_start_up(

@@ -1,6 +1,7 @@
 """``VllmEngine`` over a stand-in for vLLM's ``AsyncLLM`` that replays scripted deltas:
 outputs and text as Conveyor's engine builds them, stop strings ending (and aborting) the
-request, a closed stream cancelling it, vLLM's errors as Conveyor's, priorities passed on."""
+request, a closed stream cancelling it, vLLM's errors as Conveyor's, priorities passed on;
+LoRA adapters added to vLLM once and named in their requests, removed on unload."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 
 from conveyor.engine.core.engine_config import EngineConfig
 from conveyor.engine.generator import HostedGenerator
+from conveyor.engine.model.lora.files import AdapterError
+from conveyor.engine.model.lora.registry import LoraRegistry
 from conveyor.engine.outputs import FinishReason
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.tokenizer import Tokenizer
@@ -49,11 +52,16 @@ class FakeLLM:
     hold: asyncio.Event | None = None
     seen: list[tuple[str, int, Any]] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
+    loras: list[Any] = field(default_factory=list)  # each request's lora_request
+    added: list[Any] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+    refuse_adds: int = 0  # how many add_lora calls fail (as vLLM's worker failing to load)
 
     async def generate(
-        self, prompt: Any, params: Any, request_id: str, *, priority: int
+        self, prompt: Any, params: Any, request_id: str, *, priority: int, lora_request: Any
     ) -> AsyncIterator[Delta]:
         self.seen.append((request_id, priority, params))
+        self.loras.append(lora_request)
         try:
             for item in self.script:
                 if isinstance(item, Exception):
@@ -64,11 +72,24 @@ class FakeLLM:
         finally:
             self.closed.append(request_id)
 
+    async def add_lora(self, lora: Any) -> bool:
+        self.added.append(lora)
+        if self.refuse_adds:
+            self.refuse_adds -= 1
+            raise Exception("Call to add_lora method failed: No adapter found for /secret/x")
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        self.removed.append(lora_id)
+        return True
+
     def shutdown(self) -> None:
         pass
 
 
-def hosted(llama_path: Path, llm: FakeLLM) -> HostedGenerator:
+def hosted(
+    llama_path: Path, llm: FakeLLM, lora: LoraRegistry[None] | None = None, base_lora: Any = None
+) -> HostedGenerator:
     from conveyor.config.model_config import GenerateModelConfig
 
     tokenizer = Tokenizer(llama_path)
@@ -76,9 +97,10 @@ def hosted(llama_path: Path, llm: FakeLLM) -> HostedGenerator:
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
                           num_kv_blocks=16, block_size=16)  # fmt: skip
     engine = VllmEngine(llm, dict, tokenizer, config, eos_token_ids=frozenset({0}),
-                        metrics=metrics, name="m")  # fmt: skip
+                        metrics=metrics, name="m", lora=lora, base_lora=base_lora)  # fmt: skip
     model = GenerateModelConfig(kind="generate", name="m", path=llama_path, engine="vllm")
-    return HostedGenerator(model, engine, tokenizer, metrics, tokenizer.vocab_size, 0)
+    return HostedGenerator(model, engine, tokenizer, metrics, tokenizer.vocab_size, 0,
+                           lora=lora, adapter_sync=None if lora is None else engine)  # fmt: skip
 
 
 async def collect(generator: HostedGenerator, params: SamplingParams, **kw: Any) -> list[Any]:
@@ -163,7 +185,97 @@ def test_prompt_logprobs_only_drops_the_token_it_ran(llama_path: Path) -> None:
     assert [e.logprob for e in only.prompt_logprobs.entries] == [-1.0, -2.0]
 
 
-def test_lora_adapters_are_refused_not_yet(llama_path: Path) -> None:
-    generator = hosted(llama_path, FakeLLM([]))
-    with pytest.raises(ValueError, match="not served on engine: vllm yet"):
-        generator.engine.new_request("r", [1, 2], SamplingParams(), adapter_id=3)
+def registry(tmp_path: Path, *names: str) -> LoraRegistry[None]:
+    """Adapters at ``tmp_path/NAME`` (the files are vLLM's to read: the loader checks none)."""
+    adapters: LoraRegistry[None] = LoraRegistry(lambda path: (8, None), max_cpu_loras=2)
+    for name in names:
+        adapters.load(name, tmp_path / name)
+    return adapters
+
+
+async def run_as(generator: HostedGenerator, model: str | None) -> list[Any]:
+    """One request to the base (``model`` None) or to adapter ``model``; its outputs."""
+    chosen = generator if model is None else generator.for_adapter(model)
+    assert chosen is not None
+    return await collect(chosen, SamplingParams(max_tokens=1))
+
+
+def test_an_adapter_request_carries_its_lora_request_added_once(
+    llama_path: Path, tmp_path: Path
+) -> None:
+    llm = FakeLLM([Delta([Completion([11], "length")], True)])
+    generator = hosted(llama_path, llm, registry(tmp_path, "sql", "chat"))
+
+    async def scenario() -> None:
+        for model in ("sql", None, "sql", "chat"):
+            await run_as(generator, model)
+
+    asyncio.run(scenario())
+    sql, base, sql_again, chat = llm.loras
+    assert base is None  # the base model runs without an adapter
+    assert sql == {"lora_name": "sql", "lora_int_id": 1, "lora_path": str(tmp_path / "sql")}
+    assert sql_again is sql and chat["lora_int_id"] == 2
+    assert llm.added == [sql, chat]  # each added to vLLM once, before its first request
+
+
+def test_an_unknown_adapter_id_is_refused_before_vllm(llama_path: Path, tmp_path: Path) -> None:
+    for lora in (None, registry(tmp_path, "sql")):
+        generator = hosted(llama_path, FakeLLM([]), lora)
+        with pytest.raises(ValueError, match="has no LoRA adapter of id 9"):
+            generator.engine.new_request("r", [1, 2], SamplingParams(), adapter_id=9)
+
+
+def test_an_adapter_vllm_refuses_is_a_400_that_names_no_file(
+    llama_path: Path, tmp_path: Path
+) -> None:
+    llm = FakeLLM([Delta([Completion([11], "length")], True)], refuse_adds=1)
+    generator = hosted(llama_path, llm, registry(tmp_path, "sql"))
+    with pytest.raises(AdapterError, match="vLLM cannot load the LoRA adapter 'sql'") as caught:
+        asyncio.run(run_as(generator, "sql"))
+    assert "secret" not in caught.value.message and not llm.seen  # never generated
+    outputs = asyncio.run(run_as(generator, "sql"))  # a failed add is tried again
+    assert outputs[-1].finish_reason is FinishReason.LENGTH and len(llm.added) == 2
+
+
+def test_unload_removes_the_adapter_from_vllm_and_a_reload_is_new_to_it(
+    llama_path: Path, tmp_path: Path
+) -> None:
+    llm = FakeLLM([Delta([Completion([11], "length")], True)])
+    lora = registry(tmp_path, "sql")
+    generator = hosted(llama_path, llm, lora)
+    engine = generator.adapter_sync
+    assert engine is not None
+
+    async def scenario() -> None:
+        await run_as(generator, "sql")
+        await engine.remove_adapter(lora.unload("sql"))
+        await engine.add_adapter(lora.load("sql", tmp_path / "sql"))  # loaded again
+        await run_as(generator, "sql")
+
+    asyncio.run(scenario())
+    assert llm.removed == [1]
+    first, second = llm.loras
+    assert (first["lora_name"], first["lora_int_id"]) == ("sql", 1)
+    assert (second["lora_name"], second["lora_int_id"]) == ("sql@2", 2)
+    assert llm.added == [first, second]
+
+
+def test_base_requests_run_under_the_base_adapter_when_there_is_one(
+    llama_path: Path, tmp_path: Path
+) -> None:
+    @dataclass
+    class Null:  # as vLLM's LoRARequest names its id
+        lora_int_id: int = 99
+
+    null = Null()
+    llm = FakeLLM([Delta([Completion([11], "length")], True)])
+    generator = hosted(llama_path, llm, registry(tmp_path, "sql"), base_lora=null)
+
+    async def scenario() -> None:
+        for model in (None, "sql", None):
+            await run_as(generator, model)
+
+    asyncio.run(scenario())
+    base, sql, base_again = llm.loras
+    assert base is null and base_again is null and sql["lora_name"] == "sql"
+    assert llm.added == [null, sql]  # added once, like any adapter

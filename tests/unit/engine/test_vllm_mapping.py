@@ -1,5 +1,6 @@
-"""``engine: vllm``'s pure mapping: config to engine arguments, sampling parameters,
-grammars, logprobs and finish reasons; and the start-up check without vLLM installed."""
+"""``engine: vllm``'s pure mapping: config to engine arguments (LoRA's included), adapters to
+LoRA requests, sampling parameters, grammars, logprobs and finish reasons; and the start-up
+check without vLLM installed."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from conveyor.cli.startup_checks import generate_model_problems
-from conveyor.config.model_config import GenerateModelConfig
+from conveyor.config.model_config import GenerateModelConfig, LoraConfig
 from conveyor.engine import vllm_mapping
+from conveyor.engine.model.lora.registry import AdapterEntry
 from conveyor.engine.outputs import FinishReason, TokenLogprobs
 from conveyor.engine.sampling.grammar import grammar_from_json_schema, grammar_from_lark
 from conveyor.engine.sampling.params import SamplingParams
@@ -20,6 +22,8 @@ from conveyor.engine.vllm_mapping import (
     engine_args,
     finish_reason,
     grammar_to_lark,
+    lora_engine_args,
+    lora_request_fields,
     prompt_entries,
     sampling_kwargs,
     token_logprobs,
@@ -60,11 +64,40 @@ def test_a_gguf_file_is_refused_with_the_import_command(tmp_path: Path) -> None:
         engine_args(config(gguf))
 
 
-def test_the_vllm_map_and_lora_need_the_right_engine(tmp_path: Path) -> None:
+def test_the_vllm_map_needs_engine_vllm(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="need engine: vllm"):
         config(hf_dir(tmp_path), engine="conveyor", vllm={"enforce_eager": True})
-    with pytest.raises(ValidationError, match="not yet served"):
-        config(tmp_path, lora={"adapters": {}})
+
+
+def test_lora_turns_on_vllms_lora_at_a_rank_vllm_takes(tmp_path: Path) -> None:
+    lora = {"max_loras_per_batch": 3, "max_cpu_loras": 5, "max_rank": 8}
+    args = engine_args(config(hf_dir(tmp_path), lora=lora))
+    assert (args["enable_lora"], args["max_loras"], args["max_lora_rank"]) == (True, 3, 8)
+    assert args["max_cpu_loras"] == 5
+    assert "enable_lora" not in engine_args(config(tmp_path))  # no lora: vLLM's stays off
+    # A rank vLLM has no buffers for is rounded up (Conveyor still refuses above 10 itself).
+    assert lora_engine_args("m", LoraConfig(max_rank=10))["max_lora_rank"] == 16
+    assert lora_engine_args("m", LoraConfig(max_rank=512))["max_lora_rank"] == 512
+    # vLLM wants at least as many host copies as device slots.
+    assert lora_engine_args("m", LoraConfig(max_loras_per_batch=8, max_cpu_loras=2))[
+        "max_cpu_loras"
+    ] == 8  # fmt: skip
+    assert engine_args(config(tmp_path, lora=lora, vllm={"max_loras": 1}))["max_loras"] == 1
+    with pytest.raises(ValueError, match="largest LoRA rank vLLM serves"):
+        engine_args(config(tmp_path, lora={"max_rank": 513}))
+
+
+def test_an_adapter_is_a_lora_request_of_its_never_reused_id() -> None:
+    sql = AdapterEntry(3, "sql", Path("/adapters/sql"), 8)
+    fields = lora_request_fields(sql, {})
+    assert fields == {"lora_name": "sql", "lora_int_id": 3, "lora_path": "/adapters/sql"}
+    assert lora_request_fields(sql, {"sql": 3}) == fields  # its own name: the same request
+    # Loaded again under that name: vLLM keys prefix blocks by name and path, so the new
+    # weights get a name of their own there (and a new id: vLLM reads them anew).
+    again = AdapterEntry(7, "sql", Path("/adapters/sql"), 8)
+    assert lora_request_fields(again, {"sql": 3}) == {
+        "lora_name": "sql@7", "lora_int_id": 7, "lora_path": "/adapters/sql"
+    }  # fmt: skip
 
 
 def test_without_vllm_the_start_up_check_says_what_to_install(

@@ -68,6 +68,11 @@ class LoraRegistry(Generic[W]):
         with self._lock:
             return self._by_name.get(name)
 
+    def entry(self, adapter_id: int) -> AdapterEntry | None:
+        """The adapter of that id, unloaded ones included (their requests still run)."""
+        with self._lock:
+            return self._by_id.get(adapter_id)
+
     @property
     def num_host_copies(self) -> int:
         """Adapters whose weights are in host memory now."""

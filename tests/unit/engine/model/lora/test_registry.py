@@ -33,6 +33,8 @@ def test_ids_are_never_reused_and_names_are_unique() -> None:
     assert (first.adapter_id, again.adapter_id) == (1, 2)
     assert registry.names() == ["a"] and "a" in registry
     assert registry.get("a") == again and registry.get("b") is None
+    # By id, an unloaded adapter is still found (requests queued for it still run).
+    assert registry.entry(first.adapter_id) == first and registry.entry(9) is None
 
 
 def test_a_failed_load_registers_nothing() -> None:
