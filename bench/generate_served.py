@@ -50,9 +50,11 @@ from bench.common import (
 )
 
 CONVEYOR = "conveyor"
+# Conveyor from another checkout (``--baseline-src``): before/after in one alternated run.
+CONVEYOR_BASELINE = "conveyor_baseline"
 VLLM = "vllm"
 LLAMACPP = "llamacpp"
-CONTENDERS = (CONVEYOR, VLLM, LLAMACPP)
+CONTENDERS = (CONVEYOR, CONVEYOR_BASELINE, VLLM, LLAMACPP)
 MODEL_NAME = "bench-model"
 # The figures each run reports (``vllm bench serve``'s names, in ms and tokens/s).
 FIGURES = ("output_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms",
@@ -74,6 +76,7 @@ class Settings:
     max_num_seqs: int
     vllm_venv: str
     model_dir: str | None
+    baseline_src: str | None
     is_smoke: bool
 
 
@@ -108,6 +111,8 @@ def missing_peers(settings: Settings) -> dict[str, str]:
     missing = {}
     if VLLM in settings.contenders and not (Path(settings.vllm_venv) / "bin" / "vllm").exists():
         missing[VLLM] = f"no vLLM at {settings.vllm_venv}/bin/vllm (make vllm-env builds it)"
+    if CONVEYOR_BASELINE in settings.contenders and settings.baseline_src is None:
+        missing[CONVEYOR_BASELINE] = "no --baseline-src checkout to run it from"
     if LLAMACPP in settings.contenders:
         missing[LLAMACPP] = "llama.cpp's llama-server is not driven by this benchmark yet"
     return missing
@@ -196,9 +201,12 @@ def _pct(ordered: Sequence[float], fraction: float) -> float:
 
 def start_server(name: str, settings: Settings, model_dir: Path, work: Path) -> ServerProcess:
     """Start one contender's server and wait until it answers (vLLM compiles at start)."""
-    if name == CONVEYOR:
+    if name in (CONVEYOR, CONVEYOR_BASELINE):
+        src = Path(settings.baseline_src or REPO_ROOT) / "src"
+        env = {"PYTHONPATH": f"{src}{os.pathsep}{REPO_ROOT}"} if name == CONVEYOR_BASELINE else {}
         server = ServerProcess(name, lambda port: conveyor_argv(settings, model_dir, work, port),
-                               log_path=work / f"{name}.log", ready_path="/ready")  # fmt: skip
+                               log_path=work / f"{name}.log", ready_path="/ready",
+                               extra_env=env)  # fmt: skip
     else:
         server = ServerProcess(name, lambda port: vllm_argv(settings, model_dir, port),
                                log_path=work / f"{name}.log", ready_path="/health",
@@ -332,6 +340,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path]:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--vllm-venv", default=str(REPO_ROOT / ".venv-vllm"))
     parser.add_argument("--model-dir", default=None, help="a Hugging Face directory")
+    parser.add_argument("--baseline-src", default=None, help="another checkout of Conveyor")
     parser.add_argument("--smoke", action="store_true", help="tiny model, Conveyor, seconds")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -346,7 +355,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path]:
         num_requests=args.num_requests, input_len=args.input_len, output_len=args.output_len,
         rounds=args.rounds, threads=args.threads, dtype=args.dtype,
         max_num_seqs=args.max_num_seqs, vllm_venv=args.vllm_venv, model_dir=args.model_dir,
-        is_smoke=args.smoke,
+        baseline_src=args.baseline_src, is_smoke=args.smoke,
     )  # fmt: skip
     return settings, args.out
 
