@@ -80,6 +80,11 @@ class Settings:
     is_smoke: bool
 
 
+def vllm_bin(settings: Settings) -> Path:
+    """The ``vllm`` command of vLLM's environment."""
+    return REPO_ROOT / settings.vllm_venv / "bin" / "vllm"
+
+
 def conveyor_argv(settings: Settings, model_dir: Path, work: Path, port: int) -> list[str]:
     """``conveyor serve`` on ``model_dir`` with the bench's threads, dtype and batch."""
     model = {"name": MODEL_NAME, "kind": "generate", "path": str(model_dir),
@@ -94,7 +99,7 @@ def conveyor_argv(settings: Settings, model_dir: Path, work: Path, port: int) ->
 
 def vllm_argv(settings: Settings, model_dir: Path, port: int) -> list[str]:
     """``vllm serve`` from vLLM's environment on the same directory, dtype and batch."""
-    return [str(Path(settings.vllm_venv) / "bin" / "vllm"), "serve", str(model_dir),
+    return [str(vllm_bin(settings)), "serve", str(model_dir),
             "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
             "--dtype", settings.dtype, "--max-num-seqs", str(settings.max_num_seqs),
             "--max-model-len", "2048"]  # fmt: skip
@@ -109,7 +114,7 @@ def vllm_env(settings: Settings) -> dict[str, str]:
 def missing_peers(settings: Settings) -> dict[str, str]:
     """Contenders asked for that cannot run here, each with the reason."""
     missing = {}
-    if VLLM in settings.contenders and not (Path(settings.vllm_venv) / "bin" / "vllm").exists():
+    if VLLM in settings.contenders and not (vllm_bin(settings)).exists():
         missing[VLLM] = f"no vLLM at {settings.vllm_venv}/bin/vllm (make vllm-env builds it)"
     if CONVEYOR_BASELINE in settings.contenders and settings.baseline_src is None:
         missing[CONVEYOR_BASELINE] = "no --baseline-src checkout to run it from"
@@ -122,7 +127,7 @@ def vllm_client_argv(
     settings: Settings, model_dir: Path, port: int, concurrency: int, num: int, out: Path
 ) -> list[str]:
     """``vllm bench serve``: random prompts, fixed output length, EOS ignored."""
-    return [str(Path(settings.vllm_venv) / "bin" / "vllm"), "bench", "serve",
+    return [str(vllm_bin(settings)), "bench", "serve",
             "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
             "--endpoint", "/v1/completions", "--model", MODEL_NAME,
             "--tokenizer", str(model_dir), "--dataset-name", "random",
@@ -223,7 +228,7 @@ def measure(
     started = time.perf_counter()
     server = start_server(name, settings, model_dir, work)
     log(f"{name} ready in {time.perf_counter() - started:.0f} s")
-    use_vllm_client = (Path(settings.vllm_venv) / "bin" / "vllm").exists() and not settings.is_smoke
+    use_vllm_client = (vllm_bin(settings)).exists() and not settings.is_smoke
 
     def client(concurrency: int, num: int) -> dict[str, Any]:
         if use_vllm_client:
@@ -338,7 +343,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path]:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--vllm-venv", default=str(REPO_ROOT / ".venv-vllm"))
+    parser.add_argument("--vllm-venv", default=".venv-vllm", help="relative: to the repository")
     parser.add_argument("--model-dir", default=None, help="a Hugging Face directory")
     parser.add_argument("--baseline-src", default=None, help="another checkout of Conveyor")
     parser.add_argument("--smoke", action="store_true", help="tiny model, Conveyor, seconds")
@@ -379,7 +384,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for round_index in range(settings.rounds):
             order = names if round_index % 2 == 0 else names[::-1]
             for name in order:
-                runs[name].append(measure(name, settings, model_dir, work, log))
+                if name in skipped:
+                    continue
+                try:
+                    runs[name].append(measure(name, settings, model_dir, work, log))
+                except RuntimeError as exc:  # a server that does not start, a client that fails
+                    skipped[name] = f"failed: {str(exc)[-1500:]}"
+                    log(f"{name} failed, left out from here on: {exc}")
     summary = summarise(runs)
     document = {
         "benchmark": "generate_served",
