@@ -45,7 +45,9 @@ def test_decode_attention_matches_the_reference(dtype: torch.dtype) -> None:
     lengths = torch.tensor([12, 5, 1, 9])
     visible = (torch.arange(12)[None, :] < lengths[:, None])[:, None, None, :]
     additive = torch.zeros(visible.shape).masked_fill(~visible, -math.inf)
-    out = decode_attention(q.to(dtype), k.to(dtype), v.to(dtype), additive.to(dtype))
+    # decode_attention takes keys and values as gathered: [B, len, kv_heads, dim].
+    gathered_k, gathered_v = k.transpose(1, 2).to(dtype), v.transpose(1, 2).to(dtype)
+    out = decode_attention(q.to(dtype), gathered_k, gathered_v, additive.to(dtype))
     expected = _reference_attention(q, k, v, visible.expand(4, 1, 1, 12))
     tolerance = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
     assert out.dtype == dtype
@@ -59,5 +61,6 @@ def test_decode_attention_without_a_mask_sees_every_key() -> None:
     v = torch.randn(2, 4, 7, 8, generator=generator)
     everything = torch.ones(2, 1, 1, 7, dtype=torch.bool)
     torch.testing.assert_close(
-        decode_attention(q, k, v, None), _reference_attention(q, k, v, everything)
+        decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), None),
+        _reference_attention(q, k, v, everything),
     )
