@@ -381,8 +381,10 @@ class ServerProcess:
         *,
         log_path: Path,
         ready_path: str = "/ready",
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.extra_env = dict(extra_env or {})
         self.log_path = log_path
         self.ready_path = ready_path
         self._argv_for_port = argv_for_port
@@ -409,7 +411,7 @@ class ServerProcess:
             self._process = subprocess.Popen(
                 self._argv_for_port(self._port),
                 cwd=REPO_ROOT,
-                env=child_env(),
+                env=child_env(self.extra_env),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -7,6 +7,7 @@ Run from the repository root:
     .venv/bin/python -m bench.generate                    # full CPU run, a few minutes
     .venv/bin/python -m bench.generate --model smollm2    # the real SmolLM2-135M-Instruct
     .venv/bin/python -m bench.generate --smoke --out DIR  # seconds, for tests
+    .venv/bin/python -m bench.generate --served           # servers over HTTP: Conveyor, vLLM
     bench/device_check.sh                                 # Llama-3-8B's shape on a GPU
 
 Writes ``generate.json`` and ``generate.png`` into ``--out`` (default ``bench/results``);
@@ -685,8 +686,13 @@ def _names(text: str, known: Sequence[str]) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark and write its JSON and PNG."""
-    settings, out_dir, checkpoint = parse_args(sys.argv[1:] if argv is None else argv)
+    """Run the benchmark and write its JSON and PNG (``--served``: ``bench.generate_served``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--served" in args:
+        from bench import generate_served
+
+        return generate_served.main([arg for arg in args if arg != "--served"])
+    settings, out_dir, checkpoint = parse_args(args)
     torch.set_num_threads(settings.threads)
     started = time.perf_counter()
 

@@ -329,7 +329,15 @@ class GenerateModelConfig(Strict):
         ge=1,
         description="Batch-job tokens a step while online traffic is present (null: no cap).",
     )
-    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU).")
+    threads: int | None = Field(
+        default=None, ge=1, description="torch intra-op threads (CPU; default: one per cpu_cores)."
+    )
+    cpu_cores: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        description="CPU cores (Linux ids) the engine thread and its torch threads are pinned "
+        "to (null: not pinned).",
+    )
     lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
     kv_offload: KVOffloadConfig | None = Field(
         default=None, description="Keep evicted KV blocks in host memory or on disk (none: off)."

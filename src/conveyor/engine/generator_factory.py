@@ -12,6 +12,7 @@ import torch
 from conveyor.config.model_config import GenerateModelConfig, KVOffloadConfig, local_model_path
 from conveyor.engine.core.kv_tier import TierIndex
 from conveyor.engine.core.limits import max_model_len_problem
+from conveyor.engine.cpu_threads import engine_threads
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.kv_offload import KVOffload
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
@@ -39,8 +40,9 @@ DEFAULT_CUDA_MEMORY_FRACTION = 0.9
 
 def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> HostedGenerator:
     """Load the checkpoint, size the KV cache, start the engine thread (slow: off the loop)."""
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    threads = engine_threads(config.threads, config.cpu_cores)
+    if threads is not None:  # the loading thread's ops (the engine thread sets its own)
+        torch.set_num_threads(threads)
     device = resolve_device(config.device)
     num_kv_blocks = _num_kv_blocks(config, device.type)
     lora = _lora_runtime(config, device)
@@ -64,6 +66,8 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         block_size=config.block_size,
         job_tokens_beside_online=config.job_tokens_beside_online,
         max_loras_per_batch=None if config.lora is None else config.lora.max_loras_per_batch,
+        threads=threads,
+        cpu_cores=tuple(config.cpu_cores) if config.cpu_cores else None,
     )
     tokenizer = Tokenizer(local_model_path(config.path))
     if lora is not None and config.lora is not None:

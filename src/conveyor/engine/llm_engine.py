@@ -29,6 +29,7 @@ from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.core.seat_turnover import SeatTurnover
 from conveyor.engine.core.step import ScoresPrompts, StepExecutor
 from conveyor.engine.core.step_plan import SchedulerOutput
+from conveyor.engine.cpu_threads import pin_engine_thread
 from conveyor.engine.engine_metrics import (
     StepPhases,
     note_admissions,
@@ -223,6 +224,7 @@ class LLMEngine:
 
     def _run(self) -> None:
         """The stepping loop."""
+        pin_engine_thread(self.config.threads, self.config.cpu_cores)
         try:
             while (
                 commands := self._inbox.take(has_work=self._scheduler.has_unfinished)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from conveyor.config.model_config import GenerateModelConfig
 from conveyor.engine.generator_factory import DEFAULT_CPU_KV_CACHE_TOKENS, load_generator
@@ -55,6 +57,20 @@ def test_the_job_token_cap_beside_online_traffic_reaches_the_engine(
         assert generator.engine.config.job_tokens_beside_online == expected
     finally:
         generator.stop()
+
+
+def test_pinned_cores_reach_the_engine_with_one_thread_each(llama_path: Path) -> None:
+    core = min(os.sched_getaffinity(0))
+    threads_before = torch.get_num_threads()
+    generator = load_generator(
+        model_config(llama_path, cpu_cores=[core]), Metrics().for_generator("tiny")
+    )
+    try:
+        assert generator.engine.config.cpu_cores == (core,)
+        assert generator.engine.config.threads == 1
+    finally:
+        generator.stop()
+        torch.set_num_threads(threads_before)
 
 
 def test_kv_offload_sizes_the_tier_in_blocks_from_its_byte_budgets(

@@ -25,6 +25,10 @@ class EngineConfig:
     job_tokens_beside_online: int | None = None
     # Distinct LoRA adapters per step (the device-resident slots); None: no adapters.
     max_loras_per_batch: int | None = None
+    # Intra-op threads of the engine thread (None: torch's default, or one per pinned core).
+    threads: int | None = None
+    # CPU cores the engine thread and its OpenMP threads run on (None: not pinned).
+    cpu_cores: tuple[int, ...] | None = None
 
     def job_share_config(self) -> JobShareConfig:
         """The cap on batch-job tokens beside online traffic (validated there)."""

@@ -19,6 +19,7 @@ import torch
 from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.decode_buckets import plan_decode_buckets
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
+from conveyor.engine.model.layers.linear import Linear
 from conveyor.engine.model.llama import LlamaDecoder
 from conveyor.engine.model.lora.runtime import LoraRuntime
 from conveyor.engine.model.prompt_scoring import score_rows, scoring_rows
@@ -163,6 +164,8 @@ class ModelRunner:
     it). ``batch_decode`` attends the single-token (decode) chunks of a step together,
     bucketed by context length, instead of one call each; ``decode_bucket_cost_blocks``
     is a bucket's fixed cost in blocks read (default: by device, see ``decode_buckets``).
+    ``prepack_weights`` gives bfloat16 projections on the CPU a oneDNN-blocked copy of
+    their weights (see ``Linear.prepack``; it costs the projections' weight memory again).
     """
 
     def __init__(
@@ -176,6 +179,7 @@ class ModelRunner:
         batch_decode: bool = True,
         decode_bucket_cost_blocks: float | None = None,
         lora: LoraRuntime | None = None,
+        prepack_weights: bool = True,
     ) -> None:
         if num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
@@ -189,6 +193,7 @@ class ModelRunner:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.batch_decode = batch_decode
+        self.prepack_weights = prepack_weights
         if decode_bucket_cost_blocks is None:
             decode_bucket_cost_blocks = DECODE_BUCKET_COST_BLOCKS.get(self.device.type, 2048.0)
         self.decode_bucket_cost_blocks = decode_bucket_cost_blocks
@@ -277,6 +282,10 @@ class ModelRunner:
         try:
             model = LlamaDecoder(self.config, device=self.device, dtype=self.dtype)
             load_weights(model, self.config, self.checkpoint_dir)
+            if self.prepack_weights:
+                for module in model.modules():
+                    if isinstance(module, Linear):
+                        module.prepack()
         except RuntimeError as error:
             if not _is_out_of_memory(error):
                 raise

@@ -149,3 +149,28 @@ def test_bfloat16_runs_on_cpu_and_returns_float32(llama_path: Path) -> None:
     logits = runner.execute([SeqChunk((5, 6, 7), 0, (0,), True)])
     assert logits.dtype == torch.float32
     assert torch.isfinite(logits).all()
+
+
+def test_prepacked_bfloat16_weights_give_the_same_greedy_tokens(llama_path: Path) -> None:
+    # A prefill then decodes of two sequences, with and without oneDNN-prepacked weights.
+    def greedy(prepack: bool) -> list[list[int]]:
+        runner = ModelRunner(
+            llama_path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, device="cpu",
+            dtype="bfloat16", prepack_weights=prepack,
+        )  # fmt: skip
+        assert (
+            any(getattr(m, "packed", None) is not None for m in runner.model.modules()) is prepack
+        )
+        tokens = [[5, 9, 11, 4, 7], [3, 8, 6]]
+        tables = [(0, 1, 2, 3), (4, 5, 6, 7)]
+        chunks = [SeqChunk(tuple(t), 0, tables[i], True) for i, t in enumerate(tokens)]
+        for _ in range(4):
+            picked = runner.execute(chunks).argmax(-1).tolist()
+            chunks = [
+                SeqChunk((picked[i],), len(tokens[i]), tables[i], True) for i in range(len(tokens))
+            ]
+            for i, token in enumerate(picked):
+                tokens[i].append(token)
+        return tokens
+
+    assert greedy(True) == greedy(False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,6 +91,18 @@ def test_sampling_follows_the_distribution() -> None:
     tokens = Sampler().sample(logits, params, [generator] * num_draws).token_ids
     frequencies = torch.bincount(torch.tensor(tokens), minlength=3).float() / num_draws
     torch.testing.assert_close(frequencies, probabilities, atol=0.03, rtol=0)
+
+
+def test_tokens_of_zero_probability_are_never_drawn() -> None:
+    # Unseeded and seeded rows alike; the zero-mass tokens sit first, between and last.
+    num_draws = 2000
+    logits = torch.tensor([[-math.inf, 0.0, -math.inf, 0.0, -math.inf]]).expand(num_draws, 5)
+    params = [SamplingParams(temperature=1.0)] * num_draws
+    generators = [None if row % 2 else new_generator(row) for row in range(num_draws)]
+    tokens = Sampler().sample(logits, params, generators).token_ids
+    counts = torch.bincount(torch.tensor(tokens), minlength=5)
+    assert counts[[0, 2, 4]].sum() == 0
+    assert abs(int(counts[1]) - num_draws // 2) < 150
 
 
 def test_top_k_and_top_p_restrict_the_candidates() -> None:

@@ -6,7 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "empty_param"]
+__all__ = ["PACK_ROWS_HINT", "Linear", "empty_param"]
+
+# The row count oneDNN chooses a packed weight's layout for (any count works): a decode
+# step's batch.
+PACK_ROWS_HINT = 16
 
 
 def empty_param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
@@ -29,7 +33,27 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = empty_param(out_features, in_features, device=device, dtype=dtype)
         self.bias = empty_param(out_features, device=device, dtype=dtype) if bias else None
+        self.packed: torch.Tensor | None = None
+
+    def prepack(self) -> bool:
+        """Keep a oneDNN-blocked copy of the weight for ``forward`` (CPU, bfloat16 only).
+
+        Call it once the weight is loaded (and again if it changes). Other devices and
+        dtypes keep ``F.linear``; returns whether a packed copy is now in use.
+        """
+        weight = self.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+            return False
+        if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+            return False
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the projection."""
+        if self.packed is not None:
+            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+                x, self.packed, self.bias, "none", [], ""
+            )
+            return out
         return F.linear(x, self.weight, self.bias)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conveyor.engine.model.layers.attention import grouped_attention
+from conveyor.engine.model.layers.attention import decode_attention, grouped_attention
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -33,3 +33,34 @@ def test_grouped_attention_with_a_mask(can_repeat_kv: bool) -> None:
     mask = (torch.arange(9)[None, :] <= query_pos)[None, None].expand(3, 1, 5, 9)
     out = grouped_attention(q, k, v, mask, can_repeat_kv=can_repeat_kv)
     torch.testing.assert_close(out, _reference_attention(q, k, v, mask))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_matches_the_reference(dtype: torch.dtype) -> None:
+    # One query per row, three query heads per KV head, rows with different context lengths.
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(4, 6, 1, 8, generator=generator)
+    k = torch.randn(4, 2, 12, 8, generator=generator)
+    v = torch.randn(4, 2, 12, 8, generator=generator)
+    lengths = torch.tensor([12, 5, 1, 9])
+    visible = (torch.arange(12)[None, :] < lengths[:, None])[:, None, None, :]
+    additive = torch.zeros(visible.shape).masked_fill(~visible, -math.inf)
+    # decode_attention takes keys and values as gathered: [B, len, kv_heads, dim].
+    gathered_k, gathered_v = k.transpose(1, 2).to(dtype), v.transpose(1, 2).to(dtype)
+    out = decode_attention(q.to(dtype), gathered_k, gathered_v, additive.to(dtype))
+    expected = _reference_attention(q, k, v, visible.expand(4, 1, 1, 12))
+    tolerance = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, **tolerance)
+
+
+def test_decode_attention_without_a_mask_sees_every_key() -> None:
+    generator = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 1, 8, generator=generator)
+    k = torch.randn(2, 4, 7, 8, generator=generator)
+    v = torch.randn(2, 4, 7, 8, generator=generator)
+    everything = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    torch.testing.assert_close(
+        decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), None),
+        _reference_attention(q, k, v, everything),
+    )

@@ -1,0 +1,40 @@
+"""The projection: plain ``F.linear``, or oneDNN-prepacked weights in bfloat16 on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conveyor.engine.model.layers.linear import Linear
+
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
+
+def _linear(dtype: torch.dtype, *, bias: bool) -> Linear:
+    layer = Linear(24, 40, bias=bias, device=torch.device("cpu"), dtype=dtype)
+    generator = torch.Generator().manual_seed(0)
+    layer.weight.data.copy_(torch.randn(40, 24, generator=generator))
+    if layer.bias is not None:
+        layer.bias.data.copy_(torch.randn(40, generator=generator))
+    return layer
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 16, 33])
+def test_prepacked_bfloat16_matches_f_linear(rows: int, bias: bool) -> None:
+    layer = _linear(torch.bfloat16, bias=bias)
+    x = torch.randn(rows, 24, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+    expected = F.linear(x, layer.weight, layer.bias)
+    assert layer.prepack() is True
+    out = layer(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected, atol=1e-2, rtol=1e-2)
+
+
+def test_float32_keeps_f_linear() -> None:
+    layer = _linear(torch.float32, bias=True)
+    assert layer.prepack() is False
+    assert layer.packed is None
+    x = torch.randn(5, 24)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
