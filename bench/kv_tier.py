@@ -80,7 +80,10 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     pause_s = (2.0, 4.0)
     if args.smoke:
         args.sessions, args.turns, args.prompt_tokens, args.tool_tokens = 6, 2, 48, 8
-        args.max_tokens, args.repeats, pause_s = 2, 1, (0.05, 0.1)
+        # Pauses longer than every session's staggered start (6 x 50 ms): each first turn's
+        # blocks are pushed out of the pool before that session resumes, however fast the
+        # engine runs (shorter pauses let a quiet machine resume from the pool itself).
+        args.max_tokens, args.repeats, pause_s = 2, 1, (0.4, 0.5)
     return Options(
         args.out, args.smoke, args.sessions, args.turns, args.prompt_tokens, args.tool_tokens,
         args.max_tokens, 1 / 3, pause_s, args.repeats, args.seed,

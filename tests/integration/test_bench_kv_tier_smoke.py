@@ -25,8 +25,10 @@ def test_smoke_reports_every_contender(tmp_path: Path) -> None:
     tier = result["runs"]["host_tier"][0]
     assert tier["tier_hit_blocks"]["host"] > 0 and tier["tier_bytes"]["host_to_device"] > 0
     assert result["runs"]["recompute"][0]["tier_hit_blocks"] is None
-    # With the tier, resumed turns find at least what the pool alone kept.
+    # The pool alone kept nothing for resumed turns (the smoke run's pauses outlast every
+    # session's first turn, on a quiet machine as on a busy one); the tier brought it back.
     shares = {c: result["runs"][c][0]["resumed_hit_share"] for c in CONTENDERS}
+    assert shares["recompute"] == 0
     assert shares["host_tier"] > shares["recompute"]
     assert (out / "kv_tier.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
