@@ -20,7 +20,12 @@ class _JumpingSelector(selectors.DefaultSelector):
         self._loop = loop
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is not None and timeout > 0:
+        if timeout is None:
+            # No timer: the loop waits for I/O or for another thread (whose results come
+            # through the loop's self-pipe). Block as a real loop does: spinning here would
+            # hold the GIL against that very thread, and under load a test then timed out.
+            return super().select(None)
+        if timeout > 0:
             self._loop.advance(timeout)
         return super().select(0)
 
