@@ -484,3 +484,18 @@ class ServerProcess:
 def python_argv(*args: str) -> list[str]:
     """A command line running this interpreter with ``args``."""
     return [sys.executable, *args]
+
+
+async def timed_stream(client: Any, url: str, body: dict[str, Any]) -> tuple[float, float]:
+    """POST a streamed completion ``body`` to ``url``/v1/completions and read it to the end:
+    (seconds to the first token's event, seconds in all)."""
+    started = time.perf_counter()
+    first: float | None = None
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if first is None and line.startswith("data: {"):
+                first = time.perf_counter() - started
+    if first is None:
+        raise RuntimeError("no token came back")
+    return first, time.perf_counter() - started

@@ -46,6 +46,7 @@ from bench.common import (
     machine_info,
     package_versions,
     save_figure,
+    timed_stream,
     write_json,
 )
 
@@ -157,16 +158,7 @@ async def _one(client: Any, url: str, prompt: str, settings: Settings) -> tuple[
     """A streamed completion: (seconds to the first token, seconds in all)."""
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": settings.output_len,
             "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
-    started = time.perf_counter()
-    first: float | None = None
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if first is None and line.startswith("data: {"):
-                first = time.perf_counter() - started
-    if first is None:
-        raise RuntimeError("no token came back")
-    return first, time.perf_counter() - started
+    return await timed_stream(client, url, body)
 
 
 async def builtin_client(

@@ -39,6 +39,7 @@ from bench.common import (
     machine_info,
     package_versions,
     save_figure,
+    timed_stream,
     wait_until_quiet,
     write_json,
 )
@@ -80,15 +81,7 @@ async def one_request(client: httpx.AsyncClient, url: str, output_tokens: int) -
     """A streamed completion; seconds to its first token (the whole body is read)."""
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": output_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True}  # fmt: skip
-    started = time.perf_counter()
-    first: float | None = None
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if first is None and line.startswith("data: {"):
-                first = time.perf_counter() - started
-    if first is None:
-        raise RuntimeError("no token came back")
+    first, _ = await timed_stream(client, url, body)
     return first
 
 
