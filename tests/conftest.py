@@ -31,11 +31,35 @@ def xdist_group_of(nodeid: str, fixturenames: Collection[str]) -> str:
     return nodeid.split("::", 1)[0]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Group tests for ``pytest -n N --dist loadgroup`` (``make test``); harmless without it."""
     for item in items:
         fixturenames = getattr(item, "fixturenames", ())
         item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid, fixturenames)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse ``--dist loadgroup`` on a pytest whose node ids xdist 3.8 cannot mark."""
+    if config.getoption("dist", default="no") == "loadgroup" and pytest.version_tuple >= (9, 2):
+        raise pytest.UsageError(
+            "--dist loadgroup needs pytest < 9.2 here: pytest-xdist 3.8 marks a test's group in "
+            "its node id, which pytest 9.2 ignores, so every module's servers would start once "
+            "per worker (see the pin in pyproject.toml)"
+        )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker of a ``--dist loadgroup`` run, stop if the groups were lost.
+
+    xdist carries a group as an ``@name`` suffix of each node id; without it tests sharing a
+    server or a loaded model are spread over workers, each starting its own.
+    """
+    if not session.config.getoption("loadgroup", default=False):
+        return  # not an xdist worker of a loadgroup run
+    ungrouped = [item.nodeid for item in session.items if "@" not in item.nodeid]
+    if ungrouped:
+        pytest.exit(f"--dist loadgroup lost its groups, e.g. {ungrouped[0]}", returncode=4)
 
 
 # The database drivers are imported by the fixtures that need them, so the engine's tests
