@@ -28,6 +28,7 @@ __all__ = [
     "SMOLLM2_BLOCK_SIZE",
     "SMOLLM2_KV_BLOCKS",
     "one_torch_thread",
+    "save_random_adapter",
     "shared_gguf_reads",
     "smollm2_hf",
     "smollm2_path",
@@ -127,3 +128,28 @@ def smollm2_scorer(smollm2_hf: Any) -> HFScorer:
     from tests.integration.smollm2_reference import HFScorer
 
     return HFScorer(smollm2_hf)
+
+
+def save_random_adapter(model: Any, path: Path, *, rank: int, scale: float = 0.03) -> Path:
+    """PEFT's rank-``rank`` LoRA of ``model`` on every projection, drawn at random (seed 7) and
+    saved as PEFT saves it. PEFT starts ``lora_B`` at zero, which would change nothing; a
+    ``scale`` of 0.03 moves greedy choices without garbling the text."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from conveyor.fakes.checkpoints import LORA_TARGET_MODULES
+
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=list(LORA_TARGET_MODULES),
+        lora_dropout=0.0, task_type="CAUSAL_LM",
+    )  # fmt: skip
+    peft_model: Any = get_peft_model(copy.deepcopy(model), config)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    peft_model.save_pretrained(str(path))
+    return path

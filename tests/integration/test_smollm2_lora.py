@@ -26,15 +26,13 @@ from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.fakes.checkpoints import LORA_TARGET_MODULES
-from tests.integration.smollm2_fixtures import shared_gguf_reads
+from tests.integration.smollm2_fixtures import save_random_adapter, shared_gguf_reads
 from tests.integration.smollm2_reference import HFScorer, parity_problems
 from tests.unit.model_helpers import Result, collect
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
 
 RANK = 8
-ALPHA = 16
 # Spread of the random A and B: enough to move greedy choices, not enough to garble the text.
 SCALE = 0.03
 MAX_TOKENS = 16
@@ -50,21 +48,9 @@ PROMPTS = (
 @pytest.fixture(scope="module")
 def adapter(smollm2_hf: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """PEFT's random adapter of SmolLM2, saved as PEFT saves it."""
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(
-        r=RANK, lora_alpha=ALPHA, target_modules=list(LORA_TARGET_MODULES), lora_dropout=0.0,
-        task_type="CAUSAL_LM",
-    )  # fmt: skip
-    peft_model: Any = get_peft_model(copy.deepcopy(smollm2_hf), config)
-    generator = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * SCALE)
-    path = tmp_path_factory.mktemp("smollm2-lora") / "adapter"
-    peft_model.save_pretrained(str(path))
-    return path
+    return save_random_adapter(
+        smollm2_hf, tmp_path_factory.mktemp("smollm2-lora") / "adapter", rank=RANK, scale=SCALE
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """``engine: vllm`` on the real SmolLM2, served by ``conveyor serve`` in vLLM's environment.
 
-One vLLM engine for the module (its start-up is most of the cost). Greedy answers match
+One vLLM engine, shared with the LoRA module (its start-up is most of the cost; the adapter
+it has configured is not named here, so vLLM runs these requests on the base). Greedy answers match
 Conveyor's own engine and transformers token for token; streaming, n > 1, logprobs,
 JSON-schema output, a forced tool call, the usage block and vLLM's own metrics come through
 Conveyor's endpoints unchanged; a client that goes away aborts its request inside vLLM.
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,16 +26,11 @@ from tests.integration.smollm2_reference import HFScorer, parity_problems
 from tests.integration.vllm_worker import (
     VLLM_MODEL_NAME,
     metric_sum,
-    smollm2_dir,
-    start_vllm_server,
-    stop_group,
-    vllm_model,
+    wait_until_vllm_ready,
 )
 from tests.unit.model_helpers import generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(1200)]
-
-__all__ = ["smollm2_dir"]  # a fixture, imported to be found
 
 NEW_TOKENS = 24
 QUESTIONS = (
@@ -58,12 +53,9 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    started = start_vllm_server(
-        tmp_path_factory.mktemp("vllm-engine"), {"models": [vllm_model(smollm2_dir)]}
-    )
-    yield started
-    stop_group(started.process)
+def server(vllm_launched: Server) -> Server:
+    """The vLLM server shared with the LoRA module (its adapter is not used here)."""
+    return wait_until_vllm_ready(vllm_launched)
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,12 @@ from tests.integration.vllm_worker import (
     VLLM_MODEL_NAME,
     kill_group,
     metric_sum,
-    smollm2_dir,
     start_vllm_server,
     stop_group,
     vllm_model,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-
-__all__ = ["smollm2_dir"]  # a fixture, imported to be found
 
 NUM_LINES = 200
 # Two shards of 100: the first commits before the kill, the second is cut off mid-way.

@@ -16,7 +16,6 @@ from tests.e2e.conftest import Server, free_port, wait_until_ready
 from tests.integration.fleet.conftest import Fleet, Proc, fleet, routable_ids, store_url
 from tests.integration.vllm_worker import (
     READY_TIMEOUT_S,
-    smollm2_dir,
     spawn,
     stop_group,
     vllm_model,
@@ -26,7 +25,7 @@ from tests.polling import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(1200)]
 
-__all__ = ["fleet", "smollm2_dir", "store_url"]  # fixtures, imported to be found
+__all__ = ["fleet", "store_url"]  # fixtures, imported to be found
 
 MODEL = "smol"
 NUM_REQUESTS = 6

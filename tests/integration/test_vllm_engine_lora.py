@@ -3,15 +3,14 @@ in vLLM's environment, answers greedily as Conveyor's own engine does with that 
 base answers as before when no adapter is named; loading and unloading at run time go through
 vLLM (``add_lora``, ``remove_lora``) with Conveyor's checks and answers.
 
-One vLLM engine for the module (its start-up is most of the cost). The adapter (rank 8 on
-every projection, drawn at random: PEFT starts ``lora_B`` at zero, which would change nothing)
-is made by PEFT and saved, as in ``test_smollm2_lora``.
+One vLLM engine, shared with ``test_vllm_engine`` (its start-up is most of the cost). The
+adapter (rank 8 on every projection, drawn at random) is made by PEFT and saved, as in
+``test_smollm2_lora`` (``save_random_adapter``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,75 +27,31 @@ from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.fakes.checkpoints import LORA_TARGET_MODULES
 from tests.e2e.conftest import Server
 from tests.integration.smollm2_fixtures import shared_gguf_reads
 from tests.integration.vllm_worker import (
+    LORA_ADAPTER,
+    LORA_RANK,
     VLLM_MODEL_NAME,
-    launch_vllm_server,
-    smollm2_dir,
-    stop_group,
-    vllm_model,
     wait_until_vllm_ready,
 )
 from tests.unit.model_helpers import Result, collect
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(1200)]
 
-__all__ = ["smollm2_dir"]  # a fixture, imported to be found
-
-RANK = 8
-# Spread of the random A and B: enough to move greedy choices, not enough to garble the text.
-SCALE = 0.03
 MAX_TOKENS = 16
 PROMPTS = (
     "The best way to learn a new language is",
     "Water boils at a temperature of",
     "My favourite season of the year is autumn, because",
 )
-ADAPTER = "random"
-
-
-@pytest.fixture(scope="module")
-def adapter_root(smollm2_hf: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory holding PEFT's random adapter of SmolLM2 (``random``), as PEFT saves it."""
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(
-        r=RANK, lora_alpha=2 * RANK, target_modules=list(LORA_TARGET_MODULES),
-        lora_dropout=0.0, task_type="CAUSAL_LM",
-    )  # fmt: skip
-    peft_model: Any = get_peft_model(copy.deepcopy(smollm2_hf), config)
-    generator = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * SCALE)
-    root = tmp_path_factory.mktemp("vllm-lora")
-    peft_model.save_pretrained(str(root / ADAPTER))
-    return root
-
-
-@pytest.fixture(scope="module")
-def launched(
-    smollm2_dir: Path, adapter_root: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    """The vLLM server, starting while Conveyor's engine computes its answers."""
-    lora = {"adapters": {ADAPTER: str(adapter_root / ADAPTER)}, "max_loras_per_batch": 1,
-            "max_rank": RANK, "load_roots": [str(adapter_root)]}  # fmt: skip
-    started = launch_vllm_server(
-        tmp_path_factory.mktemp("vllm-engine-lora"),
-        {"models": [vllm_model(smollm2_dir, lora=lora)]},
-    )
-    yield started
-    stop_group(started.process)
 
 
 @pytest.fixture(scope="module")
 def server(
-    launched: Server, conveyors_answers: dict[str | None, list[str]]
+    vllm_launched: Server, conveyors_answers: dict[str | None, list[str]]
 ) -> Server:  # conveyors_answers: computed while vLLM starts
-    return wait_until_vllm_ready(launched)
+    return wait_until_vllm_ready(vllm_launched)
 
 
 @pytest.fixture(scope="module")
@@ -112,16 +67,19 @@ def prompts(smollm2_tokenizer: Tokenizer) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def conveyors_answers(
-    smollm2_path: Path, smollm2_tokenizer: Tokenizer, adapter_root: Path, prompts: list[list[int]]
+    smollm2_path: Path,
+    smollm2_tokenizer: Tokenizer,
+    vllm_adapter_root: Path,
+    prompts: list[list[int]],
 ) -> dict[str | None, list[str]]:
     """Conveyor's own engine's greedy texts: per prompt, under the adapter and on the base."""
     from conveyor.fakes.checkpoints import torch_threads
 
     lora = new_lora_runtime(
         DecoderConfig.from_hf(load_hf_config(smollm2_path)), slots=1, max_cpu_loras=1,
-        max_rank=RANK, device=torch.device("cpu"), dtype=torch.float32,
+        max_rank=LORA_RANK, device=torch.device("cpu"), dtype=torch.float32,
     )  # fmt: skip
-    entry = lora.registry.load(ADAPTER, adapter_root / ADAPTER)
+    entry = lora.registry.load(LORA_ADAPTER, vllm_adapter_root / LORA_ADAPTER)
     with torch_threads(1), shared_gguf_reads():
         runner = ModelRunner(smollm2_path, num_kv_blocks=32, block_size=16, device="cpu",
                              dtype="float32", lora=lora)  # fmt: skip
@@ -144,7 +102,7 @@ def conveyors_answers(
     try:
         with torch_threads(1):
             answers = {
-                ADAPTER: [r.text for r in asyncio.run(run(entry.adapter_id))],
+                LORA_ADAPTER: [r.text for r in asyncio.run(run(entry.adapter_id))],
                 None: [r.text for r in asyncio.run(run(0))],
             }
     finally:
@@ -170,26 +128,30 @@ def test_greedy_answers_match_conveyors_engine_with_and_without_the_adapter(
     server: Server, prompts: list[list[int]], conveyors_answers: dict[str | None, list[str]]
 ) -> None:
     # Adapter and base requests together: vLLM runs them in the same steps.
-    answers = texts(asyncio.run(complete_all(server.api, [ADAPTER, VLLM_MODEL_NAME], prompts)))
+    answers = texts(asyncio.run(complete_all(server.api, [LORA_ADAPTER, VLLM_MODEL_NAME], prompts)))
     with_adapter, base = answers[: len(prompts)], answers[len(prompts) :]
-    assert with_adapter == conveyors_answers[ADAPTER]
+    assert with_adapter == conveyors_answers[LORA_ADAPTER]
     assert base == conveyors_answers[None]  # the base is untouched by the adapter
     # The adapter changes what the model says, or this test could not fail.
     assert sum(a != b for a, b in zip(with_adapter, base, strict=True)) >= 2, answers
 
 
 def test_a_run_time_adapter_serves_until_unloaded_then_is_a_404(
-    client: httpx.Client, adapter_root: Path, prompts: list[list[int]],
+    client: httpx.Client, vllm_adapter_root: Path, prompts: list[list[int]],
     conveyors_answers: dict[str | None, list[str]],
 ) -> None:  # fmt: skip
-    load = {"lora_name": "again", "lora_path": str(adapter_root / ADAPTER)}
+    load = {"lora_name": "again", "lora_path": str(vllm_adapter_root / LORA_ADAPTER)}
     loaded = client.post("/load_lora_adapter", json=load)
     assert loaded.status_code == 200, loaded.text
     parents = {m["id"]: m.get("parent") for m in client.get("/models").json()["data"]}
-    assert parents == {VLLM_MODEL_NAME: None, ADAPTER: VLLM_MODEL_NAME, "again": VLLM_MODEL_NAME}
+    assert parents == {
+        VLLM_MODEL_NAME: None,
+        LORA_ADAPTER: VLLM_MODEL_NAME,
+        "again": VLLM_MODEL_NAME,
+    }
     body = {"prompt": prompts[0], "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
     answer = client.post("/completions", json={"model": "again", **body})
-    assert texts([answer]) == conveyors_answers[ADAPTER][:1]
+    assert texts([answer]) == conveyors_answers[LORA_ADAPTER][:1]
     # The same checks as on Conveyor's engine: a path outside load_roots, a taken name.
     outside = client.post("/load_lora_adapter", json={"lora_name": "x", "lora_path": "/etc"})
     assert outside.status_code == 400 and outside.json()["error"]["message"] == REFUSAL
@@ -199,6 +161,6 @@ def test_a_run_time_adapter_serves_until_unloaded_then_is_a_404(
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
     assert client.post("/unload_lora_adapter", json={"lora_name": "again"}).status_code == 404
     # The configured adapter and the base serve on.
-    models = (ADAPTER, VLLM_MODEL_NAME)
+    models = (LORA_ADAPTER, VLLM_MODEL_NAME)
     answers = texts([client.post("/completions", json={"model": m, **body}) for m in models])
-    assert answers == [conveyors_answers[ADAPTER][0], conveyors_answers[None][0]]
+    assert answers == [conveyors_answers[LORA_ADAPTER][0], conveyors_answers[None][0]]

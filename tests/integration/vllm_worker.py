@@ -4,8 +4,10 @@ Hugging Face directory, and start / stop / kill of a whole process group.
 vLLM pins its own dependencies, so its engine runs in its own environment
 (``make vllm-env`` builds ``.venv-vllm``, with conveyor installed from this checkout); the
 tests drive it over HTTP from theirs. Without that environment the tests skip here and fail
-under CI. Each module starts one engine (start-up is most of their cost): small limits,
-``enforce_eager`` (no compilation), a small KV cache.
+under CI. Start-up is most of their cost: the engine and LoRA modules share one server
+(``vllm_launched``, a session fixture exported by ``tests/integration/conftest.py``), the
+others start their own; all with small limits, ``enforce_eager`` (no compilation), a small
+KV cache.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Server, free_port, wait_until_ready
+from tests.integration.smollm2_fixtures import save_random_adapter
 from tests.missing import missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +33,9 @@ VLLM_PYTHON_ENV = "CONVEYOR_VLLM_PYTHON"
 # weights and profiles memory: about a minute on two idle cores, several when they are busy.
 READY_TIMEOUT_S = 900.0
 VLLM_MODEL_NAME = "smol-vllm"
+# The shared server's configured adapter (tests/integration/test_vllm_engine_lora.py).
+LORA_ADAPTER = "random"
+LORA_RANK = 8
 
 
 def vllm_python() -> str:
@@ -45,6 +52,29 @@ def smollm2_dir(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) ->
     from conveyor.engine.model.gguf_import import import_gguf
 
     return import_gguf(smollm2_path, tmp_path_factory.mktemp("smollm2-hf") / "SmolLM2").directory
+
+
+@pytest.fixture(scope="session")
+def vllm_adapter_root(smollm2_hf: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding PEFT's random rank-8 adapter of SmolLM2, named ``LORA_ADAPTER``."""
+    root = tmp_path_factory.mktemp("vllm-lora")
+    save_random_adapter(smollm2_hf, root / LORA_ADAPTER, rank=LORA_RANK)
+    return root
+
+
+@pytest.fixture(scope="session")
+def vllm_launched(
+    smollm2_dir: Path, vllm_adapter_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """The one vLLM server of the engine and LoRA modules, launched, not yet ready: SmolLM2
+    with ``LORA_ADAPTER`` configured and run-time loads allowed from its directory."""
+    lora = {"adapters": {LORA_ADAPTER: str(vllm_adapter_root / LORA_ADAPTER)},
+            "max_loras_per_batch": 1, "max_rank": LORA_RANK,
+            "load_roots": [str(vllm_adapter_root)]}  # fmt: skip
+    config = {"models": [vllm_model(smollm2_dir, lora=lora)]}
+    started = launch_vllm_server(tmp_path_factory.mktemp("vllm-engine"), config)
+    yield started
+    stop_group(started.process)
 
 
 def vllm_model(path: Path, **changes: Any) -> dict[str, Any]:
