@@ -110,6 +110,11 @@ class Scheduler:
         return self._block_manager
 
     @property
+    def has_job_share(self) -> bool:
+        """Whether batch-job tokens are capped while online traffic is present."""
+        return self._job_share is not None
+
+    @property
     def token_budget(self) -> int:
         """Current per-step token budget (lowered after out-of-memory failures)."""
         return self._token_budget
