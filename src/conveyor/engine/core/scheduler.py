@@ -223,9 +223,11 @@ class Scheduler:
         plan = StepPlan(self._token_budget, self._job_token_cap())
         classes = self._classes_this_step()
         # Decodes first: one token each, and they hold the most latency-bound users.
+        running = SequenceStatus.RUNNING
         for seq in list(self._running):
-            is_decode = seq.num_uncomputed_tokens == 1
-            if seq.status is SequenceStatus.RUNNING and is_decode and seq.priority in classes:
+            # A decode: one uncomputed token (``num_uncomputed_tokens``, inlined: hot).
+            is_decode = len(seq.token_ids) - seq.num_computed_tokens == 1
+            if is_decode and seq.status is running and seq.priority in classes:
                 self._schedule_running(seq, plan)
         for priority in classes:
             self._schedule_class(plan, priority)
@@ -286,17 +288,20 @@ class Scheduler:
     def _schedule_running(self, seq: Sequence, plan: StepPlan, held: int = 0) -> None:
         """Give a running sequence its next chunk, preempting others for blocks; it leaves
         ``held`` of the step's tokens to admission."""
-        if plan.room_for(seq.priority) - held <= 0:
+        room_left = plan.room_for(seq.priority) - held
+        if room_left <= 0:
             return
-        while (room := self._block_manager.num_appendable_tokens(seq)) < 1:
+        manager = self._block_manager
+        while (room := manager.num_appendable_tokens(seq)) < 1:
             victim = self._running[-1]
             plan.is_short = True
             self._preempt(victim, plan)
             if victim is seq:
                 return
+            room_left = plan.room_for(seq.priority) - held
         # A prefill squeezed for blocks takes a shorter chunk instead of preempting.
-        num_new = min(seq.num_uncomputed_tokens, plan.room_for(seq.priority) - held, room)
-        self._block_manager.append(seq, num_new)
+        num_new = min(seq.num_uncomputed_tokens, room_left, room)
+        manager.append(seq, num_new)
         plan.add(ScheduledSeq(seq, num_new))
 
     def _top_up(self, seq: Sequence, plan: StepPlan) -> None:
