@@ -298,8 +298,9 @@ class LlmWorker:
 
     def load(self) -> dict[str, Any]:
         """As a real worker reports a generative model (``cli.worker.generative_load``):
-        sequences waiting plus running as its queue depth."""
-        return generative_load(self.scheduler.num_waiting, self.scheduler.num_running)
+        sequences waiting plus running as its queue depth, the batch-job ones among them."""
+        sched = self.scheduler
+        return generative_load(sched.num_waiting, sched.num_running, sched.num_batch)
 
     def sample(self, now_s: float) -> dict[str, float]:
         """Waiting and running sequences, KV use."""

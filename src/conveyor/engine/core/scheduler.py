@@ -140,6 +140,13 @@ class Scheduler:
         return len(self._running)
 
     @property
+    def num_batch(self) -> int:
+        """Batch-job sequences waiting or running (both queues hold online ones first)."""
+        after_online = (int(Priority.ONLINE) + 1, -1)
+        running_online = bisect.bisect_left(self._running, after_online, key=_order_key)
+        return len(self._waiting) - self.num_waiting_online + len(self._running) - running_online
+
+    @property
     def has_unfinished(self) -> bool:
         """Whether any sequence is waiting or running."""
         return bool(self._by_id)
