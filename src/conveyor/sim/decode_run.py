@@ -47,11 +47,13 @@ class DecodeRun:
 
 
 def silent_steps(
-    out: SchedulerOutput, scheduler: Scheduler, outputs_left: Mapping[str, int]
-) -> int:
+    out: SchedulerOutput, scheduler: Scheduler, outputs_left: Mapping[str, int],
+    has_job_share: bool = False,
+) -> int:  # fmt: skip
     """How many steps, ``out`` first, end with nothing but token counts changed (0 when
     ``out`` is not a step of decodes alone). ``outputs_left`` maps each scheduled
-    sequence to the tokens it has still to sample before its planned end."""
+    sequence to the tokens it has still to sample before its planned end;
+    ``has_job_share``: the scheduler caps job tokens beside online traffic."""
     if out.preempted or scheduler.num_waiting or len(out.scheduled) != scheduler.num_running:
         return 0
     left = []
@@ -65,7 +67,7 @@ def silent_steps(
             return 0
         left.append(remaining)
         has_online = has_online or seq.priority is Priority.ONLINE
-    if has_online and scheduler.has_job_share:
+    if has_online and has_job_share:
         return 0
     # The step that samples a sequence's last planned token ends the run, not inside it.
     most = min(left) - 1

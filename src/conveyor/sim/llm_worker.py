@@ -176,7 +176,8 @@ class LlmWorker:
             if entry is None or entry.seq is not item.seq:
                 return False
             left[entry.seq.seq_id] = entry.request.output_tokens - item.seq.num_output_tokens
-        num_steps = silent_steps(out, self.scheduler, left)
+        has_share = self._spec.job_tokens_beside_online is not None
+        num_steps = silent_steps(out, self.scheduler, left, has_share)
         if num_steps < MIN_RUN_STEPS:
             return False
         ends = step_ends(self._timing, self._clock.now, step_s, self._slowdown,

@@ -110,11 +110,6 @@ class Scheduler:
         return self._block_manager
 
     @property
-    def has_job_share(self) -> bool:
-        """Whether batch-job tokens are capped while online traffic is present."""
-        return self._job_share is not None
-
-    @property
     def token_budget(self) -> int:
         """Current per-step token budget (lowered after out-of-memory failures)."""
         return self._token_budget
@@ -235,7 +230,7 @@ class Scheduler:
             # A decode: one uncomputed token (``num_uncomputed_tokens``, inlined: hot).
             is_decode = len(seq.token_ids) - seq.num_computed_tokens == 1
             if is_decode and seq.status is running and seq.priority in classes:
-                self._schedule_running(seq, plan)
+                self._schedule_decode(seq, plan)
         for priority in classes:
             self._schedule_class(plan, priority)
         self._pending = plan.to_output()
@@ -260,7 +255,8 @@ class Scheduler:
         """The priority classes this step serves: online alone while an online prompt waits
         or is prefilled (a step's time grows with every sequence in it), for at most
         ``MAX_BATCH_PAUSE_STEPS`` steps in a row, so batch jobs always progress."""
-        has_batch = any(seq.priority is not Priority.ONLINE for seq in self._running)
+        # Running sequences are in queue order: a batch-job one, if any, is last.
+        has_batch = bool(self._running) and self._running[-1].priority is not Priority.ONLINE
         is_paused = has_batch and self._num_batch_pauses < MAX_BATCH_PAUSE_STEPS
         if is_paused and self._has_online_prefill():
             self._num_batch_pauses += 1
@@ -291,6 +287,15 @@ class Scheduler:
             seq.priority is Priority.ONLINE and seq.num_uncomputed_tokens > 1
             for seq in self._running
         )
+
+    def _schedule_decode(self, seq: Sequence, plan: StepPlan) -> None:
+        """A decode: as ``_schedule_running``, without its block checks while the last block
+        has room for the token (15 decodes in 16 with blocks of 16 tokens)."""
+        if len(seq.block_table) * self._block_manager.block_size > seq.num_computed_tokens:
+            if plan.room_for(seq.priority) > 0:
+                plan.add(ScheduledSeq(seq, 1))
+            return
+        self._schedule_running(seq, plan)
 
     def _schedule_running(self, seq: Sequence, plan: StepPlan, held: int = 0) -> None:
         """Give a running sequence its next chunk, preempting others for blocks; it leaves
