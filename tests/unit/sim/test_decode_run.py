@@ -14,7 +14,7 @@ from conveyor.sim.decode_run import silent_steps
 from conveyor.sim.run import simulate
 from conveyor.sim.scenario import Scenario
 
-KEEP_OUT = ("wall_seconds", "speed_x", "events")
+KEEP_OUT = ("wall_seconds", "speed_x", "cpu_seconds", "events")
 
 
 def scenario(fast_forward: bool, faults: list[dict[str, Any]]) -> Scenario:
