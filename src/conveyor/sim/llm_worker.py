@@ -169,6 +169,9 @@ class LlmWorker:
 
     def _run_ahead(self, out: SchedulerOutput, step_s: float, kv_tokens: int, epoch: int) -> bool:
         """Start a run of decode steps with ``out`` first; False when it is not one."""
+        num_seqs = len(out.scheduled)
+        if out.num_batched_tokens != num_seqs or self.scheduler.num_waiting:
+            return False  # a prefill chunk in the step, or an admission may come: not a run
         entries = self._entries
         left = {}
         for item in out.scheduled:
