@@ -6,6 +6,8 @@ Admission mirrors the generator's (``engine.generator``): 429 when the waiting q
 would get a seat only after its deadline; waiting online requests that turn late are shed
 (``late_ones``) as the engine does. Sampled tokens are a constant: what a step costs does
 not depend on which token it picked, and a request ends at its planned output length.
+Runs of steps that only decode are timed at once and applied in bulk (``decode_run``),
+with the same outcome as one step at a time.
 """
 
 from __future__ import annotations
