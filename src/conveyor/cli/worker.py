@@ -154,7 +154,7 @@ def service_load(service: Service, gate: DrainGate) -> dict[str, Any]:
     # models (no digest: their prefix blocks are keyed by adapter).
     for name, generator in service.generators.items():
         engine = generator.engine
-        load = generative_load(engine.num_waiting, engine.num_running)
+        load = generative_load(engine.num_waiting, engine.num_running, engine.num_batch)
         digest = prefix_report(engine.config.block_size, engine.prefix_digest.hashes)
         models[name] = {**models.get(name, {}), **load, "prefix": digest}
         for adapter in generator.adapter_names():

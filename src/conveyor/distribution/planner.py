@@ -15,6 +15,7 @@ source is) and gets back the fetches to start now. The rules:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -84,10 +85,12 @@ def plan_fetches(state: PlanState, limits: PlanLimits) -> list[Fetch]:
     origin_load = state.origin_load
     room = limits.max_in_flight - state.num_in_flight
     fetches: list[Fetch] = []
+    bad = state.bad_peers
     for digest in rarest_first(state, limits.seed):
         if room <= 0:
             break
-        usable = [p for p in state.holders.get(digest, ()) if p.worker_id not in state.bad_peers]
+        holders = state.holders.get(digest, ())
+        usable = [p for p in holders if p.worker_id not in bad] if bad else holders
         if usable:
             peer = choose_peer(usable, peer_load, limits)
             if peer is None:
@@ -106,9 +109,11 @@ def plan_fetches(state: PlanState, limits: PlanLimits) -> list[Fetch]:
 def rarest_first(state: PlanState, seed: str) -> list[str]:
     """The missing chunks, fewest usable holders first, ties in the seed's own order."""
 
+    bad = state.bad_peers
+
     def rarity(digest: str) -> tuple[int, str]:
         holders = state.holders.get(digest, ())
-        num_usable = sum(1 for p in holders if p.worker_id not in state.bad_peers)
+        num_usable = sum(1 for p in holders if p.worker_id not in bad) if bad else len(holders)
         return num_usable, _spread(seed, digest)
 
     return sorted(state.missing, key=rarity)
@@ -126,7 +131,10 @@ def choose_peer(
         is_far = limits.zone is None or peer.zone != limits.zone
         return is_far, peer_load.get(peer.worker_id, 0), _spread(limits.seed, peer.worker_id)
 
-    return min(free, key=preference)
+    # A free peer of the same zone beats every far one: rank those alone when there are any
+    # (each rank hashes the peer's id, and a chunk may have thousands of far holders).
+    near = [p for p in free if p.zone == limits.zone] if limits.zone is not None else []
+    return min(near or free, key=preference)
 
 
 def _may_use_origin(digest: str, state: PlanState) -> bool:
@@ -134,6 +142,12 @@ def _may_use_origin(digest: str, state: PlanState) -> bool:
     return state.allow_duplicate_origin or digest not in state.origin_elsewhere
 
 
+# A puller ranks the same chunks and peers by the same hashes at every plan (a plan a
+# finished fetch, a few hundred for a large model): each is computed once.
+SPREAD_CACHE_SIZE = 2**18
+
+
+@functools.lru_cache(maxsize=SPREAD_CACHE_SIZE)
 def _spread(seed: str, key: str) -> str:
     """A stable per-puller order: pullers with different seeds order keys differently."""
     return hashlib.blake2b(f"{seed}\x00{key}".encode(), digest_size=8).hexdigest()

@@ -45,6 +45,12 @@ class GenerationEngine(Protocol):
         ...
 
     @property
+    def num_batch(self) -> int:
+        """Batch-job sequences among the waiting and running ones (the router's load
+        leaves them out: online requests go before them)."""
+        ...
+
+    @property
     def num_kv_blocks(self) -> int:
         """Blocks in the KV-cache pool."""
         ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from conveyor.engine.stream import GenerationStream
 
@@ -38,6 +38,30 @@ class AbortCommand:
 Command = AddCommand | AbortCommand
 
 
+class QueueCounts(Protocol):
+    """The scheduler's queue sizes the engine thread publishes."""
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting for admission."""
+        ...
+
+    @property
+    def num_waiting_online(self) -> int:
+        """Online sequences among the waiting ones."""
+        ...
+
+    @property
+    def num_running(self) -> int:
+        """Sequences holding KV-cache blocks."""
+        ...
+
+    @property
+    def num_batch(self) -> int:
+        """Batch-job sequences waiting or running."""
+        ...
+
+
 class Inbox:
     """Commands from callers, and the queue sizes the engine thread publishes back."""
 
@@ -48,6 +72,7 @@ class Inbox:
         self._num_waiting = 0
         self._num_waiting_online = 0
         self._num_running = 0
+        self._num_batch = 0
         self._is_idle = True
         self._is_stopping = False
 
@@ -71,6 +96,13 @@ class Inbox:
         """Sequences holding KV blocks (as of the last publish)."""
         with self._wakeup:
             return self._num_running
+
+    @property
+    def num_batch(self) -> int:
+        """Batch-job sequences waiting or running (as of the last publish; a posted add
+        counts as online until the scheduler has it)."""
+        with self._wakeup:
+            return self._num_batch
 
     def post(self, command: Command) -> bool:
         """Queue a command and wake the engine thread; False, queuing nothing, once stopping."""
@@ -123,12 +155,13 @@ class Inbox:
             self._num_pending_adds = 0
             return commands
 
-    def publish(self, *, num_waiting: int, num_waiting_online: int, num_running: int) -> None:
+    def publish(self, counts: QueueCounts) -> None:
         """Record the scheduler's queue sizes for callers to read."""
         with self._wakeup:
-            self._num_waiting = num_waiting
-            self._num_waiting_online = num_waiting_online
-            self._num_running = num_running
+            self._num_waiting = counts.num_waiting
+            self._num_waiting_online = counts.num_waiting_online
+            self._num_running = counts.num_running
+            self._num_batch = counts.num_batch
 
     def mark_idle(self) -> None:
         """The engine thread is gone: wake everyone waiting for it to go idle."""

@@ -133,6 +133,11 @@ class LLMEngine:
         return self._inbox.num_running
 
     @property
+    def num_batch(self) -> int:
+        """Batch-job sequences waiting or running (as of the last step)."""
+        return self._inbox.num_batch
+
+    @property
     def num_used_blocks(self) -> int:
         """KV blocks held by sequences; exact once :meth:`wait_until_idle` returned."""
         return self._scheduler.block_manager.num_used_blocks
@@ -433,11 +438,7 @@ class LLMEngine:
         stats = self.stats
         stats.max_num_used_blocks = max(stats.max_num_used_blocks, manager.num_used_blocks)
         stats.max_num_running = max(stats.max_num_running, scheduler.num_running)
-        self._inbox.publish(
-            num_waiting=scheduler.num_waiting,
-            num_waiting_online=scheduler.num_waiting_online,
-            num_running=scheduler.num_running,
-        )
+        self._inbox.publish(scheduler)
         self.turnover.on_queue(scheduler.num_waiting)
         metrics = self._metrics
         metrics.running.set(scheduler.num_running)

@@ -87,6 +87,7 @@ class VllmEngine:
         self._metrics = metrics
         self._tasks: dict[str, tuple[asyncio.Task[None], GenerationStream]] = {}
         self._num_waiting = 0
+        self._batch_ids: set[str] = set()  # batch-job requests among the tasks
         self._is_stopped = False
         self._lora = lora
         self._new_lora = new_lora
@@ -108,6 +109,11 @@ class VllmEngine:
     def num_running(self) -> int:
         """Requests that have had their first output and are not finished."""
         return len(self._tasks) - self._num_waiting
+
+    @property
+    def num_batch(self) -> int:
+        """Batch-job requests given to vLLM and not finished."""
+        return len(self._batch_ids)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -155,6 +161,8 @@ class VllmEngine:
             raise InvalidRequest(str(exc)) from None
         task = stream.loop.create_task(self._run(request, params, stream))
         self._tasks[request.request_id] = (task, stream)
+        if request.priority is Priority.BATCH:
+            self._batch_ids.add(request.request_id)
         self._num_waiting += 1
         self._metrics.prompt_tokens.inc(len(request.prompt_token_ids))
         self._publish()
@@ -274,6 +282,7 @@ class VllmEngine:
             stream.put(_vllm_error(exc))
         finally:
             self._tasks.pop(request.request_id, None)
+            self._batch_ids.discard(request.request_id)
             self._num_waiting -= is_waiting
             self._publish()
 

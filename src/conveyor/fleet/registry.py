@@ -26,6 +26,8 @@ class ModelLoad:
     queue_depth: int = 0
     service_per_s: float = 0.0
     is_loaded: bool = True
+    # Batch-job lines among ``queue_depth`` (0 from workers that do not say).
+    batch_depth: int = 0
 
 
 def model_loads(record: WorkerRecord) -> dict[str, ModelLoad]:
@@ -38,6 +40,7 @@ def model_loads(record: WorkerRecord) -> dict[str, ModelLoad]:
             queue_depth=int(entry.get("queue_depth", 0)),
             service_per_s=float(entry.get("service_per_s", 0.0)),
             is_loaded=bool(entry.get("is_loaded", True)),
+            batch_depth=int(entry.get("batch_depth", 0)),
         )
     return loads
 
@@ -51,6 +54,7 @@ def view_from_record(record: WorkerRecord) -> WorkerView:
         models=frozenset(record.models),
         loaded_models=frozenset(name for name, load in loads.items() if load.is_loaded),
         queue_depth={name: load.queue_depth for name, load in loads.items()},
+        batch_depth={name: load.batch_depth for name, load in loads.items() if load.batch_depth},
         last_heartbeat_at=record.last_heartbeat_at,
         is_stale=record.is_stale,
         is_draining=bool(record.load.get("is_draining", False)),

@@ -36,6 +36,8 @@ class WorkerView:
     models: frozenset[str]
     loaded_models: frozenset[str]
     queue_depth: Mapping[str, int] = field(default_factory=dict)
+    # Per model, the batch-job lines counted in ``queue_depth`` (absent: none).
+    batch_depth: Mapping[str, int] = field(default_factory=dict)
     last_heartbeat_at: float = 0.0
     is_stale: bool = False
     is_draining: bool = False
@@ -160,12 +162,15 @@ class Router:
             self._in_flight.pop(worker_id, None)
 
     def load(self, worker: WorkerView, model: str) -> int:
-        """The larger of this gateway's requests in flight there and the depth the worker
-        last reported. The report counts every gateway's requests, this gateway's among
-        them, but is up to a heartbeat old: with one gateway the exact in-flight count
-        wins (a sum would count its requests twice, once stale); with several, the report
-        shows what the others sent."""
-        return max(self.in_flight(worker.worker_id), worker.queue_depth.get(model, 0))
+        """The larger of this gateway's requests in flight there and the online depth the
+        worker last reported. The report counts every gateway's requests, this gateway's
+        among them, but is up to a heartbeat old: with one gateway the exact in-flight
+        count wins (a sum would count its requests twice, once stale); with several, the
+        report shows what the others sent. Batch-job lines in the report do not count: an
+        online request goes before them (and takes their seats and blocks if it must), so
+        a worker full of job lines is not busy for it."""
+        reported = worker.queue_depth.get(model, 0) - worker.batch_depth.get(model, 0)
+        return max(self.in_flight(worker.worker_id), reported)
 
     def is_routable(self, worker: WorkerView, now: float) -> bool:
         """Fresh heartbeat, not draining (reported, or answered so), not ejected."""

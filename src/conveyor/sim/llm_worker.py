@@ -6,10 +6,13 @@ Admission mirrors the generator's (``engine.generator``): 429 when the waiting q
 would get a seat only after its deadline; waiting online requests that turn late are shed
 (``late_ones``) as the engine does. Sampled tokens are a constant: what a step costs does
 not depend on which token it picked, and a request ends at its planned output length.
+Runs of steps that only decode are timed at once and applied in bulk (``decode_run``),
+with the same outcome as one step at a time.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +28,7 @@ from conveyor.engine.core.step_plan import SchedulerOutput
 from conveyor.fleet.model_load import generative_load
 from conveyor.priority import Priority
 from conveyor.sim.clock import Clock
+from conveyor.sim.decode_run import MIN_RUN_STEPS, DecodeRun, advance, silent_steps, step_ends
 from conveyor.sim.metrics import Metrics
 from conveyor.sim.request import SimRequest
 from conveyor.sim.scenario import EngineSpec
@@ -55,7 +59,7 @@ class LlmWorker:
     ) -> None:  # fmt: skip
         self.worker_id, self.region = worker_id, region
         self.is_alive = self.is_reachable = True
-        self.slowdown = 1.0
+        self._slowdown = 1.0
         self._clock, self._spec, self._timing, self._metrics = clock, spec, timing, metrics
         self._overhead_s = request_overhead_s
         blocks = max(1, kv_tokens // spec.block_size)
@@ -77,6 +81,18 @@ class LlmWorker:
         self._next_shed_s = 0.0
         self._mean_run_s = 0.0
         self.num_steps = 0
+        self._run: DecodeRun | None = None
+        self._fast_forward = spec.fast_forward and not keeps_digest
+
+    @property
+    def slowdown(self) -> float:
+        """How much slower than the time model this worker steps (a straggler: 3)."""
+        return self._slowdown
+
+    @slowdown.setter
+    def slowdown(self, factor: float) -> None:
+        self.sync()
+        self._slowdown = factor
 
     # -- admission ---------------------------------------------------------------------
 
@@ -85,6 +101,7 @@ class LlmWorker:
         if not self.is_alive:
             reply(request, TRANSPORT_ERROR, 0.0)
             return
+        self.sync()
         sched = self.scheduler
         if request.priority is Priority.ONLINE:
             if sched.num_waiting + 1 > self._spec.max_queue:
@@ -116,6 +133,7 @@ class LlmWorker:
 
     def abort(self, rid: int) -> None:
         """Free an abandoned request's seat and blocks."""
+        self.sync()
         if self._entries.pop(str(rid), None) is not None:
             self.scheduler.abort(str(rid))
 
@@ -145,7 +163,78 @@ class LlmWorker:
         if out.preempted:
             self._metrics.add("preemptions", now, len(out.preempted))
         self._metrics.add("batched_tokens", now, out.num_batched_tokens)
-        self._clock.after(step_s * self.slowdown, self._end_step, out, epoch)
+        if self._fast_forward and self._run_ahead(out, step_s, kv_tokens, epoch):
+            return
+        self._clock.after(step_s * self._slowdown, self._end_step, out, epoch)
+
+    # -- runs of decode steps (see ``decode_run``) -------------------------------------
+
+    def _run_ahead(self, out: SchedulerOutput, step_s: float, kv_tokens: int, epoch: int) -> bool:
+        """Start a run of decode steps with ``out`` first; False when it is not one."""
+        num_seqs = len(out.scheduled)
+        if out.num_batched_tokens != num_seqs or self.scheduler.num_waiting:
+            return False  # a prefill chunk in the step, or an admission may come: not a run
+        entries = self._entries
+        left = {}
+        for item in out.scheduled:
+            entry = entries.get(item.seq.seq_id)
+            if entry is None or entry.seq is not item.seq:
+                return False
+            left[entry.seq.seq_id] = entry.request.output_tokens - item.seq.num_output_tokens
+        has_share = self._spec.job_tokens_beside_online is not None
+        num_steps = silent_steps(out, self.scheduler, left, has_share)
+        if num_steps < MIN_RUN_STEPS:
+            return False
+        ends = step_ends(self._timing, self._clock.now, step_s, self._slowdown,
+                         len(out.scheduled), kv_tokens, num_steps)  # fmt: skip
+        run = self._run = DecodeRun(out, ends)
+        self._clock.at(ends[-1], self._end_run, run, epoch)
+        return True
+
+    def _end_run(self, run: DecodeRun, epoch: int) -> None:
+        """The run's last step ended: apply it all, then plan the next step."""
+        if epoch != self._epoch or self._run is not run:
+            return
+        self._run = None
+        self._apply(run, run.num_steps)
+        self._step(epoch)
+
+    def _apply(self, run: DecodeRun, num_steps: int) -> None:
+        """The run's first ``num_steps`` steps, with what each step's end and the next
+        one's start did one at a time (shedding has nothing to shed: none wait)."""
+        num_seqs = len(run.out.scheduled)
+
+        def on_step(start_s: float) -> None:
+            if start_s >= self._next_shed_s:
+                self._shed_late(start_s)
+            self._metrics.add("batched_tokens", start_s, num_seqs)
+
+        advance(self.scheduler, run, num_steps, SAMPLED_TOKEN, on_step)
+        self.num_steps += num_steps
+        self.turnover.on_queue(self.scheduler.num_waiting)
+
+    def sync(self) -> None:
+        """Apply the steps of a run ended by now and plan the one in flight with the real
+        scheduler, before anything looks at this worker or changes it."""
+        run = self._run
+        if run is None:
+            return
+        self._run = None
+        now, epoch = self._clock.now, self._epoch
+        done = bisect.bisect_right(run.ends_s, now)
+        if done == 0:
+            self._clock.at(run.ends_s[0], self._end_step, run.out, epoch)
+            return
+        self._apply(run, done)
+        if done == run.num_steps:  # its end is due now: plan the next step after it
+            self._clock.at(run.ends_s[-1], self._step, epoch)
+            return
+        start_s = run.ends_s[done - 1]
+        if start_s >= self._next_shed_s:
+            self._shed_late(start_s)
+        out = self.scheduler.schedule()
+        self._metrics.add("batched_tokens", start_s, out.num_batched_tokens)
+        self._clock.at(run.ends_s[done], self._end_step, out, epoch)
 
     def _end_step(self, out: SchedulerOutput, epoch: int) -> None:
         """Apply the step: advance sequences, deliver first tokens and finished requests."""
@@ -206,6 +295,7 @@ class LlmWorker:
 
     def kill(self) -> list[tuple[SimRequest, Reply]]:
         """Stop stepping; hand back every request in flight (their blocks die with it)."""
+        self.sync()  # the steps done by now count; the one in flight dies
         self.is_alive = False
         self._epoch += 1
         lost = [(entry.request, entry.reply) for entry in self._entries.values()]
@@ -214,11 +304,13 @@ class LlmWorker:
 
     def load(self) -> dict[str, Any]:
         """As a real worker reports a generative model (``cli.worker.generative_load``):
-        sequences waiting plus running as its queue depth."""
-        return generative_load(self.scheduler.num_waiting, self.scheduler.num_running)
+        sequences waiting plus running as its queue depth, the batch-job ones among them."""
+        sched = self.scheduler
+        return generative_load(sched.num_waiting, sched.num_running, sched.num_batch)
 
     def sample(self, now_s: float) -> dict[str, float]:
         """Waiting and running sequences, KV use."""
+        self.sync()
         sched = self.scheduler
         return {"queue_depth": sched.num_waiting, "running": sched.num_running,
                 "kv_use": self.blocks.usage}  # fmt: skip

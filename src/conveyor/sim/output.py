@@ -63,7 +63,8 @@ def summary(totals: dict[str, Any]) -> str:
         f"scenario {totals['scenario']} (seed {totals['seed']}): {totals['workers']} workers, "
         f"{totals['gateways']} gateways",
         f"simulated {totals['sim_seconds']:,.1f} s in {totals['wall_seconds']:,.1f} s "
-        f"wall ({totals['speed_x']}x), {totals['events']:,} events, "
+        f"wall ({totals['speed_x']}x; {totals.get('cpu_seconds', 0):,.1f} s CPU), "
+        f"{totals['events']:,} events, "
         f"{totals['engine_steps']:,} engine steps",
         f"requests {totals['requests']:,}: completed {totals['completed']:,}, "
         f"429 {totals['rejected_429']:,}, 5xx {totals['failed_5xx']:,}, "

@@ -70,6 +70,10 @@ class EngineSpec(_Strict):
     job_tokens_beside_online: int | None = Field(
         default=None, ge=1, description="Batch-job tokens a step while online traffic is present."
     )
+    fast_forward: bool = Field(
+        default=True,
+        description="Time runs of decode-only steps at once (false: every step one by one).",
+    )
 
 
 class BatchingSpec(_Strict):

@@ -77,3 +77,21 @@ def test_pullers_with_different_seeds_start_on_different_chunks() -> None:
 def test_limits_must_allow_a_fetch() -> None:
     with pytest.raises(ValueError):
         PlanLimits(max_per_peer=0)
+
+
+def test_planning_leaves_the_load_it_was_given_as_it_was() -> None:
+    load = {"w1": 1}
+    state = PlanState(missing=[A, B, C], holders={c: [P1] for c in (A, B, C)}, peer_load=load)
+    fetches = plan_fetches(state, PlanLimits(max_per_peer=2))
+    assert len(fetches) == 1  # w1 had room for one more
+    assert load == {"w1": 1}
+
+
+def test_a_near_holder_wins_among_many_far_ones_and_far_ones_rank_as_before() -> None:
+    far = [Peer(f"f{i}", f"http://f{i}", zone="far") for i in range(50)]
+    near = Peer("n", "http://n", zone="z1")
+    state = PlanState(missing=[A], holders={A: [*far, near]}, peer_load={"n": 1})
+    assert plan_fetches(state, PlanLimits(zone="z1", seed="s")) == [Fetch(A, near)]
+    # With no near holder free, the far one is the least busy, then the seed's order.
+    state.peer_load = {"n": 2, **{p.worker_id: 1 for p in far[1:]}}
+    assert plan_fetches(state, PlanLimits(zone="z1", seed="s")) == [Fetch(A, far[0])]

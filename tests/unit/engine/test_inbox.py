@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, cast
 
 from conveyor.engine.inbox import AbortCommand, AddCommand, Inbox
+
+
+@dataclass
+class _Counts:
+    num_waiting: int
+    num_waiting_online: int
+    num_running: int
+    num_batch: int
 
 
 def _add(name: str) -> AddCommand:
@@ -20,8 +29,9 @@ def test_adds_count_as_waiting_from_post_until_the_scheduler_reports() -> None:
     commands = inbox.take(has_work=False)
     assert commands is not None and len(commands) == 3
     assert inbox.num_waiting == inbox.num_waiting_online == 2  # handed over, still waiting
-    inbox.publish(num_waiting=3, num_waiting_online=1, num_running=2)
+    inbox.publish(_Counts(num_waiting=3, num_waiting_online=1, num_running=2, num_batch=3))
     assert (inbox.num_waiting, inbox.num_waiting_online, inbox.num_running) == (3, 1, 2)
+    assert inbox.num_batch == 3
 
 
 def test_take_returns_at_once_when_the_scheduler_has_work() -> None:

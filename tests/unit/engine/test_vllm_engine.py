@@ -279,3 +279,21 @@ def test_base_requests_run_under_the_base_adapter_when_there_is_one(
     base, sql, base_again = llm.loras
     assert base is null and base_again is null and sql["lora_name"] == "sql"
     assert llm.added == [null, sql]  # added once, like any adapter
+
+
+def test_batch_requests_are_counted_apart_until_they_end(llama_path: Path) -> None:
+    llm = FakeLLM([Delta([Completion([11])]), Delta([Completion([12], "length")], True)])
+    generator = hosted(llama_path, llm)
+    engine = generator.engine
+    params = SamplingParams(max_tokens=2)
+
+    async def run() -> tuple[int, int]:
+        batch = generator.submit([[5, 6, 7]], params, priority=Priority.BATCH)
+        online = generator.submit([[5, 6, 7]], params)
+        counted = (engine.num_batch, engine.num_waiting + engine.num_running)
+        for stream in (batch, online):
+            _ = [output async for output in stream]
+        return counted
+
+    assert asyncio.run(run()) == (1, 2)
+    assert engine.num_batch == 0

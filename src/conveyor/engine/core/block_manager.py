@@ -333,7 +333,7 @@ class BlockManager:
 
     def _require_allocated(self, seq: Sequence) -> None:
         """Refuse operations on sequences this manager does not hold."""
-        if not self.is_allocated(seq):
+        if self._allocated.get(seq.seq_id) is not seq:
             raise ValueError(f"sequence {seq.seq_id!r} is not allocated")
 
     def _take(self, block_id: int) -> None:

@@ -135,6 +135,13 @@ class Scheduler:
         return len(self._running)
 
     @property
+    def num_batch(self) -> int:
+        """Batch-job sequences waiting or running (both queues hold online ones first)."""
+        after_online = (int(Priority.ONLINE) + 1, -1)
+        running_online = bisect.bisect_left(self._running, after_online, key=_order_key)
+        return len(self._waiting) - self.num_waiting_online + len(self._running) - running_online
+
+    @property
     def has_unfinished(self) -> bool:
         """Whether any sequence is waiting or running."""
         return bool(self._by_id)
@@ -218,10 +225,12 @@ class Scheduler:
         plan = StepPlan(self._token_budget, self._job_token_cap())
         classes = self._classes_this_step()
         # Decodes first: one token each, and they hold the most latency-bound users.
+        running = SequenceStatus.RUNNING
         for seq in list(self._running):
-            is_decode = seq.num_uncomputed_tokens == 1
-            if seq.status is SequenceStatus.RUNNING and is_decode and seq.priority in classes:
-                self._schedule_running(seq, plan)
+            # A decode: one uncomputed token (``num_uncomputed_tokens``, inlined: hot).
+            is_decode = len(seq.token_ids) - seq.num_computed_tokens == 1
+            if is_decode and seq.status is running and seq.priority in classes:
+                self._schedule_decode(seq, plan)
         for priority in classes:
             self._schedule_class(plan, priority)
         self._pending = plan.to_output()
@@ -246,7 +255,8 @@ class Scheduler:
         """The priority classes this step serves: online alone while an online prompt waits
         or is prefilled (a step's time grows with every sequence in it), for at most
         ``MAX_BATCH_PAUSE_STEPS`` steps in a row, so batch jobs always progress."""
-        has_batch = any(seq.priority is not Priority.ONLINE for seq in self._running)
+        # Running sequences are in queue order: a batch-job one, if any, is last.
+        has_batch = bool(self._running) and self._running[-1].priority is not Priority.ONLINE
         is_paused = has_batch and self._num_batch_pauses < MAX_BATCH_PAUSE_STEPS
         if is_paused and self._has_online_prefill():
             self._num_batch_pauses += 1
@@ -278,20 +288,32 @@ class Scheduler:
             for seq in self._running
         )
 
+    def _schedule_decode(self, seq: Sequence, plan: StepPlan) -> None:
+        """A decode: as ``_schedule_running``, without its block checks while the last block
+        has room for the token (15 decodes in 16 with blocks of 16 tokens)."""
+        if len(seq.block_table) * self._block_manager.block_size > seq.num_computed_tokens:
+            if plan.room_for(seq.priority) > 0:
+                plan.add(ScheduledSeq(seq, 1))
+            return
+        self._schedule_running(seq, plan)
+
     def _schedule_running(self, seq: Sequence, plan: StepPlan, held: int = 0) -> None:
         """Give a running sequence its next chunk, preempting others for blocks; it leaves
         ``held`` of the step's tokens to admission."""
-        if plan.room_for(seq.priority) - held <= 0:
+        room_left = plan.room_for(seq.priority) - held
+        if room_left <= 0:
             return
-        while (room := self._block_manager.num_appendable_tokens(seq)) < 1:
+        manager = self._block_manager
+        while (room := manager.num_appendable_tokens(seq)) < 1:
             victim = self._running[-1]
             plan.is_short = True
             self._preempt(victim, plan)
             if victim is seq:
                 return
+            room_left = plan.room_for(seq.priority) - held
         # A prefill squeezed for blocks takes a shorter chunk instead of preempting.
-        num_new = min(seq.num_uncomputed_tokens, plan.room_for(seq.priority) - held, room)
-        self._block_manager.append(seq, num_new)
+        num_new = min(seq.num_uncomputed_tokens, room_left, room)
+        manager.append(seq, num_new)
         plan.add(ScheduledSeq(seq, num_new))
 
     def _top_up(self, seq: Sequence, plan: StepPlan) -> None:

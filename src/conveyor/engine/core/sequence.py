@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 
 from conveyor.priority import Priority
 
+# Token ids fit in 63 bits: block hashes pack them as unsigned 64-bit values.
+TOKEN_ID_LIMIT = 2**63
+
 
 class SequenceStatus(enum.Enum):
     """Where a sequence is in its life cycle."""
@@ -66,8 +69,7 @@ class Sequence:
             raise ValueError("seq_id must be a non-empty string")
         if not self.prompt_token_ids:
             raise ValueError(f"sequence {self.seq_id!r}: prompt_token_ids must not be empty")
-        for token_id in self.prompt_token_ids:
-            check_token_id(self.seq_id, token_id)
+        check_token_ids(self.seq_id, self.prompt_token_ids)
         if isinstance(self.arrival, bool) or not isinstance(self.arrival, int):
             raise ValueError(f"sequence {self.seq_id!r}: arrival must be an int")
         if self.arrival < 0:
@@ -130,8 +132,20 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         """Record a newly sampled token; its KV is computed by the next step."""
-        check_token_id(self.seq_id, token_id)
+        # The common case (a plain int in range) without a call; anything else is checked.
+        if type(token_id) is not int or not 0 <= token_id < TOKEN_ID_LIMIT:
+            check_token_id(self.seq_id, token_id)
         self.token_ids.append(token_id)
+
+
+def check_token_ids(seq_id: str, token_ids: list[int]) -> None:
+    """``check_token_id`` for each of ``token_ids``: plain ints in range are recognised in
+    bulk (a prompt is thousands of them), anything else is checked one by one."""
+    is_plain = bool(token_ids) and set(map(type, token_ids)) == {int}
+    if is_plain and min(token_ids) >= 0 and max(token_ids) < TOKEN_ID_LIMIT:
+        return
+    for token_id in token_ids:
+        check_token_id(seq_id, token_id)
 
 
 def check_token_id(seq_id: str, token_id: int) -> None:
@@ -141,5 +155,5 @@ def check_token_id(seq_id: str, token_id: int) -> None:
     """
     if isinstance(token_id, bool) or not isinstance(token_id, int):
         raise ValueError(f"sequence {seq_id!r}: token ids must be ints, got {token_id!r}")
-    if not 0 <= token_id < 2**63:
+    if not 0 <= token_id < TOKEN_ID_LIMIT:
         raise ValueError(f"sequence {seq_id!r}: token id {token_id} is out of range")

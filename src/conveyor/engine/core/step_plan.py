@@ -30,18 +30,20 @@ class ScheduledSeq:
     needs_logits: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        start = self.seq.num_computed_tokens
-        if self.num_new_tokens < 1:
-            raise ValueError(f"num_new_tokens must be >= 1, got {self.num_new_tokens}")
-        if start + self.num_new_tokens > self.seq.num_tokens:
+        seq, num_new = self.seq, self.num_new_tokens
+        start = seq.num_computed_tokens
+        end, num_tokens = start + num_new, len(seq.token_ids)  # ``seq.num_tokens``, inlined
+        if num_new < 1:
+            raise ValueError(f"num_new_tokens must be >= 1, got {num_new}")
+        if end > num_tokens:
             raise ValueError(
-                f"sequence {self.seq.seq_id!r} has {self.seq.num_uncomputed_tokens} "
-                f"uncomputed tokens, cannot schedule {self.num_new_tokens}"
+                f"sequence {seq.seq_id!r} has {seq.num_uncomputed_tokens} "
+                f"uncomputed tokens, cannot schedule {num_new}"
             )
         # Frozen dataclass: derived fields are set through object.__setattr__.
         object.__setattr__(self, "start_pos", start)
         # Reaching the newest token means the model must sample after this step.
-        object.__setattr__(self, "needs_logits", start + self.num_new_tokens == self.seq.num_tokens)
+        object.__setattr__(self, "needs_logits", end == num_tokens)
 
     def to_chunk(self) -> SeqChunk:
         """The runner's view: tokens, first position, block table, whether to sample."""

@@ -621,6 +621,19 @@ def test_the_online_waiting_are_counted_and_listed_apart_from_batch_lines() -> N
     assert scheduler.num_waiting_online == 0 and scheduler.waiting_online() == []
 
 
+def test_batch_lines_waiting_or_running_are_counted_apart() -> None:
+    harness = make_harness(max_num_seqs=2)
+    scheduler = harness.scheduler
+    harness.add("b0", [1], max_tokens=3, priority=Priority.BATCH)
+    harness.add("o1", [1], max_tokens=3, priority=Priority.ONLINE)
+    harness.add("b2", [1], max_tokens=3, priority=Priority.BATCH)
+    assert scheduler.num_batch == 2  # waiting
+    harness.step()  # o1 and b0 take the two seats, b2 waits
+    assert (scheduler.num_running, scheduler.num_waiting, scheduler.num_batch) == (2, 1, 2)
+    harness.drain()
+    assert scheduler.num_batch == 0
+
+
 # -- prefix caching ---------------------------------------------------------------
 
 

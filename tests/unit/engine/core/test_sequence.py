@@ -89,6 +89,10 @@ def test_equality_is_identity() -> None:
         ({"seq_id": "s", "prompt_token_ids": [2**63]}, "out of range"),
         ({"seq_id": "s", "prompt_token_ids": [1.0]}, "must be ints"),
         ({"seq_id": "s", "prompt_token_ids": [True]}, "must be ints"),
+        # One bad id among many plain ones (prompts are checked in bulk first).
+        ({"seq_id": "s", "prompt_token_ids": [5] * 999 + [False]}, "must be ints"),
+        ({"seq_id": "s", "prompt_token_ids": [5] * 999 + [2**63]}, "out of range"),
+        ({"seq_id": "s", "prompt_token_ids": [5] * 999 + [-1]}, "out of range"),
         ({"seq_id": "s", "prompt_token_ids": [1], "arrival": -1}, "arrival"),
         ({"seq_id": "s", "prompt_token_ids": [1], "arrival": 1.5}, "arrival"),
         ({"seq_id": "s", "prompt_token_ids": [1], "priority": 7}, "Priority"),
@@ -106,7 +110,21 @@ def test_append_token_rejects_bad_ids() -> None:
     seq = Sequence("s", [1])
     with pytest.raises(ValueError, match="out of range"):
         seq.append_token(-3)
+    with pytest.raises(ValueError, match="must be ints"):
+        seq.append_token(True)
+    with pytest.raises(ValueError, match="out of range"):
+        seq.append_token(2**63)
     assert seq.token_ids == [1]
+
+
+class _TokenId(int):
+    """An int subclass: a valid id, though not a plain int."""
+
+
+def test_int_subclasses_are_valid_ids_in_prompts_and_samples() -> None:
+    seq = Sequence("s", [1, _TokenId(2), 2**63 - 1])
+    seq.append_token(_TokenId(3))
+    assert seq.token_ids == [1, 2, 2**63 - 1, 3]
 
 
 def test_check_token_id_accepts_the_full_range() -> None:
