@@ -27,6 +27,7 @@ from conveyor.config.model_config import (
 )
 from conveyor.config.settings import ServerConfig, load_config
 from conveyor.errors import ConfigError
+from conveyor.jobs.object_stores import parse_region_urls
 
 T = TypeVar("T")
 
@@ -141,7 +142,7 @@ def serve(
     """Run the whole service in one process (default: MiniLM and SmolLM2-135M-Instruct)."""
     prefer_passive_omp_wait()  # before anything loads torch
     from conveyor.api.app import create_app
-    from conveyor.cli.startup_checks import check_models
+    from conveyor.cli.startup_checks import check_models, check_residency
 
     overrides: dict[str, object] = dict(
         host=host, port=port, max_connections=max_connections,
@@ -157,6 +158,7 @@ def serve(
     overrides["models"] = _or_exit(lambda: quick_models(model, options))
     settings = _load_or_exit(config, **overrides)
     _or_exit(lambda: check_models(settings))
+    _or_exit(lambda: check_residency(settings))
     _configure_logging(settings)
     _note_a_missing_default_model(settings)
     key_store_url = settings.jobs.job_store_url_for(settings.data_dir)
@@ -192,6 +194,10 @@ StoreUrl = Annotated[
 ObjectsUrl = Annotated[
     str | None, typer.Option(envvar="CONVEYOR_OBJECTS", help="Object store URL.")
 ]
+RegionObjects = Annotated[
+    list[str] | None,
+    typer.Option(help="REGION=URL: the object store of resident tenants' files (repeatable)."),
+]
 
 
 def _configure_logging(settings: ServerConfig) -> None:
@@ -205,6 +211,7 @@ def worker(
     store: StoreUrl,
     config: Annotated[Path | None, typer.Option(help="YAML config file (models).")] = None,
     objects: ObjectsUrl = None,
+    region_objects: RegionObjects = None,
     listen: Annotated[str, typer.Option(help="HOST:PORT to listen on.")] = "127.0.0.1:8001",
     advertise: Annotated[
         str | None, typer.Option(envvar="CONVEYOR_ADVERTISE", help="URL gateways use.")
@@ -230,7 +237,7 @@ def worker(
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
     prefer_passive_omp_wait()  # before anything loads torch
-    from conveyor.cli.startup_checks import check_models
+    from conveyor.cli.startup_checks import check_models, check_residency
     from conveyor.cli.worker import WorkerSettings, parse_listen, run_worker
 
     settings = _load_or_exit(
@@ -243,13 +250,15 @@ def worker(
         peer_host, peer_port = parse_listen(peer_listen)
         worker_settings = WorkerSettings(
             store_url=store, objects_url=objects, host=host, port=port, advertise=advertise,
-            worker_id=worker_id, heartbeat_s=heartbeat_s, drain_timeout_s=drain_timeout_s,
+            region_objects_urls=parse_region_urls(region_objects or []), worker_id=worker_id,
+            heartbeat_s=heartbeat_s, drain_timeout_s=drain_timeout_s,
             peer_host=peer_host, peer_port=peer_port, peer_advertise=peer_advertise, zone=zone,
             peer_upload_mb_s=peer_upload_mb_s, region=region,
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
+    _or_exit(lambda: check_residency(settings, objects, worker_settings.region_objects_urls))
     _configure_logging(settings)
     _note_a_missing_default_model(settings)
     run_worker(settings, worker_settings)
@@ -260,6 +269,7 @@ def gateway(
     store: StoreUrl,
     config: Annotated[Path | None, typer.Option(help="YAML config file (API keys).")] = None,
     objects: ObjectsUrl = None,
+    region_objects: RegionObjects = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on (0 = any free).")] = None,
     stale_after_s: Annotated[float, typer.Option(help="Heartbeat age that is stale.")] = 3.0,
@@ -294,6 +304,7 @@ def gateway(
     log_format: LogFormatOption = None,
 ) -> None:
     """Route online requests to the fleet's workers; holds no model."""
+    from conveyor.cli.startup_checks import check_residency
     from conveyor.gateway.process import GatewaySettings, parse_model_dirs
 
     settings = _load_or_exit(
@@ -305,6 +316,7 @@ def gateway(
     try:
         gateway_settings = GatewaySettings(
             store_url=store, objects_url=objects, stale_after_s=stale_after_s,
+            region_objects_urls=parse_region_urls(region_objects or []),
             reap_after_s=max(60.0, 20 * stale_after_s), refresh_s=refresh_s,
             max_attempts=max_attempts, target_utilisation=target_utilisation,
             affinity=_affinity(affinity, affinity_load_bound, affinity_routed_blocks),
@@ -314,6 +326,7 @@ def gateway(
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
+    _or_exit(lambda: check_residency(settings, objects, gateway_settings.region_objects_urls))
     _serve_gateway(gateway_settings, settings, processes)
 
 
