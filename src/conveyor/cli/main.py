@@ -27,7 +27,7 @@ from conveyor.config.model_config import (
 )
 from conveyor.config.settings import ServerConfig, load_config
 from conveyor.errors import ConfigError
-from conveyor.jobs.object_stores import parse_region_urls
+from conveyor.jobs.object_stores import check_tenant_stores, parse_region_urls
 
 T = TypeVar("T")
 
@@ -142,7 +142,7 @@ def serve(
     """Run the whole service in one process (default: MiniLM and SmolLM2-135M-Instruct)."""
     prefer_passive_omp_wait()  # before anything loads torch
     from conveyor.api.app import create_app
-    from conveyor.cli.startup_checks import check_models, check_residency
+    from conveyor.cli.startup_checks import check_models
 
     overrides: dict[str, object] = dict(
         host=host, port=port, max_connections=max_connections,
@@ -158,7 +158,7 @@ def serve(
     overrides["models"] = _or_exit(lambda: quick_models(model, options))
     settings = _load_or_exit(config, **overrides)
     _or_exit(lambda: check_models(settings))
-    _or_exit(lambda: check_residency(settings))
+    _or_exit(lambda: check_tenant_stores(settings.jobs, settings.tenancy.regions))
     _configure_logging(settings)
     _note_a_missing_default_model(settings)
     key_store_url = settings.jobs.job_store_url_for(settings.data_dir)
@@ -237,7 +237,7 @@ def worker(
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
     prefer_passive_omp_wait()  # before anything loads torch
-    from conveyor.cli.startup_checks import check_models, check_residency
+    from conveyor.cli.startup_checks import check_models
     from conveyor.cli.worker import WorkerSettings, parse_listen, run_worker
 
     settings = _load_or_exit(
@@ -258,7 +258,8 @@ def worker(
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
-    _or_exit(lambda: check_residency(settings, objects, worker_settings.region_objects_urls))
+    _or_exit(lambda: check_tenant_stores(settings.jobs, settings.tenancy.regions, objects,
+                                         worker_settings.region_objects_urls))  # fmt: skip
     _configure_logging(settings)
     _note_a_missing_default_model(settings)
     run_worker(settings, worker_settings)
@@ -304,7 +305,6 @@ def gateway(
     log_format: LogFormatOption = None,
 ) -> None:
     """Route online requests to the fleet's workers; holds no model."""
-    from conveyor.cli.startup_checks import check_residency
     from conveyor.gateway.process import GatewaySettings, parse_model_dirs
 
     settings = _load_or_exit(
@@ -316,17 +316,15 @@ def gateway(
     try:
         gateway_settings = GatewaySettings(
             store_url=store, objects_url=objects, stale_after_s=stale_after_s,
-            region_objects_urls=parse_region_urls(region_objects or []),
             reap_after_s=max(60.0, 20 * stale_after_s), refresh_s=refresh_s,
             max_attempts=max_attempts, target_utilisation=target_utilisation,
             affinity=_affinity(affinity, affinity_load_bound, affinity_routed_blocks),
             prefix_tokenizers=parse_model_dirs(prefix_tokenizer or []),
-            **_regions(region, region_load_bound, failover_ramp_s),
+            **_regions(region, region_load_bound, failover_ramp_s, region_objects or []),
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
-    _or_exit(lambda: check_residency(settings, objects, gateway_settings.region_objects_urls))
     _serve_gateway(gateway_settings, settings, processes)
 
 
@@ -336,6 +334,10 @@ def _serve_gateway(
     """Run the gateway in this process, or in ``processes`` sharing the port."""
     from conveyor.api.gateway_app import create_gateway_app
 
+    _or_exit(lambda: check_tenant_stores(
+        settings.jobs, settings.tenancy.regions,
+        gateway_settings.objects_url, gateway_settings.region_objects_urls,
+    ))  # fmt: skip
     _configure_logging(settings)
     if processes == 1:
         _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
@@ -343,12 +345,16 @@ def _serve_gateway(
     _run_gateway_processes(gateway_settings, settings, processes)
 
 
-def _regions(region: str | None, load_bound: int, ramp_s: float) -> dict[str, Any]:
-    """The gateway's region knobs (``GatewaySettings.regions`` and ``failover``)."""
+def _regions(
+    region: str | None, load_bound: int, ramp_s: float, region_objects: list[str]
+) -> dict[str, Any]:
+    """The gateway's region knobs (``GatewaySettings.regions``, ``failover`` and
+    ``region_objects_urls``); a malformed ``--region-objects`` pair is a ValueError."""
     from conveyor.fleet.failover import FailoverSettings
     from conveyor.fleet.regions import RegionSettings
 
-    return {"regions": RegionSettings(region, load_bound), "failover": FailoverSettings(ramp_s)}
+    return {"regions": RegionSettings(region, load_bound), "failover": FailoverSettings(ramp_s),
+            "region_objects_urls": parse_region_urls(region_objects)}  # fmt: skip
 
 
 def _affinity(is_on: bool, load_bound: int, routed_blocks: int) -> AffinitySettings | None:

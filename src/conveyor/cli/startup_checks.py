@@ -1,14 +1,10 @@
 """What would make a model fail at start-up, found from its config alone (no weights, no torch).
 
 ``check-config`` and ``serve`` run these before anything loads, so a bad ``max_model_len`` or a
-KV cache too small for one sequence is one line naming the model, not a traceback later;
-``serve``, ``worker`` and ``gateway`` also check that every resident tenant's region has an
-object store (``check_residency``).
+KV cache too small for one sequence is one line naming the model, not a traceback later.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 from conveyor.config.model_config import GenerateModelConfig, remote_model_name
 from conveyor.config.settings import ServerConfig
@@ -16,7 +12,6 @@ from conveyor.engine.core.limits import kv_pool_problem, max_model_len_problem
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.vllm_mapping import VLLM_INSTALL, is_vllm_installed
 from conveyor.errors import ConfigError
-from conveyor.jobs.object_stores import object_store_overrides, tenant_object_store_urls
 
 
 def generate_model_problems(config: GenerateModelConfig) -> list[str]:
@@ -55,18 +50,3 @@ def check_models(settings: ServerConfig) -> None:
     ]
     if problems:
         raise ConfigError("\n".join(problems))
-
-
-def check_residency(
-    settings: ServerConfig,
-    objects_url: str | None = None,
-    region_urls: Mapping[str, str] | None = None,
-) -> None:
-    """Raise ``ConfigError`` for each tenant pinned to regions whose first region has no
-    object store (in the config or the ``--region-objects`` flags): its files have nowhere
-    to stay at home."""
-    jobs = settings.jobs
-    merged = jobs.model_copy(update=object_store_overrides(jobs, objects_url, region_urls or {}))
-    tenant_object_store_urls(
-        settings.tenancy.regions, merged.region_object_store_urls, merged.object_store_url or ""
-    )

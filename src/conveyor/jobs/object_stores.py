@@ -23,6 +23,7 @@ from conveyor.stores.object_store import ObjectStore
 
 __all__ = [
     "TenantObjectStores",
+    "check_tenant_stores",
     "object_store_overrides",
     "object_store_url",
     "open_tenant_object_stores",
@@ -121,3 +122,16 @@ def parse_region_urls(pairs: Sequence[str]) -> dict[str, str]:
             raise ValueError(f"--region-objects names region {region!r} twice")
         result[region] = url
     return result
+
+
+def check_tenant_stores(
+    jobs: JobsConfig,
+    tenant_regions: Mapping[str, Sequence[str]],
+    objects_url: str | None = None,
+    region_urls: Mapping[str, str] | None = None,
+) -> None:
+    """Start-up check of ``serve``, ``worker`` and ``gateway``: a ``ConfigError`` for each
+    resident tenant whose first region has no store in ``jobs`` or the flags."""
+    merged = jobs.model_copy(update=object_store_overrides(jobs, objects_url, region_urls or {}))
+    default_url = merged.object_store_url or ""
+    tenant_object_store_urls(tenant_regions, merged.region_object_store_urls, default_url)

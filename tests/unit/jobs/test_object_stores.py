@@ -10,6 +10,7 @@ from conveyor.fakes import MemoryObjectStore
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.object_stores import (
     TenantObjectStores,
+    check_tenant_stores,
     object_store_overrides,
     object_store_url,
     open_tenant_object_stores,
@@ -109,3 +110,14 @@ def test_the_config_refuses_an_empty_region_or_url() -> None:
     for bad in ({"": "/x"}, {"eu": ""}):
         with pytest.raises(ValueError, match="region_object_store_urls"):
             JobsConfig(region_object_store_urls=bad)
+
+
+def test_start_up_needs_the_first_regions_store_from_the_file_or_the_flags() -> None:
+    pinned = {"acme": ("eu", "us")}
+    check_tenant_stores(JobsConfig(region_object_store_urls={"eu": "/srv/eu"}), pinned)
+    check_tenant_stores(JobsConfig(), pinned, region_urls={"eu": "s3://eu/files"})
+    check_tenant_stores(JobsConfig(), {})  # no resident tenant: nothing needed
+    with pytest.raises(ConfigError, match="tenant 'acme'"):  # its second region is not home
+        check_tenant_stores(JobsConfig(region_object_store_urls={"us": "/srv/us"}), pinned)
+    with pytest.raises(ConfigError, match="region 'eu'"):  # the default store never is
+        check_tenant_stores(JobsConfig(), pinned, objects_url="/srv/default")

@@ -25,7 +25,7 @@ def subsystem(tmp_path: Path, regions: dict[str, str], **pins: tuple[str, ...]) 
 
 
 def test_a_resident_tenant_without_a_region_store_fails_at_construction(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="tenant 'acme'.*region 'eu' has no object store"):
+    with pytest.raises(ConfigError, match=r"tenant 'acme'.*region 'eu' has no object store"):
         subsystem(tmp_path, {"us": str(tmp_path / "us")}, acme=("eu",))
 
 
