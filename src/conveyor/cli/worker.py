@@ -25,6 +25,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor.api.app import create_app
+from conveyor.api.residency import Residency
 from conveyor.api.server import uvicorn_config
 from conveyor.asgi.json import error_response
 from conveyor.config.settings import ServerConfig
@@ -260,6 +261,7 @@ async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
     app = create_app(
         config, service=service, jobs=jobs, with_rate_limits=False,
         fleet_credential=credential_from(config.fleet),
+        residency=Residency(config.jobs.region, config.tenancy.regions),
     )  # fmt: skip
     gate = DrainGate(app)
     server = _DrainingServer(

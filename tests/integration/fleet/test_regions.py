@@ -7,7 +7,8 @@ everything answers and the resident tenant's requests and batch lines all run in
 Then eu is killed: the resident tenant gets 503 (``no_worker_in_region``) and its new
 batch waits, never run in us; the other tenant's traffic moves to us through the
 failover ramp (429 with ``Retry-After`` beyond it), and every one of its requests is
-answered in the end. The resident tenant's batch files are kept in eu's object store.
+answered in the end. The resident tenant's batch files are kept in eu's object store, and
+a us worker called directly refuses the resident tenant too.
 """
 
 from __future__ import annotations
@@ -145,6 +146,10 @@ def test_a_lost_region_keeps_residents_home_and_ramps_the_others_over(
         before = [embed(client, gateway, "resident") for gateway in (eu, us) for _ in range(10)]
         assert {(r.status_code, dim_of(r)) for r in before} == {(200, 4)}  # never us
         assert embed(client, us, "roaming").status_code == 200
+        # Straight to us's worker, past every gateway: the worker refuses the resident too.
+        direct = embed(client, next(p for p in fleet.procs if p.name == "c"), "resident")
+        assert direct.status_code == 503
+        assert direct.json()["error"]["code"] == "tenant_not_resident_here"
     eu_client, eu_batch = resident_batch(eu, "home")
     done = finished(eu_client, eu_batch.id)
     outputs, errors = results(eu_client, done)
