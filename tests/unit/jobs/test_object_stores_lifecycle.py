@@ -12,6 +12,7 @@ import asyncio
 import pytest
 
 from conveyor.fakes import MemoryObjectStore
+from conveyor.jobs.context import JobsContext
 from conveyor.jobs.expiry import delete_expired_files
 from conveyor.jobs.keys import file_key
 from conveyor.jobs.message_batch_views import public_id
@@ -39,17 +40,17 @@ def holds(store: MemoryObjectStore, data: bytes) -> bool:
     return any(data in value for value in store.objects.values())
 
 
-async def run_to_end(ctx: object) -> None:
-    supervisor = Supervisor(ctx, asyncio.Event())  # type: ignore[arg-type]
+async def run_to_end(ctx: JobsContext) -> None:
+    supervisor = Supervisor(ctx, asyncio.Event())
     await supervisor.tick()
-    await run_all(ctx)  # type: ignore[arg-type]
+    await run_all(ctx)
     await supervisor.tick()
 
 
 async def test_a_resident_batch_lives_in_its_regions_store_and_the_others_in_the_default() -> None:
     default, eu = stores()
     ctx = make_ctx(objects=default, tenant_objects={"resident": eu}, lines_per_shard=3,
-                   region="eu", isolate_after_attempts=1)  # fmt: skip
+                   region="eu")  # fmt: skip
     ctx.tenant_regions = {"resident": ("eu",)}
     api = JobOperations(ctx, lambda: None)
     home_data, away_data = input_file(7, prefix="home-"), input_file(5, prefix="away-")
