@@ -26,6 +26,7 @@ from conveyor.api.errors import install_error_handlers
 from conveyor.api.fastapi_options import fastapi_options
 from conveyor.api.middleware import install_middleware
 from conveyor.api.openapi import install_openapi
+from conveyor.api.residency import Residency
 from conveyor.config.settings import ServerConfig
 from conveyor.endpoints.dispatch import jobs_for_service
 from conveyor.endpoints.responses.background import start_runner
@@ -84,12 +85,14 @@ def create_app(
     with_rate_limits: bool = True,
     tracer_provider: TracerProvider | None = None,
     fleet_credential: FleetCredential | None = None,
+    residency: Residency | None = None,
 ) -> EdgeApp:
     """The HTTP app; the service's models load during ASGI lifespan start-up.
 
     With `key_store_url`, the API keys stored there (``conveyor keys``) are accepted too.
     A fleet worker passes `with_rate_limits=False`: its gateways already applied them; and
-    its `fleet_credential`, if any: the fleet key its gateways call it with.
+    its `fleet_credential`, if any: the fleet key its gateways call it with; and its
+    `residency`: its region, where it refuses tenants pinned elsewhere.
     ``tracer_provider`` replaces the one the config's ``tracing`` section would build.
     """
     service = service or Service(config)
@@ -130,5 +133,6 @@ def create_app(
         counts_tokens=True,
         tracer_provider=tracer_provider,
         fleet_credential=fleet_credential,
+        residency=residency,
     )
     return app

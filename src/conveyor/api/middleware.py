@@ -18,6 +18,7 @@ from conveyor.api.body_limit import UPLOAD_PATHS, BodyLimitMiddleware
 from conveyor.api.budget import BudgetMiddleware, budget_refusals_counter
 from conveyor.api.edge import Dispatch, Edge, EdgeApp, Shortcut
 from conveyor.api.rate_limit import TicketIssuer
+from conveyor.api.residency import Residency, ResidencyMiddleware
 from conveyor.config.settings import ServerConfig
 from conveyor.fleet.credential import FleetCredential
 from conveyor.observability.metrics import TenantMetrics
@@ -89,6 +90,7 @@ def install_middleware(
     service_name: str = "conveyor-serve",
     tracer_provider: TracerProvider | None = None,
     fleet_credential: FleetCredential | None = None,
+    residency: Residency | None = None,
 ) -> EdgeGuards:
     """Put the edge and the guards in front of ``app``'s own stack, outermost first: the
     edge (request ids, HTTP metrics on `counter`, crash guard), CORS when configured, API
@@ -102,7 +104,8 @@ def install_middleware(
     app applies the returned guards' gate itself (`gateway.limits`).
     Traces go to ``tracer_provider`` when given (tests), else to the config's OTLP endpoint.
     With `fleet_credential` (a fleet worker) the fleet key is accepted for the caller its
-    gateway names, and a key is required even with none configured.
+    gateway names, and a key is required even with none configured. With `residency` (a
+    fleet worker with resident tenants) a tenant pinned elsewhere is refused (503).
     """
     keyring = KeyRing(
         static_principals(config.api_keys), key_store, owns_store=owns_key_store,
@@ -117,7 +120,7 @@ def install_middleware(
     refusals = budget_refusals_counter(registry or CollectorRegistry()) if has_budgets else None
 
     def edge(full: ASGIApp) -> ASGIApp:
-        inner = _guarded(full, config, keyring, shortcut, refusals, fleet_credential)
+        inner = _guarded(full, config, keyring, shortcut, refusals, fleet_credential, residency)
         # Outermost, so a 401 or 413 carries a request id and is counted too.
         level = logging.INFO if config.log_format == "json" else logging.DEBUG
         issuer = TicketIssuer(gate) if gate is not None and counts_tokens else None
@@ -137,15 +140,18 @@ def _guarded(
     shortcut: Shortcut | None,
     refusals: Counter | None,
     fleet_credential: FleetCredential | None,
+    residency: Residency | None = None,
 ) -> ASGIApp:
     """``full`` behind the guards, innermost first: ``shortcut``'s direct routes, budgets
-    (with ``refusals``), the body cap, API keys, CORS when configured."""
+    (with ``refusals``), the body cap, residency, API keys, CORS when configured."""
     inner: ASGIApp = Dispatch(full, shortcut)
     if refusals is not None:  # outside the limiter: a refusal spends no tokens
         inner = BudgetMiddleware(inner, refusals=refusals)
     inner = BodyLimitMiddleware(
         inner, max_bytes=config.max_request_bytes, exempt_paths=UPLOAD_PATHS
     )
+    if residency is not None and residency.tenant_regions:
+        inner = ResidencyMiddleware(inner, residency)
     inner = ApiKeyMiddleware(
         inner, keyring=keyring, is_metrics_open=not config.metrics_auth, fleet=fleet_credential
     )

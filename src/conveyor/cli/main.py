@@ -27,6 +27,7 @@ from conveyor.config.model_config import (
 )
 from conveyor.config.settings import ServerConfig, load_config
 from conveyor.errors import ConfigError
+from conveyor.jobs.object_stores import check_tenant_stores, parse_region_urls
 
 T = TypeVar("T")
 
@@ -157,6 +158,7 @@ def serve(
     overrides["models"] = _or_exit(lambda: quick_models(model, options))
     settings = _load_or_exit(config, **overrides)
     _or_exit(lambda: check_models(settings))
+    _or_exit(lambda: check_tenant_stores(settings.jobs, settings.tenancy.regions))
     _configure_logging(settings)
     _note_a_missing_default_model(settings)
     key_store_url = settings.jobs.job_store_url_for(settings.data_dir)
@@ -192,6 +194,10 @@ StoreUrl = Annotated[
 ObjectsUrl = Annotated[
     str | None, typer.Option(envvar="CONVEYOR_OBJECTS", help="Object store URL.")
 ]
+RegionObjects = Annotated[
+    list[str] | None,
+    typer.Option(help="REGION=URL: the object store of resident tenants' files (repeatable)."),
+]
 
 
 def _configure_logging(settings: ServerConfig) -> None:
@@ -205,6 +211,7 @@ def worker(
     store: StoreUrl,
     config: Annotated[Path | None, typer.Option(help="YAML config file (models).")] = None,
     objects: ObjectsUrl = None,
+    region_objects: RegionObjects = None,
     listen: Annotated[str, typer.Option(help="HOST:PORT to listen on.")] = "127.0.0.1:8001",
     advertise: Annotated[
         str | None, typer.Option(envvar="CONVEYOR_ADVERTISE", help="URL gateways use.")
@@ -243,13 +250,16 @@ def worker(
         peer_host, peer_port = parse_listen(peer_listen)
         worker_settings = WorkerSettings(
             store_url=store, objects_url=objects, host=host, port=port, advertise=advertise,
-            worker_id=worker_id, heartbeat_s=heartbeat_s, drain_timeout_s=drain_timeout_s,
+            region_objects_urls=parse_region_urls(region_objects or []), worker_id=worker_id,
+            heartbeat_s=heartbeat_s, drain_timeout_s=drain_timeout_s,
             peer_host=peer_host, peer_port=peer_port, peer_advertise=peer_advertise, zone=zone,
             peer_upload_mb_s=peer_upload_mb_s, region=region,
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
+    _or_exit(lambda: check_tenant_stores(settings.jobs, settings.tenancy.regions, objects,
+                                         worker_settings.region_objects_urls))  # fmt: skip
     _configure_logging(settings)
     _note_a_missing_default_model(settings)
     run_worker(settings, worker_settings)
@@ -260,6 +270,7 @@ def gateway(
     store: StoreUrl,
     config: Annotated[Path | None, typer.Option(help="YAML config file (API keys).")] = None,
     objects: ObjectsUrl = None,
+    region_objects: RegionObjects = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on (0 = any free).")] = None,
     stale_after_s: Annotated[float, typer.Option(help="Heartbeat age that is stale.")] = 3.0,
@@ -309,7 +320,7 @@ def gateway(
             max_attempts=max_attempts, target_utilisation=target_utilisation,
             affinity=_affinity(affinity, affinity_load_bound, affinity_routed_blocks),
             prefix_tokenizers=parse_model_dirs(prefix_tokenizer or []),
-            **_regions(region, region_load_bound, failover_ramp_s),
+            **_regions(region, region_load_bound, failover_ramp_s, region_objects or []),
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(str(exc), err=True)
@@ -323,6 +334,10 @@ def _serve_gateway(
     """Run the gateway in this process, or in ``processes`` sharing the port."""
     from conveyor.api.gateway_app import create_gateway_app
 
+    _or_exit(lambda: check_tenant_stores(
+        settings.jobs, settings.tenancy.regions,
+        gateway_settings.objects_url, gateway_settings.region_objects_urls,
+    ))  # fmt: skip
     _configure_logging(settings)
     if processes == 1:
         _run_uvicorn(create_gateway_app(gateway_settings, settings), settings)
@@ -330,12 +345,16 @@ def _serve_gateway(
     _run_gateway_processes(gateway_settings, settings, processes)
 
 
-def _regions(region: str | None, load_bound: int, ramp_s: float) -> dict[str, Any]:
-    """The gateway's region knobs (``GatewaySettings.regions`` and ``failover``)."""
+def _regions(
+    region: str | None, load_bound: int, ramp_s: float, region_objects: list[str]
+) -> dict[str, Any]:
+    """The gateway's region knobs (``GatewaySettings.regions``, ``failover`` and
+    ``region_objects_urls``); a malformed ``--region-objects`` pair is a ValueError."""
     from conveyor.fleet.failover import FailoverSettings
     from conveyor.fleet.regions import RegionSettings
 
-    return {"regions": RegionSettings(region, load_bound), "failover": FailoverSettings(ramp_s)}
+    return {"regions": RegionSettings(region, load_bound), "failover": FailoverSettings(ramp_s),
+            "region_objects_urls": parse_region_urls(region_objects)}  # fmt: skip
 
 
 def _affinity(is_on: bool, load_bound: int, routed_blocks: int) -> AffinitySettings | None:

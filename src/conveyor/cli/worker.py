@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -25,6 +25,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor.api.app import create_app
+from conveyor.api.residency import Residency
 from conveyor.api.server import uvicorn_config
 from conveyor.asgi.json import error_response
 from conveyor.config.settings import ServerConfig
@@ -39,6 +40,7 @@ from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.model_load import generative_load
 from conveyor.fleet.registry_store import WorkerRegistryStore
 from conveyor.host.service import Service
+from conveyor.jobs.object_stores import object_store_overrides
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.observability.metrics import Metrics
 from conveyor.prefix.report import prefix_report
@@ -59,6 +61,8 @@ class WorkerSettings:
 
     store_url: str
     objects_url: str | None = None
+    # Object store URL by region, for the files of tenants pinned to regions.
+    region_objects_urls: Mapping[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
     port: int = 8001
     advertise: str | None = None
@@ -195,11 +199,10 @@ def advertised_address(settings: WorkerSettings, port: int) -> str:
 
 def worker_config(config: ServerConfig, settings: WorkerSettings, worker_id: str) -> ServerConfig:
     """``config`` with its jobs section on the fleet's shared stores, as this worker."""
-    overrides: dict[str, Any] = {
-        "job_store_url": settings.store_url, "is_worker": True, "worker_id": worker_id,
-    }  # fmt: skip
-    if settings.objects_url:
-        overrides["object_store_url"] = settings.objects_url
+    overrides = object_store_overrides(config.jobs, settings.objects_url,
+                                       settings.region_objects_urls)  # fmt: skip
+    overrides.update({"job_store_url": settings.store_url, "is_worker": True,
+                      "worker_id": worker_id})  # fmt: skip
     if settings.region:
         overrides["region"] = settings.region
     return config.model_copy(update={"jobs": config.jobs.model_copy(update=overrides)})
@@ -258,6 +261,7 @@ async def serve_worker(config: ServerConfig, settings: WorkerSettings) -> None:
     app = create_app(
         config, service=service, jobs=jobs, with_rate_limits=False,
         fleet_credential=credential_from(config.fleet),
+        residency=Residency(config.jobs.region, config.tenancy.regions),
     )  # fmt: skip
     gate = DrainGate(app)
     server = _DrainingServer(

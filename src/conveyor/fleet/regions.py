@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-__all__ = ["RegionSettings", "Regional", "in_regions", "prefer_home"]
+__all__ = ["RegionSettings", "Regional", "in_regions", "may_serve", "prefer_home"]
 
 
 class Regional(Protocol):
@@ -43,6 +43,12 @@ class RegionSettings:
             raise ValueError(f"region load_bound must be >= 0, got {self.load_bound}")
         if self.home is not None and not self.home:
             raise ValueError("a region label must not be empty")
+
+
+def may_serve(regions: Collection[str] | None, here: str | None) -> bool:
+    """Whether a process of region ``here`` (None: unlabelled) may run the work of a tenant
+    pinned to ``regions`` (None: any region)."""
+    return regions is None or here in regions
 
 
 def in_regions(workers: Sequence[W], regions: Collection[str] | None) -> list[W]:

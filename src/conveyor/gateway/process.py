@@ -16,7 +16,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from conveyor.fleet.router import Ejections, Router, WorkerView
 from conveyor.fleet.scaling import ModelDemand, RateMeter, desired_replicas
 from conveyor.fleet.upstream import PoolLimits, UpstreamPool
 from conveyor.gateway.forward import Proxy, ProxySettings
+from conveyor.jobs.object_stores import object_store_overrides
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.observability.metrics import GatewayMetrics
 from conveyor.stores import ObjectStore, StoreError
@@ -52,6 +53,8 @@ class GatewaySettings:
 
     store_url: str
     objects_url: str | None = None
+    # Object store URL by region, for the files of tenants pinned to regions.
+    region_objects_urls: Mapping[str, str] = field(default_factory=dict)
     stale_after_s: float = 3.0
     reap_after_s: float = 60.0
     refresh_s: float = 0.25
@@ -113,7 +116,7 @@ class Gateway:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         credential: FleetCredential | None = None,
-        tenant_regions: Mapping[str, frozenset[str]] | None = None,
+        tenant_regions: Mapping[str, Collection[str]] | None = None,
     ) -> None:
         """A gateway on ``store``'s worker registry; ``clock`` is the registry's wall clock;
         with ``credential`` it calls workers with the fleet key, vouching for its callers;
@@ -133,7 +136,7 @@ class Gateway:
             affinity=settings.affinity,
             regions=settings.regions,
         )
-        self.tenant_regions = dict(tenant_regions or {})
+        self.tenant_regions = {t: frozenset(r) for t, r in (tenant_regions or {}).items()}
         self.failover = FailoverRamp(settings.failover)
         self.hints = HintReader(settings.prefix_tokenizers, settings.affinity or AffinitySettings())
         self.num_in_flight = 0
@@ -328,9 +331,10 @@ def gateway_jobs(gateway: Gateway, config: ServerConfig) -> JobsSubsystem:
     A batch's model counts as served when a healthy worker in the registry hosts it (or
     may, while the registry is unsure).
     """
-    overrides: dict[str, Any] = {"job_store_url": gateway.settings.store_url, "is_worker": False}
-    if gateway.settings.objects_url:
-        overrides["object_store_url"] = gateway.settings.objects_url
+    settings = gateway.settings
+    overrides = object_store_overrides(config.jobs, settings.objects_url,
+                                       settings.region_objects_urls)  # fmt: skip
+    overrides.update({"job_store_url": settings.store_url, "is_worker": False})
     jobs_config = config.jobs.model_copy(update=overrides)
     return JobsSubsystem(
         jobs_config,
@@ -339,4 +343,5 @@ def gateway_jobs(gateway: Gateway, config: ServerConfig) -> JobsSubsystem:
         gateway.may_serve_batch_lines,
         budgets=MonthlyBudgets(config.tenancy.budgets_usd),
         batch_queue_tokens=config.tenancy.batch_queue_tokens,
+        tenant_regions=config.tenancy.regions,
     )

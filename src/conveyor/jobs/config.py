@@ -26,7 +26,8 @@ class JobsConfig(BaseModel):
 
     Store URLs default to places under the server's `data_dir`: `sqlite://<data_dir>/jobs.sqlite3`
     and `<data_dir>/objects`. Set `job_store_url: postgresql://...` or
-    `object_store_url: s3://bucket/prefix` to share jobs between processes or hosts.
+    `object_store_url: s3://bucket/prefix` to share jobs between processes or hosts;
+    `region_object_store_urls` keeps the files of tenants pinned to regions in their region.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -36,6 +37,11 @@ class JobsConfig(BaseModel):
     )
     object_store_url: str | None = Field(
         default=None, description="A directory, file:///DIR or s3://bucket/prefix."
+    )
+    region_object_store_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description="Object store URL by region: a tenant pinned to regions keeps its batch "
+        "files in its first region's store (none there: a start-up error).",
     )
     job_store_connect_timeout_s: int = Field(
         default=3, ge=2, description="PostgreSQL: longest wait to open a connection."
@@ -117,6 +123,8 @@ class JobsConfig(BaseModel):
             raise ValueError("jobs.min_completion_window_s must not exceed the maximum")
         if self.min_expires_after_s > self.max_expires_after_s:
             raise ValueError("jobs.min_expires_after_s must not exceed the maximum")
+        if any(not region or not url for region, url in self.region_object_store_urls.items()):
+            raise ValueError("jobs.region_object_store_urls needs a region and a URL in each entry")
         return self
 
     def job_store_url_for(self, data_dir: Path) -> str:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.line_caller import RetryPolicy, RunRequest, Sleep
+from conveyor.jobs.object_stores import TenantObjectStores
 from conveyor.jobs.store import AsyncJobStore
-from conveyor.stores.object_store import ObjectStore
 
 _T = TypeVar("_T")
 
@@ -60,7 +60,8 @@ class JobsContext:
     """Shared state of one process's jobs subsystem."""
 
     store: AsyncJobStore
-    objects: ObjectStore
+    # Pick a tenant's with ``objects.for_tenant`` (residency keeps pinned tenants' files home).
+    objects: TenantObjectStores
     config: JobsConfig
     worker_id: str
     run_request: RunRequest
@@ -75,7 +76,7 @@ class JobsContext:
     # A tenant's bound on its active batches' input tokens for a model (None: unbounded).
     batch_queue_tokens: Callable[[str, str], int | None] | None = None
     # The regions each resident tenant is pinned to (``config.region`` must be one of them).
-    tenant_regions: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    tenant_regions: Mapping[str, Collection[str]] = field(default_factory=dict)
 
     def may_run_tenant(self, tenant: str) -> bool:
         """Whether this process may run ``tenant``'s batch lines (its residency allows)."""

@@ -69,8 +69,8 @@ def delete_expired_files(ctx: JobsContext) -> int:
     store = ctx.store.blocking
     num_deleted = 0
     for record in store.expired_files(ctx.clock(), MAX_EXPIRED_PER_PASS):
-        if not is_input_in_use(store, record.id):
-            ctx.objects.delete(record.object_key)  # else the batch's finalizer deletes them
+        if not is_input_in_use(store, record.id):  # else the batch's finalizer deletes them
+            ctx.objects.for_tenant(record.tenant).delete(record.object_key)
         if store.delete_file(record.tenant, record.id):
             num_deleted += 1
     if num_deleted:

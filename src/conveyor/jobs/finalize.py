@@ -92,7 +92,9 @@ class Finalizer:
             return False
         target = final_status(batch.status, shards)
         code = stop_code_for(target)
-        out_id = self._write_file(batch, output_file_id(batch.id), self._outputs(shards), "output")
+        out_id = self._write_file(
+            batch, output_file_id(batch.id), self._outputs(batch, shards), "output"
+        )
         err_id = self._write_file(
             batch, error_file_id(batch.id), self._errors(batch, shards, code), "errors"
         )
@@ -116,12 +118,12 @@ class Finalizer:
                 return None  # it changed meanwhile; look again next time
         return store.list_shards(batch_id) if leased else shards
 
-    def _outputs(self, shards: Sequence[ShardRecord]) -> Iterator[bytes] | None:
+    def _outputs(self, batch: BatchRecord, shards: Sequence[ShardRecord]) -> Iterator[bytes] | None:
         """The output file's bytes, or None when no request succeeded."""
         keys = [s.output_key for s in shards if s.status is ShardStatus.DONE and s.output_key]
         if not keys:
             return None
-        objects = self._ctx.objects
+        objects = self._ctx.objects.for_tenant(batch.tenant)
         return itertools.chain.from_iterable(objects.iter_chunks(key) for key in keys)
 
     def _errors(
@@ -138,7 +140,7 @@ class Finalizer:
         self, batch: BatchRecord, shard: ShardRecord, code: StopCode
     ) -> Iterator[bytes]:
         """A done shard's error object, or a not-run record for each line of any other shard."""
-        objects = self._ctx.objects
+        objects = self._ctx.objects.for_tenant(batch.tenant)
         if shard.status is ShardStatus.DONE and shard.error_key:
             yield from objects.iter_chunks(shard.error_key)
             return
@@ -160,7 +162,7 @@ class Finalizer:
         if chunks is None:
             return None
         key = file_key(file_id)
-        num_bytes = self._ctx.objects.put_stream(key, chunks)
+        num_bytes = self._ctx.objects.for_tenant(batch.tenant).put_stream(key, chunks)
         store = self._ctx.store.blocking
         if store.get_file(batch.tenant, file_id) is None:
             created_at = int(self._ctx.clock())
@@ -175,7 +177,7 @@ class Finalizer:
 
     def _clean_up(self, batch: BatchRecord, shards: Sequence[ShardRecord]) -> None:
         """Drop shard objects (now copied) and an input file deleted while the batch ran."""
-        objects = self._ctx.objects
+        objects = self._ctx.objects.for_tenant(batch.tenant)
         with contextlib.suppress(ObjectStoreError):
             for shard in shards:
                 for key in (shard.output_key, shard.error_key):

@@ -76,7 +76,8 @@ class MessageBatches:
         ctx = self._ctx
         file_id, batch_id = new_file_id(), new_batch_id()
         key = file_key(file_id)
-        num_bytes = await asyncio.to_thread(ctx.objects.put_stream, key, iter(planned.lines))
+        objects = ctx.objects.for_tenant(tenant)
+        num_bytes = await asyncio.to_thread(objects.put_stream, key, iter(planned.lines))
         now = int(ctx.clock())
         source = FileRecord(
             id=file_id, tenant=tenant, filename=f"{public_id(batch_id)}_requests.jsonl",
@@ -152,7 +153,7 @@ class MessageBatches:
     def _delete_file(self, tenant: str, file_id: str) -> None:
         """Blocking: a file's record and bytes."""
         self._ctx.store.blocking.delete_file(tenant, file_id)
-        self._ctx.objects.delete(file_key(file_id))
+        self._ctx.objects.for_tenant(tenant).delete(file_key(file_id))
 
     async def results(self, tenant: str, message_batch_id: str) -> Iterator[bytes]:
         """A (blocking) iterator over the batch's result lines; 400 before it has ended."""
@@ -167,7 +168,7 @@ class MessageBatches:
     def _result_lines(self, record: BatchRecord) -> Iterator[bytes]:
         """The result lines: from the result files, or, for a batch that ended before it
         was planned, one line per request of its input."""
-        objects = self._ctx.objects
+        objects = self._ctx.objects.for_tenant(record.tenant)
         if record.request_counts.total == 0:
             with contextlib.suppress(ObjectNotFoundError):
                 for raw in lines_of(objects.iter_chunks(file_key(record.input_file_id))):

@@ -94,7 +94,8 @@ class JobOperations:
         ctx = self._ctx
         file_id = new_file_id()
         key = file_key(file_id)
-        num_bytes = await store_stream(ctx.objects, key, chunks, ctx.config.max_file_bytes)
+        objects = ctx.objects.for_tenant(tenant)
+        num_bytes = await store_stream(objects, key, chunks, ctx.config.max_file_bytes)
         try:
             if "purpose" not in form.fields:
                 raise InvalidRequest("missing required parameter: 'purpose'", param="purpose")
@@ -109,7 +110,7 @@ class JobOperations:
             )  # fmt: skip
             await ctx.store.create_file(record)
         except BaseException:
-            await asyncio.to_thread(ctx.objects.delete, key)
+            await asyncio.to_thread(objects.delete, key)
             raise
         return record
 
@@ -140,7 +141,7 @@ class JobOperations:
     async def file_content(self, tenant: str, file_id: str) -> tuple[FileRecord, Iterator[bytes]]:
         """The file and a (blocking) iterator over its bytes."""
         record = await self.get_file(tenant, file_id)
-        return record, self._ctx.objects.iter_chunks(record.object_key)
+        return record, self._ctx.objects.for_tenant(tenant).iter_chunks(record.object_key)
 
     async def delete_file(self, tenant: str, file_id: str) -> None:
         """Delete the file; its bytes stay while an unfinished batch still reads them."""
@@ -149,7 +150,7 @@ class JobOperations:
         await ctx.store.delete_file(tenant, file_id)
         active = await ctx.store.batches_in_status(ACTIVE_BATCH_STATUSES)
         if all(batch.input_file_id != file_id for batch in active):
-            await asyncio.to_thread(ctx.objects.delete, record.object_key)
+            await asyncio.to_thread(ctx.objects.for_tenant(tenant).delete, record.object_key)
 
     # -- batches ---------------------------------------------------------------------------
 

@@ -95,7 +95,9 @@ class ShardAttempt:
         self._lines = LineCaller(
             ctx.run_request, batch.endpoint, batch.id, ctx.retry, payer, sleep=ctx.sleep
         )
-        self._checkpoints = PieceCheckpoints(ctx.objects, lease.batch_id, lease.index)
+        # The batch's tenant's store: a pinned tenant's shards are read and written there.
+        self._objects = ctx.objects.for_tenant(batch.tenant)
+        self._checkpoints = PieceCheckpoints(self._objects, lease.batch_id, lease.index)
         self._cache = ResultCache(ctx.store) if ctx.config.result_cache else None
         self._cache_entries: list[tuple[str, bytes]] = []
         self._pieces: list[Piece] = []
@@ -139,7 +141,7 @@ class ShardAttempt:
     def _load_lines(self) -> list[Line]:
         """The shard's request lines (blocking): at most one shard's bytes in memory."""
         lease = self._lease
-        raw_lines = self._ctx.objects.read_lines(
+        raw_lines = self._objects.read_lines(
             file_key(self._batch.input_file_id), lease.byte_start, lease.byte_end
         )
         lines = list(shard_requests(raw_lines, lease.first_line))
@@ -343,7 +345,7 @@ class ShardAttempt:
         keys = {output_key: sink.outputs, error_key: sink.errors}
         written = {key: spool for key, spool in keys.items() if spool.num_records}
         for key, spool in written.items():
-            ctx.objects.put_stream(key, spool.chunks())
+            self._objects.put_stream(key, spool.chunks())
         store = ctx.store.blocking
         is_held = store.renew_lease(lease, ctx.clock(), ctx.config.lease_s)
         if not is_held or not store.commit_shard(
@@ -356,7 +358,7 @@ class ShardAttempt:
             usage=self._usage.peek(),
         ):
             for key in written:
-                ctx.objects.delete(key)
+                self._objects.delete(key)
             return AttemptOutcome.LOST
         if self._pieces:
             self._checkpoints.delete(self._pieces)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from conveyor.jobs.context import JobCounters, JobsContext
 from conveyor.jobs.fair_share import FairShare
 from conveyor.jobs.line_caller import RunRequest
 from conveyor.jobs.message_batches import MessageBatches
+from conveyor.jobs.object_stores import open_tenant_object_stores, tenant_object_store_urls
 from conveyor.jobs.operations import JobOperations
 from conveyor.jobs.runner import ShardRunner
 from conveyor.jobs.stalls import StallReporter
@@ -49,7 +50,7 @@ class JobsSubsystem:
         fair_share: FairShare | None = None,
         budgets: MonthlyBudgets | None = None,
         batch_queue_tokens: Callable[[str, str], int | None] | None = None,
-        tenant_regions: Mapping[str, frozenset[str]] | None = None,
+        tenant_regions: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """Nothing is opened before `start`.
 
@@ -60,7 +61,8 @@ class JobsSubsystem:
         tenant's batch lines while its monthly budget is spent. `batch_queue_tokens(tenant,
         model)` bounds the input tokens of a tenant's active batches (None: unbounded).
         `tenant_regions` pins tenants to regions: shards of their batches are claimed only
-        by a process whose `config.region` is one of them.
+        by a process whose `config.region` is one of them, and their files live in their
+        first region's object store (`ConfigError` here when it has none).
         """
         self.config = config
         self._data_dir = data_dir
@@ -72,6 +74,10 @@ class JobsSubsystem:
         self.budgets = budgets or MonthlyBudgets({})
         self._batch_queue_tokens = batch_queue_tokens
         self._tenant_regions = dict(tenant_regions or {})
+        self._object_store_url = config.object_store_url_for(data_dir)
+        self._tenant_store_urls = tenant_object_store_urls(
+            self._tenant_regions, config.region_object_store_urls, self._object_store_url
+        )
         self._ctx: JobsContext | None = None
         self._api: JobOperations | None = None
         self._message_batches: MessageBatches | None = None
@@ -113,8 +119,9 @@ class JobsSubsystem:
             open_job_store, cfg.job_store_url_for(self._data_dir), postgres_timeouts=timeouts
         )
         objects = await asyncio.to_thread(
-            open_object_store, cfg.object_store_url_for(self._data_dir)
-        )
+            open_tenant_object_stores,
+            self._object_store_url, self._tenant_store_urls, open_object_store,
+        )  # fmt: skip
         ctx = JobsContext(
             store=AsyncJobStore(store), objects=objects, config=cfg,
             worker_id=cfg.resolved_worker_id(),

@@ -145,7 +145,7 @@ class Supervisor:
         """Blocking: stream the input once, validating and planning shards."""
         cfg = self._ctx.config
         return plan_batch(
-            self._ctx.objects, file_key(batch.input_file_id),
+            self._ctx.objects.for_tenant(batch.tenant), file_key(batch.input_file_id),
             endpoint=batch.endpoint, is_model_served=self._ctx.is_model_served,
             lines_per_shard=cfg.lines_per_shard,
             max_requests=max_requests_of(cfg, batch.endpoint),

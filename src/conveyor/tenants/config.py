@@ -58,7 +58,8 @@ class TenantConfig(_Strict):
         default=None,
         min_length=1,
         description="Residency: only workers in these regions serve its requests and batch "
-        "lines (none up: 503, never another region). Unset: any region.",
+        "lines (none up: 503, never another region); its batch files stay in the first "
+        "one's object store. Unset: any region.",
     )
 
 
@@ -134,9 +135,10 @@ class TenancyConfig(_Strict):
         return self.limits_for(tenant, model).batch_queue_tokens
 
     @property
-    def regions(self) -> dict[str, frozenset[str]]:
-        """The regions each resident tenant is pinned to (unpinned tenants are absent)."""
-        return {t.name: frozenset(t.regions) for t in self.tenants if t.regions}
+    def regions(self) -> dict[str, tuple[str, ...]]:
+        """The regions each resident tenant is pinned to, in its order (the first holds its
+        batch files); unpinned tenants are absent."""
+        return {t.name: tuple(dict.fromkeys(t.regions)) for t in self.tenants if t.regions}
 
     @property
     def weights(self) -> dict[str, float]:

@@ -7,7 +7,8 @@ everything answers and the resident tenant's requests and batch lines all run in
 Then eu is killed: the resident tenant gets 503 (``no_worker_in_region``) and its new
 batch waits, never run in us; the other tenant's traffic moves to us through the
 failover ramp (429 with ``Retry-After`` beyond it), and every one of its requests is
-answered in the end.
+answered in the end. The resident tenant's batch files are kept in eu's object store, and
+a us worker called directly refuses the resident tenant too.
 """
 
 from __future__ import annotations
@@ -103,15 +104,22 @@ class RoamingLoad:
 
 
 def start_region(fleet: Fleet, tmp_path: Path, region: str, names: str, dim: int) -> Proc:
-    """The region's workers and its gateway (shared objects directory, its own config)."""
+    """The region's workers and its gateway (shared objects directories, its own config):
+    the resident tenant's files go to eu's store, the others' to the default one."""
     path = tmp_path / f"{region}.yaml"
     path.write_text(yaml.safe_dump(config(dim)))
-    objects = ("--objects", str(tmp_path / "objects"))
+    objects = ("--objects", str(tmp_path / "objects"),
+               "--region-objects", f"eu={tmp_path / 'objects-eu'}")  # fmt: skip
     for name in names:
         fleet.spawn_worker(name, config=config(dim), extra_args=(*objects, "--region", region))
     gateway_args = ("--config", str(path), *objects, "--region", region,
                     "--failover-ramp-s", str(RAMP_S))  # fmt: skip
     return fleet.start_gateway(f"gateway-{region}", extra_args=gateway_args)
+
+
+def holds(directory: Path, data: bytes) -> bool:
+    """Whether any object under ``directory`` holds ``data``."""
+    return any(data in p.read_bytes() for p in directory.rglob("*") if p.is_file())
 
 
 def resident_batch(gateway: Proc, tag: str) -> tuple[openai.OpenAI, Any]:
@@ -138,12 +146,17 @@ def test_a_lost_region_keeps_residents_home_and_ramps_the_others_over(
         before = [embed(client, gateway, "resident") for gateway in (eu, us) for _ in range(10)]
         assert {(r.status_code, dim_of(r)) for r in before} == {(200, 4)}  # never us
         assert embed(client, us, "roaming").status_code == 200
+        # Straight to us's worker, past every gateway: the worker refuses the resident too.
+        direct = embed(client, next(p for p in fleet.procs if p.name == "c"), "resident")
+        assert direct.status_code == 503
+        assert direct.json()["error"]["code"] == "tenant_not_resident_here"
     eu_client, eu_batch = resident_batch(eu, "home")
     done = finished(eu_client, eu_batch.id)
     outputs, errors = results(eu_client, done)
     assert errors == [] and {
         len(o["response"]["body"]["data"][0]["embedding"]) for o in outputs
     } == {4}
+    assert holds(tmp_path / "objects-eu", b"home-") and not holds(tmp_path / "objects", b"home-")
 
     for proc in fleet.procs:
         if proc.name in ("a", "b", "gateway-eu"):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from conveyor.fleet.regions import RegionSettings, in_regions, prefer_home
+from conveyor.fleet.regions import RegionSettings, in_regions, may_serve, prefer_home
 from conveyor.fleet.router import Ejections, Router, WorkerView
 
 M = "m"
@@ -75,3 +75,9 @@ def test_the_router_prefers_its_home_region_until_it_is_busier_than_the_bound() 
         for _ in range(3):
             router.acquire(name)
     assert {picked(router) for _ in range(40)} & {"us1", "plain"}
+
+
+def test_may_serve_only_inside_a_pinned_tenants_regions() -> None:
+    assert may_serve(None, "eu") and may_serve(None, None)
+    assert may_serve(("eu", "us"), "us") and may_serve(frozenset({"eu"}), "eu")
+    assert not may_serve(("eu",), "us") and not may_serve(("eu",), None)

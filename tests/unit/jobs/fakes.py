@@ -14,6 +14,7 @@ from conveyor.fakes import MemoryObjectStore
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.context import JobsContext
 from conveyor.jobs.keys import file_key
+from conveyor.jobs.object_stores import TenantObjectStores
 from conveyor.jobs.store import AsyncJobStore
 from conveyor.stores import JobStore, open_job_store
 from conveyor.stores.records import BatchRecord, BatchStatus, FileRecord, new_batch_id, new_file_id
@@ -98,9 +99,11 @@ def make_ctx(
     endpoint: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None,
     clock: Clock | None = None,
     worker_id: str = "w1",
+    tenant_objects: dict[str, MemoryObjectStore] | None = None,
     **config: Any,
 ) -> JobsContext:
-    """A context over an in-memory SQLite store and object store, with fast settings."""
+    """A context over an in-memory SQLite store and object stores, with fast settings:
+    ``objects`` is the default store, ``tenant_objects`` the stores of pinned tenants."""
     settings = {"lease_s": 30.0, "renew_every_s": 0.01, "poll_every_s": 0.01,
                 "retry_base_s": 0.001, "retry_max_s": 0.002, **config}  # fmt: skip
 
@@ -109,7 +112,7 @@ def make_ctx(
 
     return JobsContext(
         store=AsyncJobStore(store or open_job_store("sqlite://:memory:")),
-        objects=objects or MemoryObjectStore(),
+        objects=TenantObjectStores(objects or MemoryObjectStore(), tenant_objects or {}),
         config=JobsConfig(**settings),
         worker_id=worker_id,
         run_request=endpoint or FakeEndpoint(),
@@ -125,7 +128,7 @@ _counter = itertools.count()
 def upload(ctx: JobsContext, data: bytes, tenant: str = "t") -> FileRecord:
     """Store an input file and its record."""
     file_id = new_file_id()
-    ctx.objects.put_stream(file_key(file_id), [data])
+    ctx.objects.for_tenant(tenant).put_stream(file_key(file_id), [data])
     record = FileRecord(id=file_id, tenant=tenant, filename="in.jsonl", purpose="batch",
                         bytes=len(data), created_at=next(_counter), object_key=file_key(file_id))  # fmt: skip
     ctx.store.blocking.create_file(record)
@@ -149,9 +152,9 @@ def status_of(ctx: JobsContext, batch_id: str) -> BatchStatus:
     return batch.status
 
 
-def records(ctx: JobsContext, file_id: str | None) -> list[dict[str, Any]]:
-    """The JSONL records of a result file (empty for None)."""
+def records(ctx: JobsContext, file_id: str | None, tenant: str = "t") -> list[dict[str, Any]]:
+    """The JSONL records of a result file of ``tenant`` (empty for None)."""
     if file_id is None:
         return []
-    data = b"".join(ctx.objects.iter_chunks(file_key(file_id)))
+    data = b"".join(ctx.objects.for_tenant(tenant).iter_chunks(file_key(file_id)))
     return [orjson.loads(line) for line in data.splitlines()]

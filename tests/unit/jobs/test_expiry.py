@@ -95,8 +95,10 @@ async def test_an_expiring_upload_is_deleted_by_the_supervisor_once_due() -> Non
     await supervisor.tick()
     with pytest.raises(NotFound):
         await api.get_file("t", record.id)
-    assert not ctx.objects.exists(file_key(record.id))
-    assert (await api.get_file("t", kept.id)) == kept and ctx.objects.exists(file_key(kept.id))
+    assert not ctx.objects.default.exists(file_key(record.id))
+    assert (await api.get_file("t", kept.id)) == kept and ctx.objects.default.exists(
+        file_key(kept.id)
+    )
 
 
 async def test_a_bad_expires_after_stores_nothing() -> None:
@@ -105,7 +107,7 @@ async def test_a_bad_expires_after_stores_nothing() -> None:
         await upload(api, expiring_form(b"x\n", "59"))
     with pytest.raises(InvalidRequest, match="anchor"):
         await upload(api, expiring_form(b"x\n", "3600", anchor="now"))
-    assert ctx.objects.objects == {}
+    assert ctx.objects.default.objects == {}
 
 
 async def test_an_expired_input_keeps_its_bytes_until_its_batch_ends() -> None:
@@ -118,10 +120,10 @@ async def test_an_expired_input_keeps_its_bytes_until_its_batch_ends() -> None:
     await supervisor.tick()
     with pytest.raises(NotFound):
         await api.get_file("t", record.id)
-    assert ctx.objects.exists(file_key(record.id))
+    assert ctx.objects.default.exists(file_key(record.id))
     await run_all(ctx)
     await supervisor.tick()
-    assert not ctx.objects.exists(file_key(record.id))
+    assert not ctx.objects.default.exists(file_key(record.id))
 
 
 async def test_output_expires_after_dates_the_result_files_which_then_expire() -> None:
@@ -148,7 +150,7 @@ async def test_output_expires_after_dates_the_result_files_which_then_expire() -
     await supervisor.tick()
     with pytest.raises(NotFound):
         await api.get_file("t", done.output_file_id)
-    assert not ctx.objects.exists(output.object_key)
+    assert not ctx.objects.default.exists(output.object_key)
     assert (await api.get_file("t", record.id)) == record  # the input had no expiry
 
 

@@ -63,11 +63,11 @@ async def test_finalizing_twice_writes_the_same_files() -> None:
     stale = ctx.store.blocking.get_batch_any(batch_id)
     assert Finalizer(ctx).try_finalize(stale)
     batch = ctx.store.blocking.get_batch_any(batch_id)
-    first = ctx.objects.objects[file_key(batch.output_file_id)]  # type: ignore[attr-defined]
+    first = ctx.objects.default.objects[file_key(batch.output_file_id)]  # type: ignore[attr-defined]
     assert not Finalizer(ctx).try_finalize(stale)  # lost the race: nothing changes
-    assert ctx.objects.objects[file_key(batch.output_file_id)] == first  # type: ignore[attr-defined]
+    assert ctx.objects.default.objects[file_key(batch.output_file_id)] == first  # type: ignore[attr-defined]
     assert status_of(ctx, batch_id) is BatchStatus.COMPLETED
-    assert not [k for k in ctx.objects.objects if k.startswith("batches/")]  # type: ignore[attr-defined]
+    assert not [k for k in ctx.objects.default.objects if k.startswith("batches/")]  # type: ignore[attr-defined]
 
 
 async def test_a_bad_input_fails_the_batch_listing_every_bad_line() -> None:
@@ -85,7 +85,7 @@ async def test_a_bad_input_fails_the_batch_listing_every_bad_line() -> None:
 async def test_a_missing_input_object_fails_the_batch() -> None:
     ctx = make_ctx()
     source = upload(ctx, input_file(2))
-    ctx.objects.delete(file_key(source.id))
+    ctx.objects.default.delete(file_key(source.id))
     batch = create_batch(ctx, source.id)
     await Supervisor(ctx, asyncio.Event()).tick()
     assert [e.code for e in ctx.store.blocking.get_batch_any(batch.id).errors] == ["file_not_found"]

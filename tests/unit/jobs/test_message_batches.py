@@ -109,7 +109,7 @@ async def test_delete_needs_an_ended_batch_and_takes_its_files() -> None:
     assert ctx.store.blocking.get_file("t", ended.output_file_id) is None
     for file_id in (ended.input_file_id, ended.output_file_id, ended.error_file_id):
         assert ctx.store.blocking.get_file("t", file_id) is None
-        assert not ctx.objects.exists(file_key(file_id))
+        assert not ctx.objects.default.exists(file_key(file_id))
 
 
 async def test_pages_hold_only_the_tenants_message_batches() -> None:

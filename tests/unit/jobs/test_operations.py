@@ -59,7 +59,7 @@ async def test_uploads_stream_the_file_part_whatever_the_chunking(chunk: int) ->
     data = input_file(20)
     record = await upload(api, form(data), chunk=chunk)
     assert record.bytes == len(data) and record.filename == "in.jsonl"
-    assert ctx.objects.objects[file_key(record.id)] == data
+    assert ctx.objects.default.objects[file_key(record.id)] == data
     assert (await api.get_file("t", record.id)).purpose == "batch"
 
 
@@ -69,7 +69,7 @@ async def test_a_late_purpose_is_still_checked() -> None:
     assert record.purpose == "batch"
     with pytest.raises(InvalidRequest, match="purpose"):
         await upload(api, form(b"x\n", purpose="fine-tune", purpose_first=False))
-    assert list(ctx.objects.objects) == [file_key(record.id)]
+    assert list(ctx.objects.default.objects) == [file_key(record.id)]
 
 
 async def test_bad_uploads_store_nothing() -> None:
@@ -84,7 +84,7 @@ async def test_bad_uploads_store_nothing() -> None:
         await upload(api, f"--{BOUNDARY}--\r\n".encode())
     with pytest.raises(InvalidRequest, match="multipart"):
         MultipartStream("application/json")
-    assert ctx.objects.objects == {} and ctx.store.blocking.list_files("t") == []
+    assert ctx.objects.default.objects == {} and ctx.store.blocking.list_files("t") == []
 
 
 async def test_other_tenants_see_nothing() -> None:
@@ -186,9 +186,9 @@ async def test_a_file_deleted_while_a_batch_reads_it_is_removed_when_the_batch_e
     await api.delete_file("t", record.id)
     with pytest.raises(NotFound):
         await api.get_file("t", record.id)
-    assert ctx.objects.exists(file_key(record.id))
+    assert ctx.objects.default.exists(file_key(record.id))
     supervisor = Supervisor(ctx, asyncio.Event())
     await supervisor.tick()
     await run_all(ctx)
     await supervisor.tick()
-    assert not ctx.objects.exists(file_key(record.id))
+    assert not ctx.objects.default.exists(file_key(record.id))

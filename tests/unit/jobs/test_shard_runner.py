@@ -145,7 +145,9 @@ async def test_a_lost_lease_commits_nothing_and_the_new_holder_finishes() -> Non
     assert taken is not None and taken.attempt == 2
     assert await attempt.run() is AttemptOutcome.LOST
     endpoint.blocked.clear()
-    other = make_ctx(store=ctx.store.blocking, objects=ctx.objects, clock=ctx.clock, worker_id="w2")
+    other = make_ctx(
+        store=ctx.store.blocking, objects=ctx.objects.default, clock=ctx.clock, worker_id="w2"
+    )
     assert await ShardAttempt(other, taken, ctx.store.blocking.get_batch_any(batch_id),
                               asyncio.Event()).run() is AttemptOutcome.COMMITTED  # fmt: skip
     found = await finish(ctx, batch_id)
@@ -210,7 +212,9 @@ async def test_counts_never_go_back_when_a_lost_shard_reruns(store: str) -> None
     assert counts.now() == (6, 0)  # the new attempt starts over; the figure holds
     assert await lost is AttemptOutcome.LOST
     endpoint.blocked.clear()
-    other = make_ctx(store=ctx.store.blocking, objects=ctx.objects, clock=ctx.clock, worker_id="w2")
+    other = make_ctx(
+        store=ctx.store.blocking, objects=ctx.objects.default, clock=ctx.clock, worker_id="w2"
+    )
     rerun = ShardAttempt(other, taken, ctx.store.blocking.get_batch_any(batch_id), asyncio.Event())
     assert await rerun.run() is AttemptOutcome.COMMITTED
     found = await finish(ctx, batch_id)
@@ -260,7 +264,7 @@ async def test_a_line_that_keeps_crashing_is_isolated_by_bisection() -> None:
     assert isolated["custom_id"] == "r5" and isolated["error"]["code"] == "request_isolated"
     assert runner.num_committed == 1 and runner.num_failed_attempts == 5
     assert endpoint.calls.count("text-0") == 3  # twice whole, once in its piece; then reused
-    assert not [k for k in ctx.objects.objects if "/pieces/" in k]  # type: ignore[attr-defined]
+    assert not [k for k in ctx.objects.default.objects if "/pieces/" in k]  # type: ignore[attr-defined]
 
 
 async def test_the_result_cache_answers_repeated_lines() -> None:

@@ -20,3 +20,11 @@ def test_weights_budgets_queue_bounds_and_half_life_come_from_the_config() -> No
     assert tenancy.batch_queue_tokens("a", "llama") == 70
     assert tenancy.batch_queue_tokens("a", "other") == 5000
     assert tenancy.batch_queue_tokens("b", "llama") is None
+
+
+def test_regions_keep_the_configured_order_so_the_first_is_the_home() -> None:
+    config = ServerConfig.model_validate({
+        "tenants": [{"name": "a", "regions": ["us", "eu", "us"]}, {"name": "b", "regions": ["eu"]},
+                    {"name": "c"}],
+    })  # fmt: skip
+    assert config.tenancy.regions == {"a": ("us", "eu"), "b": ("eu",)}
