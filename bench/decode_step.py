@@ -9,7 +9,7 @@ median step. ``--profile`` adds the top operators of one round per option.
 
     python -m bench.decode_step --batch 16,64 --rounds 5 --steps 10
 
-Writes ``decode_step.json`` into ``--out`` (default ``bench/results``).
+Writes ``decode_step.json`` and ``decode_step.png`` into ``--out`` (default ``bench/results``).
 """
 
 from __future__ import annotations
@@ -122,6 +122,31 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     }
 
 
+def write_png(path: Path, batches: dict[str, Any]) -> None:
+    """Median step ms per batch size, eager beside compiled (skipped without matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: {path.name} not written", flush=True)
+        return
+    matplotlib.use("Agg")  # no display: render to a file only
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.38
+    for i, name in enumerate(OPTIONS):
+        values = [batches[batch]["step_ms_median"][name] for batch in batches]
+        positions = [j + (i - 0.5) * width for j in range(len(batches))]
+        ax.bar(positions, values, width, label=name)
+    ax.set_xticks(range(len(batches)), [f"batch {batch}" for batch in batches])
+    ax.set_ylabel("decode step, median ms")
+    ax.set_title("SmolLM2 decode step: eager vs compiled attention")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -154,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         **results,
     }
     write_json(args.out / "decode_step.json", report)
+    write_png(args.out / "decode_step.png", results["batches"])
     return 0
 
 
