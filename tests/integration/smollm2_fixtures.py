@@ -101,11 +101,12 @@ def smollm2_tokenizer(smollm2_path: Path) -> Tokenizer:
 def smollm2_runner(smollm2_path: Path) -> ModelRunner:
     """Conveyor's float32 runner on the CPU, with room for every engine the tests build."""
     from conveyor.engine.model.model_runner import ModelRunner
+    from conveyor.fakes.checkpoints import enforce_eager_under_test
 
     with shared_gguf_reads():
         return ModelRunner(
             smollm2_path, num_kv_blocks=SMOLLM2_KV_BLOCKS, block_size=SMOLLM2_BLOCK_SIZE,
-            device="cpu", dtype="float32",
+            device="cpu", dtype="float32", enforce_eager=enforce_eager_under_test(),
         )  # fmt: skip
 
 

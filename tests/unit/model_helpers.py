@@ -20,7 +20,11 @@ from conveyor.engine.outputs import FinishReason, GenerationOutput
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
-from conveyor.fakes.checkpoints import device_under_test, dtype_under_test
+from conveyor.fakes.checkpoints import (
+    device_under_test,
+    dtype_under_test,
+    enforce_eager_under_test,
+)
 from conveyor.host.service import Service
 from conveyor.priority import Priority
 
@@ -50,6 +54,7 @@ def make_runner(path: Path, config: EngineConfig) -> ModelRunner:
         block_size=config.block_size,
         device=device_under_test(),
         dtype=dtype_under_test(),
+        enforce_eager=enforce_eager_under_test(),
     )
 
 

@@ -338,6 +338,11 @@ class GenerateModelConfig(Strict):
         description="CPU cores (Linux ids) the engine thread and its torch threads are pinned "
         "to (null: not pinned).",
     )
+    enforce_eager: bool = Field(
+        default=True,
+        description="engine: conveyor: run every op eagerly (false: compile the CPU decode "
+        "attention, reading the paged KV cache in place, at start-up; a few seconds).",
+    )
     lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
     kv_offload: KVOffloadConfig | None = Field(
         default=None, description="Keep evicted KV blocks in host memory or on disk (none: off)."

@@ -37,6 +37,7 @@ ModelSize = Literal["tiny", "bench"]
 TEST_DEVICE_ENV = "CONVEYOR_TEST_DEVICE"
 # Their dtype: "float32" unless set; greedy parity with HF holds token for token in float32.
 TEST_DTYPE_ENV = "CONVEYOR_TEST_DTYPE"
+TEST_EAGER_ENV = "CONVEYOR_TEST_ENFORCE_EAGER"
 
 
 def device_under_test() -> str:
@@ -51,6 +52,15 @@ def dtype_under_test() -> torch.dtype:
     if name not in dtypes:
         raise ValueError(f"{TEST_DTYPE_ENV} must be one of {sorted(dtypes)}, got {name!r}")
     return dtypes[name]
+
+
+def enforce_eager_under_test() -> bool:
+    """Whether those tests run eager (``CONVEYOR_TEST_ENFORCE_EAGER``, default "1"; "0"
+    compiles the CPU decode attention, paying its compile once per test process)."""
+    value = os.environ.get(TEST_EAGER_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{TEST_EAGER_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 BOS_TOKEN = "<s>"

@@ -11,6 +11,7 @@ import torch
 from conveyor.config.model_config import GenerateModelConfig
 from conveyor.engine.generator_factory import DEFAULT_CPU_KV_CACHE_TOKENS, load_generator
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
+from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.errors import ConfigError
 from conveyor.observability.metrics import Metrics
 
@@ -110,3 +111,18 @@ def test_a_host_tier_smaller_than_a_block_is_refused(llama_path: Path) -> None:
 def test_kv_offload_on_the_vllm_engine_is_refused_not_yet(llama_path: Path) -> None:
     with pytest.raises(ValueError, match="kv_offload is not yet available on engine: vllm"):
         model_config(llama_path, engine="vllm", kv_offload={"host_bytes": 1 << 20})
+
+
+@pytest.mark.slow  # the compiled case compiles (seconds; more on a busy machine)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("enforce_eager", [True, False])
+def test_enforce_eager_reaches_the_runner(llama_path: Path, enforce_eager: bool) -> None:
+    config = model_config(llama_path, enforce_eager=enforce_eager)
+    assert model_config(llama_path).enforce_eager is True  # eager unless asked
+    generator = load_generator(config, Metrics().for_generator("tiny"))
+    try:
+        runner = generator.engine._runner
+        assert isinstance(runner, ModelRunner)
+        assert (runner.compiled_decode is None) is enforce_eager
+    finally:
+        generator.stop()

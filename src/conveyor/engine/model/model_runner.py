@@ -20,6 +20,11 @@ from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.decode_buckets import plan_decode_buckets
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
 from conveyor.engine.model.layers.linear import Linear
+from conveyor.engine.model.layers.paged_attention import (
+    CompiledDecodeAttention,
+    cache_at_offset,
+    compile_decode_attention,
+)
 from conveyor.engine.model.llama import LlamaDecoder
 from conveyor.engine.model.lora.runtime import LoraRuntime
 from conveyor.engine.model.prompt_scoring import score_rows, scoring_rows
@@ -166,6 +171,8 @@ class ModelRunner:
     is a bucket's fixed cost in blocks read (default: by device, see ``decode_buckets``).
     ``prepack_weights`` gives bfloat16 projections on the CPU a oneDNN-blocked copy of
     their weights (see ``Linear.prepack``; it costs the projections' weight memory again).
+    ``enforce_eager`` False compiles the CPU decode attention (``paged_attention``) at
+    start-up, :attr:`compile_s` seconds; no LoRA, other devices, and the default stay eager.
     """
 
     def __init__(
@@ -180,6 +187,7 @@ class ModelRunner:
         decode_bucket_cost_blocks: float | None = None,
         lora: LoraRuntime | None = None,
         prepack_weights: bool = True,
+        enforce_eager: bool = True,
     ) -> None:
         if num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
@@ -211,6 +219,12 @@ class ModelRunner:
         self.kv_caches = [
             (self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(len(self.kv_cache))
         ]
+        self.compiled_decode: CompiledDecodeAttention | None = None
+        self.compile_s = 0.0
+        if not enforce_eager and self.device.type == "cpu" and lora is None:
+            self.compiled_decode, self.compile_s = compile_decode_attention(
+                self.model, self.kv_caches[0]
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -305,7 +319,8 @@ class ModelRunner:
         try:
             # Zeroed, not empty: padded decode attention reads unused slots with weight 0,
             # and 0 * NaN from uninitialised memory would still poison the output.
-            cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            # Off storage offset 0, so one compiled decode attention serves every layer.
+            cache = cache_at_offset(shape, self.dtype, self.device)
         except RuntimeError as error:
             if not _is_out_of_memory(error):
                 raise

@@ -174,3 +174,37 @@ def test_prepacked_bfloat16_weights_give_the_same_greedy_tokens(llama_path: Path
         return tokens
 
     assert greedy(True) == greedy(False)
+
+
+def _greedy_decodes(runner: ModelRunner, num_steps: int) -> list[list[int]]:
+    """Three sequences prefilled, then decoded greedily together for ``num_steps`` steps."""
+    tokens = [[5, 9, 11, 4, 7, 2, 8, 9, 3], [3, 8, 6], [4, 4, 5, 6, 7, 8]]
+    tables = [(0, 1, 2, 3, 4), (5, 6, 7, 8, 9), (10, 11, 12, 13, 14)]
+    chunks = [SeqChunk(tuple(t), 0, tables[i], True) for i, t in enumerate(tokens)]
+    for _ in range(num_steps):
+        picked = runner.execute(chunks).argmax(-1).tolist()
+        for i, token in enumerate(picked):
+            tokens[i].append(token)
+        chunks = [
+            SeqChunk((tokens[i][-1],), len(tokens[i]) - 1, tables[i], True)
+            for i in range(len(tokens))
+        ]
+    return tokens
+
+
+@pytest.mark.slow  # compiles (seconds; more on a busy machine)
+@pytest.mark.timeout(240)
+def test_compiled_decode_attention_gives_the_same_greedy_tokens(llama_path: Path) -> None:
+    def runner(enforce_eager: bool) -> ModelRunner:
+        return ModelRunner(
+            llama_path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, device="cpu",
+            dtype="float32", enforce_eager=enforce_eager,
+        )  # fmt: skip
+
+    eager, compiled = runner(True), runner(False)
+    assert eager.compiled_decode is None and eager.compile_s == 0.0
+    assert compiled.compiled_decode is not None and compiled.compile_s > 0
+    assert _greedy_decodes(compiled, 6) == _greedy_decodes(eager, 6)
+    # Every decode bucket of two rows or more went through the graph, none fell back.
+    assert compiled.compiled_decode.num_calls > 0
+    assert compiled.compiled_decode.num_fallbacks == 0

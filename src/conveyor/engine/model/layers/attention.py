@@ -9,6 +9,8 @@ length, so each row costs about its own context, not the step's longest.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,6 +26,9 @@ from conveyor.engine.model.step_inputs import (
     PrefillSpan,
     StepInput,
 )
+
+if TYPE_CHECKING:
+    from conveyor.engine.model.layers.paged_attention import CompiledDecodeAttention
 
 __all__ = ["Attention", "decode_attention", "grouped_attention"]
 
@@ -117,6 +122,8 @@ class Attention(nn.Module):
         if config.has_qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device=device, dtype=dtype)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device=device, dtype=dtype)
+        # Decode buckets read the cache in place through this, where set (see paged_attention).
+        self.paged_decode: CompiledDecodeAttention | None = None
 
     def forward(
         self,
@@ -148,7 +155,7 @@ class Attention(nn.Module):
         for seq, mask in zip(step.prefills, masks.prefill, strict=True):
             out[seq.token_start : seq.token_end] = self._attend_prefill(q, k, v, seq, mask, blocks)
         if step.decode is not None:
-            decoded = self._attend_decode(q, step.decode, masks.decode, blocks)
+            decoded = self._attend_decode(q, step.decode, masks.decode, blocks, kv_cache)
             out.index_copy_(0, step.decode.token_indices, decoded)
         projected: torch.Tensor = self.o_proj(out.view(num_tokens, self.num_heads * self.head_dim))
         return projected
@@ -198,6 +205,7 @@ class Attention(nn.Module):
         decode: DecodeBatch,
         masks: list[torch.Tensor | None],
         blocks: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         """All single-token sequences, a bucket per call; returns [B, heads, head_dim]."""
         # [B, heads, dim] -> [B, heads, 1 (query), dim]
@@ -205,7 +213,7 @@ class Attention(nn.Module):
         out = torch.empty_like(queries)
         for bucket, mask in zip(decode.buckets, masks, strict=True):
             out[bucket.row_start : bucket.row_end] = self._attend_bucket(
-                queries, bucket, mask, blocks
+                queries, bucket, mask, blocks, kv_cache
             )
         return out.squeeze(2)
 
@@ -215,10 +223,16 @@ class Attention(nn.Module):
         bucket: DecodeBucket,
         mask: torch.Tensor | None,
         blocks: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         """One bucket of decode rows over their padded block tables."""
-        keys, values = self._gather(blocks, bucket.block_tables)
         rows = queries[bucket.row_start : bucket.row_end]
+        if self.paged_decode is not None and mask is not None:
+            tables = bucket.block_tables
+            in_place = self.paged_decode(rows.squeeze(2), *kv_cache, tables, mask)
+            if in_place is not None:
+                return in_place.unsqueeze(2)
+        keys, values = self._gather(blocks, bucket.block_tables)
         if rows.device.type == "cpu":
             return decode_attention(rows, keys, values, mask)
         return grouped_attention(rows, keys.transpose(1, 2), values.transpose(1, 2), mask)
