@@ -53,8 +53,10 @@ async def client(
         yield http
 
 
-async def _complete(client: httpx.AsyncClient, request_id: str) -> None:
-    body = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": MAX_TOKENS,
+async def _complete(
+    client: httpx.AsyncClient, request_id: str, max_tokens: int = MAX_TOKENS
+) -> None:
+    body = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": max_tokens,
             "ignore_eos": True, "temperature": 0}  # fmt: skip
     answer = await client.post("/v1/completions", json=body, headers={"x-request-id": request_id})
     assert answer.status_code == 200, answer.text
@@ -90,7 +92,9 @@ async def test_a_completion_gets_a_queue_wait_span_and_linked_step_spans(
 async def test_a_step_serving_two_requests_links_both(
     client: httpx.AsyncClient, exporter: InMemorySpanExporter
 ) -> None:
-    await asyncio.gather(_complete(client, "gen-a"), _complete(client, "gen-b"))
+    # Long enough answers that the second request reaches the engine while the first still
+    # decodes, even on a loaded machine (4 tokens each sometimes ran one after the other).
+    await asyncio.gather(*(_complete(client, f"gen-{n}", max_tokens=64) for n in "ab"))
     spans = exporter.get_finished_spans()
     servers = {
         s.attributes["conveyor.request_id"]: s.context.span_id
