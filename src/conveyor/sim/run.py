@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.sim.clock import Clock
+from conveyor.sim.counted_worker import CountedLlmWorker
 from conveyor.sim.faults import schedule_faults
 from conveyor.sim.fleet import Fleet, build_fleet, heartbeat, sample, send_to_gateway
 from conveyor.sim.jobs import BatchJob, JobRunner
@@ -47,7 +48,8 @@ def simulate(scenario: Scenario, seed: int | None = None) -> Run:
     spec = scenario.fleet
     if spec is None:
         raise ValueError("the scenario has no fleet")
-    prompts = Prompts(random.Random(rng.random()), use_affinity=spec.affinity is not None)
+    counted = spec.engine.decode_model == "counted"
+    prompts = Prompts(random.Random(rng.random()), spec.affinity is not None, counted)
     _start_fleet(fleet, scenario, rng)
     jobs = _start_traffic(fleet, scenario, prompts, rng)
     runners = _start_runners(fleet, jobs, prompts)
@@ -136,7 +138,8 @@ def _totals(
         v for k, v in m.counts["completed"].items() if k * m.bucket_s < scenario.duration_s
     )
     fivexx = {k[4:]: int(m.total(k)) for k in sorted(m.counts) if k.startswith("5xx_")}
-    steps = sum(w.num_steps for w in fleet.workers.values() if isinstance(w, LlmWorker))
+    llm = (LlmWorker, CountedLlmWorker)
+    steps = sum(w.num_steps for w in fleet.workers.values() if isinstance(w, llm))
     retry = m.retry_after_s
     return {
         "scenario": scenario.name, "seed": seed,

@@ -74,6 +74,11 @@ class EngineSpec(_Strict):
         default=True,
         description="Time runs of decode-only steps at once (false: every step one by one).",
     )
+    decode_model: Literal["exact", "counted"] = Field(
+        default="exact",
+        description="exact: the real scheduler every step; counted: its rules over token "
+        "counts, O(changes) a step, for large fleets (online traffic, no prefix cache).",
+    )
 
 
 class BatchingSpec(_Strict):
