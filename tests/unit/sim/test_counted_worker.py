@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
+from conveyor.cli.main import app
 from conveyor.sim.counted_worker import check_counted
 from conveyor.sim.run import simulate
 from conveyor.sim.scenario import Scenario
@@ -94,3 +99,18 @@ def test_what_the_counted_model_does_not_model_is_refused(
         check_counted(Scenario.model_validate(raw))
     raw["fleet"]["engine"]["decode_model"] = "exact"
     check_counted(Scenario.model_validate(raw))  # the exact model runs it
+
+
+def test_the_cli_runs_a_scenario_with_the_counted_model(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario("exact", [], 65536).model_dump()), encoding="utf-8")
+    runs = {}
+    for model in ("exact", "counted"):
+        done = CliRunner().invoke(app, ["simulate", str(path), "--json", "--duration-s", "2",
+                                        "--decode-model", model])  # fmt: skip
+        assert done.exit_code == 0, done.output
+        runs[model] = json.loads(done.output)
+    assert runs["counted"]["decode_model"] == "counted"
+    assert runs["counted"]["completed"] == runs["exact"]["completed"] > 0
+    refused = CliRunner().invoke(app, ["simulate", str(path), "--decode-model", "guessed"])
+    assert refused.exit_code == 2
