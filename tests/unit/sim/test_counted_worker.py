@@ -22,7 +22,9 @@ EXACT = ("requests", "completed", "lost", "duplicated", "rejected_429", "failed_
 TOLERANCE = 0.05
 
 
-def scenario(model: str, faults: list[dict[str, Any]], kv_tokens: int, **engine: Any) -> Scenario:
+def scenario(
+    model: str, faults: list[dict[str, Any]], kv_tokens: int, rate_rps: float = 40, **engine: Any
+) -> Scenario:
     """Three H100 workers, prompts and answers of spread lengths, chunked prefills."""
     return Scenario.model_validate({
         "name": "counted", "duration_s": 8.0, "time_model": {"gpu": "h100"},
@@ -30,7 +32,7 @@ def scenario(model: str, faults: list[dict[str, Any]], kv_tokens: int, **engine:
                   "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 512,
                              "max_model_len": 1024, "kv_tokens": kv_tokens,
                              "decode_model": model, **engine}},
-        "traffic": [{"kind": "poisson", "rate_rps": 40,
+        "traffic": [{"kind": "poisson", "rate_rps": rate_rps, "timeout_s": 4,
                      "prompt_tokens": {"mean": 300, "dist": "exponential", "max": 600},
                      "output_tokens": {"mean": 150, "dist": "exponential", "max": 400}}],
         "faults": faults,
@@ -43,6 +45,9 @@ CASES = {
     "straggler": ([{"kind": "straggler", "at_s": 1.0, "until_s": 4.0, "worker": "w0"}], 65536),
     # A pool of 4,096 tokens a worker: sequences are preempted and recomputed.
     "kv_exhausted": ([], 4096),
+    # Three times what the fleet serves: 429s on arrival, late requests shed, callers
+    # leaving at their deadline (aborts).
+    "overloaded": ([], 8192, 120, {"max_queue": 16}),
 }
 
 
@@ -52,9 +57,10 @@ def _close(counted: float, exact: float) -> bool:
 
 @pytest.mark.parametrize("case", CASES)
 def test_counted_matches_exact_within_the_tolerance(case: str) -> None:
-    faults, kv_tokens = CASES[case]
-    exact = simulate(scenario("exact", faults, kv_tokens), 3).totals
-    counted = simulate(scenario("counted", faults, kv_tokens), 3).totals
+    faults, kv_tokens, *more = CASES[case]
+    rate_rps, engine = more if more else (40, {})
+    exact = simulate(scenario("exact", faults, kv_tokens, rate_rps, **engine), 3).totals
+    counted = simulate(scenario("counted", faults, kv_tokens, rate_rps, **engine), 3).totals
     assert exact["completed"] > 250
     assert {k: counted[k] for k in EXACT} == {k: exact[k] for k in EXACT}
     assert counted["lost"] == counted["duplicated"] == 0
@@ -65,6 +71,8 @@ def test_counted_matches_exact_within_the_tolerance(case: str) -> None:
     assert _close(counted["preemptions"], exact["preemptions"])
     if case == "kv_exhausted":
         assert exact["preemptions"] > 100
+    if case == "overloaded":
+        assert exact["rejected_429"] > 100 and exact["failed_5xx"] > 0
 
 
 def test_counted_requests_carry_their_prompt_length_not_its_ids() -> None:
