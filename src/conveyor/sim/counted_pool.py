@@ -39,6 +39,7 @@ class CountedSeq:
     num_tokens: int  # prompt plus sampled tokens
     num_prompt: int
     planned: int  # output tokens it ends at
+    deadline_s: float  # its request's, read by every look for late waiting requests
     num_output: int = 0
     computed: int = 0  # outside the pool: tokens in the KV cache
     blocks: int = 0  # outside the pool: KV blocks held

@@ -15,6 +15,7 @@ is refused (``check_counted``).
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 from conveyor.engine.core.seat_turnover import SeatTurnover, late_ones
@@ -32,6 +33,7 @@ from conveyor.sim.worker import TRANSPORT_ERROR, Reply
 # As the exact worker (and the engine): late waiting requests looked for at most this often.
 SHED_EVERY_S = 0.025
 RUN_TIME_SMOOTHING = 0.1
+_DEADLINE = operator.attrgetter("deadline_s")
 
 
 def check_counted(scenario: Scenario) -> None:
@@ -103,7 +105,7 @@ class CountedLlmWorker:
             return
         self._arrival += 1
         seq = CountedSeq(request, reply, self._arrival, self._clock.now, prompt, prompt,
-                         request.output_tokens)  # fmt: skip
+                         request.output_tokens, request.deadline_s)  # fmt: skip
         engine.add(seq)
         self._seqs[request.rid] = seq
         self._wake()
@@ -187,7 +189,7 @@ class CountedLlmWorker:
             return
         self._next_shed_s = now + SHED_EVERY_S
         waiting = self.engine.waiting
-        deadlines = [seq.request.deadline_s for seq in waiting]
+        deadlines = list(map(_DEADLINE, waiting))
         for seq in [waiting[index] for index in late_ones(deadlines, now, interval_s)]:
             self.abort(seq.request.rid)
             self._metrics.add("shed", now)

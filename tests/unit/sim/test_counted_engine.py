@@ -45,7 +45,7 @@ def _run_both(
             real.add(Sequence(str(index), [1000 + index] * prompt, arrival=index))
             planned[str(index)] = output
             request = _request(index, prompt, output)
-            counted.add(CountedSeq(request, print, index, 0.0, prompt, prompt, output))
+            counted.add(CountedSeq(request, print, index, 0.0, prompt, prompt, output, 9.0))
         if not real.has_unfinished:
             assert not counted.has_work
             continue

@@ -10,7 +10,7 @@ from conveyor.sim.request import SimRequest
 
 def _seq(arrival: int) -> CountedSeq:
     request = SimRequest(arrival, "t", "t", [], 10, 0.0, 9.0, prompt_len=10)
-    return CountedSeq(request, print, arrival, 0.0, 10, 10, 10)
+    return CountedSeq(request, print, arrival, 0.0, 10, 10, 10, 9.0)
 
 
 def test_blocks_kv_tokens_and_finishes_match_a_sequence_by_sequence_count() -> None:
