@@ -8,8 +8,11 @@ still unanswered at the end is lost; one answered twice is duplicated: both must
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +29,8 @@ from conveyor.sim.traffic import ChatSession, PoissonSource, Prompts
 from conveyor.sim.worker import SimWorker
 
 SAMPLE_EVERY_S = 1.0
+# Allocations before the youngest generation is collected, collections before the next.
+COLLECT_THRESHOLD = (200_000, 50, 1000)
 
 
 @dataclass(slots=True)
@@ -40,6 +45,24 @@ class Run:
 
 def simulate(scenario: Scenario, seed: int | None = None) -> Run:
     """Run ``scenario`` with ``seed`` (default: the scenario's) and total it."""
+    with _few_collections():
+        return _simulate(scenario, seed)
+
+
+@contextlib.contextmanager
+def _few_collections() -> Iterator[None]:
+    """Collect cyclic garbage seldom while a run allocates: a large run holds millions of
+    live objects (requests in flight, latencies), and collections every 700 allocations
+    that look through them cost a third of its time. Nothing else changes."""
+    threshold = gc.get_threshold()
+    gc.set_threshold(*COLLECT_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+
+
+def _simulate(scenario: Scenario, seed: int | None) -> Run:
     started, cpu_started = time.perf_counter(), time.process_time()
     seed = scenario.seed if seed is None else seed
     rng = random.Random(seed)
