@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from conveyor.sim.scenario import Scenario, load_scenario, scaled
+from conveyor.sim.scenario import Scenario, load_scenario, scaled, with_decode_model
 
 
 def simulate(
@@ -25,6 +25,10 @@ def simulate(
         float, typer.Option(help="Run this share of the fleet and its traffic (a slice).")
     ] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the totals as JSON.")] = False,
+    decode_model: Annotated[
+        str | None,
+        typer.Option(help="Override engine.decode_model: exact or counted (large fleets)."),
+    ] = None,
 ) -> None:
     """Drive Conveyor's own router, batching, scheduler, limits and leases on a virtual
     clock; print the totals, and with --out write the per-second series and plots."""
@@ -39,8 +43,12 @@ def simulate(
             spec = scaled(spec, scale)
         if duration_s is not None:
             spec = spec.model_copy(update={"duration_s": duration_s})
+        if decode_model is not None:
+            spec = with_decode_model(spec, decode_model)
         totals, series = _run(spec, seed)
         totals["scale"] = scale
+        if spec.fleet is not None:
+            totals["decode_model"] = spec.fleet.engine.decode_model
     except (ValueError, OSError, ValidationError) as exc:
         typer.echo(f"conveyor simulate: {exc}", err=True)
         raise typer.Exit(code=2) from None

@@ -18,6 +18,7 @@ from conveyor.plan.gpus import gpu_spec
 from conveyor.plan.shape import ModelShape
 from conveyor.prefix.report import prefix_report
 from conveyor.sim.clock import Clock
+from conveyor.sim.counted_worker import CountedLlmWorker, check_counted
 from conveyor.sim.gateway import SimGateway
 from conveyor.sim.llm_worker import LlmWorker
 from conveyor.sim.metrics import Metrics
@@ -54,6 +55,7 @@ def build_fleet(scenario: Scenario, clock: Clock, metrics: Metrics, rng: random.
     spec = scenario.fleet
     if spec is None:
         raise ValueError("the scenario has no fleet")
+    check_counted(scenario)
     fleet = Fleet(clock, metrics, SimStore())
     timing = _timing(scenario)
     hop_s = timing.hop_s if timing.hop_s is not None else scenario.time_model.hop_ms / 1e3
@@ -119,6 +121,9 @@ def _worker(
             raise ValueError("engine.kv_tokens is needed with a calibration file")
         kv_tokens = kv_tokens_on(model_shape(spec.model), gpu_spec(scenario.time_model.gpu))
         kv_tokens = min(kv_tokens, spec.engine.max_num_seqs * spec.engine.max_model_len)
+    if spec.engine.decode_model == "counted":
+        return CountedLlmWorker(worker_id, region, clock, spec.engine, timing.llm, kv_tokens,
+                                metrics, request_overhead_s=overhead_s)  # fmt: skip
     keeps_digest = spec.affinity is not None and spec.affinity.use_prefix
     return LlmWorker(worker_id, region, clock, spec.engine, timing.llm, kv_tokens, metrics,
                      request_overhead_s=overhead_s, keeps_digest=keeps_digest)  # fmt: skip

@@ -42,8 +42,10 @@ class SimRequest:
     # The gateway's deadline timer (cancelled once answered).
     deadline_timer: Any = None
     gateway_id: str | None = None
+    # The prompt's length where its ids are not kept (``prompt_ids`` then empty).
+    prompt_len: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
         """Prompt length in tokens."""
-        return len(self.prompt_ids)
+        return len(self.prompt_ids) if self.prompt_len is None else self.prompt_len

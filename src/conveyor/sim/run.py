@@ -8,12 +8,16 @@ still unanswered at the end is lost; one answered twice is duplicated: both must
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from conveyor.sim.clock import Clock
+from conveyor.sim.counted_worker import CountedLlmWorker
 from conveyor.sim.faults import schedule_faults
 from conveyor.sim.fleet import Fleet, build_fleet, heartbeat, sample, send_to_gateway
 from conveyor.sim.jobs import BatchJob, JobRunner
@@ -25,6 +29,8 @@ from conveyor.sim.traffic import ChatSession, PoissonSource, Prompts
 from conveyor.sim.worker import SimWorker
 
 SAMPLE_EVERY_S = 1.0
+# Allocations before the youngest generation is collected, collections before the next.
+COLLECT_THRESHOLD = (200_000, 50, 1000)
 
 
 @dataclass(slots=True)
@@ -39,6 +45,24 @@ class Run:
 
 def simulate(scenario: Scenario, seed: int | None = None) -> Run:
     """Run ``scenario`` with ``seed`` (default: the scenario's) and total it."""
+    with _few_collections():
+        return _simulate(scenario, seed)
+
+
+@contextlib.contextmanager
+def _few_collections() -> Iterator[None]:
+    """Collect cyclic garbage seldom while a run allocates: a large run holds millions of
+    live objects (requests in flight, latencies), and collections every 700 allocations
+    that look through them cost a third of its time. Nothing else changes."""
+    threshold = gc.get_threshold()
+    gc.set_threshold(*COLLECT_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+
+
+def _simulate(scenario: Scenario, seed: int | None) -> Run:
     started, cpu_started = time.perf_counter(), time.process_time()
     seed = scenario.seed if seed is None else seed
     rng = random.Random(seed)
@@ -47,7 +71,8 @@ def simulate(scenario: Scenario, seed: int | None = None) -> Run:
     spec = scenario.fleet
     if spec is None:
         raise ValueError("the scenario has no fleet")
-    prompts = Prompts(random.Random(rng.random()), use_affinity=spec.affinity is not None)
+    counted = spec.engine.decode_model == "counted"
+    prompts = Prompts(random.Random(rng.random()), spec.affinity is not None, counted)
     _start_fleet(fleet, scenario, rng)
     jobs = _start_traffic(fleet, scenario, prompts, rng)
     runners = _start_runners(fleet, jobs, prompts)
@@ -136,7 +161,8 @@ def _totals(
         v for k, v in m.counts["completed"].items() if k * m.bucket_s < scenario.duration_s
     )
     fivexx = {k[4:]: int(m.total(k)) for k in sorted(m.counts) if k.startswith("5xx_")}
-    steps = sum(w.num_steps for w in fleet.workers.values() if isinstance(w, LlmWorker))
+    llm = (LlmWorker, CountedLlmWorker)
+    steps = sum(w.num_steps for w in fleet.workers.values() if isinstance(w, llm))
     retry = m.retry_after_s
     return {
         "scenario": scenario.name, "seed": seed,

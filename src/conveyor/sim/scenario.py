@@ -74,6 +74,11 @@ class EngineSpec(_Strict):
         default=True,
         description="Time runs of decode-only steps at once (false: every step one by one).",
     )
+    decode_model: Literal["exact", "counted"] = Field(
+        default="exact",
+        description="exact: the real scheduler every step; counted: its rules over token "
+        "counts, O(changes) a step, for large fleets (online traffic, no prefix cache).",
+    )
 
 
 class BatchingSpec(_Strict):
@@ -267,3 +272,15 @@ def load_scenario(path: Path) -> Scenario:
         raise ValueError(f"{path} does not hold a YAML mapping")
     raw.setdefault("base_dir", str(path.resolve().parent))
     return Scenario.model_validate(raw)
+
+
+def with_decode_model(scenario: Scenario, model: str) -> Scenario:
+    """The scenario with its generative workers' ``engine.decode_model`` set to ``model``
+    (ValueError for one that is not a model)."""
+    fleet = scenario.fleet
+    if fleet is None:
+        return scenario
+    raw = fleet.engine.model_dump()
+    raw["decode_model"] = model
+    engine = EngineSpec.model_validate(raw)  # refuses an unknown model
+    return scenario.model_copy(update={"fleet": fleet.model_copy(update={"engine": engine})})

@@ -40,9 +40,13 @@ def draw(lengths: Lengths, rng: random.Random) -> int:
 class Prompts:
     """Builds requests: ids, lengths, deadlines, affinity hints."""
 
-    def __init__(self, rng: random.Random, use_affinity: bool) -> None:
+    def __init__(self, rng: random.Random, use_affinity: bool, lengths_only: bool = False) -> None:
+        """``lengths_only``: a request without history or affinity carries its prompt's
+        length, not its ids (the counted worker model reads nothing else; a thousand ids a
+        request held by a million requests in flight do not fit memory)."""
         self.rng = rng
         self.use_affinity = use_affinity
+        self.lengths_only = lengths_only
         self._ids = itertools.count(1)
 
     def next_rid(self) -> int:
@@ -56,6 +60,9 @@ class Prompts:
         """A request of ``spec`` sent at ``now`` (after ``history``, for a chat turn)."""
         rid = self.next_rid()
         new = draw(spec.prompt_tokens, self.rng)
+        if self.lengths_only and not history and not self.use_affinity:
+            return SimRequest(rid, spec.name, spec.tenant, [], draw(spec.output_tokens, self.rng),
+                              now, now + spec.timeout_s, prompt_len=new)  # fmt: skip
         if history:  # a chat's first turn has none yet: it starts with the shared prefix
             ids = [*history, *([UNIQUE_BASE + rid] * new)]
         else:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from conveyor.sim.clock import Clock
-from conveyor.sim.run import simulate
+from conveyor.sim.run import COLLECT_THRESHOLD, simulate
 from conveyor.sim.scenario import Scenario
 
 
@@ -107,3 +108,22 @@ def test_staggered_chat_sessions_find_the_system_prompt_cached() -> None:
     # A client starting its sessions 0.5 s apart: the last three reuse the first's 64 tokens.
     assert hit_ratio(0.5) == 3 * 64 / 400
     assert hit_ratio(0.0) == 0.0  # all at once: nothing is cached yet
+
+
+def test_a_run_collects_garbage_seldom_and_restores_the_collector_after() -> None:
+    before = gc.get_threshold()
+    seen: list[tuple[int, int, int]] = []
+    run_scenario = scenario(duration_s=1.0)
+    clock_at = Clock.at
+
+    def spy(self: Clock, *args: Any) -> Any:
+        seen.append(gc.get_threshold())
+        return clock_at(self, *args)
+
+    Clock.at = spy  # type: ignore[method-assign]
+    try:
+        simulate(run_scenario, 1)
+    finally:
+        Clock.at = clock_at  # type: ignore[method-assign]
+    assert seen and set(seen) == {COLLECT_THRESHOLD}
+    assert gc.get_threshold() == before

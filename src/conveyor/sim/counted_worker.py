@@ -1,0 +1,218 @@
+"""A generative worker kept as counts (``engine.decode_model: counted``), for fleets too
+large to step every sequence.
+
+The exact worker (``llm_worker``) runs the real ``Scheduler`` and ``BlockManager`` every
+step, which costs per running sequence and step; this one plans steps with the same rules
+over token counts (``counted_engine``; decoding sequences in ``counted_pool``), so a step
+costs O(1) plus the sequences that start, finish or are preempted in it. Each step is
+timed by the same time model from aggregates (tokens computed, sequences, KV tokens
+read). It still drives the real ``SeatTurnover`` and ``late_ones`` (the 429 on arrival
+and the shedding of waiting requests that turned late) and reports its load with
+``generative_load``. Online traffic only, no prefix cache: a scenario needing either
+is refused (``check_counted``).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+from conveyor.engine.core.seat_turnover import SeatTurnover, late_ones
+from conveyor.fleet.model_load import generative_load
+from conveyor.priority import Priority
+from conveyor.sim.clock import Clock
+from conveyor.sim.counted_engine import CountedEngine, CountedStep
+from conveyor.sim.counted_pool import GONE, CountedSeq
+from conveyor.sim.metrics import Metrics
+from conveyor.sim.request import SimRequest
+from conveyor.sim.scenario import EngineSpec, Scenario
+from conveyor.sim.timemodel import LlmStepTime
+from conveyor.sim.worker import TRANSPORT_ERROR, Reply
+
+# As the exact worker (and the engine): late waiting requests looked for at most this often.
+SHED_EVERY_S = 0.025
+RUN_TIME_SMOOTHING = 0.1
+_DEADLINE = operator.attrgetter("deadline_s")
+
+
+def check_counted(scenario: Scenario) -> None:
+    """ValueError when the counted model cannot run ``scenario`` as the exact one would."""
+    fleet = scenario.fleet
+    if fleet is None or fleet.engine.decode_model != "counted":
+        return
+    engine = fleet.engine
+    problems = []
+    if fleet.affinity is not None and fleet.affinity.use_prefix:
+        problems.append("prefix-aware routing (it has no prefix cache)")
+    if engine.job_tokens_beside_online is not None or any(
+        t.kind == "batch_job" for t in scenario.traffic
+    ):
+        problems.append("batch jobs (online traffic only)")
+    if any(t.shared_prefix_tokens or t.kind == "chat" for t in scenario.traffic):
+        problems.append("shared prompt prefixes or chat turns (it has no prefix cache)")
+    if engine.max_num_seqs > engine.max_num_batched_tokens:
+        problems.append("max_num_seqs above max_num_batched_tokens")
+    if problems:
+        raise ValueError("engine.decode_model counted does not model " + "; ".join(problems))
+
+
+class CountedLlmWorker:
+    """One worker hosting one generative model, its sequences kept as counts."""
+
+    def __init__(
+        self, worker_id: str, region: str, clock: Clock, spec: EngineSpec, timing: LlmStepTime,
+        kv_tokens: int, metrics: Metrics, *, request_overhead_s: float = 0.0,
+    ) -> None:  # fmt: skip
+        self.worker_id, self.region = worker_id, region
+        self.is_alive = self.is_reachable = True
+        self.slowdown = 1.0
+        self._clock, self._spec, self._timing, self._metrics = clock, spec, timing, metrics
+        self._overhead_s = request_overhead_s
+        blocks = max(1, kv_tokens // spec.block_size)
+        self.max_model_len = min(spec.max_model_len, blocks * spec.block_size)
+        self.engine = CountedEngine(blocks, spec.block_size, spec.max_num_seqs,
+                                    spec.max_num_batched_tokens)  # fmt: skip
+        self.turnover = SeatTurnover()
+        self._seqs: dict[int, CountedSeq] = {}
+        self._arrival = 0
+        self._epoch = 0
+        self._is_stepping = False
+        self._next_shed_s = 0.0
+        self._mean_run_s = 0.0
+        self.num_steps = 0
+
+    # -- admission ---------------------------------------------------------------------
+
+    def receive(self, request: SimRequest, reply: Reply) -> None:
+        """Admit the attempt or refuse it at once (429), as the generator does."""
+        if not self.is_alive:
+            reply(request, TRANSPORT_ERROR, 0.0)
+            return
+        engine = self.engine
+        if request.priority is Priority.ONLINE:
+            waiting = len(engine.waiting)
+            if waiting + 1 > self._spec.max_queue:
+                reply(request, 429, self._retry_after_s())
+                return
+            wait_s = self.turnover.predicted_wait_s(waiting)
+            if wait_s is not None and wait_s > request.deadline_s - self._clock.now:
+                reply(request, 429, self._retry_after_s())
+                return
+        prompt = request.num_prompt_tokens
+        if prompt + request.output_tokens > self.max_model_len:
+            reply(request, 400, 0.0)
+            return
+        self._arrival += 1
+        seq = CountedSeq(request, reply, self._arrival, self._clock.now, prompt, prompt,
+                         request.output_tokens, request.deadline_s)  # fmt: skip
+        engine.add(seq)
+        self._seqs[request.rid] = seq
+        self._wake()
+
+    def _retry_after_s(self) -> float:
+        """As the engine's ``estimated_drain_s``, at least a second."""
+        interval_s = self.turnover.mean_interval_s
+        waiting = len(self.engine.waiting)
+        if interval_s is not None:
+            drain_s = waiting * interval_s
+        else:
+            seats = self._spec.max_num_seqs
+            drain_s = math.ceil(waiting / seats) * max(self._mean_run_s, 0.1)
+        return float(max(1, round(drain_s)))
+
+    def abort(self, rid: int) -> None:
+        """Free an abandoned request's seat and blocks."""
+        seq = self._seqs.pop(rid, None)
+        if seq is not None:
+            self.engine.remove(seq)
+
+    # -- stepping ----------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if not self._is_stepping and self.is_alive:
+            self._is_stepping = True
+            self._clock.after(0.0, self._step, self._epoch)
+
+    def _step(self, epoch: int) -> None:
+        """Plan a step and time it."""
+        if epoch != self._epoch:
+            return
+        now = self._clock.now
+        if now >= self._next_shed_s:
+            self._shed_late(now)
+        engine = self.engine
+        if not engine.has_work:
+            self._is_stepping = False
+            return
+        step = engine.plan()
+        tokens, seqs, kv_tokens = engine.figures(step)
+        if seqs == 0:
+            self._is_stepping = False
+            return
+        if step.num_preempted:
+            self._metrics.add("preemptions", now, step.num_preempted)
+        self._metrics.add("batched_tokens", now, tokens)
+        step_s = self._timing.step_s(tokens, seqs, kv_tokens)
+        self._clock.after(step_s * self.slowdown, self._end_step, step, epoch)
+
+    def _end_step(self, step: CountedStep, epoch: int) -> None:
+        """Apply the step: first tokens and finished requests."""
+        if epoch != self._epoch:
+            return
+        self.num_steps += 1
+        now = self._clock.now
+        sampled, done = self.engine.end(step)
+        for seq in sampled:
+            request = seq.request
+            if request.first_token_s is None:
+                request.first_token_s = now
+                self._metrics.add("prompt_tokens", now, seq.num_prompt)
+                self._metrics.add("prefix_hit_tokens", now, 0)
+        for seq in done:
+            self._retire(seq, now)
+        self.turnover.on_queue(len(self.engine.waiting))
+        self._step(epoch)
+
+    def _retire(self, seq: CountedSeq, now: float) -> None:
+        del self._seqs[seq.request.rid]
+        self.turnover.on_finish(now, len(self.engine.waiting))
+        run_s = now - seq.admitted_s
+        self._mean_run_s += RUN_TIME_SMOOTHING * (run_s - self._mean_run_s)
+        self._metrics.add("output_tokens", now, seq.num_output)
+        self._clock.after(self._overhead_s, seq.reply, seq.request, 200, 0.0)
+
+    def _shed_late(self, now: float) -> None:
+        """Refuse (429) waiting requests that would get a seat after their deadline."""
+        interval_s = self.turnover.mean_interval_s
+        if interval_s is None:
+            return
+        self._next_shed_s = now + SHED_EVERY_S
+        waiting = self.engine.waiting
+        deadlines = list(map(_DEADLINE, waiting))
+        for seq in [waiting[index] for index in late_ones(deadlines, now, interval_s)]:
+            self.abort(seq.request.rid)
+            self._metrics.add("shed", now)
+            seq.reply(seq.request, 429, self._retry_after_s())
+
+    # -- faults and reports ------------------------------------------------------------
+
+    def kill(self) -> list[tuple[SimRequest, Reply]]:
+        """Stop stepping; hand back every request in flight."""
+        self.is_alive = False
+        self._epoch += 1
+        lost = [(seq.request, seq.reply) for seq in self._seqs.values() if seq.state != GONE]
+        self._seqs.clear()
+        return lost
+
+    def load(self) -> dict[str, Any]:
+        """As a real worker reports a generative model: waiting plus running as its
+        queue depth (no batch-job sequences: online traffic only)."""
+        return generative_load(len(self.engine.waiting), self.engine.num_running, 0)
+
+    def sample(self, now_s: float) -> dict[str, float]:
+        """Waiting and running sequences, KV use."""
+        engine = self.engine
+        used = engine.num_blocks - engine.free_blocks
+        return {"queue_depth": len(engine.waiting), "running": engine.num_running,
+                "kv_use": used / engine.num_blocks}  # fmt: skip
