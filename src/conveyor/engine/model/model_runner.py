@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from conveyor.engine.core.step import SeqChunk
+from conveyor.engine.model.compiled_layers import compile_layers
 from conveyor.engine.model.decode_buckets import plan_decode_buckets
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
 from conveyor.engine.model.layers.linear import Linear
@@ -171,8 +172,9 @@ class ModelRunner:
     is a bucket's fixed cost in blocks read (default: by device, see ``decode_buckets``).
     ``prepack_weights`` gives bfloat16 projections on the CPU a oneDNN-blocked copy of
     their weights (see ``Linear.prepack``; it costs the projections' weight memory again).
-    ``enforce_eager`` False compiles the CPU decode attention (``paged_attention``) at
-    start-up, :attr:`compile_s` seconds; no LoRA, other devices, and the default stay eager.
+    ``enforce_eager`` False compiles the CPU decode attention (``paged_attention``) and
+    the decoder layers (``compiled_layers``) at start-up, :attr:`compile_s` seconds; no
+    LoRA, other devices, and the default stay eager.
     """
 
     def __init__(
@@ -225,6 +227,7 @@ class ModelRunner:
             self.compiled_decode, self.compile_s = compile_decode_attention(
                 self.model, self.kv_caches[0]
             )
+            self.compile_s += compile_layers(self)
 
     @property
     def vocab_size(self) -> int:

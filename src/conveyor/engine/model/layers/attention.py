@@ -124,6 +124,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device=device, dtype=dtype)
         # Decode buckets read the cache in place through this, where set (see paged_attention).
         self.paged_decode: CompiledDecodeAttention | None = None
+        # Set by ``compiled_layers``: a compiled layer calls ``attend`` as an opaque op.
+        self.op_slot: torch.Tensor | None = None
 
     def forward(
         self,
@@ -134,15 +136,43 @@ class Attention(nn.Module):
         masks: AttentionMasks,
     ) -> torch.Tensor:
         """Attend for all T tokens of the step; returns [T, hidden]."""
+        q, k, v = self.project(x, rope)
+        projected: torch.Tensor = self.o_proj(self.attend(q, k, v, step, kv_cache, masks))
+        return projected
+
+    def project(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values [T, heads, head_dim] of ``x``, normed and rotated."""
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        q_size, kv_size, _ = self.split_sizes
+        num_qk_heads = self.num_heads + self.num_kv_heads
+        v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = qkv[:, : q_size + kv_size].split((q_size, kv_size), dim=-1)
+            q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
+            qk = torch.cat((q, k), dim=1)
+        else:
+            qk = qkv[:, : q_size + kv_size].view(num_tokens, num_qk_heads, self.head_dim)
+        # Queries and keys rotated together: one op each, and compiled, one buffer that
+        # the attention reads (not the rotation redone inside its loop over the keys).
         cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rotated = apply_rope(qk, cos, sin)
+        return rotated[:, : self.num_heads], rotated[:, self.num_heads :], v
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        step: StepInput,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        masks: AttentionMasks,
+    ) -> torch.Tensor:
+        """Write ``k``, ``v`` to the cache and attend; returns [T, heads * head_dim]."""
+        num_tokens = q.shape[0]
         # Flat views: one row per cache slot, so a slot number indexes a row directly.
         k_slots = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)
         v_slots = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
@@ -157,8 +187,7 @@ class Attention(nn.Module):
         if step.decode is not None:
             decoded = self._attend_decode(q, step.decode, masks.decode, blocks, kv_cache)
             out.index_copy_(0, step.decode.token_indices, decoded)
-        projected: torch.Tensor = self.o_proj(out.view(num_tokens, self.num_heads * self.head_dim))
-        return projected
+        return out.view(num_tokens, self.num_heads * self.head_dim)
 
     def _gather(
         self, blocks: tuple[torch.Tensor, torch.Tensor], tables: torch.Tensor

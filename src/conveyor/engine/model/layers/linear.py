@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conveyor.engine.model.layers.opaque_ops import linear_op
+
 __all__ = ["PACK_ROWS_HINT", "Linear", "empty_param"]
 
 # The row count oneDNN chooses a packed weight's layout for (any count works): a decode
@@ -34,6 +36,8 @@ class Linear(nn.Module):
         self.weight = empty_param(out_features, in_features, device=device, dtype=dtype)
         self.bias = empty_param(out_features, device=device, dtype=dtype) if bias else None
         self.packed: torch.Tensor | None = None
+        # Set by ``compiled_layers``: a compiled graph calls this projection as an opaque op.
+        self.op_slot: torch.Tensor | None = None
 
     def prepack(self) -> bool:
         """Keep a oneDNN-blocked copy of the weight for ``forward`` (CPU, bfloat16 only).
@@ -51,6 +55,13 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the projection."""
+        if self.op_slot is not None and torch.compiler.is_compiling():
+            traced: torch.Tensor = linear_op(x, self.op_slot, self.weight.shape[0])
+            return traced
+        return self.eager_forward(x)
+
+    def eager_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the projection without going through an op (what ``linear_op`` runs)."""
         if self.packed is not None:
             out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
                 x, self.packed, self.bias, "none", [], ""
