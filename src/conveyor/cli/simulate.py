@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,7 +38,6 @@ def simulate(
     # gateway's command (the same CLI) must not load.
     from conveyor.sim.output import summary, write_json, write_png
 
-    logging.getLogger("conveyor").setLevel(logging.ERROR)
     try:
         spec = load_scenario(scenario)
         if scale != 1.0:
@@ -45,7 +46,8 @@ def simulate(
             spec = spec.model_copy(update={"duration_s": duration_s})
         if decode_model is not None:
             spec = with_decode_model(spec, decode_model)
-        totals, series = _run(spec, seed)
+        with _quiet_logs():
+            totals, series = _run(spec, seed)
         totals["scale"] = scale
         if spec.fleet is not None:
             totals["decode_model"] = spec.fleet.engine.decode_model
@@ -62,6 +64,19 @@ def simulate(
         typer.echo(summary(totals))
     else:
         typer.echo(json.dumps(totals, indent=2))
+
+
+@contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """Conveyor's own logs at ERROR while the simulated fleet runs (its components log as
+    the real ones do), then back to the level they had: the process may go on (a test)."""
+    logger = logging.getLogger("conveyor")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _run(spec: Scenario, seed: int | None) -> tuple[dict[str, Any], dict[str, Any]]:

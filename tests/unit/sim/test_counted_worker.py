@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -113,11 +114,15 @@ def test_the_cli_runs_a_scenario_with_the_counted_model(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(scenario("exact", [], 65536).model_dump()), encoding="utf-8")
     runs = {}
+    conveyor_logs = logging.getLogger("conveyor")
+    level = conveyor_logs.level
     for model in ("exact", "counted"):
         done = CliRunner().invoke(app, ["simulate", str(path), "--json", "--duration-s", "2",
                                         "--decode-model", model])  # fmt: skip
         assert done.exit_code == 0, done.output
         runs[model] = json.loads(done.output)
+    # Quiet while the fleet ran, then as before (it was left at ERROR for later tests).
+    assert conveyor_logs.level == level
     assert runs["counted"]["decode_model"] == "counted"
     assert runs["counted"]["completed"] == runs["exact"]["completed"] > 0
     refused = CliRunner().invoke(app, ["simulate", str(path), "--decode-model", "guessed"])
