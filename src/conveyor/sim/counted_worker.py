@@ -14,25 +14,22 @@ is refused (``check_counted``).
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Any
 
-from conveyor.engine.core.seat_turnover import SeatTurnover, late_ones
+from conveyor.engine.core.seat_turnover import late_ones
 from conveyor.fleet.model_load import generative_load
-from conveyor.priority import Priority
 from conveyor.sim.clock import Clock
 from conveyor.sim.counted_engine import CountedEngine, CountedStep
 from conveyor.sim.counted_pool import GONE, CountedSeq
 from conveyor.sim.metrics import Metrics
 from conveyor.sim.request import SimRequest
 from conveyor.sim.scenario import EngineSpec, Scenario
+from conveyor.sim.seat_gate import SeatGate
 from conveyor.sim.timemodel import LlmStepTime
 from conveyor.sim.worker import TRANSPORT_ERROR, Reply
 
 # As the exact worker (and the engine): late waiting requests looked for at most this often.
-SHED_EVERY_S = 0.025
-RUN_TIME_SMOOTHING = 0.1
 _DEADLINE = operator.attrgetter("deadline_s")
 
 
@@ -73,13 +70,11 @@ class CountedLlmWorker:
         self.max_model_len = min(spec.max_model_len, blocks * spec.block_size)
         self.engine = CountedEngine(blocks, spec.block_size, spec.max_num_seqs,
                                     spec.max_num_batched_tokens)  # fmt: skip
-        self.turnover = SeatTurnover()
+        self.gate = SeatGate(spec.max_queue, spec.max_num_seqs)
         self._seqs: dict[int, CountedSeq] = {}
         self._arrival = 0
         self._epoch = 0
         self._is_stepping = False
-        self._next_shed_s = 0.0
-        self._mean_run_s = 0.0
         self.num_steps = 0
 
     # -- admission ---------------------------------------------------------------------
@@ -90,15 +85,11 @@ class CountedLlmWorker:
             reply(request, TRANSPORT_ERROR, 0.0)
             return
         engine = self.engine
-        if request.priority is Priority.ONLINE:
-            waiting = len(engine.waiting)
-            if waiting + 1 > self._spec.max_queue:
-                reply(request, 429, self._retry_after_s())
-                return
-            wait_s = self.turnover.predicted_wait_s(waiting)
-            if wait_s is not None and wait_s > request.deadline_s - self._clock.now:
-                reply(request, 429, self._retry_after_s())
-                return
+        waiting = len(engine.waiting)
+        retry_after_s = self.gate.refusal(request, self._clock.now, waiting, waiting)
+        if retry_after_s is not None:
+            reply(request, 429, retry_after_s)
+            return
         prompt = request.num_prompt_tokens
         if prompt + request.output_tokens > self.max_model_len:
             reply(request, 400, 0.0)
@@ -111,15 +102,7 @@ class CountedLlmWorker:
         self._wake()
 
     def _retry_after_s(self) -> float:
-        """As the engine's ``estimated_drain_s``, at least a second."""
-        interval_s = self.turnover.mean_interval_s
-        waiting = len(self.engine.waiting)
-        if interval_s is not None:
-            drain_s = waiting * interval_s
-        else:
-            seats = self._spec.max_num_seqs
-            drain_s = math.ceil(waiting / seats) * max(self._mean_run_s, 0.1)
-        return float(max(1, round(drain_s)))
+        return self.gate.retry_after_s(len(self.engine.waiting))
 
     def abort(self, rid: int) -> None:
         """Free an abandoned request's seat and blocks."""
@@ -139,7 +122,7 @@ class CountedLlmWorker:
         if epoch != self._epoch:
             return
         now = self._clock.now
-        if now >= self._next_shed_s:
+        if self.gate.is_shed_due(now):
             self._shed_late(now)
         engine = self.engine
         if not engine.has_work:
@@ -171,23 +154,20 @@ class CountedLlmWorker:
                 self._metrics.add("prefix_hit_tokens", now, 0)
         for seq in done:
             self._retire(seq, now)
-        self.turnover.on_queue(len(self.engine.waiting))
+        self.gate.turnover.on_queue(len(self.engine.waiting))
         self._step(epoch)
 
     def _retire(self, seq: CountedSeq, now: float) -> None:
         del self._seqs[seq.request.rid]
-        self.turnover.on_finish(now, len(self.engine.waiting))
-        run_s = now - seq.admitted_s
-        self._mean_run_s += RUN_TIME_SMOOTHING * (run_s - self._mean_run_s)
+        self.gate.on_finish(now, seq.admitted_s, len(self.engine.waiting))
         self._metrics.add("output_tokens", now, seq.num_output)
         self._clock.after(self._overhead_s, seq.reply, seq.request, 200, 0.0)
 
     def _shed_late(self, now: float) -> None:
         """Refuse (429) waiting requests that would get a seat after their deadline."""
-        interval_s = self.turnover.mean_interval_s
+        interval_s = self.gate.shed_interval_s(now)
         if interval_s is None:
             return
-        self._next_shed_s = now + SHED_EVERY_S
         waiting = self.engine.waiting
         deadlines = list(map(_DEADLINE, waiting))
         for seq in [waiting[index] for index in late_ones(deadlines, now, interval_s)]:

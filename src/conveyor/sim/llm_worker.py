@@ -1,7 +1,7 @@
 """A generative worker: Conveyor's real ``Scheduler`` and ``BlockManager``, stepped on the
 virtual clock, each step timed by the time model.
 
-Admission mirrors the generator's (``engine.generator``): 429 when the waiting queue is at
+Admission mirrors the generator's (``engine.generator``, through ``seat_gate``): 429 when the queue is at
 ``max_queue``, or when the measured seat turnover (``SeatTurnover``) says an online request
 would get a seat only after its deadline; waiting online requests that turn late are shed
 (``late_ones``) as the engine does. Sampled tokens are a constant: what a step costs does
@@ -13,7 +13,6 @@ with the same outcome as one step at a time.
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,23 +21,20 @@ from conveyor.engine.core.job_share import JobShare, JobShareConfig
 from conveyor.engine.core.prefix_digest import PrefixDigest
 from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.core.scheduler_config import SchedulerConfig
-from conveyor.engine.core.seat_turnover import SeatTurnover, late_ones
+from conveyor.engine.core.seat_turnover import late_ones
 from conveyor.engine.core.sequence import Sequence
 from conveyor.engine.core.step_plan import SchedulerOutput
 from conveyor.fleet.model_load import generative_load
-from conveyor.priority import Priority
 from conveyor.sim.clock import Clock
 from conveyor.sim.decode_run import MIN_RUN_STEPS, DecodeRun, advance, silent_steps, step_ends
 from conveyor.sim.metrics import Metrics
 from conveyor.sim.request import SimRequest
 from conveyor.sim.scenario import EngineSpec
+from conveyor.sim.seat_gate import SeatGate
 from conveyor.sim.timemodel import LlmStepTime
 from conveyor.sim.worker import TRANSPORT_ERROR, Reply
 
 SAMPLED_TOKEN = 7
-# As the engine: late waiting requests are looked for at most this often.
-SHED_EVERY_S = 0.025
-RUN_TIME_SMOOTHING = 0.1
 
 
 @dataclass(slots=True)
@@ -70,7 +66,7 @@ class LlmWorker:
         if spec.job_tokens_beside_online is not None:
             share = JobShare(JobShareConfig(spec.job_tokens_beside_online), lambda: clock.now)
         self.scheduler = Scheduler(config, self.blocks, share)
-        self.turnover = SeatTurnover()
+        self.gate = SeatGate(spec.max_queue, spec.max_num_seqs)
         # Only prefix-aware routing reads the digest; a snapshot scans the whole pool.
         self.digest = PrefixDigest(clock=lambda: clock.now)
         self._keeps_digest = keeps_digest
@@ -78,8 +74,6 @@ class LlmWorker:
         self._arrival = 0
         self._epoch = 0
         self._is_stepping = False
-        self._next_shed_s = 0.0
-        self._mean_run_s = 0.0
         self.num_steps = 0
         self._run: DecodeRun | None = None
         self._fast_forward = spec.fast_forward and not keeps_digest
@@ -103,14 +97,11 @@ class LlmWorker:
             return
         self.sync()
         sched = self.scheduler
-        if request.priority is Priority.ONLINE:
-            if sched.num_waiting + 1 > self._spec.max_queue:
-                reply(request, 429, self._retry_after_s())
-                return
-            wait_s = self.turnover.predicted_wait_s(sched.num_waiting_online)
-            if wait_s is not None and wait_s > request.deadline_s - self._clock.now:
-                reply(request, 429, self._retry_after_s())
-                return
+        retry_after_s = self.gate.refusal(request, self._clock.now, sched.num_waiting,
+                                          sched.num_waiting_online)  # fmt: skip
+        if retry_after_s is not None:
+            reply(request, 429, retry_after_s)
+            return
         self._arrival += 1
         seq = Sequence(str(request.rid), request.prompt_ids, request.priority, self._arrival)
         if seq.num_tokens + request.output_tokens > sched.config.max_model_len:
@@ -121,15 +112,7 @@ class LlmWorker:
         self._wake()
 
     def _retry_after_s(self) -> float:
-        """As the engine's ``estimated_drain_s``, at least a second."""
-        interval_s = self.turnover.mean_interval_s
-        waiting = self.scheduler.num_waiting
-        if interval_s is not None:
-            drain_s = waiting * interval_s
-        else:
-            seats = self._spec.max_num_seqs
-            drain_s = math.ceil(waiting / seats) * max(self._mean_run_s, 0.1)
-        return float(max(1, round(drain_s)))
+        return self.gate.retry_after_s(self.scheduler.num_waiting)
 
     def abort(self, rid: int) -> None:
         """Free an abandoned request's seat and blocks."""
@@ -149,7 +132,7 @@ class LlmWorker:
         if epoch != self._epoch:
             return
         now = self._clock.now
-        if now >= self._next_shed_s:
+        if self.gate.is_shed_due(now):
             self._shed_late(now)
         sched = self.scheduler
         out = sched.schedule() if sched.has_unfinished else None
@@ -205,13 +188,13 @@ class LlmWorker:
         num_seqs = len(run.out.scheduled)
 
         def on_step(start_s: float) -> None:
-            if start_s >= self._next_shed_s:
+            if self.gate.is_shed_due(start_s):
                 self._shed_late(start_s)
             self._metrics.add("batched_tokens", start_s, num_seqs)
 
         advance(self.scheduler, run, num_steps, SAMPLED_TOKEN, on_step)
         self.num_steps += num_steps
-        self.turnover.on_queue(self.scheduler.num_waiting)
+        self.gate.turnover.on_queue(self.scheduler.num_waiting)
 
     def sync(self) -> None:
         """Apply the steps of a run ended by now and plan the one in flight with the real
@@ -230,7 +213,7 @@ class LlmWorker:
             self._clock.at(run.ends_s[-1], self._step, epoch)
             return
         start_s = run.ends_s[done - 1]
-        if start_s >= self._next_shed_s:
+        if self.gate.is_shed_due(start_s):
             self._shed_late(start_s)
         out = self.scheduler.schedule()
         self._metrics.add("batched_tokens", start_s, out.num_batched_tokens)
@@ -251,7 +234,7 @@ class LlmWorker:
         for seq in capped:
             if self._entries.get(seq.seq_id) is not None:
                 self._retire(seq.seq_id, now)
-        self.turnover.on_queue(sched.num_waiting)
+        self.gate.turnover.on_queue(sched.num_waiting)
         if self._keeps_digest:
             self.digest.refresh(self.blocks)
         self._step(epoch)
@@ -271,18 +254,15 @@ class LlmWorker:
     def _retire(self, seq_id: str, now: float) -> None:
         entry = self._entries.pop(seq_id)
         self.scheduler.finish(seq_id)
-        self.turnover.on_finish(now, self.scheduler.num_waiting)
-        run_s = now - entry.admitted_s
-        self._mean_run_s += RUN_TIME_SMOOTHING * (run_s - self._mean_run_s)
+        self.gate.on_finish(now, entry.admitted_s, self.scheduler.num_waiting)
         self._metrics.add("output_tokens", now, entry.seq.num_output_tokens)
         self._clock.after(self._overhead_s, entry.reply, entry.request, 200, 0.0)
 
     def _shed_late(self, now: float) -> None:
         """Refuse (429) waiting online requests that would get a seat after their deadline."""
-        interval_s = self.turnover.mean_interval_s
+        interval_s = self.gate.shed_interval_s(now)
         if interval_s is None:
             return
-        self._next_shed_s = now + SHED_EVERY_S
         waiting = self.scheduler.waiting_online()
         deadlines = [self._entries[seq.seq_id].request.deadline_s for seq in waiting]
         for index in late_ones(deadlines, now, interval_s):
