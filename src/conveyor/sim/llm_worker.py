@@ -1,8 +1,8 @@
 """A generative worker: Conveyor's real ``Scheduler`` and ``BlockManager``, stepped on the
 virtual clock, each step timed by the time model.
 
-Admission mirrors the generator's (``engine.generator``, through ``seat_gate``): 429 when the queue is at
-``max_queue``, or when the measured seat turnover (``SeatTurnover``) says an online request
+Admission mirrors the generator's (``engine.generator``) through ``seat_gate``: 429 when
+the queue is at ``max_queue``, or when the measured seat turnover says an online request
 would get a seat only after its deadline; waiting online requests that turn late are shed
 (``late_ones``) as the engine does. Sampled tokens are a constant: what a step costs does
 not depend on which token it picked, and a request ends at its planned output length.
