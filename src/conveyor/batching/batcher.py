@@ -152,7 +152,8 @@ class Batcher:
         self.queue.put(item)
         if priority is Priority.ONLINE:
             self._last_online_at = now
-        item.timer = loop.call_at(deadline, self._expire, item)
+        if math.isfinite(deadline):  # a timer at infinity would only sit in the loop's heap
+            item.timer = loop.call_at(deadline, self._expire, item)
         self._gauge_queue()
         self._wakeup.set()
         return item

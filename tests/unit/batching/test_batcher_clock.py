@@ -180,3 +180,16 @@ def test_stop_waits_thirty_seconds_for_a_stuck_batch_by_default() -> None:
         assert run_virtual(main()) == 30.0
     finally:
         model.open_forever()
+
+
+async def test_an_input_without_a_deadline_arms_no_timer(make_batcher: Any) -> None:
+    """A timer at infinity sat in the loop's heap: a virtual-time loop then jumped a day at
+    a time, spinning while it waited for the model thread (the drain test above timed out)."""
+    model = GatedModel()
+    batcher, _ = make_batcher(model, max_batch_size=1, max_wait_ms=0)
+    unbounded = batcher.submit("stuck", 1, Priority.ONLINE, math.inf)
+    bounded = submit(batcher, "bounded", timeout_s=60)
+    assert unbounded.timer is None
+    assert bounded.timer is not None
+    model.open_forever()
+    assert await unbounded.future == "out:stuck"
