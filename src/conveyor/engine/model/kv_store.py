@@ -5,14 +5,12 @@ the runner's KV cache: a block is every layer's K and V for ``block_size`` posit
 ``cache[:, :, block_id]`` of the ``[layers, 2, blocks, block_size, kv_heads, head_dim]``
 allocation. Copies to the device are issued without waiting (the step that reads them
 runs on the same stream); the host is synchronised only before it reads a slot itself
-(a write to disk). Disk files are raw bytes under a directory this store creates and
-removes.
+(a demotion to disk). Disk blocks are raw bytes written by ``engine.model.kv_disk`` off
+the engine thread.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import torch
 
 from conveyor.engine.core.kv_tier import Demote, Discard, Restore, Spill, TierOp
+from conveyor.engine.model.kv_disk import DiskBlocks
 from conveyor.observability.kv_tier_metrics import KV_TIER_DIRECTIONS
 
 __all__ = ["HostKVStore", "TransferBytes"]
@@ -53,10 +52,9 @@ class HostKVStore:
             (num_slots, layers, 2, *block), dtype=kv_cache.dtype, pin_memory=pin
         )
         self.block_bytes = self._slots[0].numel() * self._slots.element_size()
-        self._disk: Path | None = None
+        self._disk: DiskBlocks | None = None
         if disk_dir is not None:
-            Path(disk_dir).mkdir(parents=True, exist_ok=True)
-            self._disk = Path(tempfile.mkdtemp(prefix="kv-", dir=disk_dir))
+            self._disk = DiskBlocks(disk_dir, self.block_bytes)
 
     def apply(self, ops: Sequence[TierOp]) -> TransferBytes:
         """Carry out ``ops`` in order; the bytes moved per direction."""
@@ -75,7 +73,7 @@ class HostKVStore:
                 self._write(op.slot, op.digest)
                 counts["host_to_disk"] += self.block_bytes
             elif isinstance(op, Discard):
-                self._path(op.digest).unlink(missing_ok=True)
+                self._disk_blocks().discard(op.digest)
         return moved
 
     def read_slot(self, slot: int) -> torch.Tensor:
@@ -84,31 +82,27 @@ class HostKVStore:
         return self._slots[slot].clone()
 
     def close(self) -> None:
-        """Remove this store's disk directory."""
+        """Finish the queued disk writes, then remove this store's disk directory."""
         if self._disk is not None:
-            shutil.rmtree(self._disk, ignore_errors=True)
+            self._disk.close()
 
     def _write(self, slot: int, digest: bytes) -> None:
-        """Write a host slot to its disk file, atomically (a temporary name, then renamed)."""
+        """Hand a host slot's bytes to the disk writer (the slot is free again at once)."""
+        disk = self._disk_blocks()
         self._synchronize()  # a spill into this slot may still be in flight
-        path = self._path(digest)
-        partial = path.with_suffix(".part")
-        partial.write_bytes(self._slots[slot].view(torch.uint8).numpy().tobytes())
-        partial.replace(path)
+        disk.write(digest, self._slots[slot].view(torch.uint8).numpy().tobytes())
 
     def _read(self, digest: bytes) -> torch.Tensor:
         """A block read back from disk, shaped like a slot; OSError when it is gone."""
-        raw = bytearray(self._path(digest).read_bytes())
-        if len(raw) != self.block_bytes:
-            raise OSError(f"disk block {digest.hex()} has {len(raw)} bytes, not {self.block_bytes}")
+        raw = self._disk_blocks().read(digest)
         flat = torch.frombuffer(raw, dtype=torch.uint8).view(self._slots.dtype)
         return flat.view(self._slots.shape[1:])
 
-    def _path(self, digest: bytes) -> Path:
-        """The disk file of block ``digest``."""
+    def _disk_blocks(self) -> DiskBlocks:
+        """The disk tier; OSError when this store has none."""
         if self._disk is None:
             raise OSError("this store has no disk tier")
-        return self._disk / f"{digest.hex()}.kv"
+        return self._disk
 
     def _synchronize(self) -> None:
         """Wait for queued device copies before the host reads a slot."""

@@ -3,6 +3,7 @@ bit-identical, and the bytes each direction moved are counted."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,29 @@ def test_bad_shapes_and_sizes_are_refused() -> None:
         HostKVStore(torch.zeros(2, 3, 4), num_slots=1)
     with pytest.raises(ValueError, match="num_slots"):
         HostKVStore(random_cache(), num_slots=0)
+
+
+def test_a_demotion_does_not_wait_for_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write to disk runs on the tier's own thread; until it lands, a restore reads the
+    bytes held in memory."""
+    disk_free = threading.Event()
+    writers: list[str] = []
+    real_write = Path.write_bytes
+
+    def held_write(path: Path, data: bytes) -> int:
+        writers.append(threading.current_thread().name)
+        assert disk_free.wait(10)
+        return real_write(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", held_write)
+    cache = random_cache()
+    original = cache[:, :, 1].clone()
+    store = HostKVStore(cache, num_slots=1, disk_dir=tmp_path)
+    store.apply([Spill(1, 0), Demote(0, b"d1"), Spill(3, 0)])
+    store.apply([Restore(2, None, b"d1")])
+    assert torch.equal(cache[:, :, 2], original)
+    disk_free.set()
+    store.close()
+    assert writers and threading.current_thread().name not in writers
