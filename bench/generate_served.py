@@ -8,12 +8,14 @@ load client is ``vllm bench serve`` from vLLM's own environment (random prompts 
 requests at each ``--concurrency``); without it (and in ``--smoke``) a built-in streaming
 client measures the same figures on word prompts. Peers that are not installed are
 skipped with a message: vLLM needs ``make vllm-env`` (``.venv-vllm``); llama.cpp is not
-driven yet.
+driven yet. ``conveyor_compiled`` is this checkout with the compiled decode path on
+(``enforce_eager: false``; it compiles at start-up, before the server answers).
 
 Run from the repository root:
 
     .venv/bin/python -m bench.generate --served                       # conveyor,vllm
     .venv/bin/python -m bench.generate_served --contenders conveyor --rounds 1
+    .venv/bin/python -m bench.generate_served --contenders conveyor,conveyor_compiled,vllm
     .venv/bin/python -m bench.generate_served --smoke --out DIR       # seconds, for tests
 
 Writes ``generate_served.json`` and ``.png`` into ``--out`` (default ``bench/results``).
@@ -53,9 +55,12 @@ from bench.common import (
 CONVEYOR = "conveyor"
 # Conveyor from another checkout (``--baseline-src``): before/after in one alternated run.
 CONVEYOR_BASELINE = "conveyor_baseline"
+# This checkout with the compiled decode path on (``enforce_eager: false``).
+CONVEYOR_COMPILED = "conveyor_compiled"
 VLLM = "vllm"
 LLAMACPP = "llamacpp"
-CONTENDERS = (CONVEYOR, CONVEYOR_BASELINE, VLLM, LLAMACPP)
+CONTENDERS = (CONVEYOR, CONVEYOR_BASELINE, CONVEYOR_COMPILED, VLLM, LLAMACPP)
+CONVEYORS = (CONVEYOR, CONVEYOR_BASELINE, CONVEYOR_COMPILED)
 MODEL_NAME = "bench-model"
 # The figures each run reports (``vllm bench serve``'s names, in ms and tokens/s).
 FIGURES = ("output_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms",
@@ -86,12 +91,17 @@ def vllm_bin(settings: Settings) -> Path:
     return REPO_ROOT / settings.vllm_venv / "bin" / "vllm"
 
 
-def conveyor_argv(settings: Settings, model_dir: Path, work: Path, port: int) -> list[str]:
-    """``conveyor serve`` on ``model_dir`` with the bench's threads, dtype and batch."""
+def conveyor_argv(
+    settings: Settings, model_dir: Path, work: Path, port: int, *, compiled: bool = False
+) -> list[str]:
+    """``conveyor serve`` on ``model_dir`` with the bench's threads, dtype and batch
+    (``compiled``: the compiled decode path, ``enforce_eager: false``)."""
     model = {"name": MODEL_NAME, "kind": "generate", "path": str(model_dir),
              "dtype": settings.dtype, "threads": settings.threads,
              "max_num_seqs": settings.max_num_seqs, "kv_cache_tokens": 65536,
              "timeout_ms": 600_000, "max_queue": 4096}  # fmt: skip
+    if compiled:  # only then: an older checkout (--baseline-src) may not know the key
+        model["enforce_eager"] = False
     config = work / "conveyor.yaml"
     config.write_text(yaml.safe_dump({"data_dir": str(work / "data"), "models": [model]}))
     return [sys.executable, "-m", "conveyor", "serve", "--config", str(config),
@@ -198,10 +208,12 @@ def _pct(ordered: Sequence[float], fraction: float) -> float:
 
 def start_server(name: str, settings: Settings, model_dir: Path, work: Path) -> ServerProcess:
     """Start one contender's server and wait until it answers (vLLM compiles at start)."""
-    if name in (CONVEYOR, CONVEYOR_BASELINE):
+    if name in CONVEYORS:
         src = Path(settings.baseline_src or REPO_ROOT) / "src"
         env = {"PYTHONPATH": f"{src}{os.pathsep}{REPO_ROOT}"} if name == CONVEYOR_BASELINE else {}
-        server = ServerProcess(name, lambda port: conveyor_argv(settings, model_dir, work, port),
+        compiled = name == CONVEYOR_COMPILED
+        server = ServerProcess(name, lambda port: conveyor_argv(settings, model_dir, work, port,
+                                                                compiled=compiled),
                                log_path=work / f"{name}.log", ready_path="/ready",
                                extra_env=env)  # fmt: skip
     else:

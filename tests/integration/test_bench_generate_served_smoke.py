@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from bench.generate_served import (
     CONVEYOR,
     CONVEYOR_BASELINE,
+    CONVEYOR_COMPILED,
     FIGURES,
     LLAMACPP,
     VLLM,
+    conveyor_argv,
     missing_peers,
     parse_args,
     summarise,
@@ -54,6 +57,15 @@ def test_missing_peers_are_skipped_with_a_reason(tmp_path: Path) -> None:
     assert set(missing) == {CONVEYOR_BASELINE, VLLM, LLAMACPP}
     assert "make vllm-env" in missing[VLLM]
     assert "--baseline-src" in missing[CONVEYOR_BASELINE]
+
+
+def test_the_compiled_contender_turns_the_compiled_path_on(tmp_path: Path) -> None:
+    settings, _ = parse_args(["--contenders", f"{CONVEYOR},{CONVEYOR_COMPILED}"])
+    assert not missing_peers(settings)
+    for compiled, expected in ((False, None), (True, False)):
+        conveyor_argv(settings, tmp_path / "model", tmp_path, 8000, compiled=compiled)
+        (model,) = yaml.safe_load((tmp_path / "conveyor.yaml").read_text())["models"]
+        assert model.get("enforce_eager") is expected
 
 
 def test_the_vllm_client_runs_the_issue_workload(tmp_path: Path) -> None:
