@@ -189,19 +189,22 @@ def wait_until_quiet(
 
     Gives up after ``max_wait_s`` and says so (``is_busy``), so a busy shared machine
     slows the benchmark down but never blocks it. Our own idle servers count: a
-    server still draining a backlog must not overlap the next run either.
+    server still draining a backlog must not overlap the next run either. A bound
+    shorter than ``quiet_s`` shortens the window to it (one poll at least): a smoke
+    run's ``max_wait_s=0`` costs a poll, not ``quiet_s`` of history.
     """
     if threshold_pct <= 0 or quiet_s <= 0 or max_wait_s < 0 or poll_s <= 0:
         raise ValueError("quiet-wait settings must be positive")
+    window_s = min(quiet_s, max(max_wait_s, poll_s))
     exclude = {os.getpid()}
     started = time.monotonic()
     history = [take_cpu_snapshot()]
     while True:
-        time.sleep(min(poll_s, quiet_s))
+        time.sleep(min(poll_s, window_s))
         latest = take_cpu_snapshot()
         history.append(latest)
-        # The newest snapshot at least quiet_s old (small slack for sleep jitter).
-        cutoff = latest.taken_at - quiet_s + 0.02
+        # The newest snapshot at least window_s old (small slack for sleep jitter).
+        cutoff = latest.taken_at - window_s + 0.02
         base = next((snap for snap in reversed(history) if snap.taken_at <= cutoff), None)
         if base is None:
             continue

@@ -95,6 +95,7 @@ class Options:
     cases: tuple[str, ...] = (SYNTHETIC, MINILM_MODEL, CHAT_MODEL)
     chat_cap: int | None = None  # None: the model's default cap
     keep_other_cases: bool = False
+    quiet_max_wait_s: float = 6.0  # before each repeat's idle window
 
 
 def parse_options() -> Options:
@@ -126,7 +127,7 @@ def parse_options() -> Options:
     )
     args = parser.parse_args()
     if args.smoke:
-        return Options(args.out, seconds=1.0, repeats=1, cases=(SYNTHETIC,))
+        return Options(args.out, seconds=1.0, repeats=1, cases=(SYNTHETIC,), quiet_max_wait_s=0.0)
     cases = [] if args.skip_synthetic else [SYNTHETIC]
     cases += [] if args.skip_minilm else [MINILM_MODEL]
     capped, uncapped = (SMOLLM2, SMOLLM2_UNCAPPED) if args.chat_model == SMOLLM2 else (
@@ -269,16 +270,17 @@ class RunningJob:
         self._api.wait(self.batch_id, lambda b: False)
 
 
-def quiet() -> dict[str, Any]:
-    """Wait (bounded) for a quiet machine; record how it went."""
-    return wait_until_quiet(quiet_s=1.0, max_wait_s=6.0).to_dict()
+def quiet(max_wait_s: float) -> dict[str, Any]:
+    """Wait (at most ``max_wait_s``) for a quiet machine; record how it went."""
+    return wait_until_quiet(quiet_s=1.0, max_wait_s=max_wait_s).to_dict()
 
 
 def embedding_rep(
-    server: ServerProcess, api: BatchApi, bodies: Path, job: Path, seconds: float
+    server: ServerProcess, api: BatchApi, bodies: Path, job: Path, opts: Options
 ) -> dict[str, Any]:
     """Idle online p99, then the job alone, then both at once."""
-    idle_quiet = quiet()
+    seconds = opts.seconds
+    idle_quiet = quiet(opts.quiet_max_wait_s)
     idle = online_load(server, bodies, seconds)
     running = RunningJob(api, job, EMBEDDINGS)
     try:
@@ -312,9 +314,7 @@ def measure_embeddings(
         api = BatchApi(server.port)
         try:
             online_load(server, bodies, 1.0)  # warm-up, not counted
-            reps = [
-                embedding_rep(server, api, bodies, job, opts.seconds) for _ in range(opts.repeats)
-            ]
+            reps = [embedding_rep(server, api, bodies, job, opts) for _ in range(opts.repeats)]
         finally:
             api.close()
     full_batch_ms = 1000 * entry["max_batch_size"] / ceiling
@@ -425,10 +425,11 @@ def percentile(sorted_ms: list[float], q: float) -> float | None:
 
 
 def chat_rep(
-    port: int, api: BatchApi, job: Path, sentences: list[str], seconds: float
+    port: int, api: BatchApi, job: Path, sentences: list[str], opts: Options
 ) -> dict[str, Any]:
     """Idle TTFT, then TTFT while a chat batch job runs, and the job's progress meanwhile."""
-    idle_quiet = quiet()
+    seconds = opts.seconds
+    idle_quiet = quiet(opts.quiet_max_wait_s)
     idle = ttft_run(port, sentences, seconds)
     running = RunningJob(api, job, CHAT)
     try:
@@ -473,7 +474,7 @@ def measure_chats(opts: Options, work_dir: Path, names: list[str]) -> dict[str, 
             ttft_run(servers[name].port, sentences, 1.0)  # warm-up, not counted
         for _ in range(opts.repeats):
             for name in names:
-                rep = chat_rep(servers[name].port, apis[name], job, sentences, opts.seconds)
+                rep = chat_rep(servers[name].port, apis[name], job, sentences, opts)
                 reps[name].append(rep)
     return {name: chat_result(entries[name], reps[name]) for name in names}
 

@@ -1,10 +1,11 @@
 """``engine: vllm`` on the real SmolLM2, served by ``conveyor serve`` in vLLM's environment.
 
-One vLLM engine, shared with the LoRA module (its start-up is most of the cost; the adapter
-it has configured is not named here, so vLLM runs these requests on the base). Greedy answers match
-Conveyor's own engine and transformers token for token; streaming, n > 1, logprobs,
-JSON-schema output, a forced tool call, the usage block and vLLM's own metrics come through
-Conveyor's endpoints unchanged; a client that goes away aborts its request inside vLLM.
+One vLLM engine, shared with the LoRA and batch modules (its start-up is most of the cost;
+the adapter it has configured is not named here, so vLLM runs these requests on the base).
+Greedy answers match Conveyor's own engine and transformers token for token; streaming,
+n > 1, logprobs, JSON-schema output, a forced tool call, the usage block and vLLM's own
+metrics come through Conveyor's endpoints unchanged; a client that goes away aborts its
+request inside vLLM.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from tests.e2e.conftest import Server
 from tests.integration.smollm2_reference import HFScorer, parity_problems
 from tests.integration.vllm_worker import (
     VLLM_MODEL_NAME,
+    SharedVllmServer,
     metric_sum,
-    wait_until_vllm_ready,
 )
 from tests.unit.model_helpers import generate
 
@@ -53,9 +54,9 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def server(vllm_launched: Server) -> Server:
-    """The vLLM server shared with the LoRA module (its adapter is not used here)."""
-    return wait_until_vllm_ready(vllm_launched)
+def server(vllm_launched: SharedVllmServer) -> Server:
+    """The vLLM server shared with the LoRA and batch modules (its adapter is not used here)."""
+    return vllm_launched.ready()
 
 
 @pytest.fixture(scope="module")

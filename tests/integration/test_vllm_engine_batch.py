@@ -1,13 +1,12 @@
-"""A batch job of 200 chat lines on ``engine: vllm``: online requests go ahead of its queued
+"""A batch job of 100 chat lines on ``engine: vllm``: online requests go ahead of its queued
 lines (vLLM's priority scheduling), and a SIGKILL of the server (vLLM's processes with it)
 mid-job, then a restart on the same data, still answers every line exactly once.
 
-Two engine starts (before and after the kill): the module's cost is mostly those.
+The job runs on the session's shared vLLM server (``vllm_launched``, batch jobs configured
+as ``VLLM_JOBS``), so the module pays one engine start: the restart after the kill.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import httpx
 import openai
@@ -15,23 +14,21 @@ import pytest
 
 from tests.e2e.test_batch_api import assert_each_once, jsonl, results, submit, wait_until
 from tests.integration.vllm_worker import (
+    VLLM_JOBS,
     VLLM_MODEL_NAME,
-    kill_group,
+    SharedVllmServer,
     metric_sum,
-    start_vllm_server,
-    stop_group,
-    vllm_model,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-NUM_LINES = 200
-# Two shards of 100: the first commits before the kill, the second is cut off mid-way.
-JOBS = {"lines_per_shard": 100, "poll_every_s": 0.1, "renew_every_s": 0.2, "lease_s": 2}
+# Two shards: the first commits before the kill, the second is cut off mid-way.
+SHARD = int(VLLM_JOBS["lines_per_shard"])
+NUM_LINES = 2 * SHARD
 
 
 def chat_lines() -> list[dict[str, object]]:
-    """200 short chat requests (16 tokens each, EOS ignored so each line costs the same)."""
+    """100 short chat requests (16 tokens each, EOS ignored so each line costs the same)."""
     return [
         {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
          "body": {"model": VLLM_MODEL_NAME, "max_tokens": 16, "ignore_eos": True,
@@ -56,37 +53,33 @@ def wait_for(predicate: object, what: str, timeout_s: float = 600) -> None:
 
 
 def test_online_first_then_sigkill_mid_job_and_exactly_once_after_restart(
-    smollm2_dir: Path, tmp_path: Path
+    vllm_launched: SharedVllmServer,
 ) -> None:
-    config = {"models": [vllm_model(smollm2_dir)], "jobs": JOBS}
     lines = chat_lines()
-    first = start_vllm_server(tmp_path, config)
+    first = vllm_launched.ready()
     try:
         client = openai.OpenAI(base_url=first.api, api_key="unused", max_retries=0)
         created = submit(client, jsonl(lines), endpoint="/v1/chat/completions")
-        # A shard's 100 lines wait in vLLM behind 4 running; an online request arrives.
-        wait_for(lambda: metric_sum(first, "vllm:num_requests_waiting") >= 50, "queued lines")
+        # A shard's 50 lines wait in vLLM behind 4 running; an online request arrives.
+        wait_for(lambda: metric_sum(first, "vllm:num_requests_waiting") >= 30, "queued lines")
         before = num_finished(first)
         answer = httpx.post(f"{first.api}/chat/completions", timeout=600, json={
             "model": VLLM_MODEL_NAME, "max_tokens": 4,
             "messages": [{"role": "user", "content": "Hi"}]})  # fmt: skip
         assert answer.status_code == 200, answer.text
-        # Served ahead of the 50-odd lines queued before it (first come would run them first).
-        assert num_finished(first) - before < 25
-        wait_for(lambda: client.batches.retrieve(created.id).request_counts.completed >= 100,
+        # Served ahead of the 30-odd lines queued before it (first come would run them first).
+        assert num_finished(first) - before < 15
+        wait_for(lambda: client.batches.retrieve(created.id).request_counts.completed >= SHARD,
                  "the first shard")  # fmt: skip
         assert client.batches.retrieve(created.id).status == "in_progress"
     finally:
-        kill_group(first.process)
-    second = start_vllm_server(tmp_path, config)
-    try:
-        client = openai.OpenAI(base_url=second.api, api_key="unused", max_retries=0)
-        batch = wait_until(client, created.id)
-        assert batch.status == "completed"
-        assert batch.request_counts.completed == batch.request_counts.total == NUM_LINES
-        outputs, errors = results(client, batch)
-        assert errors == []
-        assert_each_once(outputs, errors, [str(line["custom_id"]) for line in lines])
-        assert all(record["response"]["status_code"] == 200 for record in outputs)
-    finally:
-        stop_group(second.process)
+        vllm_launched.kill()
+    second = vllm_launched.ready()  # started again on the same data
+    client = openai.OpenAI(base_url=second.api, api_key="unused", max_retries=0)
+    batch = wait_until(client, created.id)
+    assert batch.status == "completed"
+    assert batch.request_counts.completed == batch.request_counts.total == NUM_LINES
+    outputs, errors = results(client, batch)
+    assert errors == []
+    assert_each_once(outputs, errors, [str(line["custom_id"]) for line in lines])
+    assert all(record["response"]["status_code"] == 200 for record in outputs)

@@ -32,8 +32,8 @@ NUM_REQUESTS = 6
 QUESTION = {"role": "user", "content": "What is the capital of France? Answer in one word."}
 
 
-def start_worker(fleet: Fleet, name: str, python: str, model: dict[str, Any]) -> Proc:
-    """A fleet worker in its own process group, from ``python``; waits until it is ready."""
+def spawn_worker(fleet: Fleet, name: str, python: str, model: dict[str, Any]) -> Proc:
+    """A fleet worker in its own process group, from ``python``, starting (not yet ready)."""
     config_path = fleet.tmp / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump({"models": [model]}))
     port = free_port()
@@ -44,8 +44,12 @@ def start_worker(fleet: Fleet, name: str, python: str, model: dict[str, Any]) ->
     process = spawn(python, argv, log_path)
     proc = Proc(name, f"http://127.0.0.1:{port}", process, log_path)
     fleet.procs.append(proc)
-    wait_until_ready(Server(proc.url, process, log_path), READY_TIMEOUT_S)
     return proc
+
+
+def wait_ready(proc: Proc) -> None:
+    """Wait until the worker answers /ready."""
+    wait_until_ready(Server(proc.url, proc.process, proc.log_path), READY_TIMEOUT_S)
 
 
 def ask(url: str) -> str:
@@ -64,9 +68,12 @@ def test_a_conveyor_and_a_vllm_worker_behind_one_gateway(
     conveyor_model = {"name": MODEL, "kind": "generate", "path": str(smollm2_path),
                       "dtype": "float32", "max_model_len": 512, "max_num_seqs": 4,
                       "max_num_batched_tokens": 512, "kv_cache_tokens": 4096}  # fmt: skip
-    ours = start_worker(fleet, "on-conveyor", sys.executable, conveyor_model)
-    theirs = start_worker(fleet, "on-vllm", vllm_python(), vllm_model(smollm2_dir, name=MODEL))
+    # Both start at once: Conveyor's engine loads while vLLM starts up.
+    theirs = spawn_worker(fleet, "on-vllm", vllm_python(), vllm_model(smollm2_dir, name=MODEL))
     try:
+        ours = spawn_worker(fleet, "on-conveyor", sys.executable, conveyor_model)
+        wait_ready(ours)
+        wait_ready(theirs)
         gateway = fleet.start_gateway()
         until(lambda: routable_ids(gateway) == {"on-conveyor", "on-vllm"}, "both", timeout_s=30)
         with ThreadPoolExecutor(NUM_REQUESTS) as pool:

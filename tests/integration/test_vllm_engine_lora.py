@@ -33,7 +33,7 @@ from tests.integration.vllm_worker import (
     LORA_ADAPTER,
     LORA_RANK,
     VLLM_MODEL_NAME,
-    wait_until_vllm_ready,
+    SharedVllmServer,
 )
 from tests.unit.model_helpers import Result, collect
 
@@ -49,9 +49,9 @@ PROMPTS = (
 
 @pytest.fixture(scope="module")
 def server(
-    vllm_launched: Server, conveyors_answers: dict[str | None, list[str]]
+    vllm_launched: SharedVllmServer, conveyors_answers: dict[str | None, list[str]]
 ) -> Server:  # conveyors_answers: computed while vLLM starts
-    return wait_until_vllm_ready(vllm_launched)
+    return vllm_launched.ready()
 
 
 @pytest.fixture(scope="module")

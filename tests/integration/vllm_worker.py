@@ -4,10 +4,11 @@ Hugging Face directory, and start / stop / kill of a whole process group.
 vLLM pins its own dependencies, so its engine runs in its own environment
 (``make vllm-env`` builds ``.venv-vllm``, with conveyor installed from this checkout); the
 tests drive it over HTTP from theirs. Without that environment the tests skip here and fail
-under CI. Start-up is most of their cost: the engine and LoRA modules share one server
-(``vllm_launched``, a session fixture exported by ``tests/integration/conftest.py``), the
-others start their own; all with small limits, ``enforce_eager`` (no compilation), a small
-KV cache.
+under CI. Start-up is most of their cost: the engine, LoRA and batch modules share one server
+(``vllm_launched``, a session fixture exported by ``tests/integration/conftest.py``; the
+batch test SIGKILLs it mid-job and starts it again on the same data, the later tests getting
+the new process), the fleet test starts its own worker; all with small limits,
+``enforce_eager`` (no compilation), a small KV cache.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ VLLM_MODEL_NAME = "smol-vllm"
 # The shared server's configured adapter (tests/integration/test_vllm_engine_lora.py).
 LORA_ADAPTER = "random"
 LORA_RANK = 8
+# The shared server's batch jobs (tests/integration/test_vllm_engine_batch.py): shards of 50
+# lines, leases renewed often and short, so a restarted server takes a killed one's shard soon.
+VLLM_JOBS = {"lines_per_shard": 50, "poll_every_s": 0.1, "renew_every_s": 0.2, "lease_s": 2}
 
 
 def vllm_python() -> str:
@@ -62,19 +66,47 @@ def vllm_adapter_root(smollm2_hf: Any, tmp_path_factory: pytest.TempPathFactory)
     return root
 
 
+class SharedVllmServer:
+    """The session's one vLLM server: launched at once (its start-up overlaps other work),
+    waited for by :meth:`ready`. A test may :meth:`kill` it (SIGKILL, as a machine dying
+    would); the next :meth:`ready` starts it again on the same configuration and data."""
+
+    def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
+        self.tmp, self.config = tmp, config
+        self._server = launch_vllm_server(tmp, config)
+        self._killed = False
+
+    def ready(self) -> Server:
+        """The server once it answers (started again first if :meth:`kill` stopped it)."""
+        if self._killed:
+            self._server, self._killed = launch_vllm_server(self.tmp, self.config), False
+        self._server = wait_until_vllm_ready(self._server)
+        return self._server
+
+    def kill(self) -> None:
+        """SIGKILL the server and every process it started."""
+        kill_group(self._server.process)
+        self._killed = True
+
+    def stop(self) -> None:
+        """SIGTERM, as at the end of the session."""
+        stop_group(self._server.process)
+
+
 @pytest.fixture(scope="session")
 def vllm_launched(
     smollm2_dir: Path, vllm_adapter_root: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    """The one vLLM server of the engine and LoRA modules, launched, not yet ready: SmolLM2
-    with ``LORA_ADAPTER`` configured and run-time loads allowed from its directory."""
+) -> Iterator[SharedVllmServer]:
+    """The one vLLM server of the engine, LoRA and batch modules, launched, not yet ready:
+    SmolLM2 with ``LORA_ADAPTER`` configured and run-time loads allowed from its directory,
+    batch jobs on ``VLLM_JOBS``."""
     lora = {"adapters": {LORA_ADAPTER: str(vllm_adapter_root / LORA_ADAPTER)},
             "max_loras_per_batch": 1, "max_rank": LORA_RANK,
             "load_roots": [str(vllm_adapter_root)]}  # fmt: skip
-    config = {"models": [vllm_model(smollm2_dir, lora=lora)]}
-    started = launch_vllm_server(tmp_path_factory.mktemp("vllm-engine"), config)
-    yield started
-    stop_group(started.process)
+    config = {"models": [vllm_model(smollm2_dir, lora=lora)], "jobs": VLLM_JOBS}
+    shared = SharedVllmServer(tmp_path_factory.mktemp("vllm-engine"), config)
+    yield shared
+    shared.stop()
 
 
 def vllm_model(path: Path, **changes: Any) -> dict[str, Any]:
