@@ -39,7 +39,7 @@ LORA_ADAPTER = "random"
 LORA_RANK = 8
 # The shared server's batch jobs (tests/integration/test_vllm_engine_batch.py): shards of 50
 # lines, leases renewed often and short, so a restarted server takes a killed one's shard soon.
-VLLM_JOBS = {"lines_per_shard": 50, "poll_every_s": 0.1, "renew_every_s": 0.2, "lease_s": 2}
+VLLM_JOBS = {"lines_per_shard": 100, "poll_every_s": 0.1, "renew_every_s": 0.2, "lease_s": 2}
 
 
 def vllm_python() -> str:
