@@ -8,16 +8,20 @@ target rack's uplink in, the target's NIC), each link's bandwidth divided by the
 on it when the chunk starts (an approximation of max-min fairness that does not revise a
 transfer's rate later). Compared with every node reading the whole model from the origin.
 
-When a node plans: the real puller asks the planner again every ``poll_s`` and whenever one
-of its fetches ends. Here a node plans when one of its fetches ends, and when a fetch ending
-elsewhere frees something it could use (``wake="event"``): a holder's slot (a chunk it lacks
-on a peer that had ``max_per_peer`` transfers), a new holder of a chunk it lacks, a slot at
-the origin. Between those moments its plan's inputs only grow busier, so asking again would
-start nothing: the same fetches start at the same moments as when every node with room asks
-after every fetch that ends (``wake="poll"``, kept to check this; about the real puller's
-polling at ``poll_s`` wider than instantaneous: it starts each such fetch up to ``poll_s``
-later). A woken node is one whose free chunk sources intersect what it lacks: chunk sets are
-bit masks, so choosing whom to wake costs a few integer operations a node.
+What the planner is told: as the real puller tells it, its own fetches per peer and from
+the origin (``bounds="own"``: ``max_per_peer`` and ``max_origin`` bound one node's fetches);
+``bounds="fleet"`` counts every node's instead (a bound the product does not have, kept to
+compare with figures made so).
+
+When a node plans: the real puller asks again every ``poll_s`` and whenever one of its
+fetches ends. Here a node plans when one of its fetches ends, and when a fetch ending
+elsewhere frees something it could use (``wake="event"``): a new holder of a chunk it lacks;
+with fleet-wide bounds also a holder's slot and the origin's. Between those moments its
+plan's inputs only grow busier, so asking again would start nothing: the same fetches start
+at the same moments as when every node with room asks after every fetch's end
+(``wake="poll"``, kept to check this). The real puller's polling every ``poll_s`` starts
+such a fetch up to ``poll_s`` later. Chunk sets are bit masks and each chunk keeps the
+waiting nodes that lack it, so choosing whom to wake costs a few integer operations.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from conveyor.distribution.planner import Fetch, Peer, PlanLimits, PlanState, plan_fetches
@@ -34,6 +38,7 @@ from conveyor.sim.clock import Clock
 from conveyor.sim.scenario import DistributionSpec
 
 Wake = Literal["event", "poll"]
+Bounds = Literal["own", "fleet"]
 
 
 @dataclass(slots=True)
@@ -45,6 +50,7 @@ class _Node:
     busy: int = 0  # chunks in flight
     num_in_flight: int = 0
     wants: int = 0  # what it lacks while it has room for a fetch, else 0
+    peer_load: Counter[str] = field(default_factory=Counter)  # its fetches per peer
     done_at_s: float | None = None
 
 
@@ -61,9 +67,12 @@ def _bits_from(mask: int, start: int) -> Iterator[int]:
 class Pull:
     """Every node pulling every chunk through the planner."""
 
-    def __init__(self, spec: DistributionSpec, seed: int, *, wake: Wake = "event") -> None:
-        """Pull ``spec``'s model; ``wake`` says when a node asks the planner (see above)."""
-        self.spec, self.clock, self.wake = spec, Clock(), wake
+    def __init__(
+        self, spec: DistributionSpec, seed: int, *, wake: Wake = "event", bounds: Bounds = "own"
+    ) -> None:
+        """Pull ``spec``'s model; ``wake`` says when a node asks the planner, ``bounds`` whose
+        fetches the planner's per-peer and origin bounds count (see above)."""
+        self.spec, self.clock, self.wake, self.bounds = spec, Clock(), wake, bounds
         self.rng = random.Random(seed)
         n = -(-spec.model_bytes // spec.chunk_bytes)
         self.chunks = [f"c{i:05d}" for i in range(n)]
@@ -99,10 +108,12 @@ class Pull:
         lack = self.all & ~(node.held | node.busy)
         if lack and node.num_in_flight < self.spec.max_in_flight:
             missing = [c for c in self.chunks if lack & self.bit[c]]
+            loads = node.peer_load if self.bounds == "own" else self.peer_load
+            origin = loads["origin"] if self.bounds == "own" else self.load["origin"]
             state = PlanState(
                 missing=missing, holders={c: self.holders[c] for c in missing},
-                origin_elsewhere=self.origin_elsewhere, peer_load=self.peer_load,
-                origin_load=self.load["origin"], num_in_flight=node.num_in_flight,
+                origin_elsewhere=self.origin_elsewhere, peer_load=loads, origin_load=origin,
+                num_in_flight=node.num_in_flight,
             )  # fmt: skip
             self.num_plans += 1
             for fetch in plan_fetches(state, node.limits):
@@ -139,6 +150,7 @@ class Pull:
             self.origin_elsewhere.add(fetch.digest)
         else:
             self.peer_load[fetch.peer.worker_id] += 1
+        node.peer_load["origin" if fetch.peer is None else fetch.peer.worker_id] += 1
         node.busy |= self.bit[fetch.digest]
         node.num_in_flight += 1
         size = self.spec.chunk_bytes
@@ -153,6 +165,7 @@ class Pull:
             self.origin_bytes += size
         else:
             self.peer_load[fetch.peer.worker_id] -= 1
+        node.peer_load["origin" if fetch.peer is None else fetch.peer.worker_id] -= 1
         if fetch.peer is None or fetch.peer.zone != node.peer.zone:
             self.cross_rack_bytes += size
         node.busy &= ~bit
@@ -166,8 +179,11 @@ class Pull:
         self._wake_others(node, fetch)
 
     def _usable(self, receiver: _Node, fetch: Fetch) -> int:
-        """The chunks some waiting node may now start: those of the source (a slot of it
-        freed), the one the receiver now holds, those only the origin can send."""
+        """The chunks some waiting node may now start: the one the receiver now holds; with
+        fleet-wide bounds also those of the source (a slot of it freed) and those only the
+        origin can send (a slot of it freed)."""
+        if self.bounds == "own":
+            return self.bit[fetch.digest]
         cap = receiver.limits.max_per_peer
         usable = 0
         if fetch.peer is not None and self.peer_load[fetch.peer.worker_id] < cap:
