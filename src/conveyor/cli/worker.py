@@ -316,8 +316,9 @@ async def _beat_until_drain(
     """Heartbeat while serving; on a drain request stop beating, deregister, drain, exit.
 
     Shards are released while the HTTP drain runs, not after it: the model keeps serving
-    in-flight requests, and other workers need not wait out this worker's drain (the lifespan
-    stops the jobs subsystem again at shutdown, which is then a no-op).
+    in-flight requests, and other workers need not wait out this worker's drain. The job
+    store stays open until the lifespan stops the jobs subsystem at shutdown, after the
+    usage ledger's last write (the requests that finish during the drain are billed).
     """
     heartbeat = Heartbeat(
         store,
@@ -337,7 +338,7 @@ async def _beat_until_drain(
     gate.is_draining = True
     await heartbeat.deregister()
     log.info("draining: %d requests in flight", gate.num_in_flight)
-    _, is_drained = await asyncio.gather(jobs.stop(), gate.drain(settings.drain_timeout_s))
+    _, is_drained = await asyncio.gather(jobs.release(), gate.drain(settings.drain_timeout_s))
     if not is_drained:
         log.warning("drain timed out with %d requests in flight", gate.num_in_flight)
     server.should_exit = True

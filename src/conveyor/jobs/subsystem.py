@@ -151,6 +151,17 @@ class JobsSubsystem:
 
     async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Stop the tasks (running shards are released, not lost) and close the stores."""
+        await self.release(timeout_s)
+        self._api = None
+        self._message_batches = None
+        if self._ctx is not None:
+            self.budgets.bind(None)
+            await self._ctx.store.close()
+            self._ctx = None
+
+    async def release(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop the tasks, handing running shards back, and keep the stores open: a
+        draining worker still answers its in-flight requests and writes their usage."""
         self._shutdown.set()
         if self._tasks:
             _, late = await asyncio.wait(self._tasks, timeout=timeout_s)
@@ -160,9 +171,3 @@ class JobsSubsystem:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._tasks.clear()
-        self._api = None
-        self._message_batches = None
-        if self._ctx is not None:
-            self.budgets.bind(None)
-            await self._ctx.store.close()
-            self._ctx = None

@@ -4,7 +4,8 @@ Each worker in turn gets SIGTERM, drains (answers new work with 503 and the drai
 finishes its streams, hands its shard leases back) and exits 0; a new process takes its id
 and its place before the next one goes. Meanwhile clients stream chats and send embeddings
 through the gateway without pause, and a batch job runs: not one request is lost or gets a
-5xx, and every batch line is in the output exactly once.
+5xx, every batch line is in the output exactly once, and every chat answered is in the
+usage ledger (a draining worker still writes the usage of what it finishes).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import openai
 import pytest
 
 from conveyor.fakes.checkpoints import build_tiny_llama
+from conveyor.stores import open_job_store
 from tests.e2e.test_batch_api import assert_each_once, embedding_lines, jsonl, results
 from tests.integration.fleet.conftest import (
     SYNTHETIC,
@@ -105,6 +107,15 @@ class SteadyLoad:
         return 200
 
 
+def billed_requests(store_url: str, model: str) -> int:
+    """Online requests of ``model`` in the fleet's usage ledger."""
+    store = open_job_store(store_url)
+    try:
+        return sum(row.num_requests for row in store.list_usage(0) if row.model == model)
+    finally:
+        store.close()
+
+
 def restart(fleet: Fleet, gateway: Proc, worker: Proc, config: dict[str, Any], args: Any) -> Proc:
     """SIGTERM ``worker``; once it has deregistered (out of routing), start its replacement
     under its id while it drains; it exits 0 and the replacement becomes routable."""
@@ -147,3 +158,7 @@ def test_a_rolling_restart_loses_nothing(fleet: Fleet, tmp_path: Path) -> None:
     outputs, errors = results(client, done)
     assert errors == []
     assert_each_once(outputs, errors, [line["custom_id"] for line in lines])
+    # Chat runs online only; the workers' ledgers write once a second.
+    chats = sum(1 for kind, outcome in load.outcomes if kind == "chat" and outcome == 200)
+    until(lambda: billed_requests(fleet.store_url, "chat") >= chats, "chats billed", timeout_s=10)
+    assert billed_requests(fleet.store_url, "chat") == chats

@@ -14,6 +14,7 @@ import pytest
 from conveyor.jobs.config import JobsConfig
 from conveyor.jobs.subsystem import JobsSubsystem
 from conveyor.stores.records import BatchRecord, BatchStatus
+from conveyor.stores.tenant_records import UsageRow
 from conveyor.tenants.usage import Payer
 from tests.polling import until_async
 from tests.unit.jobs.fakes import input_file
@@ -99,3 +100,17 @@ async def test_an_s3_object_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         finally:
             await jobs.stop()
     assert batch.status is BatchStatus.COMPLETED and len(outputs) == 25
+
+
+async def test_release_hands_the_work_back_and_keeps_the_store_open(tmp_path: Path) -> None:
+    """A draining worker releases its shards first and writes its last usage after; the
+    store closed at release lost those rows ("job store is closed")."""
+    jobs = subsystem(f"sqlite://{tmp_path}/jobs.db", str(tmp_path / "objects"), tmp_path, "w")
+    await jobs.start()
+    await jobs.release()
+    row = UsageRow(tenant="t", model="m", minute_start=60, num_requests=1)
+    await asyncio.to_thread(jobs.context.store.blocking.add_usage, [row])
+    assert jobs.context.store.blocking.list_usage(0) == [row]
+    await jobs.stop()
+    with pytest.raises(RuntimeError, match="not started"):
+        jobs.context  # noqa: B018
