@@ -97,7 +97,10 @@ class SimGateway:
                 self._metrics.answered(request, Outcome.REJECTED_429, now, retry)
                 return
         self._in_flight[request.rid] = request
-        request.deadline_timer = self._clock.timer(request.deadline_s, self._expire, request)
+        # One lane a source: its requests' timeout is one, their deadlines come in order.
+        request.deadline_timer = self._clock.timer(
+            request.deadline_s, self._expire, request, lane=request.source
+        )
         self._attempt(request)
 
     def _attempt(self, request: SimRequest) -> None:
