@@ -50,6 +50,7 @@ class SimGateway:
             stale_after_s=spec.stale_after_s,
             reap_after_s=spec.reap_after_s,
             clock=lambda: clock.now,
+            view_of=store.view_of,
         )
         affinity = None
         if spec.affinity is not None:
