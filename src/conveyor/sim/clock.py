@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 Entry = tuple[float, int, Callable[..., Any], tuple[Any, ...], "Timer | None"]
+LaneEntry = tuple[float, int, Callable[..., Any], tuple[Any, ...], "Timer"]
 
 
 class Timer:
@@ -29,7 +30,7 @@ class Timer:
 
     __slots__ = ("is_cancelled", "lane")
 
-    def __init__(self, lane: deque[Entry] | None = None) -> None:
+    def __init__(self, lane: deque[LaneEntry] | None = None) -> None:
         self.is_cancelled = False
         # The lane the timer waits in (None: on the heap only).
         self.lane = lane
@@ -45,7 +46,7 @@ class Clock:
     def __init__(self) -> None:
         self.now = 0.0
         self._heap: list[Entry] = []
-        self._lanes: dict[Hashable, deque[Entry]] = {}
+        self._lanes: dict[Hashable, deque[LaneEntry]] = {}
         self._seq = itertools.count()
         self.num_events = 0
 
@@ -92,6 +93,8 @@ class Clock:
                 lane = handle.lane
                 if lane is not None:
                     lane.popleft()
+                    while lane and lane[0][4].is_cancelled:
+                        lane.popleft()  # never to run: not worth a turn on the heap
                     if lane:
                         push(heap, lane[0])
                 if handle.is_cancelled:
