@@ -115,7 +115,7 @@ class SimGateway:
         if view is None:
             self._finish(request, Outcome.FAILED_5XX, "no_worker")
             return
-        request.tried.add(view.worker_id)
+        request.tried += (view.worker_id,)
         request.worker_id = view.worker_id
         self.router.acquire(view.worker_id)
         worker = self._workers[view.worker_id]
