@@ -113,13 +113,17 @@ class FleetRegistry:
         stale_after_s: float,
         reap_after_s: float,
         clock: Callable[[], float] = time.time,
+        view_of: Callable[[WorkerRecord], WorkerView] = view_from_record,
     ) -> None:
+        """``view_of`` builds a row's routing view (the simulator's shares the views of
+        one read between its gateways)."""
         if stale_after_s <= 0 or reap_after_s < stale_after_s:
             raise ValueError("need 0 < stale_after_s <= reap_after_s")
         self._store = AsyncWorkerRegistry(store)
         self.stale_after_s = stale_after_s
         self.reap_after_s = reap_after_s
         self._clock = clock
+        self._view_of = view_of
         self.records: list[WorkerRecord] = []
         self.views: list[WorkerView] = []
         self.num_refreshes = 0
@@ -183,7 +187,7 @@ class FleetRegistry:
         alive = [r for r in records if r.heartbeat_age_s <= self.reap_after_s] if dead else records
         _log_joined(self.records, alive)
         self.records = alive
-        self.views = [view_from_record(r) for r in alive]
+        self.views = [self._view_of(r) for r in alive]
         self.num_refreshes += 1
         if is_sure:
             self.sure_models = frozenset(m for v in self.views if not v.is_stale for m in v.models)

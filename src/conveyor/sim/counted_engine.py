@@ -29,6 +29,7 @@ import bisect
 from conveyor.engine.core.scheduler import ADMISSION_SHARE
 from conveyor.sim.counted_cache import NOBODY, FreeBlocks
 from conveyor.sim.counted_pool import DECODE, GONE, PREFILL, WAITING, CountedSeq, DecodePool
+from conveyor.sim.counted_queue import WaitingQueue
 
 
 def _arrival(seq: CountedSeq) -> int:
@@ -69,7 +70,7 @@ class CountedEngine:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_num_seqs, self.budget = max_num_seqs, budget
         self.pool = DecodePool(block_size)
-        self.waiting: list[CountedSeq] = []  # oldest first
+        self.waiting = WaitingQueue()  # oldest first
         self.prefilling: list[CountedSeq] = []  # running outside the pool, oldest first
         self.prefill_blocks = 0
         self.free = FreeBlocks(num_blocks)
@@ -93,7 +94,7 @@ class CountedEngine:
     def add(self, seq: CountedSeq) -> None:
         """Queue a new request for admission."""
         seq.state = WAITING
-        bisect.insort(self.waiting, seq, key=_arrival)
+        self.waiting.add(seq)
 
     def remove(self, seq: CountedSeq, owner: int = NOBODY) -> None:
         """Drop ``seq`` wherever it is, freeing its blocks (its computed full ones stay
@@ -250,7 +251,7 @@ class CountedEngine:
             needed = -(-(hits + num_new) // size)  # the cached blocks are free ones too
             if self.num_running >= self.max_num_seqs or needed > self.free_blocks:
                 break
-            self.waiting.pop(0)
+            self.waiting.pop_head()
             seq.state = PREFILL
             seq.blocks = self.free.revive(seq.arrival)
             seq.computed = seq.blocks * size

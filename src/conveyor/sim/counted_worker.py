@@ -6,18 +6,16 @@ step, which costs per running sequence and step; this one plans steps with the s
 over token counts (``counted_engine``; decoding sequences in ``counted_pool``), so a step
 costs O(1) plus the sequences that start, finish or are preempted in it. Each step is
 timed by the same time model from aggregates (tokens computed, sequences, KV tokens
-read). It still drives the real ``SeatTurnover`` and ``late_ones`` (the 429 on arrival
-and the shedding of waiting requests that turned late) and reports its load with
-``generative_load``. Online traffic only, no prefix cache: a scenario needing either
-is refused (``check_counted``).
+read). It still drives the real ``SeatTurnover`` (the 429 on arrival), sheds waiting
+requests that turned late as the engine's ``late_ones`` does (``counted_queue``, over an
+array of their deadlines) and reports its load with ``generative_load``. Online traffic
+only, no prefix cache: a scenario needing either is refused (``check_counted``).
 """
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
-from conveyor.engine.core.seat_turnover import late_ones
 from conveyor.fleet.model_load import generative_load
 from conveyor.sim.clock import Clock
 from conveyor.sim.counted_engine import CountedEngine, CountedStep
@@ -28,9 +26,6 @@ from conveyor.sim.scenario import EngineSpec, Scenario
 from conveyor.sim.seat_gate import SeatGate
 from conveyor.sim.timemodel import LlmStepTime
 from conveyor.sim.worker import TRANSPORT_ERROR, Reply
-
-# As the exact worker (and the engine): late waiting requests looked for at most this often.
-_DEADLINE = operator.attrgetter("deadline_s")
 
 
 def check_counted(scenario: Scenario) -> None:
@@ -168,9 +163,7 @@ class CountedLlmWorker:
         interval_s = self.gate.shed_interval_s(now)
         if interval_s is None:
             return
-        waiting = self.engine.waiting
-        deadlines = list(map(_DEADLINE, waiting))
-        for seq in [waiting[index] for index in late_ones(deadlines, now, interval_s)]:
+        for seq in self.engine.waiting.late(now, interval_s):
             self.abort(seq.request.rid)
             self._metrics.add("shed", now)
             seq.reply(seq.request, 429, self._retry_after_s())

@@ -56,11 +56,11 @@ def _start(fleet: Fleet, fault: FaultSpec, on_death: Callable[[SimWorker], None]
             on_death(worker)
         for gateway in fleet.gateways.values():
             if gateway.region == fault.region:
-                gateway.kill()
+                fleet.kill_gateway(gateway)
     elif kind == "lose_gateway":
         if fault.gateway not in fleet.gateways:
             raise ValueError(f"lose_gateway needs a known gateway, got {fault.gateway!r}")
-        fleet.gateways[fault.gateway].kill()
+        fleet.kill_gateway(fleet.gateways[fault.gateway])
     elif kind == "stale_heartbeats":
         fleet.muted.add(_named_worker(fleet, fault).worker_id)
     elif kind == "store_outage":

@@ -43,11 +43,25 @@ class Fleet:
     gateways: dict[str, SimGateway] = field(default_factory=dict)
     # Heartbeats a worker skips (a stale-heartbeat fault), by worker id.
     muted: set[str] = field(default_factory=set)
+    # ``gateways_in``'s lists, by region, as of the number of gateways killed then.
+    _live: dict[str | None, tuple[int, list[SimGateway]]] = field(default_factory=dict)
+    num_gateways_killed: int = 0
 
     def gateways_in(self, region: str | None) -> list[SimGateway]:
-        """Live gateways of ``region`` (None: every region)."""
-        return [g for g in self.gateways.values()
+        """Live gateways of ``region`` (None: every region); the list is shared, read it
+        only. Every request asks: it is kept until a gateway is killed (``kill_gateway``)."""
+        known = self._live.get(region)
+        if known is not None and known[0] == self.num_gateways_killed:
+            return known[1]
+        live = [g for g in self.gateways.values()
                 if g.is_alive and (region is None or g.region == region)]  # fmt: skip
+        self._live[region] = (self.num_gateways_killed, live)
+        return live
+
+    def kill_gateway(self, gateway: SimGateway) -> None:
+        """``gateway`` dies (see ``SimGateway.kill``)."""
+        gateway.kill()
+        self.num_gateways_killed += 1
 
 
 def build_fleet(scenario: Scenario, clock: Clock, metrics: Metrics, rng: random.Random) -> Fleet:

@@ -50,6 +50,7 @@ class SimGateway:
             stale_after_s=spec.stale_after_s,
             reap_after_s=spec.reap_after_s,
             clock=lambda: clock.now,
+            view_of=store.view_of,
         )
         affinity = None
         if spec.affinity is not None:
@@ -97,7 +98,10 @@ class SimGateway:
                 self._metrics.answered(request, Outcome.REJECTED_429, now, retry)
                 return
         self._in_flight[request.rid] = request
-        request.deadline_timer = self._clock.timer(request.deadline_s, self._expire, request)
+        # One lane a source: its requests' timeout is one, their deadlines come in order.
+        request.deadline_timer = self._clock.timer(
+            request.deadline_s, self._expire, request, lane=request.source
+        )
         self._attempt(request)
 
     def _attempt(self, request: SimRequest) -> None:
@@ -111,7 +115,7 @@ class SimGateway:
         if view is None:
             self._finish(request, Outcome.FAILED_5XX, "no_worker")
             return
-        request.tried.add(view.worker_id)
+        request.tried += (view.worker_id,)
         request.worker_id = view.worker_id
         self.router.acquire(view.worker_id)
         worker = self._workers[view.worker_id]

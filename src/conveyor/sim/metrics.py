@@ -47,7 +47,7 @@ class Metrics:
 
     def add(self, name: str, now_s: float, amount: float = 1.0) -> None:
         """Count ``amount`` of ``name`` at ``now_s``."""
-        self.counts[name][self._bucket(now_s)] += amount
+        self.counts[name][int(now_s // self.bucket_s)] += amount  # _bucket, without a call
 
     def gauge(self, name: str, now_s: float, value: float) -> None:
         """Sample gauge ``name``."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from conveyor.fleet.affinity import Affinity
@@ -31,7 +31,9 @@ class SimRequest:
     deadline_s: float
     priority: Priority = Priority.ONLINE
     affinity: Affinity | None = None
-    tried: set[str] = field(default_factory=set)
+    # Workers tried so far, in order (a tuple: a set is 216 bytes a request, and a million
+    # requests are in flight at 100,000 a second).
+    tried: tuple[str, ...] = ()
     worker_id: str | None = None
     first_token_s: float | None = None
     outcome: Outcome | None = None

@@ -12,6 +12,7 @@ import pytest
 from conveyor.fakes import MemoryJobStore
 from conveyor.fleet.heartbeat import Heartbeat, WorkerIdentity
 from conveyor.fleet.registry import FleetRegistry, model_loads, view_from_record
+from conveyor.fleet.router import WorkerView
 from conveyor.stores import JobStore, open_job_store
 from conveyor.stores.errors import StoreUnavailableError
 from conveyor.stores.records import WorkerRecord
@@ -152,3 +153,20 @@ def test_bad_settings_are_rejected(store: JobStore) -> None:
         WorkerIdentity("w", "tcp://x", ("m",), 1)
     with pytest.raises(ValueError):
         WorkerIdentity("", "http://x", ("m",), 1)
+
+
+def test_the_registry_builds_its_views_with_the_builder_it_is_given() -> None:
+    store, clock = MemoryJobStore(), Clock()
+    store.upsert_worker("w1", "http://x:1", ["m"], 1, load(4), clock.now)
+    built: list[str] = []
+
+    def view_of(record: WorkerRecord) -> WorkerView:
+        built.append(record.worker_id)
+        return view_from_record(record)
+
+    default = FleetRegistry(store, stale_after_s=3, reap_after_s=30, clock=clock)
+    given = FleetRegistry(store, stale_after_s=3, reap_after_s=30, clock=clock, view_of=view_of)
+    for registry in (default, given):
+        registry.adopt(store.list_workers(clock.now, 3), clock.now)
+    assert built == ["w1"] and given.views == default.views
+    assert given.views[0].queue_depth == {"m": 4}
