@@ -13,7 +13,13 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from conveyor.sim.scenario import Scenario, load_scenario, scaled, with_decode_model
+from conveyor.sim.scenario import (
+    Scenario,
+    load_scenario,
+    scaled,
+    with_decode_model,
+    with_workers,
+)
 
 
 def simulate(
@@ -22,6 +28,10 @@ def simulate(
     out: Annotated[Path | None, typer.Option(help="Write result.json and result.png here.")] = None,
     duration_s: Annotated[
         float | None, typer.Option(help="Override the scenario's simulated seconds.")
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="Override each region's workers (before --scale): a fleet-size sweep."),
     ] = None,
     scale: Annotated[
         float, typer.Option(help="Run this share of the fleet and its traffic (a slice).")
@@ -40,6 +50,8 @@ def simulate(
 
     try:
         spec = load_scenario(scenario)
+        if workers is not None:
+            spec = with_workers(spec, workers)
         if scale != 1.0:
             spec = scaled(spec, scale)
         if duration_s is not None:

@@ -284,3 +284,15 @@ def with_decode_model(scenario: Scenario, model: str) -> Scenario:
     raw["decode_model"] = model
     engine = EngineSpec.model_validate(raw)  # refuses an unknown model
     return scenario.model_copy(update={"fleet": fleet.model_copy(update={"engine": engine})})
+
+
+def with_workers(scenario: Scenario, workers: int) -> Scenario:
+    """The scenario with ``workers`` workers in each region (a sweep over fleet sizes at
+    the same traffic); ValueError for fewer than one or a scenario without a fleet."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    fleet = scenario.fleet
+    if fleet is None:
+        raise ValueError("--workers needs a scenario with a fleet")
+    regions = [region.model_copy(update={"workers": workers}) for region in fleet.regions]
+    return scenario.model_copy(update={"fleet": fleet.model_copy(update={"regions": regions})})
