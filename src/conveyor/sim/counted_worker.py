@@ -24,6 +24,7 @@ from conveyor.sim.metrics import Metrics
 from conveyor.sim.request import SimRequest
 from conveyor.sim.scenario import EngineSpec, Scenario
 from conveyor.sim.seat_gate import SeatGate
+from conveyor.sim.step_loop import StepLoop
 from conveyor.sim.timemodel import LlmStepTime
 from conveyor.sim.worker import TRANSPORT_ERROR, Reply
 
@@ -49,7 +50,7 @@ def check_counted(scenario: Scenario) -> None:
         raise ValueError("engine.decode_model counted does not model " + "; ".join(problems))
 
 
-class CountedLlmWorker:
+class CountedLlmWorker(StepLoop):
     """One worker hosting one generative model, its sequences kept as counts."""
 
     def __init__(
@@ -107,32 +108,21 @@ class CountedLlmWorker:
 
     # -- stepping ----------------------------------------------------------------------
 
-    def _wake(self) -> None:
-        if not self._is_stepping and self.is_alive:
-            self._is_stepping = True
-            self._clock.after(0.0, self._step, self._epoch)
-
-    def _step(self, epoch: int) -> None:
-        """Plan a step and time it."""
-        if epoch != self._epoch:
-            return
-        now = self._clock.now
-        if self.gate.is_shed_due(now):
-            self._shed_late(now)
+    def _plan_step(self, now: float, epoch: int) -> bool:
+        """Plan a step over the counts and time it."""
         engine = self.engine
         if not engine.has_work:
-            self._is_stepping = False
-            return
+            return False
         step = engine.plan()
         tokens, seqs, kv_tokens = engine.figures(step)
         if seqs == 0:
-            self._is_stepping = False
-            return
+            return False
         if step.num_preempted:
             self._metrics.add("preemptions", now, step.num_preempted)
         self._metrics.add("batched_tokens", now, tokens)
         step_s = self._timing.step_s(tokens, seqs, kv_tokens)
         self._clock.after(step_s * self.slowdown, self._end_step, step, epoch)
+        return True
 
     def _end_step(self, step: CountedStep, epoch: int) -> None:
         """Apply the step: first tokens and finished requests."""
@@ -172,8 +162,7 @@ class CountedLlmWorker:
 
     def kill(self) -> list[tuple[SimRequest, Reply]]:
         """Stop stepping; hand back every request in flight."""
-        self.is_alive = False
-        self._epoch += 1
+        self._stop_stepping()
         lost = [(seq.request, seq.reply) for seq in self._seqs.values() if seq.state != GONE]
         self._seqs.clear()
         return lost

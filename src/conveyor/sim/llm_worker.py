@@ -31,6 +31,7 @@ from conveyor.sim.metrics import Metrics
 from conveyor.sim.request import SimRequest
 from conveyor.sim.scenario import EngineSpec
 from conveyor.sim.seat_gate import SeatGate
+from conveyor.sim.step_loop import StepLoop
 from conveyor.sim.timemodel import LlmStepTime
 from conveyor.sim.worker import TRANSPORT_ERROR, Reply
 
@@ -45,7 +46,7 @@ class _Entry:
     admitted_s: float
 
 
-class LlmWorker:
+class LlmWorker(StepLoop):
     """One worker hosting one generative model."""
 
     def __init__(
@@ -122,23 +123,12 @@ class LlmWorker:
 
     # -- stepping ----------------------------------------------------------------------
 
-    def _wake(self) -> None:
-        if not self._is_stepping and self.is_alive:
-            self._is_stepping = True
-            self._clock.after(0.0, self._step, self._epoch)
-
-    def _step(self, epoch: int) -> None:
-        """Plan a step with the real scheduler and time it."""
-        if epoch != self._epoch:
-            return
-        now = self._clock.now
-        if self.gate.is_shed_due(now):
-            self._shed_late(now)
+    def _plan_step(self, now: float, epoch: int) -> bool:
+        """Plan a step with the real scheduler and time it (or a run of decode steps)."""
         sched = self.scheduler
         out = sched.schedule() if sched.has_unfinished else None
         if out is None or out.is_empty:
-            self._is_stepping = False
-            return
+            return False
         kv_tokens = 0
         for item in out.scheduled:
             kv_tokens += item.start_pos + item.num_new_tokens
@@ -146,9 +136,9 @@ class LlmWorker:
         if out.preempted:
             self._metrics.add("preemptions", now, len(out.preempted))
         self._metrics.add("batched_tokens", now, out.num_batched_tokens)
-        if self._fast_forward and self._run_ahead(out, step_s, kv_tokens, epoch):
-            return
-        self._clock.after(step_s * self._slowdown, self._end_step, out, epoch)
+        if not (self._fast_forward and self._run_ahead(out, step_s, kv_tokens, epoch)):
+            self._clock.after(step_s * self._slowdown, self._end_step, out, epoch)
+        return True
 
     # -- runs of decode steps (see ``decode_run``) -------------------------------------
 
@@ -276,8 +266,7 @@ class LlmWorker:
     def kill(self) -> list[tuple[SimRequest, Reply]]:
         """Stop stepping; hand back every request in flight (their blocks die with it)."""
         self.sync()  # the steps done by now count; the one in flight dies
-        self.is_alive = False
-        self._epoch += 1
+        self._stop_stepping()
         lost = [(entry.request, entry.reply) for entry in self._entries.values()]
         self._entries.clear()
         return lost
