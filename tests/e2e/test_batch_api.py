@@ -114,6 +114,20 @@ def assert_each_once(
     assert sorted(found) == sorted(ids)
 
 
+def completed_each_once(
+    client: openai.OpenAI, batch_id: str, ids: list[str]
+) -> list[dict[str, Any]]:
+    """Wait for the batch to end; it completed, every line once and none failed. The
+    output records."""
+    batch = wait_until(client, batch_id)
+    assert batch.status == "completed"
+    assert batch.request_counts.completed == batch.request_counts.total == len(ids)
+    outputs, errors = results(client, batch)
+    assert errors == []
+    assert_each_once(outputs, errors, ids)
+    return outputs
+
+
 @pytest.fixture(scope="module")
 def jobs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A slow synthetic model, two tenants, and jobs settings fit for quick tests."""
