@@ -438,7 +438,6 @@ class LLMEngine:
         stats = self.stats
         stats.max_num_used_blocks = max(stats.max_num_used_blocks, manager.num_used_blocks)
         stats.max_num_running = max(stats.max_num_running, scheduler.num_running)
-        self._inbox.publish(scheduler)
         self.turnover.on_queue(scheduler.num_waiting)
         metrics = self._metrics
         metrics.running.set(scheduler.num_running)
@@ -448,3 +447,4 @@ class LLMEngine:
             self.kv_offload.publish(metrics)
         publish_adapters(metrics, (request.seq for request in self._live.requests()))
         self.prefix_digest.refresh(manager, force=not scheduler.has_unfinished)
+        self._inbox.publish(scheduler)  # last: once idle reads true, the gauges are fresh
