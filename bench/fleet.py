@@ -91,7 +91,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     args = parser.parse_args(argv)
     if args.smoke:
         return Options(
-            args.out, True, seconds=1.5, num_clients=16, failover_seconds=3.0,
+            args.out, True, seconds=0.75, num_clients=16, failover_seconds=2.0,
             overhead_rounds=1, overhead_warmups=0, gateway_only=args.gateway_only,
         )  # fmt: skip
     return Options(
@@ -129,7 +129,8 @@ class Fleet:
         self._stack = stack
         self.workers: dict[str, ServerProcess] = {}
 
-    def add_worker(self, name: str, model: dict[str, Any]) -> ServerProcess:
+    def add_worker(self, name: str, model: dict[str, Any], *, wait: bool = True) -> ServerProcess:
+        """Start a worker serving ``model``; with ``wait``, return once it is ready."""
         config = self.work_dir / f"{name}.yaml"
         config.write_text(yaml.safe_dump({"models": [model], "log_level": "warning"}))
         argv = lambda port: python_argv(  # noqa: E731
@@ -140,11 +141,22 @@ class Fleet:
             ServerProcess(name, argv, log_path=self.work_dir / f"{name}.log")
         )
         proc.start()
-        proc.wait_ready()
+        if wait:
+            proc.wait_ready()
         self.workers[name] = proc
         return proc
 
-    def add_gateway(self, name: str = "gateway", num_processes: int = 1) -> ServerProcess:
+    def add_workers(self, names: Sequence[str], model: dict[str, Any]) -> None:
+        """Start the workers together (they load in parallel), then wait for each."""
+        for name in names:
+            self.add_worker(name, model, wait=False)
+        for name in names:
+            self.workers[name].wait_ready()
+
+    def add_gateway(
+        self, name: str = "gateway", num_processes: int = 1, *, wait: bool = True
+    ) -> ServerProcess:
+        """Start a gateway of ``num_processes``; with ``wait``, return once it is ready."""
         config = self.work_dir / "gateway.yaml"
         config.write_text(yaml.safe_dump({"log_level": "warning"}))
         argv = lambda port: python_argv(  # noqa: E731
@@ -156,7 +168,8 @@ class Fleet:
             ServerProcess(name, argv, log_path=self.work_dir / f"{name}.log")
         )
         proc.start()
-        proc.wait_ready()
+        if wait:
+            proc.wait_ready()
         return proc
 
 
@@ -196,16 +209,17 @@ def measure_scaling(opts: Options, store_url: str, work_dir: Path, bodies: Path)
     runs: dict[str, Any] = {}
     with ExitStack() as stack:
         fleet = Fleet(store_url, work_dir, stack)
-        gateway = fleet.add_gateway()
+        gateway = fleet.add_gateway(wait=False)  # it starts while the first worker does
         for count in (1, 2, 3):
             fleet.add_worker(f"w{count}", SLOW_MODEL)
+            gateway.wait_ready()
             wait_routable(gateway, {f"w{i}" for i in range(1, count + 1)})
             runs[f"workers_{count}"] = closed_loop(opts, gateway, bodies).to_dict()
     with ExitStack() as stack:
         fleet = Fleet(store_url, work_dir, stack)
-        gateway = fleet.add_gateway()
-        for name in ("f1", "f2", "f3"):
-            fleet.add_worker(name, FAST_MODEL)
+        gateway = fleet.add_gateway(wait=False)
+        fleet.add_workers(("f1", "f2", "f3"), FAST_MODEL)
+        gateway.wait_ready()
         wait_routable(gateway, {"f1", "f2", "f3"})
         runs["gateway_ceiling"] = closed_loop(opts, gateway, bodies).to_dict()
     return runs
@@ -217,9 +231,9 @@ def measure_failover(
     """Open-loop load on 3 workers; SIGKILL one; time until the gateway stops routing to it."""
     with ExitStack() as stack:
         fleet = Fleet(store_url, work_dir, stack)
-        gateway = fleet.add_gateway()
-        for name in ("k1", "k2", "k3"):
-            fleet.add_worker(name, SLOW_MODEL)
+        gateway = fleet.add_gateway(wait=False)
+        fleet.add_workers(("k1", "k2", "k3"), SLOW_MODEL)
+        gateway.wait_ready()
         wait_routable(gateway, {"k1", "k2", "k3"})
         spec = LoadSpec(
             mode=LoadMode.OPEN, seconds=opts.failover_seconds, rate_per_s=rate_per_s,

@@ -91,7 +91,7 @@ def _alternate(
     for index in range(warmups + rounds):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
-            quiet = wait_until_quiet(max_wait_s=0.5 if is_smoke else 10.0)
+            quiet = wait_until_quiet(max_wait_s=0.0 if is_smoke else 10.0)
             run = {**run_one(name), "machine_busy": quiet.is_busy}
             if index >= warmups:
                 counted[name].append(run)
@@ -178,8 +178,12 @@ def measure_gateway_overhead(
     seconds: float, num_clients: int, rounds: int, warmups: int, is_smoke: bool,
 ) -> dict[str, Any]:  # fmt: skip
     """Direct vs 1 and 2 gateway processes on one fast worker (``fleet`` is a ``Fleet``)."""
-    worker = fleet.add_worker("fast", FAST_WORKER_MODEL)
-    gateways = {"gateway_1": fleet.add_gateway("gw1"), "gateway_2": fleet.add_gateway("gw2", 2)}
+    # The three start together (nothing is measured before all are ready).
+    worker = fleet.add_worker("fast", FAST_WORKER_MODEL, wait=False)
+    gateways = {"gateway_1": fleet.add_gateway("gw1", wait=False),
+                "gateway_2": fleet.add_gateway("gw2", 2, wait=False)}  # fmt: skip
+    for proc in (worker, *gateways.values()):
+        proc.wait_ready()
     gateway_pids = {
         "gateway_1": wait_processes(gateways["gateway_1"], 1),
         "gateway_2": wait_processes(gateways["gateway_2"], 2),
