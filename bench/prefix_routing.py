@@ -16,6 +16,10 @@ each worker's share of the requests, and the requests in flight per worker, samp
 the gateway every 20 ms during the run: the gap between the busiest and the idlest
 worker's mean must stay within ``--load-bound``.
 
+A smoke run (``--smoke``: 4 sessions x 3 turns on 2 workers) checks the machinery, not the
+figures: its modes share one set of workers, ``prefix`` first (so it still starts on cold
+caches), and ``load_only`` finds its prompts cached.
+
 Each mode starts with a warm-up request straight to each worker and a wait for a quiet
 machine (noted in the result when it never came). Turns are closed-loop per session, as a
 chat is: the next turn waits for the reply (after ``--think-s``). ``--concurrency`` runs
@@ -46,8 +50,8 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -138,7 +142,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--heartbeat-s", type=float, default=0.2, help="workers' heartbeat")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.sessions, args.turns, args.max_tokens, args.repeats = 4, 3, 4, 1
+        args.sessions, args.turns, args.max_tokens, args.repeats, args.workers = 4, 3, 4, 1, 2
         # Short turns finish within one heartbeat: without a pause the gateway may not yet
         # know which worker holds a session's blocks, and nothing is routed by prefix.
         args.think_s = max(args.think_s, SMOKE_THINK_S)
@@ -166,8 +170,11 @@ class Fleet:
         proc.start()
         return proc
 
-    def add_workers(self, names: Sequence[str], checkpoint: Path, heartbeat_s: float = 0.2) -> None:
-        """Start the workers together (they load in parallel), then wait for each."""
+    def add_workers(
+        self, names: Sequence[str], checkpoint: Path, heartbeat_s: float = 0.2, *,
+        wait: bool = True,
+    ) -> None:  # fmt: skip
+        """Start the workers together (they load in parallel); with ``wait``, wait for each."""
         model = {
             "name": MODEL, "kind": "generate", "path": str(checkpoint), "device": "cpu",
             "max_num_seqs": 32, "max_num_batched_tokens": 1024, "kv_cache_tokens": 32768,
@@ -182,13 +189,13 @@ class Fleet:
                 "--heartbeat-s", str(heartbeat_s),
             )  # fmt: skip
             self.workers[name] = self._spawn(name, argv)
-        for proc in self.workers.values():
+        for proc in self.workers.values() if wait else ():
             proc.wait_ready()
 
     def add_gateway(
-        self, mode: str, checkpoint: Path, opts: Options, index: int = 0
+        self, mode: str, checkpoint: Path, opts: Options, index: int = 0, *, wait: bool = True
     ) -> ServerProcess:
-        """A gateway routing by ``mode``."""
+        """A gateway routing by ``mode``; with ``wait``, once it is ready."""
         routing = (
             ["--prefix-tokenizer", f"{MODEL}={checkpoint}", "--affinity-load-bound",
              str(opts.load_bound)] if mode == "prefix" else ["--no-affinity"]
@@ -202,7 +209,8 @@ class Fleet:
             "--port", str(port), "--stale-after-s", "2.0", "--refresh-s", "0.1", *routing,
         )  # fmt: skip
         gateway = self._spawn(f"gateway-{mode}-{index}", argv)
-        gateway.wait_ready()
+        if wait:
+            gateway.wait_ready()
         return gateway
 
 
@@ -318,16 +326,22 @@ def in_flight_figures(samples: list[dict[str, int]]) -> dict[str, Any]:
 
 def run_mode(
     opts: Options, mode: str, store_url: str, work_dir: Path, checkpoint: Path,
-    scripts: list[SessionScript],
+    scripts: list[SessionScript], workers: dict[str, ServerProcess] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Fresh workers and a gateway for ``mode``; the whole traffic; its summary."""
-    names = [f"w{i}" for i in range(opts.num_workers)]
+    """Fresh workers (or ``workers``, left running) and gateways for ``mode``; the whole
+    traffic; its summary. Gateways and workers start together; the run waits for all."""
     with ExitStack() as stack:
         fleet = Fleet(store_url, work_dir, stack)
-        fleet.add_workers(names, checkpoint, opts.heartbeat_s)
-        gateways = [fleet.add_gateway(mode, checkpoint, opts, i) for i in range(opts.num_gateways)]
+        if workers is None:
+            fleet.add_workers(worker_names(opts), checkpoint, opts.heartbeat_s, wait=False)
+        else:
+            fleet.workers = dict(workers)
+        gateways = [fleet.add_gateway(mode, checkpoint, opts, i, wait=False)
+                    for i in range(opts.num_gateways)]  # fmt: skip
+        for proc in (*fleet.workers.values(), *gateways):
+            proc.wait_ready()
         for gateway in gateways:
-            wait_routable(gateway, set(names))
+            wait_routable(gateway, set(fleet.workers))
         for proc in fleet.workers.values():
             warm_up(proc)  # the first step's one-off costs are not counted
         quiet = wait_until_quiet(max_wait_s=0.0 if opts.is_smoke else 10.0)
@@ -345,11 +359,38 @@ def run_mode(
             for reason, count in json.loads(doc).get("routed_by", {}).items():
                 routed_by[reason] = routed_by.get(reason, 0) + count
         # A worker gone from the registry is not in the next mode's fresh database rows.
-        for proc in fleet.workers.values():
+        for proc in fleet.workers.values() if workers is None else ():
             proc.stop()
     summary = summarize(elapsed_s, results, before, after, sampler.samples)
     return {**summary, "seconds": round(elapsed_s, 2), "routed_by": routed_by,
             "quiet": quiet.to_dict()}  # fmt: skip
+
+
+def worker_names(opts: Options) -> list[str]:
+    """The workers' ids: w0, w1, ..."""
+    return [f"w{i}" for i in range(opts.num_workers)]
+
+
+@contextmanager
+def shared_workers(
+    opts: Options, store_url: str, work_dir: Path, checkpoint: Path
+) -> Iterator[dict[str, ServerProcess]]:
+    """Workers for several runs of a smoke test (started here, awaited by the first run);
+    stopped and removed from the registry after."""
+    with ExitStack() as stack:
+        fleet = Fleet(store_url, work_dir, stack)
+        fleet.add_workers(worker_names(opts), checkpoint, opts.heartbeat_s, wait=False)
+        yield fleet.workers
+    _forget_workers(store_url)
+
+
+def smoke_workers(
+    opts: Options, store_url: str, work_dir: Path, checkpoint: Path
+) -> AbstractContextManager[dict[str, ServerProcess] | None]:
+    """Shared workers for a smoke run; None (fresh workers each run) otherwise."""
+    if opts.is_smoke:
+        return shared_workers(opts, store_url, work_dir, checkpoint)
+    return nullcontext(None)
 
 
 def warm_up(worker: ServerProcess) -> None:
@@ -459,12 +500,19 @@ def run_benchmark(opts: Options) -> dict[str, Any]:
     checkpoint = build_tiny_llama(work_dir / "llama", **MODEL_SHAPE)
     scripts = session_scripts(opts.num_sessions, opts.num_turns, random.Random(opts.seed))
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in opts.modes}
-    with fresh_database() as store_url:
+    # A smoke run's modes share workers: prefix-aware routing first, on cold caches.
+    first = opts.modes[::-1] if opts.is_smoke else opts.modes
+    with (
+        fresh_database() as store_url,
+        smoke_workers(opts, store_url, work_dir, checkpoint) as workers,
+    ):
         for repeat in range(opts.repeats):
-            order = opts.modes if repeat % 2 == 0 else opts.modes[::-1]
-            for mode in order:
-                runs[mode].append(run_mode(opts, mode, store_url, work_dir, checkpoint, scripts))
-                _forget_workers(store_url)
+            for mode in first if repeat % 2 == 0 else first[::-1]:
+                runs[mode].append(
+                    run_mode(opts, mode, store_url, work_dir, checkpoint, scripts, workers)
+                )
+                if workers is None:
+                    _forget_workers(store_url)
     return {
         "inputs": {**{k: v for k, v in asdict(opts).items() if k != "out_dir"},
                    "model_shape": MODEL_SHAPE, "block_size": 16},

@@ -26,6 +26,9 @@ requests per second, and the mean in-flight gap between workers (the load bound'
 
     python -m bench.prefix_scenarios                 # ~10 minutes on 2 cores
     python -m bench.prefix_scenarios --smoke --out DIR   # no_hint and no_overlap, once
+
+A smoke run checks the machinery, not the figures: after the ceiling (its own worker), its
+runs share one pair of workers, so later runs find earlier runs' prompts cached.
 """
 
 from __future__ import annotations
@@ -39,9 +42,16 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, machine_info, package_versions, save_figure, write_json
+from bench.common import (
+    RESULTS_DIR,
+    ServerProcess,
+    machine_info,
+    package_versions,
+    save_figure,
+    write_json,
+)
 from bench.fleet import fresh_database
-from bench.prefix_routing import MODEL_SHAPE, Options, _forget_workers, run_mode
+from bench.prefix_routing import MODEL_SHAPE, Options, _forget_workers, run_mode, smoke_workers
 from bench.prefix_traffic import session_scripts
 
 # Scenario -> the options it changes from the base (12 sessions x 4 turns, 6 at a time).
@@ -76,32 +86,39 @@ def parse_options(argv: Sequence[str] | None = None) -> tuple[Options, int]:
     return base, 1 if args.smoke else args.repeats
 
 
-def one_run(opts: Options, mode: str, store_url: str, work: Path, checkpoint: Path) -> Any:
-    """One mode on fresh workers; the stopped workers' rows removed after."""
+def one_run(
+    opts: Options, mode: str, store_url: str, work: Path, checkpoint: Path,
+    workers: dict[str, ServerProcess] | None = None,
+) -> Any:  # fmt: skip
+    """One mode on fresh workers, the stopped workers' rows removed after (or on
+    ``workers``, left running)."""
     scripts = session_scripts(opts.num_sessions, opts.num_turns, random.Random(opts.seed))
     try:
-        return run_mode(opts, mode, store_url, work, checkpoint, scripts)
+        return run_mode(opts, mode, store_url, work, checkpoint, scripts, workers)
     finally:
-        _forget_workers(store_url)
+        if workers is None:
+            _forget_workers(store_url)
 
 
 def run_scenarios(base: Options, repeats: int, store_url: str, work: Path, ckpt: Path) -> Any:
     """The ceiling, every scenario before and after, then the no-overlap comparison."""
     ceiling = replace(base, hint="none", num_workers=1)
     results: dict[str, Any] = {"ceiling": one_run(ceiling, "prefix", store_url, work, ckpt)}
-    for name, changes in SCENARIOS.items():
-        if base.is_smoke and name != "no_hint":  # a smoke run checks the machinery, once
-            continue
-        opts = replace(base, **changes)
-        results[name] = {
-            "before": one_run(replace(opts, routed_blocks=0), "prefix", store_url, work, ckpt),
-            "after": one_run(opts, "prefix", store_url, work, ckpt),
-        }
-    overlap = replace(base, **{**NO_OVERLAP, "num_sessions": 4 if base.is_smoke else 48})
-    runs: dict[str, list[Any]] = {"load_only": [], "prefix": []}
-    for repeat in range(repeats):
-        for mode in ("load_only", "prefix") if repeat % 2 == 0 else ("prefix", "load_only"):
-            runs[mode].append(one_run(overlap, mode, store_url, work, ckpt))
+    with smoke_workers(base, store_url, work, ckpt) as workers:  # fresh ones unless a smoke
+        for name, changes in SCENARIOS.items():
+            if base.is_smoke and name != "no_hint":  # a smoke run checks the machinery, once
+                continue
+            opts = replace(base, **changes)
+            results[name] = {
+                "before": one_run(replace(opts, routed_blocks=0), "prefix", store_url, work,
+                                  ckpt, workers),
+                "after": one_run(opts, "prefix", store_url, work, ckpt, workers),
+            }  # fmt: skip
+        overlap = replace(base, **{**NO_OVERLAP, "num_sessions": 4 if base.is_smoke else 48})
+        runs: dict[str, list[Any]] = {"load_only": [], "prefix": []}
+        for repeat in range(repeats):
+            for mode in ("load_only", "prefix") if repeat % 2 == 0 else ("prefix", "load_only"):
+                runs[mode].append(one_run(overlap, mode, store_url, work, ckpt, workers))
     results["no_overlap"] = runs
     return results
 
