@@ -15,6 +15,9 @@ With the synthetic model (a calibrated sleep, so workers do not compete for CPU)
 Needs PostgreSQL (CONVEYOR_TEST_PG_URL, default the local server's ``test`` database); a
 fresh database is created for the run and dropped after it.
 
+A smoke run checks the machinery, not the figures: load runs of half a second, one
+gateway-cost round and no warm-up, and the failover on the scaling run's 3 slow workers.
+
     python -m bench.fleet            # full run: bench/results/fleet.json and fleet.png
     python -m bench.fleet --smoke --out DIR
 """
@@ -91,7 +94,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     args = parser.parse_args(argv)
     if args.smoke:
         return Options(
-            args.out, True, seconds=0.75, num_clients=16, failover_seconds=2.0,
+            args.out, True, seconds=0.5, num_clients=16, failover_seconds=2.0,
             overhead_rounds=1, overhead_warmups=0, gateway_only=args.gateway_only,
         )  # fmt: skip
     return Options(
@@ -204,9 +207,16 @@ def closed_loop(opts: Options, gateway: ServerProcess, bodies: Path) -> LoadResu
     return run_load_process(spec, gateway.port, bodies)
 
 
-def measure_scaling(opts: Options, store_url: str, work_dir: Path, bodies: Path) -> dict[str, Any]:
-    """Throughput with 1, 2, 3 slow workers, then the gateway ceiling with 3 fast ones."""
+def measure_scaling(
+    opts: Options, store_url: str, work_dir: Path, bodies: Path
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Throughput with 1, 2, 3 slow workers, then the gateway ceiling with 3 fast ones.
+
+    A smoke run also fails over on the 3 slow workers (a full run starts a fresh fleet
+    for it): (the runs, that failover or None).
+    """
     runs: dict[str, Any] = {}
+    failover = None
     with ExitStack() as stack:
         fleet = Fleet(store_url, work_dir, stack)
         gateway = fleet.add_gateway(wait=False)  # it starts while the first worker does
@@ -215,6 +225,8 @@ def measure_scaling(opts: Options, store_url: str, work_dir: Path, bodies: Path)
             gateway.wait_ready()
             wait_routable(gateway, {f"w{i}" for i in range(1, count + 1)})
             runs[f"workers_{count}"] = closed_loop(opts, gateway, bodies).to_dict()
+        if opts.is_smoke:
+            failover = fail_over(opts, fleet, gateway, bodies, failover_rate(runs))
     with ExitStack() as stack:
         fleet = Fleet(store_url, work_dir, stack)
         gateway = fleet.add_gateway(wait=False)
@@ -222,34 +234,48 @@ def measure_scaling(opts: Options, store_url: str, work_dir: Path, bodies: Path)
         gateway.wait_ready()
         wait_routable(gateway, {"f1", "f2", "f3"})
         runs["gateway_ceiling"] = closed_loop(opts, gateway, bodies).to_dict()
-    return runs
+    return runs, failover
+
+
+def failover_rate(runs: dict[str, Any]) -> float:
+    """The failover's open-loop rate: half the 3-worker throughput, 10/s at least."""
+    return max(10.0, float(runs["workers_3"]["throughput_per_s"]) / 2)
 
 
 def measure_failover(
     opts: Options, store_url: str, work_dir: Path, bodies: Path, rate_per_s: float
 ) -> dict[str, Any]:
-    """Open-loop load on 3 workers; SIGKILL one; time until the gateway stops routing to it."""
+    """``fail_over`` on a fresh gateway and 3 slow workers."""
     with ExitStack() as stack:
         fleet = Fleet(store_url, work_dir, stack)
         gateway = fleet.add_gateway(wait=False)
         fleet.add_workers(("k1", "k2", "k3"), SLOW_MODEL)
         gateway.wait_ready()
         wait_routable(gateway, {"k1", "k2", "k3"})
-        spec = LoadSpec(
-            mode=LoadMode.OPEN, seconds=opts.failover_seconds, rate_per_s=rate_per_s,
-            expected_latency_ms=60, drain_s=3.0,
-        )  # fmt: skip
-        result: dict[str, LoadResult] = {}
-        loader = threading.Thread(
-            target=lambda: result.update(load=run_load_process(spec, gateway.port, bodies))
-        )
-        loader.start()
-        time.sleep(opts.failover_seconds / 3)
-        os.kill(fleet.workers["k1"].pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        wait_routable(gateway, {"k2", "k3"})
-        removed_s = time.monotonic() - killed_at
-        loader.join()
+        return fail_over(opts, fleet, gateway, bodies, rate_per_s)
+
+
+def fail_over(
+    opts: Options, fleet: Fleet, gateway: ServerProcess, bodies: Path, rate_per_s: float
+) -> dict[str, Any]:
+    """Open-loop load on the fleet's workers; SIGKILL the first; time until the gateway
+    stops routing to it."""
+    victim, *survivors = fleet.workers
+    spec = LoadSpec(
+        mode=LoadMode.OPEN, seconds=opts.failover_seconds, rate_per_s=rate_per_s,
+        expected_latency_ms=60, drain_s=3.0,
+    )  # fmt: skip
+    result: dict[str, LoadResult] = {}
+    loader = threading.Thread(
+        target=lambda: result.update(load=run_load_process(spec, gateway.port, bodies))
+    )
+    loader.start()
+    time.sleep(opts.failover_seconds / 3)
+    os.kill(fleet.workers[victim].pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_routable(gateway, set(survivors))
+    removed_s = time.monotonic() - killed_at
+    loader.join()
     load = result["load"]
     return {
         "offered_per_s": rate_per_s,
@@ -343,10 +369,11 @@ def run_benchmark(opts: Options) -> dict[str, Any]:
                 "machine": machine_info(), "versions": package_versions(),
                 "gateway_overhead": overhead}  # fmt: skip
     with fresh_database() as store_url:
-        runs = measure_scaling(opts, store_url, work_dir, bodies)
+        runs, failover = measure_scaling(opts, store_url, work_dir, bodies)
         summary = evaluate(runs)
-        rate = max(10.0, summary["throughput_per_s"]["workers_3"] / 2)
-        failover = measure_failover(opts, store_url, work_dir, bodies, rate)
+        if failover is None:
+            rate = failover_rate(runs)
+            failover = measure_failover(opts, store_url, work_dir, bodies, rate)
         overhead = measure_overhead(opts, store_url, work_dir, bodies)
     return {
         "inputs": {
