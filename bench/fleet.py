@@ -16,7 +16,8 @@ Needs PostgreSQL (CONVEYOR_TEST_PG_URL, default the local server's ``test`` data
 fresh database is created for the run and dropped after it.
 
 A smoke run checks the machinery, not the figures: load runs of half a second, one
-gateway-cost round and no warm-up, and the failover on the scaling run's 3 slow workers.
+fast worker for the gateway's ceiling, one gateway-cost round and no warm-up, and the
+failover on the scaling run's 3 slow workers.
 
     python -m bench.fleet            # full run: bench/results/fleet.json and fleet.png
     python -m bench.fleet --smoke --out DIR
@@ -77,6 +78,7 @@ class Options:
     overhead_rounds: int = 3
     overhead_warmups: int = 1
     gateway_only: bool = False
+    ceiling_workers: int = 3  # fast workers behind the gateway for its ceiling
 
 
 def parse_options(argv: Sequence[str] | None = None) -> Options:
@@ -96,6 +98,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         return Options(
             args.out, True, seconds=0.5, num_clients=16, failover_seconds=2.0,
             overhead_rounds=1, overhead_warmups=0, gateway_only=args.gateway_only,
+            ceiling_workers=1,
         )  # fmt: skip
     return Options(
         args.out, False, seconds=args.seconds, num_clients=args.clients,
@@ -210,7 +213,8 @@ def closed_loop(opts: Options, gateway: ServerProcess, bodies: Path) -> LoadResu
 def measure_scaling(
     opts: Options, store_url: str, work_dir: Path, bodies: Path
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Throughput with 1, 2, 3 slow workers, then the gateway ceiling with 3 fast ones.
+    """Throughput with 1, 2, 3 slow workers, then the gateway ceiling with 3 fast ones (1 in
+    a smoke run).
 
     A smoke run also fails over on the 3 slow workers (a full run starts a fresh fleet
     for it): (the runs, that failover or None).
@@ -230,9 +234,10 @@ def measure_scaling(
     with ExitStack() as stack:
         fleet = Fleet(store_url, work_dir, stack)
         gateway = fleet.add_gateway(wait=False)
-        fleet.add_workers(("f1", "f2", "f3"), FAST_MODEL)
+        fast = [f"f{i}" for i in range(1, opts.ceiling_workers + 1)]
+        fleet.add_workers(fast, FAST_MODEL)
         gateway.wait_ready()
-        wait_routable(gateway, {"f1", "f2", "f3"})
+        wait_routable(gateway, set(fast))
         runs["gateway_ceiling"] = closed_loop(opts, gateway, bodies).to_dict()
     return runs, failover
 
@@ -379,6 +384,7 @@ def run_benchmark(opts: Options) -> dict[str, Any]:
         "inputs": {
             "is_smoke": opts.is_smoke, "seconds": opts.seconds, "num_clients": opts.num_clients,
             "slow_model": SLOW_MODEL, "fast_model": FAST_MODEL,
+            "ceiling_workers": opts.ceiling_workers,
         },
         "machine": machine_info(),
         "versions": package_versions(),
