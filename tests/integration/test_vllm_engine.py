@@ -1,7 +1,7 @@
 """``engine: vllm`` on the real SmolLM2, served by ``conveyor serve`` in vLLM's environment.
 
 One vLLM engine, shared with the LoRA and batch modules (its start-up is most of the cost;
-the adapter it has configured is not named here, so vLLM runs these requests on the base).
+it has no LoRA until the batch test's restart, and these requests name no adapter).
 Greedy answers match Conveyor's own engine and transformers token for token; streaming,
 n > 1, logprobs, JSON-schema output, a forced tool call, the usage block and vLLM's own
 metrics come through Conveyor's endpoints unchanged; a client that goes away aborts its
