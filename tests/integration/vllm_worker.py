@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Server, free_port, wait_until_ready
-from tests.integration.smollm2_fixtures import save_random_adapter
+from tests.integration.smollm2_fixtures import save_random_adapter, shared_gguf_reads
 from tests.missing import missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,10 +52,15 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2 as a Hugging Face directory (``conveyor models import`` of the GGUF)."""
+    """SmolLM2 as a Hugging Face directory (``conveyor models import`` of the GGUF).
+
+    The import reads the file twice (weights, tokenizer): one parse serves both, and the
+    SmolLM2 fixtures that load next (``shared_gguf_reads``)."""
     from conveyor.engine.model.gguf_import import import_gguf
 
-    return import_gguf(smollm2_path, tmp_path_factory.mktemp("smollm2-hf") / "SmolLM2").directory
+    with shared_gguf_reads():
+        imported = import_gguf(smollm2_path, tmp_path_factory.mktemp("smollm2-hf") / "SmolLM2")
+    return imported.directory
 
 
 @pytest.fixture(scope="session")
