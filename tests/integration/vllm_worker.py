@@ -37,9 +37,11 @@ VLLM_MODEL_NAME = "smol-vllm"
 # The shared server's configured adapter (tests/integration/test_vllm_engine_lora.py).
 LORA_ADAPTER = "random"
 LORA_RANK = 8
-# The shared server's batch jobs (tests/integration/test_vllm_engine_batch.py): shards of 50
-# lines, leases renewed often and short, so a restarted server takes a killed one's shard soon.
-VLLM_JOBS = {"lines_per_shard": 100, "poll_every_s": 0.1, "renew_every_s": 0.2, "lease_s": 2}
+# The shared server's batch jobs (tests/integration/test_vllm_engine_batch.py): shards of 150
+# lines (its 200 lines: 150 run before its kill on the server without LoRA, 50 run again after
+# it, with LoRA, at half the speed), leases renewed often and short, so a restarted server
+# takes a killed one's shard soon.
+VLLM_JOBS = {"lines_per_shard": 150, "poll_every_s": 0.1, "renew_every_s": 0.2, "lease_s": 2}
 
 
 def vllm_python() -> str:
