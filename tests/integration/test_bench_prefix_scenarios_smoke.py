@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench.prefix_scenarios import GOALS, SCENARIOS, summarize
+from bench.prefix_scenarios import GOALS, SCENARIOS, Plan, parse_options, summarize
 
 from tests.bench_smoke import run_smoke
 from tests.postgres import require_postgres
@@ -47,5 +47,32 @@ def test_summary_checks_each_goal_and_the_throughput_tolerance() -> None:
     assert summary["ceiling_hit_rate"] == 0.7
     assert summary["no_hint"]["met"] is False and summary["prompt_cache_key"]["met"] is True
     assert summary["two_gateways"]["hit_rate_before"] == 0.3
-    assert summary["no_overlap"]["throughput_ratio"] == round(9.85 / 10.1, 3)
+    # The median of the pairs' ratios (0.98, 0.971), not of each mode's median.
+    assert summary["no_overlap"]["pair_ratios"] == [0.98, 0.971]
+    assert summary["no_overlap"]["throughput_ratio"] == round((0.98 + 0.971) / 2, 3)
     assert summary["no_overlap"]["met"] is True
+
+
+def test_the_pairs_ratio_cancels_a_drift_that_the_medians_keep() -> None:
+    # The machine slows down run by run; each pair runs at the same speed, 1 % apart.
+    load_only = [_run(0, rate) for rate in (20.0, 15.0, 10.0, 8.0)]
+    prefix = [_run(0, rate * 0.99) for rate in (20.0, 15.0, 10.0, 8.0)]
+    summary = summarize({"no_overlap": {"load_only": load_only, "prefix": prefix}})
+    assert "ceiling_hit_rate" not in summary  # --only-no-overlap: no hit-rate scenarios ran
+    assert summary["no_overlap"]["throughput_ratio"] == 0.99
+    assert summary["no_overlap"]["met"] is True
+    slower = {
+        "load_only": load_only,
+        "prefix": [_run(0, r * 0.96) for r in (20.0, 15.0, 10.0, 8.0)],
+    }
+    assert summarize({"no_overlap": slower})["no_overlap"]["met"] is False
+
+
+def test_only_no_overlap_runs_the_pair_alone_with_its_sessions_and_repeats() -> None:
+    base, plan = parse_options(
+        ["--only-no-overlap", "--repeats", "7", "--no-overlap-sessions", "96"]
+    )
+    assert plan == Plan(repeats=7, no_overlap_sessions=96, only_no_overlap=True)
+    assert base.num_workers == 3 and not base.is_smoke
+    _, smoke = parse_options(["--smoke"])
+    assert smoke.repeats == 1 and not smoke.only_no_overlap

@@ -1,7 +1,8 @@
 """``engine: vllm`` on the real SmolLM2, served by ``conveyor serve`` in vLLM's environment.
 
-One vLLM engine, shared with the LoRA and batch modules (its start-up is most of the cost;
-the adapter it has configured is not named here, so vLLM runs these requests on the base).
+One vLLM engine, shared with the LoRA and batch modules (its start-up is most of the cost,
+so it is launched first: SmolLM2's runner and transformers' model load while vLLM starts;
+it has no LoRA until the batch test's restart, and these requests name no adapter).
 Greedy answers match Conveyor's own engine and transformers token for token; streaming,
 n > 1, logprobs, JSON-schema output, a forced tool call, the usage block and vLLM's own
 metrics come through Conveyor's endpoints unchanged; a client that goes away aborts its
@@ -31,7 +32,10 @@ from tests.integration.vllm_worker import (
 )
 from tests.unit.model_helpers import generate
 
-pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(1200)]
+# vllm_launched first (usefixtures come before a test's arguments): vLLM starts up while
+# the session's SmolLM2 fixtures load.
+pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(1200),
+              pytest.mark.usefixtures("vllm_launched")]  # fmt: skip
 
 NEW_TOKENS = 24
 QUESTIONS = (

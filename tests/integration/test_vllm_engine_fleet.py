@@ -68,13 +68,13 @@ def test_a_conveyor_and_a_vllm_worker_behind_one_gateway(
     conveyor_model = {"name": MODEL, "kind": "generate", "path": str(smollm2_path),
                       "dtype": "float32", "max_model_len": 512, "max_num_seqs": 4,
                       "max_num_batched_tokens": 512, "kv_cache_tokens": 4096}  # fmt: skip
-    # Both start at once: Conveyor's engine loads while vLLM starts up.
+    # All three start at once: the gateway and Conveyor's engine while vLLM starts up.
     theirs = spawn_worker(fleet, "on-vllm", vllm_python(), vllm_model(smollm2_dir, name=MODEL))
     try:
         ours = spawn_worker(fleet, "on-conveyor", sys.executable, conveyor_model)
+        gateway = fleet.start_gateway()
         wait_ready(ours)
         wait_ready(theirs)
-        gateway = fleet.start_gateway()
         until(lambda: routable_ids(gateway) == {"on-conveyor", "on-vllm"}, "both", timeout_s=30)
         with ThreadPoolExecutor(NUM_REQUESTS) as pool:
             answers = list(pool.map(ask, [gateway.url] * NUM_REQUESTS))

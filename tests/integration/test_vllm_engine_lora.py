@@ -3,9 +3,10 @@ in vLLM's environment, answers greedily as Conveyor's own engine does with that 
 base answers as before when no adapter is named; loading and unloading at run time go through
 vLLM (``add_lora``, ``remove_lora``) with Conveyor's checks and answers.
 
-One vLLM engine, shared with ``test_vllm_engine`` (its start-up is most of the cost). The
-adapter (rank 8 on every projection, drawn at random) is made by PEFT and saved, as in
-``test_smollm2_lora`` (``save_random_adapter``).
+One vLLM engine, shared with ``test_vllm_engine`` and the batch test (its start-up is most
+of the cost; the batch test's restart configures the adapter). The adapter (rank 8 on every
+projection, drawn at random) is made by PEFT and saved, as in ``test_smollm2_lora``
+(``save_random_adapter``).
 """
 
 from __future__ import annotations
@@ -49,9 +50,13 @@ PROMPTS = (
 
 @pytest.fixture(scope="module")
 def server(
-    vllm_launched: SharedVllmServer, conveyors_answers: dict[str | None, list[str]]
-) -> Server:  # conveyors_answers: computed while vLLM starts
-    return vllm_launched.ready()
+    vllm_launched: SharedVllmServer,
+    vllm_adapter_root: Path,
+    conveyors_answers: dict[str | None, list[str]],
+) -> Server:  # conveyors_answers: computed while vLLM starts (if it still has to)
+    """The shared vLLM server with ``LORA_ADAPTER`` configured (started with it after the
+    batch test's kill; started again with it here when that test did not run first)."""
+    return vllm_launched.ready(vllm_adapter_root)
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ vLLM pins its own dependencies, so its engine runs in its own environment
 tests drive it over HTTP from theirs. Without that environment the tests skip here and fail
 under CI. Start-up is most of their cost: the engine, LoRA and batch modules share one server
 (``vllm_launched``, a session fixture exported by ``tests/integration/conftest.py``; the
-batch test SIGKILLs it mid-job and starts it again on the same data, the later tests getting
-the new process), the fleet test starts its own worker; all with small limits,
-``enforce_eager`` (no compilation), a small KV cache.
+batch test SIGKILLs it mid-job and starts it again on the same data, with the LoRA module's
+adapter configured, the later tests getting the new process), the fleet test starts its own
+worker; all with small limits, ``enforce_eager`` (no compilation), a small KV cache.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Server, free_port, wait_until_ready
-from tests.integration.smollm2_fixtures import save_random_adapter
+from tests.integration.smollm2_fixtures import save_random_adapter, shared_gguf_reads
 from tests.missing import missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,9 +37,11 @@ VLLM_MODEL_NAME = "smol-vllm"
 # The shared server's configured adapter (tests/integration/test_vllm_engine_lora.py).
 LORA_ADAPTER = "random"
 LORA_RANK = 8
-# The shared server's batch jobs (tests/integration/test_vllm_engine_batch.py): shards of 50
-# lines, leases renewed often and short, so a restarted server takes a killed one's shard soon.
-VLLM_JOBS = {"lines_per_shard": 100, "poll_every_s": 0.1, "renew_every_s": 0.2, "lease_s": 2}
+# The shared server's batch jobs (tests/integration/test_vllm_engine_batch.py): shards of 150
+# lines (its 200 lines: 150 run before its kill on the server without LoRA, 50 run again after
+# it, with LoRA, at half the speed), leases renewed often and short, so a restarted server
+# takes a killed one's shard soon.
+VLLM_JOBS = {"lines_per_shard": 150, "poll_every_s": 0.1, "renew_every_s": 0.2, "lease_s": 2}
 
 
 def vllm_python() -> str:
@@ -52,10 +54,15 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2 as a Hugging Face directory (``conveyor models import`` of the GGUF)."""
+    """SmolLM2 as a Hugging Face directory (``conveyor models import`` of the GGUF).
+
+    The import reads the file twice (weights, tokenizer): one parse serves both, and the
+    SmolLM2 fixtures that load next (``shared_gguf_reads``)."""
     from conveyor.engine.model.gguf_import import import_gguf
 
-    return import_gguf(smollm2_path, tmp_path_factory.mktemp("smollm2-hf") / "SmolLM2").directory
+    with shared_gguf_reads():
+        imported = import_gguf(smollm2_path, tmp_path_factory.mktemp("smollm2-hf") / "SmolLM2")
+    return imported.directory
 
 
 @pytest.fixture(scope="session")
@@ -69,17 +76,33 @@ def vllm_adapter_root(smollm2_hf: Any, tmp_path_factory: pytest.TempPathFactory)
 class SharedVllmServer:
     """The session's one vLLM server: launched at once (its start-up overlaps other work),
     waited for by :meth:`ready`. A test may :meth:`kill` it (SIGKILL, as a machine dying
-    would); the next :meth:`ready` starts it again on the same configuration and data."""
+    would); the next :meth:`ready` starts it again on the same configuration and data.
+
+    The first start has no ``lora`` section: with LoRA configured, vLLM's CPU build runs
+    every step through its LoRA kernels (base requests under a null adapter,
+    ``conveyor.engine.vllm_lora``), about half as fast, and the engine module and the batch
+    job before its kill use the base only. :meth:`ready` given an adapter root starts the
+    server again with it configured (``LORA_ADAPTER``) unless it already has it; the batch
+    test's restart after its kill passes it, so the LoRA module finds it running.
+    """
 
     def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
         self.tmp, self.config = tmp, config
         self._server = launch_vllm_server(tmp, config)
         self._killed = False
+        self.adapter_root: Path | None = None  # the running server's, None: no LoRA
 
-    def ready(self) -> Server:
-        """The server once it answers (started again first if :meth:`kill` stopped it)."""
+    def ready(self, adapter_root: Path | None = None) -> Server:
+        """The server once it answers: started again first if :meth:`kill` stopped it, or
+        stopped and started again with LoRA if ``adapter_root`` is given and it has none."""
+        if adapter_root is not None and self.adapter_root != adapter_root and not self._killed:
+            self.stop()
+            self._killed = True
         if self._killed:
-            self._server, self._killed = launch_vllm_server(self.tmp, self.config), False
+            root = adapter_root or self.adapter_root
+            config = self.config if root is None else with_lora(self.config, root)
+            self._server, self._killed = launch_vllm_server(self.tmp, config), False
+            self.adapter_root = root
         self._server = wait_until_vllm_ready(self._server)
         return self._server
 
@@ -93,17 +116,23 @@ class SharedVllmServer:
         stop_group(self._server.process)
 
 
+def with_lora(config: dict[str, Any], adapter_root: Path) -> dict[str, Any]:
+    """``config`` with its one model serving ``LORA_ADAPTER`` from ``adapter_root``, and
+    run-time loads allowed from that directory."""
+    lora = {"adapters": {LORA_ADAPTER: str(adapter_root / LORA_ADAPTER)},
+            "max_loras_per_batch": 1, "max_rank": LORA_RANK,
+            "load_roots": [str(adapter_root)]}  # fmt: skip
+    (model,) = config["models"]
+    return {**config, "models": [{**model, "lora": lora}]}
+
+
 @pytest.fixture(scope="session")
 def vllm_launched(
-    smollm2_dir: Path, vllm_adapter_root: Path, tmp_path_factory: pytest.TempPathFactory
+    smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SharedVllmServer]:
     """The one vLLM server of the engine, LoRA and batch modules, launched, not yet ready:
-    SmolLM2 with ``LORA_ADAPTER`` configured and run-time loads allowed from its directory,
-    batch jobs on ``VLLM_JOBS``."""
-    lora = {"adapters": {LORA_ADAPTER: str(vllm_adapter_root / LORA_ADAPTER)},
-            "max_loras_per_batch": 1, "max_rank": LORA_RANK,
-            "load_roots": [str(vllm_adapter_root)]}  # fmt: skip
-    config = {"models": [vllm_model(smollm2_dir, lora=lora)], "jobs": VLLM_JOBS}
+    SmolLM2 (LoRA added by ``SharedVllmServer.ready``), batch jobs on ``VLLM_JOBS``."""
+    config = {"models": [vllm_model(smollm2_dir)], "jobs": VLLM_JOBS}
     shared = SharedVllmServer(tmp_path_factory.mktemp("vllm-engine"), config)
     yield shared
     shared.stop()

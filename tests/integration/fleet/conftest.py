@@ -134,15 +134,19 @@ class Fleet:
 
     def start_gateway(self, name: str = "gateway", *, extra_args: tuple[str, ...] = ()) -> Proc:
         """Start a gateway; wait until it answers /ready."""
+        proc = self.spawn_gateway(name, extra_args=extra_args)
+        self.wait_ready(proc)
+        return proc
+
+    def spawn_gateway(self, name: str = "gateway", *, extra_args: tuple[str, ...] = ()) -> Proc:
+        """Start a gateway; do not wait (it starts beside workers still loading)."""
         port = free_port()
-        proc = self._spawn(
+        return self._spawn(
             name,
             ["gateway", "--store", self.store_url, "--port", str(port),
              "--stale-after-s", str(STALE_AFTER_S), "--refresh-s", "0.1", *extra_args],
             port,
         )  # fmt: skip
-        self.wait_ready(proc)
-        return proc
 
     def wait_ready(self, proc: Proc) -> None:
         """Wait until `proc` answers /ready; fail the test if it exits or takes too long."""

@@ -64,8 +64,11 @@ def test_a_follow_up_turn_goes_to_the_worker_holding_its_prefix(
 ) -> None:
     checkpoint = build_tiny_llama(tmp_path / "llama")
     config = generate_config(checkpoint)
-    workers = [fleet.start_worker(name, config=config) for name in ("a", "b", "c")]
-    gateway = fleet.start_gateway(extra_args=("--prefix-tokenizer", f"{LLAMA}={checkpoint}"))
+    # Every process loads at once (start-up is mostly imports); the test starts once all answer.
+    workers = [fleet.spawn_worker(name, config=config) for name in ("a", "b", "c")]
+    gateway = fleet.spawn_gateway(extra_args=("--prefix-tokenizer", f"{LLAMA}={checkpoint}"))
+    for proc in (*workers, gateway):
+        fleet.wait_ready(proc)
     until(lambda: routable_ids(gateway) == {"a", "b", "c"}, "three workers routable", timeout_s=10)
     conversations = [
         [{"role": "system", "content": f"You are assistant number {i}. Be brief."},

@@ -6,6 +6,9 @@ and its place before the next one goes. Meanwhile clients stream chats and send 
 through the gateway without pause, and a batch job runs: not one request is lost or gets a
 5xx, every batch line is in the output exactly once, and every chat answered is in the
 usage ledger (a draining worker still writes the usage of what it finishes).
+
+The three workers and the gateway start at once; the restarts, by their nature, one after
+another.
 """
 
 from __future__ import annotations
@@ -134,10 +137,11 @@ def test_a_rolling_restart_loses_nothing(fleet: Fleet, tmp_path: Path) -> None:
     checkpoint = build_tiny_llama(tmp_path / "llama")
     config = {"models": [SLOW_SYNTHETIC, chat_model(checkpoint)], "jobs": JOBS}
     objects = ("--objects", str(tmp_path / "objects"))
+    # The workers and the gateway load at once; the traffic starts once all answer.
     workers = [fleet.spawn_worker(name, config=config, extra_args=objects) for name in "abc"]
-    for worker in workers:
-        fleet.wait_ready(worker)
-    gateway = fleet.start_gateway(extra_args=shared_args(tmp_path))
+    gateway = fleet.spawn_gateway(extra_args=shared_args(tmp_path))
+    for proc in (*workers, gateway):
+        fleet.wait_ready(proc)
     until(lambda: routable_ids(gateway) == {"a", "b", "c"}, "three routable workers", timeout_s=10)
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     lines = embedding_lines(NUM_LINES)
