@@ -28,7 +28,7 @@ from conveyor.jobs.message_batch_views import (
     result_line,
     unplanned_result,
 )
-from conveyor.jobs.operations import check_limit
+from conveyor.jobs.operations import CANCELLABLE, check_limit
 from conveyor.openai_paths import MESSAGES
 from conveyor.stores.errors import ObjectNotFoundError
 from conveyor.stores.object_io import lines_of
@@ -126,10 +126,12 @@ class MessageBatches:
         """Start cancelling: requests that finished keep their results, the rest are
         ``canceled``. A batch that has ended (or is ending) is returned as it is."""
         record = await self.get(tenant, message_batch_id)
-        if record.status not in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS):
+        if record.status not in CANCELLABLE:
             return record
+        # From either status: the supervisor may plan a validating batch (validating ->
+        # in_progress) between the read above and this write, and the cancel must still hold.
         ctx = self._ctx
-        await ctx.store.transition(record.id, [record.status], BatchStatus.CANCELLING, ctx.clock())
+        await ctx.store.transition(record.id, CANCELLABLE, BatchStatus.CANCELLING, ctx.clock())
         self._kick()
         return await self.get(tenant, record.id)
 

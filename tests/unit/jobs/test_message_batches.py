@@ -95,6 +95,28 @@ async def test_cancelling_ends_unrun_requests_as_canceled() -> None:
     assert (await api.cancel("t", created.id)).status is BatchStatus.CANCELLED  # as it is
 
 
+async def test_a_cancel_holds_when_the_batch_is_planned_between_its_read_and_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api, ctx = batches()
+    created = await api.create("t", create_body(5))
+    read = api.get
+
+    async def read_then_plan(tenant: str, batch_id: str) -> Any:
+        """The cancel's read sees `validating`; the supervisor plans the batch right after."""
+        record = await read(tenant, batch_id)
+        if record.status is BatchStatus.VALIDATING:
+            await Supervisor(ctx, asyncio.Event()).tick()
+            assert (await read(tenant, batch_id)).status is BatchStatus.IN_PROGRESS
+        return record
+
+    monkeypatch.setattr(api, "get", read_then_plan)
+    cancelling = await api.cancel("t", public_id(created.id))
+    assert message_batch_object(cancelling)["processing_status"] == "canceling"
+    await run_to_end(ctx)
+    assert message_batch_object(await read("t", created.id))["request_counts"]["canceled"] == 5
+
+
 async def test_delete_needs_an_ended_batch_and_takes_its_files() -> None:
     api, ctx = batches()
     created = await api.create("t", create_body(2))
