@@ -57,20 +57,18 @@ class CountedLlmWorker(StepLoop):
         self, worker_id: str, region: str, clock: Clock, spec: EngineSpec, timing: LlmStepTime,
         kv_tokens: int, metrics: Metrics, *, request_overhead_s: float = 0.0,
     ) -> None:  # fmt: skip
+        super().__init__(clock, SeatGate(spec.max_queue, spec.max_num_seqs))
         self.worker_id, self.region = worker_id, region
-        self.is_alive = self.is_reachable = True
+        self.is_reachable = True
         self.slowdown = 1.0
-        self._clock, self._spec, self._timing, self._metrics = clock, spec, timing, metrics
+        self._spec, self._timing, self._metrics = spec, timing, metrics
         self._overhead_s = request_overhead_s
         blocks = max(1, kv_tokens // spec.block_size)
         self.max_model_len = min(spec.max_model_len, blocks * spec.block_size)
         self.engine = CountedEngine(blocks, spec.block_size, spec.max_num_seqs,
                                     spec.max_num_batched_tokens)  # fmt: skip
-        self.gate = SeatGate(spec.max_queue, spec.max_num_seqs)
         self._seqs: dict[int, CountedSeq] = {}
         self._arrival = 0
-        self._epoch = 0
-        self._is_stepping = False
         self.num_steps = 0
 
     # -- admission ---------------------------------------------------------------------

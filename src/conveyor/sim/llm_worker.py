@@ -54,10 +54,11 @@ class LlmWorker(StepLoop):
         kv_tokens: int, metrics: Metrics, *, request_overhead_s: float = 0.0,
         keeps_digest: bool = False,
     ) -> None:  # fmt: skip
+        super().__init__(clock, SeatGate(spec.max_queue, spec.max_num_seqs))
         self.worker_id, self.region = worker_id, region
-        self.is_alive = self.is_reachable = True
+        self.is_reachable = True
         self._slowdown = 1.0
-        self._clock, self._spec, self._timing, self._metrics = clock, spec, timing, metrics
+        self._spec, self._timing, self._metrics = spec, timing, metrics
         self._overhead_s = request_overhead_s
         blocks = max(1, kv_tokens // spec.block_size)
         self.blocks = BlockManager(blocks, spec.block_size)
@@ -67,14 +68,11 @@ class LlmWorker(StepLoop):
         if spec.job_tokens_beside_online is not None:
             share = JobShare(JobShareConfig(spec.job_tokens_beside_online), lambda: clock.now)
         self.scheduler = Scheduler(config, self.blocks, share)
-        self.gate = SeatGate(spec.max_queue, spec.max_num_seqs)
         # Only prefix-aware routing reads the digest; a snapshot scans the whole pool.
         self.digest = PrefixDigest(clock=lambda: clock.now)
         self._keeps_digest = keeps_digest
         self._entries: dict[str, _Entry] = {}
         self._arrival = 0
-        self._epoch = 0
-        self._is_stepping = False
         self.num_steps = 0
         self._run: DecodeRun | None = None
         self._fast_forward = spec.fast_forward and not keeps_digest

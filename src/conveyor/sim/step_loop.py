@@ -13,14 +13,15 @@ __all__ = ["StepLoop"]
 
 
 class StepLoop(ABC):
-    """Base of ``LlmWorker`` and ``CountedLlmWorker``; they set the attributes below in
-    their ``__init__`` (``_epoch`` 0, ``_is_stepping`` False) and plan the step itself."""
+    """Base of ``LlmWorker`` and ``CountedLlmWorker``, which plan the step itself."""
 
-    is_alive: bool
-    gate: SeatGate
-    _clock: Clock
-    _epoch: int
-    _is_stepping: bool
+    def __init__(self, clock: Clock, gate: SeatGate) -> None:
+        """Alive and idle on ``clock``; ``gate`` holds the waiting requests' seats."""
+        self.is_alive = True
+        self.gate = gate
+        self._clock = clock
+        self._epoch = 0
+        self._is_stepping = False
 
     def _wake(self) -> None:
         """Plan a step now unless one is in flight (or the worker is dead)."""

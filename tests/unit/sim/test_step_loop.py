@@ -12,9 +12,7 @@ class Steps(StepLoop):
     """Runs ``work`` steps of 1 s each; records what it planned and shed."""
 
     def __init__(self, clock: Clock, work: int) -> None:
-        self.is_alive = True
-        self.gate = SeatGate(max_queue=8, max_num_seqs=2)
-        self._clock, self._epoch, self._is_stepping = clock, 0, False
+        super().__init__(clock, SeatGate(max_queue=8, max_num_seqs=2))
         self.work = work
         self.planned: list[float] = []
         self.shed: list[float] = []
