@@ -89,19 +89,19 @@ class SharedVllmServer:
     def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
         self.tmp, self.config = tmp, config
         self._server = launch_vllm_server(tmp, config)
-        self._killed = False
+        self._is_down = False
         self.adapter_root: Path | None = None  # the running server's, None: no LoRA
 
     def ready(self, adapter_root: Path | None = None) -> Server:
         """The server once it answers: started again first if :meth:`kill` stopped it, or
         stopped and started again with LoRA if ``adapter_root`` is given and it has none."""
-        if adapter_root is not None and self.adapter_root != adapter_root and not self._killed:
+        if adapter_root is not None and self.adapter_root != adapter_root and not self._is_down:
             self.stop()
-            self._killed = True
-        if self._killed:
+            self._is_down = True
+        if self._is_down:
             root = adapter_root or self.adapter_root
             config = self.config if root is None else with_lora(self.config, root)
-            self._server, self._killed = launch_vllm_server(self.tmp, config), False
+            self._server, self._is_down = launch_vllm_server(self.tmp, config), False
             self.adapter_root = root
         self._server = wait_until_vllm_ready(self._server)
         return self._server
@@ -109,7 +109,7 @@ class SharedVllmServer:
     def kill(self) -> None:
         """SIGKILL the server and every process it started."""
         kill_group(self._server.process)
-        self._killed = True
+        self._is_down = True
 
     def stop(self) -> None:
         """SIGTERM, as at the end of the session."""
