@@ -73,7 +73,7 @@ HEARTBEAT_S = 1.0
 
 
 @dataclass(frozen=True)
-class Plan:
+class NoOverlapPlan:
     """What runs beside the base options: the no-overlap pairs, and whether only they do."""
 
     repeats: int
@@ -81,7 +81,7 @@ class Plan:
     only_no_overlap: bool = False
 
 
-def parse_options(argv: Sequence[str] | None = None) -> tuple[Options, Plan]:
+def parse_options(argv: Sequence[str] | None = None) -> tuple[Options, NoOverlapPlan]:
     """The base options and the no-overlap plan; ``--smoke`` shrinks everything."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the results")
@@ -99,7 +99,8 @@ def parse_options(argv: Sequence[str] | None = None) -> tuple[Options, Plan]:
         concurrency=concurrency, has_system_prompt=args.system_prompt, heartbeat_s=HEARTBEAT_S,
     )  # fmt: skip
     overlap_sessions = 4 if args.smoke else args.no_overlap_sessions
-    return base, Plan(1 if args.smoke else args.repeats, overlap_sessions, args.only_no_overlap)
+    repeats = 1 if args.smoke else args.repeats
+    return base, NoOverlapPlan(repeats, overlap_sessions, args.only_no_overlap)
 
 
 def one_run(
@@ -116,7 +117,9 @@ def one_run(
             _forget_workers(store_url)
 
 
-def run_scenarios(base: Options, plan: Plan, store_url: str, work: Path, ckpt: Path) -> Any:
+def run_scenarios(
+    base: Options, plan: NoOverlapPlan, store_url: str, work: Path, ckpt: Path
+) -> Any:
     """The ceiling, every scenario before and after, then the no-overlap comparison."""
     results: dict[str, Any] = {}
     if not plan.only_no_overlap:

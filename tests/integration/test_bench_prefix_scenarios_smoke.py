@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench.prefix_scenarios import GOALS, SCENARIOS, Plan, parse_options, summarize
+from bench.prefix_scenarios import GOALS, SCENARIOS, NoOverlapPlan, parse_options, summarize
 
 from tests.bench_smoke import run_smoke
 from tests.postgres import require_postgres
@@ -72,7 +72,7 @@ def test_only_no_overlap_runs_the_pair_alone_with_its_sessions_and_repeats() -> 
     base, plan = parse_options(
         ["--only-no-overlap", "--repeats", "7", "--no-overlap-sessions", "96"]
     )
-    assert plan == Plan(repeats=7, no_overlap_sessions=96, only_no_overlap=True)
+    assert plan == NoOverlapPlan(repeats=7, no_overlap_sessions=96, only_no_overlap=True)
     assert base.num_workers == 3 and not base.is_smoke
     _, smoke = parse_options(["--smoke"])
     assert smoke.repeats == 1 and not smoke.only_no_overlap
