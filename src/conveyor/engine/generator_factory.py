@@ -54,6 +54,7 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         dtype=config.dtype,
         lora=lora,
         enforce_eager=config.enforce_eager,
+        native_kernels=config.native_kernels,
     )
     max_model_len = config.max_model_len or runner.max_model_len
     problem = max_model_len_problem(config.name, max_model_len, runner.max_model_len)

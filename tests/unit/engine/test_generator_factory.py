@@ -114,9 +114,10 @@ def test_kv_offload_on_the_vllm_engine_is_refused_not_yet(llama_path: Path) -> N
         model_config(llama_path, engine="vllm", kv_offload={"host_bytes": 1 << 20})
 
 
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("enforce_eager", [True, False])
 def test_enforce_eager_reaches_the_runner(
-    llama_path: Path, enforce_eager: bool, monkeypatch: pytest.MonkeyPatch
+    llama_path: Path, enforce_eager: bool, native: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The runner's own compile (seconds to minutes) is tested with the runner
     # (tests/unit/engine/model/test_model_runner.py); here only the wiring: stand-ins that
@@ -134,13 +135,17 @@ def test_enforce_eager_reaches_the_runner(
 
     monkeypatch.setattr(model_runner, "compile_decode_attention", compile_decode)
     monkeypatch.setattr(model_runner, "compile_layers", compile_layers)
-    config = model_config(llama_path, enforce_eager=enforce_eager)
+    config = model_config(llama_path, enforce_eager=enforce_eager, native_kernels=native)
     assert model_config(llama_path).enforce_eager is True  # eager unless asked
+    assert model_config(llama_path).native_kernels is True  # native unless refused
     generator = load_generator(config, Metrics().for_generator("tiny"))
     try:
         runner = generator.engine._runner
         assert isinstance(runner, ModelRunner)
-        assert runner.compiled_decode is (None if enforce_eager else compiled)
-        assert asked == ([] if enforce_eager else ["decode", "layers"])
+        assert (runner.native_decode is not None) is native
+        # The native kernel stands in for the compiled decode attention.
+        expected = [] if enforce_eager else ["layers"] if native else ["decode", "layers"]
+        assert asked == expected
+        assert runner.compiled_decode is (compiled if expected[:1] == ["decode"] else None)
     finally:
         generator.stop()

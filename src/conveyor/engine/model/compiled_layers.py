@@ -89,7 +89,9 @@ def compile_layers(runner: ModelRunner) -> float:
     steps = warm_up_steps(runner.config, runner.block_size, runner.num_kv_blocks)
     if steps is None:
         return 0.0
-    runner.model.compiled_layers = CompiledLayers(runner.model.decoder_layers)
+    runner.model.compiled_layers = CompiledLayers(
+        runner.model.decoder_layers, native=runner.native_decode is not None
+    )
     runner.decode_bucket_cost_blocks = math.inf
     for chunks in steps:
         runner.execute(chunks)
@@ -131,14 +133,21 @@ def _traced_decode_layer(
     slots: torch.Tensor,
     block_tables: torch.Tensor,
     mask: torch.Tensor,
+    native: bool,
 ) -> torch.Tensor:
     """One decoder layer on a step of decode rows only, attention included: the keys and
-    values are written to the cache and read back in place (``paged_decode_attention``).
+    values are written to the cache, then attended by the native kernel where ``native``
+    (read in place, opaque to the compiler), else by ``gathered_decode_attention``.
     Row ``i`` is token ``i``: ``block_tables`` [T, n] and ``mask`` [T, n, block_size]."""
     attn = layer.self_attn
     q, k, v = attn.project(layer.input_layernorm(h), (cos, sin))
     write_kv_op(kv_cache, slots, k, v)
-    attended = gathered_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, mask)
+    if native:
+        attended = torch.ops.conveyor_native.decode_attention(
+            q, kv_cache[0], kv_cache[1], block_tables, mask, q.shape[-1] ** -0.5
+        )
+    else:
+        attended = gathered_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, mask)
     h = h + attn.o_proj(attended.flatten(1))
     mixed: torch.Tensor = layer.mlp(layer.post_attention_layernorm(h))
     return h + mixed
@@ -187,8 +196,10 @@ def _attend(
 class CompiledLayers:
     """Runs a decoder's layers through one compiled region each (see the module's doc)."""
 
-    def __init__(self, layers: Iterable[DecoderLayer]) -> None:
+    def __init__(self, layers: Iterable[DecoderLayer], *, native: bool = False) -> None:
         self.layers = list(layers)
+        # Decode rows attend with the native kernel (``native_kernels``) where it is loaded.
+        self.native = native
         for index, layer in enumerate(self.layers):
             for module in layer.modules():
                 if isinstance(module, Linear):
@@ -253,7 +264,7 @@ class CompiledLayers:
             tables, mask = decode.for_layer(state.masks[index])
             kv_cache = decode.kv_caches[index]
             args = [h, cos, sin, kv_cache, state.step.slot_mapping, tables, mask]
-            compiled = self._compiled_decode
+            compiled = partial(self._compiled_decode, native=self.native)
         if not traced:
             for tensor in args:
                 torch._dynamo.maybe_mark_dynamic(tensor, 0)

@@ -17,10 +17,13 @@ NUM_KV_BLOCKS = 16
 BLOCK_SIZE = 4
 
 
-def _runner(path: Path, *, enforce_eager: bool, dtype: str = "float32") -> ModelRunner:
+def _runner(
+    path: Path, *, enforce_eager: bool, dtype: str = "float32", native: bool = False
+) -> ModelRunner:
+    """A runner on the tiny Llama; PyTorch alone unless ``native`` (the native kernel)."""
     return ModelRunner(
         path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, device="cpu", dtype=dtype,
-        enforce_eager=enforce_eager,
+        enforce_eager=enforce_eager, native_kernels=native,
     )  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -198,7 +199,7 @@ def test_compiled_decode_attention_gives_the_same_greedy_tokens(llama_path: Path
     def runner(enforce_eager: bool) -> ModelRunner:
         return ModelRunner(
             llama_path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, device="cpu",
-            dtype="float32", enforce_eager=enforce_eager,
+            dtype="float32", enforce_eager=enforce_eager, native_kernels=False,
         )  # fmt: skip
 
     eager, compiled = runner(True), runner(False)
@@ -211,3 +212,32 @@ def test_compiled_decode_attention_gives_the_same_greedy_tokens(llama_path: Path
     assert compiled.model.compiled_layers.num_calls > 0
     assert compiled.model.compiled_layers.num_fallbacks == 0
     assert compiled.compiled_decode.num_fallbacks == 0
+
+
+@pytest.mark.slow  # compiles the decoder layers (seconds; more on a busy machine)
+@pytest.mark.timeout(240)
+def test_the_native_decode_attention_gives_the_same_greedy_tokens(llama_path: Path) -> None:
+    def runner(enforce_eager: bool, native: bool) -> ModelRunner:
+        return ModelRunner(
+            llama_path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, device="cpu",
+            dtype="float32", enforce_eager=enforce_eager, native_kernels=native,
+        )  # fmt: skip
+
+    pytorch, native, native_compiled = runner(True, False), runner(True, True), runner(False, True)
+    assert pytorch.native_decode is None
+    want = _greedy_decodes(pytorch, 6)
+    for candidate in (native, native_compiled):
+        assert candidate.native_decode is not None  # built here: the suite's machine has g++
+        assert candidate.compiled_decode is None  # the inductor attention is not compiled
+        # One bucket a step: hidden padding costs the kernel next to nothing.
+        assert candidate.decode_bucket_cost_blocks == math.inf
+        with torch.profiler.profile() as profiled:
+            assert _greedy_decodes(candidate, 6) == want
+        ops = {event.name for event in profiled.events()}
+        assert "conveyor_native::decode_attention" in ops
+    # Eager decode buckets called it through Attention.paged_decode; the compiled runner's
+    # decode steps attended inside its compiled layers, none falling back.
+    assert native.native_decode is not None and native.native_decode.num_calls > 0
+    assert native_compiled.model.compiled_layers is not None
+    assert native_compiled.model.compiled_layers.native
+    assert native_compiled.model.compiled_layers.num_fallbacks == 0

@@ -28,6 +28,7 @@ from conveyor.engine.model.step_inputs import (
 )
 
 if TYPE_CHECKING:
+    from conveyor.engine.model.layers.native_kernels import NativeDecodeAttention
     from conveyor.engine.model.layers.paged_attention import CompiledDecodeAttention
 
 __all__ = ["Attention", "decode_attention", "grouped_attention"]
@@ -122,8 +123,9 @@ class Attention(nn.Module):
         if config.has_qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device=device, dtype=dtype)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device=device, dtype=dtype)
-        # Decode buckets read the cache in place through this, where set (see paged_attention).
-        self.paged_decode: CompiledDecodeAttention | None = None
+        # Decode buckets read the cache in place through this, where set (see
+        # native_kernels, paged_attention).
+        self.paged_decode: NativeDecodeAttention | CompiledDecodeAttention | None = None
         # Set by ``compiled_layers``: a compiled layer calls ``attend`` as an opaque op.
         self.op_slot: torch.Tensor | None = None
 

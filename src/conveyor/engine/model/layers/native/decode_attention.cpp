@@ -1,0 +1,213 @@
+// Decode attention over a paged KV cache, read in place, on the CPU.
+//
+// One query token per row. Each (row, KV head) pair is one task: the row's G query heads
+// of that KV head are scored against every cached key of the row's blocks (additive mask
+// added, fully hidden positions skipped), softmaxed in float32 and applied to the values,
+// reading the keys and values where they lie in the cache: no gathered copy of the
+// context is made. Tasks are spread over torch's intra-op threads.
+//
+// Shapes: q [T, H, D]; k_cache, v_cache [num_blocks, block_size, KVH, D] (any strides,
+// the last one 1); block_tables [T, N] int64; mask [T, N, block_size] additive (0 or
+// -inf). Returns [T, H, D] in q's dtype. Registered as conveyor_native::decode_attention.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+template <typename scalar_t>
+inline void load_float(const scalar_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+template <>
+inline void load_float<at::BFloat16>(const at::BFloat16* src, float* dst, int64_t n) {
+  using BVec = at::vec::Vectorized<at::BFloat16>;
+  int64_t i = 0;
+  for (; i + BVec::size() <= n; i += BVec::size()) {
+    auto [low, high] = at::vec::convert_to_float<at::BFloat16>(BVec::loadu(src + i));
+    low.store(dst + i);
+    high.store(dst + i + Vec::size());
+  }
+  for (; i < n; ++i) {
+    dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  Vec acc(0.0f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
+  for (; i < n; ++i) {
+    sum += a[i] * b[i];
+  }
+  return sum;
+}
+
+inline void add_scaled(float* acc, const float* x, float weight, int64_t n) {
+  const Vec w(weight);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    at::vec::fmadd(w, Vec::loadu(x + i), Vec::loadu(acc + i)).store(acc + i);
+  }
+  for (; i < n; ++i) {
+    acc[i] += weight * x[i];
+  }
+}
+
+// exp(x - max) in place over n scores; returns their sum (hidden positions give 0).
+inline float exp_and_sum(float* scores, int64_t n) {
+  float top = kNegInf;
+  for (int64_t i = 0; i < n; ++i) {
+    top = std::max(top, scores[i]);
+  }
+  if (top == kNegInf) {
+    std::fill(scores, scores + n, 0.0f);
+    return 0.0f;
+  }
+  const Vec shift(top);
+  Vec acc(0.0f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    Vec e = (Vec::loadu(scores + i) - shift).exp_u20();
+    e.store(scores + i);
+    acc = acc + e;
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
+  for (; i < n; ++i) {
+    scores[i] = std::exp(scores[i] - top);
+    sum += scores[i];
+  }
+  return sum;
+}
+
+struct Layout {
+  int64_t rows, heads, kv_heads, group, dim, blocks_per_row, block_size, length;
+  int64_t q_row, q_head;          // q strides
+  int64_t c_block, c_slot, c_head;  // cache strides (k and v alike)
+};
+
+template <typename scalar_t>
+void attend_task(const Layout& s, int64_t row, int64_t kv_head, const scalar_t* q,
+                 const scalar_t* k, const scalar_t* v, const int64_t* tables,
+                 const float* mask, float scale, scalar_t* out, std::vector<float>& work) {
+  const int64_t G = s.group, D = s.dim, L = s.length;
+  float* queries = work.data();        // [G, D]
+  float* row_buf = queries + G * D;     // [D]
+  float* acc = row_buf + D;             // [G, D]
+  float* scores = acc + G * D;          // [G, L]
+  for (int64_t g = 0; g < G; ++g) {
+    const scalar_t* src = q + row * s.q_row + (kv_head * G + g) * s.q_head;
+    load_float(src, queries + g * D, D);
+    for (int64_t d = 0; d < D; ++d) queries[g * D + d] *= scale;
+  }
+  const float* row_mask = mask + row * L;
+  const int64_t* row_table = tables + row * s.blocks_per_row;
+  for (int64_t pos = 0; pos < L; ++pos) {
+    const float bias = row_mask[pos];
+    if (bias == kNegInf) {
+      for (int64_t g = 0; g < G; ++g) scores[g * L + pos] = kNegInf;
+      continue;
+    }
+    const int64_t block = row_table[pos / s.block_size];
+    const int64_t at = block * s.c_block + (pos % s.block_size) * s.c_slot + kv_head * s.c_head;
+    load_float(k + at, row_buf, D);
+    for (int64_t g = 0; g < G; ++g) scores[g * L + pos] = dot(queries + g * D, row_buf, D) + bias;
+  }
+  std::vector<float> sums(G);
+  for (int64_t g = 0; g < G; ++g) sums[g] = exp_and_sum(scores + g * L, L);
+  std::fill(acc, acc + G * D, 0.0f);
+  for (int64_t pos = 0; pos < L; ++pos) {
+    if (row_mask[pos] == kNegInf) continue;
+    const int64_t block = row_table[pos / s.block_size];
+    const int64_t at = block * s.c_block + (pos % s.block_size) * s.c_slot + kv_head * s.c_head;
+    load_float(v + at, row_buf, D);
+    for (int64_t g = 0; g < G; ++g) add_scaled(acc + g * D, row_buf, scores[g * L + pos], D);
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const float norm = sums[g] > 0.0f ? 1.0f / sums[g] : 0.0f;
+    scalar_t* dst = out + (row * s.heads + kv_head * G + g) * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(acc[g * D + d] * norm);
+  }
+}
+
+at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables_in,
+                            const at::Tensor& mask_in, double scale) {
+  TORCH_CHECK(q_in.dim() == 3, "q must be [rows, heads, dim]");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4, "caches must be [blocks, slots, kv_heads, dim]");
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.sizes() == v_cache.sizes(),
+              "k and v caches must share shape and strides");
+  TORCH_CHECK(k_cache.stride(3) == 1, "the caches' last dimension must be contiguous");
+  TORCH_CHECK(q_in.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "q, k and v must share a dtype");
+  const at::Tensor q = q_in.stride(2) == 1 ? q_in : q_in.contiguous();
+  const at::Tensor tables = block_tables_in.to(at::kLong).contiguous();
+  const at::Tensor mask = mask_in.to(at::kFloat).contiguous();
+  Layout s{};
+  s.rows = q.size(0);
+  s.heads = q.size(1);
+  s.dim = q.size(2);
+  s.kv_heads = k_cache.size(2);
+  TORCH_CHECK(s.heads % s.kv_heads == 0, "heads must be a multiple of kv_heads");
+  TORCH_CHECK(k_cache.size(3) == s.dim, "q and the caches must share head_dim");
+  s.group = s.heads / s.kv_heads;
+  s.block_size = k_cache.size(1);
+  s.blocks_per_row = tables.size(1);
+  s.length = s.blocks_per_row * s.block_size;
+  TORCH_CHECK(tables.size(0) == s.rows, "one block table per row");
+  TORCH_CHECK(mask.numel() == s.rows * s.length, "mask must be [rows, blocks, block_size]");
+  s.q_row = q.stride(0);
+  s.q_head = q.stride(1);
+  s.c_block = k_cache.stride(0);
+  s.c_slot = k_cache.stride(1);
+  s.c_head = k_cache.stride(2);
+  at::Tensor out = at::empty({s.rows, s.heads, s.dim}, q.options());
+  const int64_t tasks = s.rows * s.kv_heads;
+  const int64_t per_task = s.group * s.length * s.dim;
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(per_task, 1));
+  const float fscale = static_cast<float>(scale);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
+    const scalar_t* qp = q.const_data_ptr<scalar_t>();
+    const scalar_t* kp = k_cache.const_data_ptr<scalar_t>();
+    const scalar_t* vp = v_cache.const_data_ptr<scalar_t>();
+    const int64_t* tp = tables.const_data_ptr<int64_t>();
+    const float* mp = mask.const_data_ptr<float>();
+    scalar_t* op = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> work(s.group * s.dim * 2 + s.dim + s.group * s.length);
+      for (int64_t task = begin; task < end; ++task) {
+        attend_task<scalar_t>(s, task / s.kv_heads, task % s.kv_heads, qp, kp, vp, tp, mp,
+                              fscale, op, work);
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(conveyor_native, m) {
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor mask, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(conveyor_native, CPU, m) {
+  m.impl("decode_attention", &decode_attention);
+}

@@ -1,0 +1,182 @@
+"""Conveyor's own CPU kernels (C++ in ``native/``), built by the machine's compiler and cached.
+
+The decode attention kernel (``native/decode_attention.cpp``) reads each row's keys and
+values where they lie in the paged cache, one task per (row, KV head) spread over torch's
+intra-op threads, and registers itself as the op ``conveyor_native::decode_attention``
+(opaque to ``torch.compile``, which calls it from a compiled decoder layer as it is).
+
+The library is compiled once per source, torch build, compiler and CPU (``g++`` or
+``$CXX``, ``-O3 -march=native``, torch's headers, about 10 s) into
+``$CONVEYOR_KERNEL_CACHE`` (default ``~/.cache/conveyor/kernels``), then loaded from there.
+Where it cannot be built (no compiler, a failed build) the runner keeps the PyTorch
+path and says so once in the log; ``native_kernels: false`` in a model's config turns
+it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = [
+    "CACHE_ENV",
+    "NativeDecodeAttention",
+    "build_command",
+    "install_native_decode",
+    "kernel_cache_dir",
+    "native_library",
+]
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "CONVEYOR_KERNEL_CACHE"
+SOURCE = Path(__file__).with_name("native") / "decode_attention.cpp"
+OP_NAME = "conveyor_native::decode_attention"
+
+# torch's vectorised types (at::vec) pick their width from these defines, as inductor's do.
+_CAPABILITY_DEFINES = {
+    "AVX512": ["-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"],
+    "AVX2": ["-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"],
+}
+
+
+def kernel_cache_dir() -> Path:
+    """Where built libraries are kept (``$CONVEYOR_KERNEL_CACHE`` or the user's cache)."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "conveyor" / "kernels"
+
+
+def build_command(source: Path, target: Path) -> list[str]:
+    """The compiler call that builds ``source`` into the shared library ``target``."""
+    torch_dir = Path(torch.__file__).parent
+    capability = torch.backends.cpu.get_cpu_capability()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        os.environ.get("CXX", "g++"),
+        "-O3",
+        "-march=native",
+        "-std=c++20",
+        "-shared",
+        "-fPIC",
+        "-fopenmp",
+        "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *_CAPABILITY_DEFINES.get(capability, []),
+        f"-I{torch_dir / 'include'}",
+        f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+        str(source),
+        f"-L{torch_dir / 'lib'}",
+        "-ltorch",
+        "-ltorch_cpu",
+        "-lc10",
+        "-o",
+        str(target),
+    ]
+
+
+def _library_path(source: Path) -> Path:
+    """The cached library's path: named after everything that shapes the build."""
+    command = build_command(source, Path("out.so"))
+    compiler = subprocess.run(
+        [command[0], "--version"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.splitlines()[:1]
+    digest = hashlib.sha256()
+    for part in (source.read_bytes(), torch.__version__.encode(), " ".join(command).encode(),
+                 str(compiler).encode(), sys.platform.encode()):  # fmt: skip
+        digest.update(part)
+    return kernel_cache_dir() / f"{source.stem}-{digest.hexdigest()[:20]}.so"
+
+
+def _build(source: Path, target: Path) -> None:
+    """Compile to a private name beside ``target``, then rename it into place (atomic:
+    processes building at once each write their own file, and either one wins)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    started_s = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        built = Path(work) / target.name
+        done = subprocess.run(
+            build_command(source, built), capture_output=True, text=True, check=False, timeout=600
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the compiler failed: {done.stderr[-2000:]}")
+        os.replace(built, target)
+    log.info("built %s in %.1f s", target.name, time.perf_counter() - started_s)
+
+
+@functools.cache
+def native_library() -> Path | None:
+    """Build (once) and load the kernels; the library's path, or None where they cannot be
+    built or loaded here (logged once, with the reason)."""
+    try:
+        path = _library_path(SOURCE)
+        if not path.exists():
+            _build(SOURCE, path)
+        torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
+        torch.library.register_fake(OP_NAME)(_fake_decode_attention)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        log.warning("Conveyor's native CPU kernels are off (PyTorch path instead): %s", error)
+        return None
+    return path
+
+
+def _fake_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The op's output as ``torch.compile`` traces it: [rows, heads, dim], like ``q``."""
+    return q.new_empty(q.shape)
+
+
+class NativeDecodeAttention:
+    """The native kernel as an ``Attention.paged_decode``: it takes every decode bucket."""
+
+    def __init__(self) -> None:
+        self.num_calls = 0
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Attention of ``q`` [b, heads, dim] over its rows' blocks; ``mask`` additive, any
+        shape of b x n x block_size elements (0: attend, -inf: hidden)."""
+        self.num_calls += 1
+        mask = mask.reshape(*block_tables.shape, k_cache.shape[1])
+        out: torch.Tensor = torch.ops.conveyor_native.decode_attention(
+            q, k_cache, v_cache, block_tables, mask, q.shape[-1] ** -0.5
+        )
+        return out
+
+
+def install_native_decode(model: nn.Module) -> NativeDecodeAttention | None:
+    """Give every ``Attention`` of ``model`` the native decode attention; None (and no
+    change) where the kernels are not available."""
+    from conveyor.engine.model.layers.attention import Attention
+
+    if native_library() is None:
+        return None
+    native = NativeDecodeAttention()
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.paged_decode = native
+    return native

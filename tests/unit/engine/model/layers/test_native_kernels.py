@@ -1,0 +1,139 @@
+"""The native decode attention against a float64 reference, compiled and not; its build."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from conveyor.engine.model.layers.native_kernels import (
+    CACHE_ENV,
+    NativeDecodeAttention,
+    kernel_cache_dir,
+    native_library,
+)
+
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 40
+HEAD_DIM = 40  # not a multiple of the vector width: the loops' tails run too
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library() -> None:
+    assert native_library() is not None, "the suite's machine builds the kernels (g++)"
+
+
+def _case(
+    rows: int, heads: int, kv_heads: int, width: int, dtype: torch.dtype, seed: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """q [rows, heads, dim] (a strided view), caches sharing one storage, distinct random
+    blocks per row, and a mask hiding a window at the start and padding at the end."""
+    gen = torch.Generator().manual_seed(seed)
+    kv = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, kv_heads, HEAD_DIM, generator=gen).to(dtype)
+    wide = torch.randn(rows, heads, HEAD_DIM + 8, generator=gen).to(dtype)
+    q = wide[:, :, 4 : 4 + HEAD_DIM]  # not contiguous, as a slice of the projections is
+    tables = torch.stack([torch.randperm(NUM_BLOCKS, generator=gen)[:width] for _ in range(rows)])
+    length = width * BLOCK_SIZE
+    ends = torch.randint(1, length + 1, (rows,), generator=gen)
+    starts = (ends - torch.randint(1, length + 1, (rows,), generator=gen)).clamp_min(0)
+    pos = torch.arange(length)
+    visible = (pos[None, :] >= starts[:, None]) & (pos[None, :] < ends[:, None])
+    mask = torch.zeros(rows, length).masked_fill(~visible, float("-inf")).to(dtype)
+    return q, kv[0], kv[1], tables, mask.view(rows, width, BLOCK_SIZE)
+
+
+def _reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """The same attention in float64 over gathered copies."""
+    rows, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    keys = k[tables].double().flatten(1, 2).transpose(1, 2)  # [rows, kv_heads, len, dim]
+    values = v[tables].double().flatten(1, 2).transpose(1, 2)
+    queries = q.double().view(rows, kv_heads, heads // kv_heads, dim) * dim**-0.5
+    scores = queries @ keys.mT + mask.double().view(rows, 1, 1, -1)
+    return (scores.softmax(-1) @ values).view(rows, heads, dim)
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (4, 4), (9, 3)])
+def test_it_matches_the_float64_reference(
+    dtype: torch.dtype, tolerance: float, heads: int, kv_heads: int
+) -> None:
+    q, k, v, tables, mask = _case(rows=5, heads=heads, kv_heads=kv_heads, width=7, dtype=dtype)
+    got = NativeDecodeAttention()(q, k, v, tables, mask)
+    assert got.dtype == dtype and got.shape == q.shape and got.is_contiguous()
+    torch.testing.assert_close(got.double(), _reference(q, k, v, tables, mask),
+                               rtol=tolerance, atol=tolerance)  # fmt: skip
+
+
+def test_it_reads_the_caches_through_their_strides() -> None:
+    # K and V as the runner hands them: two views of one [2, ...] allocation per layer.
+    q, k, v, tables, mask = _case(rows=3, heads=6, kv_heads=2, width=5, dtype=torch.float32)
+    both = torch.stack([k, v]).transpose(1, 2).contiguous().transpose(1, 2)  # slot-major
+    assert not both[0].is_contiguous()
+    got = NativeDecodeAttention()(q, both[0], both[1], tables, mask)
+    torch.testing.assert_close(
+        got.double(), _reference(q, k, v, tables, mask), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_a_row_with_nothing_visible_attends_to_nothing() -> None:
+    q, k, v, tables, mask = _case(rows=2, heads=4, kv_heads=2, width=3, dtype=torch.float32)
+    mask[1] = float("-inf")
+    got = NativeDecodeAttention()(q, k, v, tables, mask)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))  # zeros, not NaN
+    want = _reference(q, k, v, tables, mask)[0]
+    torch.testing.assert_close(got[0].double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_shapes_are_refused() -> None:
+    q, k, v, tables, mask = _case(rows=2, heads=4, kv_heads=2, width=3, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="one block table per row"):
+        NativeDecodeAttention()(q, k, v, tables[:1], mask[:1])
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        NativeDecodeAttention()(q.double(), k, v, tables, mask)
+
+
+@pytest.mark.slow  # compiles (seconds)
+@pytest.mark.timeout(240)
+def test_the_op_runs_inside_a_compiled_graph_unbroken() -> None:
+    q, k, v, tables, mask = _case(rows=5, heads=6, kv_heads=2, width=7, dtype=torch.float32)
+
+    def attend(q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.conveyor_native.decode_attention(
+            q * 1.0, k, v, tables, mask, HEAD_DIM**-0.5
+        )
+        return out + 1.0
+
+    compiled = torch.compile(attend, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(compiled(q, mask), attend(q, mask))
+
+
+def test_the_cache_lives_where_the_environment_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "kernels"))
+    assert kernel_cache_dir() == tmp_path / "kernels"
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert kernel_cache_dir() == tmp_path / "xdg" / "conveyor" / "kernels"
+
+
+def test_a_failed_build_leaves_the_kernels_off_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    compiler = tmp_path / "broken-cxx"
+    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && echo broken 1.0 && exit 0\n'
+                        "echo 'fatal: no headers' >&2\nexit 1\n")  # fmt: skip
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "kernels"))
+    with caplog.at_level(logging.WARNING):
+        assert native_library.__wrapped__() is None  # the uncached call: a build is tried
+    assert "no headers" in caplog.text
+    assert not any(path.suffix == ".so" for path in (tmp_path / "kernels").rglob("*"))
