@@ -14,12 +14,12 @@ temperature, cut by top-k, top-p then min-p, and token j is drawn with probabili
   token from its own ``torch.Generator``: a draw per token, but stable. A row's logits
   can differ in their last bits with what shares its batch (a matmul's blocking follows
   the batch's size). The race's winner then changes only at a near tie, about as often as
-  the total variation between the two (~1e-6 a token); an inverse-CDF draw moves with
-  every earlier token's weight and would change 100-1000 times as often.
+  the total variation between the two (4e-7 for 1e-6 of jitter); an inverse-CDF draw
+  moves with every earlier token's weight and would change hundreds of times as often.
 
-Each row's draw is computed within the row (softmax, sort and cumulative sum are per
-row; division is exact), so a seeded request's tokens depend only on its own logits and
-seed, not on which other requests share the batch.
+A seeded row's draw is computed within the row (softmax and sort are per row, its noise
+is its own, division is exact), so its tokens depend only on its own logits and seed, not
+on which other requests share the batch.
 """
 
 from __future__ import annotations
