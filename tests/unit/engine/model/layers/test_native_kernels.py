@@ -19,7 +19,9 @@ pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
-HEAD_DIM = 40  # not a multiple of the vector width: the loops' tails run too
+HEAD_DIM = 40  # not a multiple of the vector width: the general loops and their tails
+# Whole vectors of 16 lanes (2, 4 and 8 of them): the path that keeps a head in registers.
+VECTOR_DIMS = (32, 64, 128)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,14 +30,20 @@ def _library() -> None:
 
 
 def _case(
-    rows: int, heads: int, kv_heads: int, width: int, dtype: torch.dtype, seed: int = 0
+    rows: int,
+    heads: int,
+    kv_heads: int,
+    width: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    dim: int = HEAD_DIM,
 ) -> tuple[torch.Tensor, ...]:
     """q [rows, heads, dim] (a strided view), caches sharing one storage, distinct random
     blocks per row, and a mask hiding a window at the start and padding at the end."""
     gen = torch.Generator().manual_seed(seed)
-    kv = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, kv_heads, HEAD_DIM, generator=gen).to(dtype)
-    wide = torch.randn(rows, heads, HEAD_DIM + 8, generator=gen).to(dtype)
-    q = wide[:, :, 4 : 4 + HEAD_DIM]  # not contiguous, as a slice of the projections is
+    kv = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, kv_heads, dim, generator=gen).to(dtype)
+    wide = torch.randn(rows, heads, dim + 8, generator=gen).to(dtype)
+    q = wide[:, :, 4 : 4 + dim]  # not contiguous, as a slice of the projections is
     tables = torch.stack([torch.randperm(NUM_BLOCKS, generator=gen)[:width] for _ in range(rows)])
     length = width * BLOCK_SIZE
     ends = torch.randint(1, length + 1, (rows,), generator=gen)
@@ -59,21 +67,28 @@ def _reference(
     return (scores.softmax(-1) @ values).view(rows, heads, dim)
 
 
+@pytest.mark.parametrize("dim", [HEAD_DIM, *VECTOR_DIMS])
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (4, 4), (9, 3)])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (4, 4), (9, 3), (18, 2)])
 def test_it_matches_the_float64_reference(
-    dtype: torch.dtype, tolerance: float, heads: int, kv_heads: int
+    dtype: torch.dtype, tolerance: float, heads: int, kv_heads: int, dim: int
 ) -> None:
-    q, k, v, tables, mask = _case(rows=5, heads=heads, kv_heads=kv_heads, width=7, dtype=dtype)
+    # (18, 2): groups of 9 query heads, more than the register path takes.
+    q, k, v, tables, mask = _case(
+        rows=5, heads=heads, kv_heads=kv_heads, width=7, dtype=dtype, dim=dim
+    )
     got = NativeDecodeAttention()(q, k, v, tables, mask)
     assert got.dtype == dtype and got.shape == q.shape and got.is_contiguous()
     torch.testing.assert_close(got.double(), _reference(q, k, v, tables, mask),
                                rtol=tolerance, atol=tolerance)  # fmt: skip
 
 
-def test_it_reads_the_caches_through_their_strides() -> None:
+@pytest.mark.parametrize("dim", [HEAD_DIM, 64])
+def test_it_reads_the_caches_through_their_strides(dim: int) -> None:
     # K and V as the runner hands them: two views of one [2, ...] allocation per layer.
-    q, k, v, tables, mask = _case(rows=3, heads=6, kv_heads=2, width=5, dtype=torch.float32)
+    q, k, v, tables, mask = _case(
+        rows=3, heads=6, kv_heads=2, width=5, dtype=torch.float32, dim=dim
+    )
     both = torch.stack([k, v]).transpose(1, 2).contiguous().transpose(1, 2)  # slot-major
     assert not both[0].is_contiguous()
     got = NativeDecodeAttention()(q, both[0], both[1], tables, mask)
@@ -82,8 +97,11 @@ def test_it_reads_the_caches_through_their_strides() -> None:
     )
 
 
-def test_a_row_with_nothing_visible_attends_to_nothing() -> None:
-    q, k, v, tables, mask = _case(rows=2, heads=4, kv_heads=2, width=3, dtype=torch.float32)
+@pytest.mark.parametrize("dim", [HEAD_DIM, 64])
+def test_a_row_with_nothing_visible_attends_to_nothing(dim: int) -> None:
+    q, k, v, tables, mask = _case(
+        rows=2, heads=4, kv_heads=2, width=3, dtype=torch.float32, dim=dim
+    )
     mask[1] = float("-inf")
     got = NativeDecodeAttention()(q, k, v, tables, mask)
     assert torch.equal(got[1], torch.zeros_like(got[1]))  # zeros, not NaN

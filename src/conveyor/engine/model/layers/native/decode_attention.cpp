@@ -97,6 +97,28 @@ inline float exp_and_sum(float* scores, int64_t n) {
   return sum;
 }
 
+// 16 lanes of float from 16 elements at src.
+template <typename scalar_t>
+inline Vec load16(const scalar_t* src) {
+  return Vec::loadu(src);
+}
+
+template <>
+inline Vec load16<at::BFloat16>(const at::BFloat16* src) {
+  using BVec = at::vec::Vectorized<at::BFloat16>;
+  return std::get<0>(at::vec::convert_to_float<at::BFloat16>(BVec::loadu(src, Vec::size())));
+}
+
+template <>
+inline Vec load16<at::Half>(const at::Half* src) {
+  using HVec = at::vec::Vectorized<at::Half>;
+  return std::get<0>(at::vec::convert_to_float<at::Half>(HVec::loadu(src, Vec::size())));
+}
+
+inline float sum_lanes(const Vec& x) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, x);
+}
+
 struct Layout {
   int64_t rows, heads, kv_heads, group, dim, blocks_per_row, block_size, length;
   int64_t q_row, q_head;          // q strides
@@ -147,6 +169,117 @@ void attend_task(const Layout& s, int64_t row, int64_t kv_head, const scalar_t* 
   }
 }
 
+// The same as attend_task for a whole row, where a head is DV whole vectors (dim =
+// 16 * DV) and a KV head has at most kMaxGroup query heads. The row's blocks are read in
+// order, each block's slots for every KV head while the block is in the core's first-level
+// cache, the next block's keys (then values) prefetched meanwhile; each key and value is
+// loaded once into vector registers and used by every query head of its group.
+constexpr int64_t kMaxGroup = 8;
+constexpr int64_t kLine = 64;  // bytes per cache line
+
+inline void prefetch(const void* start, int64_t bytes) {
+  const char* at = static_cast<const char*>(start);
+  for (int64_t offset = 0; offset < bytes; offset += kLine) __builtin_prefetch(at + offset);
+}
+
+template <int DV, typename scalar_t>
+void attend_row_vec(const Layout& s, int64_t row, const scalar_t* q, const scalar_t* k,
+                    const scalar_t* v, const int64_t* tables, const float* mask, float scale,
+                    scalar_t* out, std::vector<float>& work) {
+  const int64_t G = s.group, L = s.length, H = s.heads, BS = s.block_size;
+  float* scores = work.data();         // [H, L]
+  float* queries = scores + H * L;     // [H, dim], scaled
+  for (int64_t h = 0; h < H; ++h) {
+    const scalar_t* src = q + row * s.q_row + h * s.q_head;
+    for (int i = 0; i < DV; ++i) (load16(src + i * Vec::size()) * Vec(scale)).store(queries + (h * DV + i) * Vec::size());
+  }
+  const float* row_mask = mask + row * L;
+  const int64_t* row_table = tables + row * s.blocks_per_row;
+  const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
+  for (int64_t b = 0; b < s.blocks_per_row; ++b) {
+    if (b + 1 < s.blocks_per_row && row_mask[(b + 1) * BS] != kNegInf) prefetch(k + row_table[b + 1] * s.c_block, block_bytes);
+    const scalar_t* block = k + row_table[b] * s.c_block;
+    for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head) {
+      Vec qv[kMaxGroup][DV];
+      for (int64_t g = 0; g < G; ++g)
+        for (int i = 0; i < DV; ++i) qv[g][i] = Vec::loadu(queries + ((kv_head * G + g) * DV + i) * Vec::size());
+      for (int64_t slot = 0; slot < BS; ++slot) {
+        const int64_t pos = b * BS + slot;
+        const float bias = row_mask[pos];
+        if (bias == kNegInf) {
+          for (int64_t g = 0; g < G; ++g) scores[(kv_head * G + g) * L + pos] = kNegInf;
+          continue;
+        }
+        const scalar_t* key = block + slot * s.c_slot + kv_head * s.c_head;
+        Vec keys[DV];
+        for (int i = 0; i < DV; ++i) keys[i] = load16(key + i * Vec::size());
+        for (int64_t g = 0; g < G; ++g) {
+          Vec acc = qv[g][0] * keys[0];
+          for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[g][i], keys[i], acc);
+          scores[(kv_head * G + g) * L + pos] = sum_lanes(acc) + bias;
+        }
+      }
+    }
+  }
+  float sums[kMaxGroup * 64];
+  for (int64_t h = 0; h < H; ++h) sums[h] = exp_and_sum(scores + h * L, L);
+  float* acc = queries;  // [H, dim]: the queries are no longer needed
+  std::fill(acc, acc + H * DV * Vec::size(), 0.0f);
+  if (row_mask[0] != kNegInf) prefetch(v + row_table[0] * s.c_block, block_bytes);
+  for (int64_t b = 0; b < s.blocks_per_row; ++b) {
+    if (b + 1 < s.blocks_per_row && row_mask[(b + 1) * BS] != kNegInf) prefetch(v + row_table[b + 1] * s.c_block, block_bytes);
+    const scalar_t* block = v + row_table[b] * s.c_block;
+    for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head) {
+      Vec av[kMaxGroup][DV];
+      for (int64_t g = 0; g < G; ++g)
+        for (int i = 0; i < DV; ++i) av[g][i] = Vec::loadu(acc + ((kv_head * G + g) * DV + i) * Vec::size());
+      for (int64_t slot = 0; slot < BS; ++slot) {
+        const int64_t pos = b * BS + slot;
+        if (row_mask[pos] == kNegInf) continue;
+        const scalar_t* value = block + slot * s.c_slot + kv_head * s.c_head;
+        Vec values[DV];
+        for (int i = 0; i < DV; ++i) values[i] = load16(value + i * Vec::size());
+        for (int64_t g = 0; g < G; ++g) {
+          const Vec weight(scores[(kv_head * G + g) * L + pos]);
+          for (int i = 0; i < DV; ++i) av[g][i] = at::vec::fmadd(weight, values[i], av[g][i]);
+        }
+      }
+      for (int64_t g = 0; g < G; ++g)
+        for (int i = 0; i < DV; ++i) av[g][i].store(acc + ((kv_head * G + g) * DV + i) * Vec::size());
+    }
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    const float norm = sums[h] > 0.0f ? 1.0f / sums[h] : 0.0f;
+    scalar_t* dst = out + (row * H + h) * s.dim;
+    for (int64_t d = 0; d < s.dim; ++d) dst[d] = static_cast<scalar_t>(acc[h * s.dim + d] * norm);
+  }
+}
+
+// Rows begin..end: whole rows at once where attend_row_vec fits the head shape, else one
+// (row, KV head) pair at a time.
+template <typename scalar_t>
+void attend_rows(const Layout& s, int64_t begin, int64_t end, const scalar_t* q, const scalar_t* k,
+                 const scalar_t* v, const int64_t* tables, const float* mask, float scale,
+                 scalar_t* out) {
+  const int64_t vectors = s.dim % Vec::size() == 0 ? s.dim / Vec::size() : 0;
+  const bool fits = s.group <= kMaxGroup && s.heads <= kMaxGroup * 64 &&
+                    (vectors == 2 || vectors == 4 || vectors == 8);
+  std::vector<float> work(fits ? s.heads * (s.length + s.dim)
+                               : s.group * s.dim * 2 + s.dim + s.group * s.length);
+  for (int64_t row = begin; row < end; ++row) {
+    if (fits && vectors == 4) {
+      attend_row_vec<4, scalar_t>(s, row, q, k, v, tables, mask, scale, out, work);
+    } else if (fits && vectors == 8) {
+      attend_row_vec<8, scalar_t>(s, row, q, k, v, tables, mask, scale, out, work);
+    } else if (fits && vectors == 2) {
+      attend_row_vec<2, scalar_t>(s, row, q, k, v, tables, mask, scale, out, work);
+    } else {
+      for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head)
+        attend_task<scalar_t>(s, row, kv_head, q, k, v, tables, mask, scale, out, work);
+    }
+  }
+}
+
 at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables_in,
                             const at::Tensor& mask_in, double scale) {
@@ -179,8 +312,8 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
   s.c_slot = k_cache.stride(1);
   s.c_head = k_cache.stride(2);
   at::Tensor out = at::empty({s.rows, s.heads, s.dim}, q.options());
-  const int64_t tasks = s.rows * s.kv_heads;
-  const int64_t per_task = s.group * s.length * s.dim;
+  const int64_t tasks = s.rows;
+  const int64_t per_task = s.heads * s.length * s.dim;
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(per_task, 1));
   const float fscale = static_cast<float>(scale);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
@@ -191,11 +324,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
     const float* mp = mask.const_data_ptr<float>();
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> work(s.group * s.dim * 2 + s.dim + s.group * s.length);
-      for (int64_t task = begin; task < end; ++task) {
-        attend_task<scalar_t>(s, task / s.kv_heads, task % s.kv_heads, qp, kp, vp, tp, mp,
-                              fscale, op, work);
-      }
+      attend_rows<scalar_t>(s, begin, end, qp, kp, vp, tp, mp, fscale, op);
     });
   });
   return out;
