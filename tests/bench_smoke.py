@@ -12,10 +12,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOKE_TIMEOUT_S = 300
 
 
-def run_smoke(module: str, out_dir: Path) -> Path:
-    """``python -m MODULE --smoke --out OUT_DIR`` from the repo root; fail with its stderr."""
+def run_smoke(module: str, out_dir: Path, *args: str) -> Path:
+    """``python -m MODULE --smoke --out OUT_DIR [ARGS]`` from the repo root; fail with its
+    stderr."""
     done = subprocess.run(
-        [sys.executable, "-m", module, "--smoke", f"--out={out_dir}"],
+        [sys.executable, "-m", module, "--smoke", f"--out={out_dir}", *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

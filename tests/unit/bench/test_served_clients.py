@@ -1,0 +1,60 @@
+"""The served benchmark's load clients: ``vllm bench serve``'s command line for each
+workload, the chat workload's seeded arrivals and the figures of streamed tokens."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from bench.generate_served import parse_args
+from bench.served_clients import arrival_times, pct, stream_figures, vllm_client_argv
+from bench.served_settings import CHAT, Point
+
+
+def test_the_chat_workload_streams_chat_requests_at_the_request_rate(tmp_path: Path) -> None:
+    settings, _ = parse_args(["--workload", "chat", "--request-rate", "2", "--seed", "7"])
+    argv = vllm_client_argv(tmp_path / "vllm", settings, tmp_path, 8123, Point(CHAT, rate=2.0),
+                            32, tmp_path / "out.json", {"min_tokens": 128})  # fmt: skip
+    text = " ".join(argv)
+    assert "--backend openai-chat --endpoint /v1/chat/completions" in text
+    assert "--request-rate 2 --burstiness 1" in text  # Poisson arrivals
+    assert "--seed 7" in text
+    assert "--max-concurrency" not in argv  # the rate alone decides what is in flight
+    assert "--ignore-eos" in argv
+    assert json.loads(argv[argv.index("--extra-body") + 1]) == {"min_tokens": 128}
+    assert "--percentile-metrics ttft,tpot,itl --metric-percentiles 50,99" in text
+
+
+def test_arrivals_are_a_seeded_poisson_process_at_the_rate() -> None:
+    times = arrival_times(4.0, 2000, seed=3)
+    assert times == arrival_times(4.0, 2000, seed=3)
+    assert times != arrival_times(4.0, 2000, seed=4)
+    assert times[0] == 0.0 and times == sorted(times)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert statistics.mean(gaps) == pytest.approx(0.25, rel=0.1)
+
+
+def test_stream_figures_are_ttft_tpot_and_pooled_itl() -> None:
+    # Two requests of 3 tokens: chunks at 0.1, 0.2, 0.4 s and 0.3, 0.4, 0.5 s; one failed.
+    figures = stream_figures([[0.1, 0.2, 0.4], [0.3, 0.4, 0.5], []], 3, elapsed_s=2.0)
+    assert (figures["completed"], figures["failed"]) == (2, 1)
+    assert figures["output_throughput"] == pytest.approx(3.0)  # 2 x 3 tokens in 2 s
+    assert figures["p50_ttft_ms"] == pytest.approx(300.0)
+    assert figures["p99_ttft_ms"] == pytest.approx(300.0)
+    assert figures["p50_tpot_ms"] == pytest.approx(150.0)  # (0.4 - 0.1) / 2
+    assert figures["p50_itl_ms"] == pytest.approx(100.0)  # of 100, 200, 100, 100 ms
+    assert figures["p99_itl_ms"] == pytest.approx(200.0)
+
+
+def test_stream_figures_of_nothing_completed_are_absent() -> None:
+    figures = stream_figures([[], []], 8, elapsed_s=1.0)
+    assert (figures["completed"], figures["failed"], figures["output_throughput"]) == (0, 2, 0)
+    assert figures["p50_ttft_ms"] is None and figures["p99_itl_ms"] is None
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (pct(values, 0.5), pct(values, 0.99), pct([5.0], 0.99)) == (51.0, 100.0, 5.0)

@@ -1,0 +1,66 @@
+"""How the served benchmark starts llama.cpp's server, what it asks of it, and which
+contenders it skips (and why) where they cannot run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.generate_served import parse_args
+from bench.served_peers import (
+    MAX_MODEL_LEN,
+    llamacpp_argv,
+    llamacpp_body,
+    missing_peers,
+    peer_notes,
+    workload_skips,
+)
+from bench.served_settings import CONVEYOR, HF_STATIC, LLAMACPP, MODEL_NAME, VLLM
+
+
+def test_llamacpp_serves_the_gguf_under_the_bench_name_with_its_threads(tmp_path: Path) -> None:
+    settings, _ = parse_args(["--contenders", LLAMACPP, "--threads", "3"])
+    argv = llamacpp_argv(settings, tmp_path / "m.gguf", 8124)
+    assert argv[1:3] == ["-m", "llama_cpp.server"]
+    assert argv[0].endswith(".venv-llamacpp/bin/python")
+    pairs = dict(zip(argv[3::2], argv[4::2], strict=True))
+    assert pairs["--model"] == str(tmp_path / "m.gguf")
+    assert pairs["--model_alias"] == MODEL_NAME
+    assert pairs["--n_threads"] == pairs["--n_threads_batch"] == "3"
+    assert pairs["--n_ctx"] == str(MAX_MODEL_LEN)
+    assert pairs["--interrupt_requests"] == "False"  # a waiting request must not cut one off
+    assert (pairs["--host"], pairs["--port"]) == ("127.0.0.1", "8124")
+
+
+def test_llamacpp_is_asked_for_exactly_the_output_length() -> None:
+    settings, _ = parse_args(["--output-len", "96"])
+    assert llamacpp_body(settings) == {"min_tokens": 96, "max_tokens": 96}
+
+
+def test_llamacpp_notes_its_gguf_and_that_it_serves_one_request_at_a_time() -> None:
+    settings, _ = parse_args(["--contenders", LLAMACPP, "--gguf", "/models/x.F16.gguf"])
+    notes = peer_notes(settings)[LLAMACPP]
+    assert notes["gguf"] == "x.F16.gguf"
+    assert "one request at a time" in notes["parallelism"]
+    assert peer_notes(parse_args([])[0]) == {}
+
+
+def test_hf_static_has_no_chat_workload() -> None:
+    chat_only, _ = parse_args(["--contenders", f"{CONVEYOR},{HF_STATIC}", "--workload", "chat"])
+    assert "no server" in missing_peers(chat_only)[HF_STATIC]
+    both, _ = parse_args(["--contenders", HF_STATIC, "--workload", "random,chat"])
+    skipped = missing_peers(both)
+    assert HF_STATIC not in skipped
+    assert set(workload_skips(both, skipped)) == {f"{HF_STATIC}/chat"}
+    assert workload_skips(parse_args(["--contenders", HF_STATIC])[0], {}) == {}
+
+
+def test_the_smoke_run_skips_installed_peers_it_cannot_serve_its_tiny_model_with(
+    tmp_path: Path,
+) -> None:
+    vllm = tmp_path / "venv" / "bin" / "vllm"
+    vllm.parent.mkdir(parents=True)
+    vllm.touch()
+    settings, _ = parse_args(["--smoke", "--contenders", f"{CONVEYOR},{VLLM},{HF_STATIC}",
+                              "--vllm-venv", str(tmp_path / "venv")])  # fmt: skip
+    assert set(missing_peers(settings)) == {VLLM}
+    assert "--smoke" in missing_peers(settings)[VLLM]
