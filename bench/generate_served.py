@@ -10,8 +10,9 @@ client, stopped, and the next one started; the order alternates between rounds:
   (``--baseline-src``).
 - ``vllm``: ``vllm serve`` on the same directory from ``.venv-vllm`` (``make vllm-env``).
 - ``llamacpp``: llama-cpp-python's OpenAI server from ``.venv-llamacpp`` (``make
-  llamacpp-env``) on the bundled SmolLM2 GGUF (Q4_1: the only one here offline; ``--gguf``
-  names another), one request at a time (it has no parallel slots).
+  llamacpp-env``) on an F16 copy of the bundled SmolLM2 GGUF (Q4_1, the only GGUF here;
+  ``--gguf`` names another, ``--llamacpp-quantized`` serves it as it is), one request at a
+  time (it has no parallel slots).
 - ``hf_static``: no server: transformers ``generate`` in this process on static batches of
   the concurrency (``bench.served_hf_static``); random workload only.
 
@@ -247,6 +248,8 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path]:
     parser.add_argument("--llamacpp-venv", default=".venv-llamacpp",
                         help="relative: to the repository")  # fmt: skip
     parser.add_argument("--gguf", default=None, help="llamacpp's GGUF (default: bundled SmolLM2)")
+    parser.add_argument("--llamacpp-quantized", action="store_true",
+                        help="serve the GGUF as it is, not its F16 copy")  # fmt: skip
     parser.add_argument("--model-dir", default=None, help="a Hugging Face directory")
     parser.add_argument("--baseline-src", default=None, help="another checkout of Conveyor")
     parser.add_argument("--smoke", action="store_true", help="tiny model, Conveyor, seconds")
@@ -270,6 +273,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path]:
         baseline_src=args.baseline_src, is_smoke=args.smoke, workloads=workloads,
         request_rates=tuple(float(r) for r in _comma_list(args.request_rate)),
         seed=args.seed, llamacpp_venv=args.llamacpp_venv, gguf=args.gguf,
+        llamacpp_quantized=args.llamacpp_quantized,
     )  # fmt: skip
     return settings, args.out
 

@@ -4,10 +4,12 @@ cannot run here.
 - ``conveyor`` (and ``conveyor_baseline``, ``conveyor_compiled``): ``conveyor serve``.
 - ``vllm``: ``vllm serve`` from vLLM's environment (``make vllm-env``: ``.venv-vllm``).
 - ``llamacpp``: llama-cpp-python's OpenAI server (``python -m llama_cpp.server``) from its
-  own environment (``make llamacpp-env``: ``.venv-llamacpp``) on a GGUF file: ``--gguf``,
-  else the bundled SmolLM2 GGUF (Q4_1). That server decodes one request at a time: it has
-  no parallel slots, and concurrent requests wait behind a lock (``interrupt_requests`` is
-  turned off so that a waiting request does not cut the streaming one short).
+  own environment (``make llamacpp-env``: ``.venv-llamacpp``) on an F16 copy
+  (``bench.gguf_f16``) of a GGUF file: ``--gguf``, else the bundled SmolLM2 GGUF (Q4_1);
+  ``--llamacpp-quantized`` serves the file as it is. That server decodes one request at a
+  time: it has no parallel slots, and concurrent requests wait behind a lock
+  (``interrupt_requests`` is turned off so that a waiting request does not cut the
+  streaming one short).
 """
 
 from __future__ import annotations
@@ -66,6 +68,26 @@ def gguf_path(settings: Settings) -> Path | None:
     from conveyor.config.model_config import bundled_chat_model_path
 
     return bundled_chat_model_path()
+
+
+def served_gguf(settings: Settings, work: Path) -> Path | None:
+    """The file llama.cpp serves: the GGUF as it is (``--llamacpp-quantized``), else its
+    F16 copy in the work folder (written by ``prepare_gguf``)."""
+    if settings.llamacpp_quantized:
+        return gguf_path(settings)
+    return work / "llamacpp-f16.gguf"
+
+
+def prepare_gguf(settings: Settings, work: Path) -> Path:
+    """The file llama.cpp serves, its F16 copy written on first use."""
+    served = served_gguf(settings, work)
+    source = gguf_path(settings)
+    assert served is not None and source is not None  # missing_peers left llamacpp out else
+    if not served.exists():
+        from bench.gguf_f16 import f16_copy
+
+        f16_copy(source, served)
+    return served
 
 
 def conveyor_argv(
@@ -152,9 +174,11 @@ def peer_notes(settings: Settings) -> dict[str, Any]:
     if LLAMACPP not in settings.contenders:
         return {}
     gguf = gguf_path(settings)
-    return {LLAMACPP: {"gguf": gguf.name if gguf else None, "parallelism": LLAMACPP_PARALLELISM,
-                       "weights": "the GGUF's own quantization (the bundled one is Q4_1), "
-                                  "not --dtype"}}  # fmt: skip
+    name = gguf.name if gguf else None
+    weights = (f"{name} as it is (its own quantization; the bundled one is Q4_1)"
+               if settings.llamacpp_quantized
+               else f"an F16 copy of {name} (quantized tensors dequantized)")  # fmt: skip
+    return {LLAMACPP: {"gguf": name, "weights": weights, "parallelism": LLAMACPP_PARALLELISM}}
 
 
 def start_server(name: str, settings: Settings, model_dir: Path, work: Path) -> ServerProcess:
@@ -169,8 +193,7 @@ def start_server(name: str, settings: Settings, model_dir: Path, work: Path) -> 
                                log_path=log_path, ready_path="/ready",
                                extra_env=env)  # fmt: skip
     elif name == LLAMACPP:
-        gguf = gguf_path(settings)
-        assert gguf is not None  # missing_peers left it out otherwise
+        gguf = prepare_gguf(settings, work)
         server = ServerProcess(name, lambda port: llamacpp_argv(settings, gguf, port),
                                log_path=log_path, ready_path="/v1/models")  # fmt: skip
     else:

@@ -57,6 +57,7 @@ class Settings:
     seed: int = 0
     llamacpp_venv: str = ".venv-llamacpp"
     gguf: str | None = None
+    llamacpp_quantized: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from bench.served_peers import (
     llamacpp_body,
     missing_peers,
     peer_notes,
+    served_gguf,
     workload_skips,
 )
 from bench.served_settings import CONVEYOR, HF_STATIC, LLAMACPP, MODEL_NAME, VLLM
@@ -40,8 +41,20 @@ def test_llamacpp_notes_its_gguf_and_that_it_serves_one_request_at_a_time() -> N
     settings, _ = parse_args(["--contenders", LLAMACPP, "--gguf", "/models/x.F16.gguf"])
     notes = peer_notes(settings)[LLAMACPP]
     assert notes["gguf"] == "x.F16.gguf"
+    assert "F16 copy" in notes["weights"]
     assert "one request at a time" in notes["parallelism"]
     assert peer_notes(parse_args([])[0]) == {}
+    quantized, _ = parse_args(["--contenders", LLAMACPP, "--llamacpp-quantized"])
+    assert "as it is" in peer_notes(quantized)[LLAMACPP]["weights"]
+
+
+def test_llamacpp_serves_an_f16_copy_unless_told_to_serve_the_file_as_it_is(
+    tmp_path: Path,
+) -> None:
+    settings, _ = parse_args(["--contenders", LLAMACPP, "--gguf", "/models/x.gguf"])
+    assert served_gguf(settings, tmp_path) == tmp_path / "llamacpp-f16.gguf"
+    quantized, _ = parse_args(["--gguf", "/models/x.gguf", "--llamacpp-quantized"])
+    assert served_gguf(quantized, tmp_path) == Path("/models/x.gguf")
 
 
 def test_hf_static_has_no_chat_workload() -> None:
