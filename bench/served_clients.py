@@ -61,7 +61,14 @@ def run_vllm_client(argv: list[str], out: Path) -> dict[str, Any]:
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=3600)
     if done.returncode != 0 or not out.exists():
         raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    raw = json.loads(out.read_text())
+    return client_figures(json.loads(out.read_text()))
+
+
+def client_figures(raw: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a ``vllm bench serve`` result; RuntimeError when no request
+    completed (its figures would read as zeros: a peer refusing every request)."""
+    if not raw["completed"]:
+        raise RuntimeError(f"no request completed ({raw.get('failed', '?')} failed)")
     return {"completed": raw["completed"], "failed": raw.get("failed", 0),
             **{name: raw[name] for name in FIGURES}}  # fmt: skip
 

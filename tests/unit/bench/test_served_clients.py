@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 from bench.generate_served import parse_args
-from bench.served_clients import arrival_times, pct, stream_figures, vllm_client_argv
-from bench.served_settings import CHAT, Point
+from bench.served_clients import (
+    arrival_times,
+    client_figures,
+    pct,
+    stream_figures,
+    vllm_client_argv,
+)
+from bench.served_settings import CHAT, FIGURES, Point
 
 
 def test_the_chat_workload_streams_chat_requests_at_the_request_rate(tmp_path: Path) -> None:
@@ -58,3 +64,11 @@ def test_stream_figures_of_nothing_completed_are_absent() -> None:
 def test_percentiles_are_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
     assert (pct(values, 0.5), pct(values, 0.99), pct([5.0], 0.99)) == (51.0, 100.0, 5.0)
+
+
+def test_a_client_run_where_no_request_completed_is_an_error() -> None:
+    raw = {"completed": 16, "failed": 0, **dict.fromkeys(FIGURES, 1.0), "duration": 9.0}
+    assert client_figures(raw) == {"completed": 16, "failed": 0, **dict.fromkeys(FIGURES, 1.0)}
+    # llama-cpp-python's server once answered every request 400: zeros, not figures.
+    with pytest.raises(RuntimeError, match="16 failed"):
+        client_figures({**raw, "completed": 0, "failed": 16})

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from bench.generate_served import parse_args
 from bench.served_peers import (
     MAX_MODEL_LEN,
     llamacpp_argv,
     llamacpp_body,
+    llamacpp_env,
     missing_peers,
     peer_notes,
     served_gguf,
@@ -21,7 +23,7 @@ from bench.served_settings import CONVEYOR, HF_STATIC, LLAMACPP, MODEL_NAME, VLL
 def test_llamacpp_serves_the_gguf_under_the_bench_name_with_its_threads(tmp_path: Path) -> None:
     settings, _ = parse_args(["--contenders", LLAMACPP, "--threads", "3"])
     argv = llamacpp_argv(settings, tmp_path / "m.gguf", 8124)
-    assert argv[1:3] == ["-m", "llama_cpp.server"]
+    assert argv[1:3] == ["-m", "bench.llamacpp_server"]  # llama_cpp.server, any request id
     assert argv[0].endswith(".venv-llamacpp/bin/python")
     pairs = dict(zip(argv[3::2], argv[4::2], strict=True))
     assert pairs["--model"] == str(tmp_path / "m.gguf")
@@ -30,6 +32,15 @@ def test_llamacpp_serves_the_gguf_under_the_bench_name_with_its_threads(tmp_path
     assert pairs["--n_ctx"] == str(MAX_MODEL_LEN)
     assert pairs["--interrupt_requests"] == "False"  # a waiting request must not cut one off
     assert (pairs["--host"], pairs["--port"]) == ("127.0.0.1", "8124")
+
+
+def test_llamacpp_threads_wait_passively_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert llamacpp_env() == {"OMP_WAIT_POLICY": "PASSIVE"}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert llamacpp_env() == {"OMP_WAIT_POLICY": "ACTIVE"}
 
 
 def test_llamacpp_is_asked_for_exactly_the_output_length() -> None:
