@@ -3,7 +3,8 @@ cannot run here.
 
 - ``conveyor`` (and ``conveyor_baseline``, ``conveyor_compiled``): ``conveyor serve``.
 - ``vllm``: ``vllm serve`` from vLLM's environment (``make vllm-env``: ``.venv-vllm``).
-- ``llamacpp``: llama-cpp-python's OpenAI server (``python -m llama_cpp.server``) from its
+- ``llamacpp``: llama-cpp-python's OpenAI server (``python -m llama_cpp.server``, through
+  ``bench.llamacpp_server``, which takes the load client's requests) from its
   own environment (``make llamacpp-env``: ``.venv-llamacpp``) on an F16 copy
   (``bench.gguf_f16``) of a GGUF file: ``--gguf``, else the bundled SmolLM2 GGUF (Q4_1);
   ``--llamacpp-quantized`` serves the file as it is. That server decodes one request at a
