@@ -141,7 +141,8 @@ def format_figures(figures: dict[str, Any]) -> str:
     throughput, tpot = figures["output_throughput"], figures["p50_tpot_ms"]
     ttft_p50, ttft_p99 = figures["p50_ttft_ms"], figures["p99_ttft_ms"]
     ttft = f"TTFT p50/p99 {ttft_p50:.0f}/{ttft_p99:.0f} ms"
-    return f"{throughput:.1f} tok/s, TPOT p50 {tpot:.1f} ms, {ttft}"
+    failed = f", {figures['failed']} FAILED" if figures.get("failed") else ""
+    return f"{throughput:.1f} tok/s, TPOT p50 {tpot:.1f} ms, {ttft}{failed}"
 
 
 def summarise(runs: dict[str, list[Round]]) -> dict[str, Any]:

@@ -124,12 +124,15 @@ def vllm_env(settings: Settings) -> dict[str, str]:
 
 def llamacpp_argv(settings: Settings, gguf: Path, port: int) -> list[str]:
     """llama-cpp-python's OpenAI server on ``gguf`` with the bench's threads; requests
-    queue behind the one in flight instead of interrupting it (``bench.llamacpp_server``:
-    ``python -m llama_cpp.server`` taking ``vllm bench serve``'s request ids)."""
+    queue behind the one in flight instead of interrupting it, and without keep-alive
+    pings (``vllm bench serve`` loses every later event of a stream once a ping, sent
+    after 15 s of waiting, lands in its buffer). ``bench.llamacpp_server`` is
+    ``python -m llama_cpp.server`` taking ``vllm bench serve``'s requests."""
     threads = str(settings.threads)
     return [str(llamacpp_python(settings)), "-m", "bench.llamacpp_server", "--model", str(gguf),
             "--model_alias", MODEL_NAME, "--n_threads", threads, "--n_threads_batch", threads,
             "--n_ctx", str(MAX_MODEL_LEN), "--interrupt_requests", "False",
+            "--disable_ping_events", "True",
             "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
 
 

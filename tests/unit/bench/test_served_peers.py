@@ -31,6 +31,7 @@ def test_llamacpp_serves_the_gguf_under_the_bench_name_with_its_threads(tmp_path
     assert pairs["--n_threads"] == pairs["--n_threads_batch"] == "3"
     assert pairs["--n_ctx"] == str(MAX_MODEL_LEN)
     assert pairs["--interrupt_requests"] == "False"  # a waiting request must not cut one off
+    assert pairs["--disable_ping_events"] == "True"  # vllm bench serve's client chokes on them
     assert (pairs["--host"], pairs["--port"]) == ("127.0.0.1", "8124")
 
 
