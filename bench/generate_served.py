@@ -253,6 +253,8 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path]:
                         help="serve the GGUF as it is, not its F16 copy")  # fmt: skip
     parser.add_argument("--model-dir", default=None, help="a Hugging Face directory")
     parser.add_argument("--baseline-src", default=None, help="another checkout of Conveyor")
+    parser.add_argument("--baseline-compiled", action="store_true",
+                        help="run conveyor_baseline with enforce_eager: false")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="tiny model, Conveyor, seconds")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -274,7 +276,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path]:
         baseline_src=args.baseline_src, is_smoke=args.smoke, workloads=workloads,
         request_rates=tuple(float(r) for r in _comma_list(args.request_rate)),
         seed=args.seed, llamacpp_venv=args.llamacpp_venv, gguf=args.gguf,
-        llamacpp_quantized=args.llamacpp_quantized,
+        llamacpp_quantized=args.llamacpp_quantized, baseline_compiled=args.baseline_compiled,
     )  # fmt: skip
     return settings, args.out
 

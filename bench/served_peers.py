@@ -199,7 +199,9 @@ def start_server(name: str, settings: Settings, model_dir: Path, work: Path) -> 
     if name in CONVEYORS:
         src = Path(settings.baseline_src or REPO_ROOT) / "src"
         env = {"PYTHONPATH": f"{src}{os.pathsep}{REPO_ROOT}"} if name == CONVEYOR_BASELINE else {}
-        compiled = name == CONVEYOR_COMPILED
+        compiled = name == CONVEYOR_COMPILED or (
+            name == CONVEYOR_BASELINE and settings.baseline_compiled
+        )
         server = ServerProcess(name, lambda port: conveyor_argv(settings, model_dir, work, port,
                                                                 compiled=compiled),
                                log_path=log_path, ready_path="/ready",

@@ -58,6 +58,8 @@ class Settings:
     llamacpp_venv: str = ".venv-llamacpp"
     gguf: str | None = None
     llamacpp_quantized: bool = False
+    # conveyor_baseline with enforce_eager: false, as conveyor_compiled runs this checkout.
+    baseline_compiled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,3 +130,15 @@ def test_decode_inputs_only_for_decode_rows_in_one_bucket(llama_path: Path) -> N
     assert got is not None
     # Rows sorted by context put token 1 first; the tables come back in token order.
     assert got.tables.tolist() == [[0, 1], [2, 0]]  # type: ignore[attr-defined]
+
+
+def test_the_general_region_runs_its_loops_on_the_torch_threads() -> None:
+    from conveyor.engine.model.compiled_layers import INDUCTOR_OPTIONS, general_options
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert general_options()["cpp.threads"] == 3  # prefill loops: every thread
+    finally:
+        torch.set_num_threads(threads)
+    assert INDUCTOR_OPTIONS["cpp.threads"] == 1  # the decode region's small loops: one

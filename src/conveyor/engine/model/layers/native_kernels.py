@@ -1,4 +1,4 @@
-"""Conveyor's own CPU kernels (C++ in ``native/``), built by the machine's compiler and cached.
+"""Conveyor's own CPU kernels (C++ beside this module), built by the machine's compiler, cached.
 
 The decode attention kernel (``native/decode_attention.cpp``) reads each row's keys and
 values where they lie in the paged cache, one task per (row, KV head) spread over torch's
