@@ -334,17 +334,19 @@ def mirrored_module(test: Path, package_dir: Path) -> bool:
 
 def unmirrored_tests() -> list[str]:
     """Unit test files that do not mirror a module: `tests/unit/<package>/test_<module>.py`
-    for `src/conveyor/<package>/<module>.py` (`tests/unit/docs` mirrors `docs/_ext`)."""
+    for `src/conveyor/<package>/<module>.py` (`tests/unit/docs` mirrors `docs/_ext`, and
+    `tests/unit/bench` the benchmarks' own modules in `bench`)."""
+    other_roots = {"docs": REPO_ROOT / "docs" / "_ext", "bench": REPO_ROOT / "bench"}
     found = []
     for test in sorted(UNIT_TESTS.rglob("test_*.py")):
         relative = test.relative_to(UNIT_TESTS)
         if relative.as_posix() in REPO_WIDE_TESTS:
             continue
         parts = relative.parent.parts
-        package_dir = REPO_ROOT / "docs" / "_ext" if parts[:1] == ("docs",) else PACKAGE_ROOT
-        package_dir = package_dir.joinpath(*parts[1:]) if parts[:1] == ("docs",) else (
-            package_dir.joinpath(*parts)
-        )  # fmt: skip
+        if parts[:1] and parts[0] in other_roots:
+            package_dir = other_roots[parts[0]].joinpath(*parts[1:])
+        else:
+            package_dir = PACKAGE_ROOT.joinpath(*parts)
         if not mirrored_module(test, package_dir):
             found.append(relative.as_posix())
     return found

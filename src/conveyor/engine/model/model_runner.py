@@ -21,7 +21,7 @@ from conveyor.engine.model.compiled_layers import compile_layers
 from conveyor.engine.model.decode_buckets import plan_decode_buckets
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
 from conveyor.engine.model.layers.linear import Linear
-from conveyor.engine.model.layers.native_kernels import NativeDecodeAttention, install_native_decode
+from conveyor.engine.model.layers.native_kernels import install_native_decode
 from conveyor.engine.model.layers.paged_attention import (
     CompiledDecodeAttention,
     cache_at_offset,
@@ -173,11 +173,10 @@ class ModelRunner:
     is a bucket's fixed cost in blocks read (default: by device, see ``decode_buckets``).
     ``prepack_weights`` gives bfloat16 projections on the CPU a oneDNN-blocked copy of
     their weights (see ``Linear.prepack``; it costs the projections' weight memory again).
-    ``native_kernels`` gives CPU decode rows Conveyor's C++ attention over the paged cache
-    (``native_kernels``; the PyTorch path where it cannot be built). ``enforce_eager``
-    False compiles the decoder layers (``compiled_layers``) and, without the native
-    kernel, the CPU decode attention (``paged_attention``) at start-up, :attr:`compile_s`
-    seconds; no LoRA, other devices, and the default stay eager.
+    ``native_kernels`` gives CPU decode rows Conveyor's C++ attention (``native_kernels``;
+    PyTorch's where it cannot be built). ``enforce_eager`` False compiles the decoder layers
+    (``compiled_layers``) and, without the native kernel, the CPU decode attention
+    (``paged_attention``) at start-up, :attr:`compile_s` seconds; not with LoRA or off CPU.
     """
 
     def __init__(
@@ -208,11 +207,9 @@ class ModelRunner:
         self.block_size = block_size
         self.batch_decode = batch_decode
         self.prepack_weights = prepack_weights
-        self.decode_bucket_cost_blocks = (
-            DECODE_BUCKET_COST_BLOCKS.get(self.device.type, 2048.0)
-            if decode_bucket_cost_blocks is None
-            else decode_bucket_cost_blocks
-        )
+        self.decode_bucket_cost_blocks = DECODE_BUCKET_COST_BLOCKS.get(self.device.type, 2048.0)
+        if decode_bucket_cost_blocks is not None:
+            self.decode_bucket_cost_blocks = decode_bucket_cost_blocks
         self.eos_token_ids = read_eos_token_ids(self.checkpoint_dir, raw_config)
         self.last_prepare_s = 0.0  # of the last execute (see step.PrepareTimed)
         # Of the last execute, one per chunk with scoring (see step.ScoresPrompts).
@@ -227,9 +224,8 @@ class ModelRunner:
         self.kv_caches = [
             (self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(len(self.kv_cache))
         ]
-        self.native_decode: NativeDecodeAttention | None = None
-        if native_kernels and self.device.type == "cpu":
-            self.native_decode = install_native_decode(self.model)
+        native = native_kernels and self.device.type == "cpu"
+        self.native_decode = install_native_decode(self.model) if native else None
         if self.native_decode is not None and decode_bucket_cost_blocks is None:
             self.decode_bucket_cost_blocks = math.inf  # hidden padding costs it next to nothing
         self.compiled_decode: CompiledDecodeAttention | None = None
