@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -116,10 +117,21 @@ def _build(source: Path, target: Path) -> None:
     log.info("built %s in %.1f s", target.name, time.perf_counter() - started_s)
 
 
-@functools.cache
+_LOADING = threading.Lock()
+
+
 def native_library() -> Path | None:
     """Build (once) and load the kernels; the library's path, or None where they cannot be
-    built or loaded here (logged once, with the reason)."""
+    built or loaded here (logged once, with the reason). Models loading on several threads
+    at once wait for the first."""
+    with _LOADING:
+        return _load_once()
+
+
+@functools.cache
+def _load_once() -> Path | None:
+    """``native_library`` without the lock: the first call builds and loads, later ones
+    return its answer."""
     try:
         path = _library_path(SOURCE)
         if not path.exists():

@@ -11,6 +11,7 @@ import torch
 from conveyor.engine.model.layers.native_kernels import (
     CACHE_ENV,
     NativeDecodeAttention,
+    _load_once,
     kernel_cache_dir,
     native_library,
 )
@@ -152,6 +153,33 @@ def test_a_failed_build_leaves_the_kernels_off_and_says_why(
     monkeypatch.setenv("CXX", str(compiler))
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "kernels"))
     with caplog.at_level(logging.WARNING):
-        assert native_library.__wrapped__() is None  # the uncached call: a build is tried
+        assert _load_once.__wrapped__() is None  # the uncached call: a build is tried
     assert "no headers" in caplog.text
     assert not any(path.suffix == ".so" for path in (tmp_path / "kernels").rglob("*"))
+
+
+def test_models_loading_at_once_load_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two loads at once would load the library twice, and the second's fake registration
+    # would fail, leaving that model without the kernel: native_library serialises them.
+    import concurrent.futures
+    import threading
+    import time
+
+    from conveyor.engine.model.layers import native_kernels
+
+    inside, most = [0], [0]
+    lock = threading.Lock()
+
+    def slow_load() -> Path:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.02)
+        with lock:
+            inside[0] -= 1
+        return Path("kernels.so")
+
+    monkeypatch.setattr(native_kernels, "_load_once", slow_load)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: native_library(), range(8)))
+    assert paths == [Path("kernels.so")] * 8 and most[0] == 1
