@@ -28,6 +28,7 @@ from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.hf_config import DecoderConfig
 from conveyor.engine.model.layers.attention import Attention
 from conveyor.engine.model.layers.linear import Linear
+from conveyor.engine.model.layers.native_kernels import native_decode_attention
 from conveyor.engine.model.layers.opaque_ops import (
     register,
     step_context,
@@ -150,12 +151,8 @@ def _traced_decode_layer(
     attn = layer.self_attn
     q, k, v = attn.project(layer.input_layernorm(h), (cos, sin))
     write_kv_op(kv_cache, slots, k, v)
-    if native:
-        attended = torch.ops.conveyor_native.decode_attention(
-            q, kv_cache[0], kv_cache[1], block_tables, mask, q.shape[-1] ** -0.5
-        )
-    else:
-        attended = gathered_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, mask)
+    attend = native_decode_attention if native else gathered_decode_attention
+    attended = attend(q, kv_cache[0], kv_cache[1], block_tables, mask)
     h = h + attn.o_proj(attended.flatten(1))
     mixed: torch.Tensor = layer.mlp(layer.post_attention_layernorm(h))
     return h + mixed

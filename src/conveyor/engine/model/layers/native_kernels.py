@@ -35,6 +35,7 @@ __all__ = [
     "build_command",
     "install_native_decode",
     "kernel_cache_dir",
+    "native_decode_attention",
     "native_library",
 ]
 
@@ -174,10 +175,22 @@ class NativeDecodeAttention:
         shape of b x n x block_size elements (0: attend, -inf: hidden)."""
         self.num_calls += 1
         mask = mask.reshape(*block_tables.shape, k_cache.shape[1])
-        out: torch.Tensor = torch.ops.conveyor_native.decode_attention(
-            q, k_cache, v_cache, block_tables, mask, q.shape[-1] ** -0.5
-        )
-        return out
+        return native_decode_attention(q, k_cache, v_cache, block_tables, mask)
+
+
+def native_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """The op itself, scaled by ``head_dim ** -0.5``; ``mask`` [b, n, block_size]. Callable
+    inside a compiled region (the op is opaque to the compiler)."""
+    out: torch.Tensor = torch.ops.conveyor_native.decode_attention(
+        q, k_cache, v_cache, block_tables, mask, q.shape[-1] ** -0.5
+    )
+    return out
 
 
 def install_native_decode(model: nn.Module) -> NativeDecodeAttention | None:
