@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conveyor.engine.core.step import PromptScoring, SeqChunk
+from conveyor.engine.model.layers.linear import bfloat16_packing_supported
 from conveyor.engine.model.model_runner import (
     KVOutOfMemory,
     ModelRunner,
@@ -152,6 +153,7 @@ def test_bfloat16_runs_on_cpu_and_returns_float32(llama_path: Path) -> None:
     assert torch.isfinite(logits).all()
 
 
+@pytest.mark.skipif(not bfloat16_packing_supported(), reason="oneDNN packs no bfloat16 on this CPU")
 def test_prepacked_bfloat16_weights_give_the_same_greedy_tokens(llama_path: Path) -> None:
     # A prefill then decodes of two sequences, with and without oneDNN-prepacked weights.
     def greedy(prepack: bool) -> list[list[int]]:

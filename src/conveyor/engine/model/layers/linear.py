@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from conveyor.engine.model.layers.opaque_ops import linear_op
 
-__all__ = ["PACK_ROWS_HINT", "Linear", "empty_param"]
+__all__ = ["PACK_ROWS_HINT", "Linear", "bfloat16_packing_supported", "empty_param"]
 
 # The row count oneDNN chooses a packed weight's layout for (any count works): a decode
 # step's batch.
 PACK_ROWS_HINT = 16
+
+
+@functools.cache
+def bfloat16_packing_supported() -> bool:
+    """Whether oneDNN packs bfloat16 weights on this CPU (it needs AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT; an AVX2-only CPU refuses, and ``F.linear`` serves it)."""
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return False
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def empty_param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
@@ -43,12 +54,13 @@ class Linear(nn.Module):
         """Keep a oneDNN-blocked copy of the weight for ``forward`` (CPU, bfloat16 only).
 
         Call it once the weight is loaded (and again if it changes). Other devices and
-        dtypes keep ``F.linear``; returns whether a packed copy is now in use.
+        dtypes, and CPUs oneDNN cannot pack bfloat16 for, keep ``F.linear``; returns whether
+        a packed copy is now in use.
         """
         weight = self.weight
         if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
             return False
-        if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        if not bfloat16_packing_supported():
             return False
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
         return True

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conveyor.engine.model.layers.linear import Linear
+from conveyor.engine.model.layers import linear
+from conveyor.engine.model.layers.linear import Linear, bfloat16_packing_supported
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -20,6 +21,12 @@ def _linear(dtype: torch.dtype, *, bias: bool) -> Linear:
     return layer
 
 
+needs_packing = pytest.mark.skipif(
+    not bfloat16_packing_supported(), reason="oneDNN packs no bfloat16 on this CPU"
+)
+
+
+@needs_packing
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 7, 16, 33])
 def test_prepacked_bfloat16_matches_f_linear(rows: int, bias: bool) -> None:
@@ -38,3 +45,18 @@ def test_float32_keeps_f_linear() -> None:
     assert layer.packed is None
     x = torch.randn(5, 24)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+
+
+def test_a_cpu_without_bfloat16_packing_keeps_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An AVX2-only CPU: oneDNN's reorder would raise, so the layer must not ask for it.
+    monkeypatch.setattr(linear, "bfloat16_packing_supported", lambda: False)
+    layer = _linear(torch.bfloat16, bias=True)
+    assert layer.prepack() is False
+    assert layer.packed is None
+    x = torch.randn(5, 24).to(torch.bfloat16)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+
+
+def test_packing_support_is_what_onednn_says() -> None:
+    expected = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert bfloat16_packing_supported() is bool(expected)
