@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from conveyor.engine.model.layers.opaque_ops import linear_op
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PACK_ROWS_HINT", "Linear", "bfloat16_packing_supported", "empty_param"]
 
@@ -24,6 +27,16 @@ def bfloat16_packing_supported() -> bool:
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return False
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@functools.cache
+def _warn_unpacked_bfloat16() -> None:
+    """Say once why bfloat16 projections are slow here, and what is faster."""
+    logger.warning(
+        "this CPU has no native bfloat16 (oneDNN cannot pack bfloat16 weights for it): "
+        "bfloat16 projections run several times slower than float32 here; dtype: auto "
+        "(float32 on the CPU) is faster"
+    )
 
 
 def empty_param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
@@ -61,6 +74,7 @@ class Linear(nn.Module):
         if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
             return False
         if not bfloat16_packing_supported():
+            _warn_unpacked_bfloat16()
             return False
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
         return True

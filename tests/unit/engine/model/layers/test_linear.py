@@ -47,11 +47,18 @@ def test_float32_keeps_f_linear() -> None:
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
 
 
-def test_a_cpu_without_bfloat16_packing_keeps_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cpu_without_bfloat16_packing_keeps_f_linear(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # An AVX2-only CPU: oneDNN's reorder would raise, so the layer must not ask for it.
     monkeypatch.setattr(linear, "bfloat16_packing_supported", lambda: False)
+    linear._warn_unpacked_bfloat16.cache_clear()
     layer = _linear(torch.bfloat16, bias=True)
-    assert layer.prepack() is False
+    with caplog.at_level("WARNING", logger=linear.__name__):
+        assert layer.prepack() is False
+        assert layer.prepack() is False
+    assert [r.message for r in caplog.records if "no native bfloat16" in r.message] != []
+    assert len(caplog.records) == 1  # said once, not per projection
     assert layer.packed is None
     x = torch.randn(5, 24).to(torch.bfloat16)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
