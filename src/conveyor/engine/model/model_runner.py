@@ -20,7 +20,7 @@ from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.compiled_layers import compile_layers
 from conveyor.engine.model.decode_buckets import plan_decode_buckets
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
-from conveyor.engine.model.layers.linear import Linear
+from conveyor.engine.model.layers.linear import prepack_projections
 from conveyor.engine.model.layers.native_kernels import install_native_decode
 from conveyor.engine.model.layers.paged_attention import (
     CompiledDecodeAttention,
@@ -171,8 +171,8 @@ class ModelRunner:
     it). ``batch_decode`` attends the single-token (decode) chunks of a step together,
     bucketed by context length, instead of one call each; ``decode_bucket_cost_blocks``
     is a bucket's fixed cost in blocks read (default: by device, see ``decode_buckets``).
-    ``prepack_weights`` gives bfloat16 projections on the CPU a oneDNN-blocked copy of
-    their weights (see ``Linear.prepack``; it costs the projections' weight memory again).
+    ``prepack_weights`` gives projections on the CPU oneDNN-blocked weights in place of
+    their own (see ``Linear.prepack``; a tied output projection's costs its memory again).
     ``native_kernels`` gives CPU decode rows Conveyor's C++ attention (``native_kernels``;
     PyTorch's where it cannot be built). ``enforce_eager`` False compiles the decoder layers
     (``compiled_layers``) and, without the native kernel, the CPU decode attention
@@ -308,9 +308,7 @@ class ModelRunner:
             model = LlamaDecoder(self.config, device=self.device, dtype=self.dtype)
             load_weights(model, self.config, self.checkpoint_dir)
             if self.prepack_weights:
-                for module in model.modules():
-                    if isinstance(module, Linear):
-                        module.prepack()
+                prepack_projections(model)
         except RuntimeError as error:
             if not _is_out_of_memory(error):
                 raise

@@ -153,13 +153,21 @@ def test_bfloat16_runs_on_cpu_and_returns_float32(llama_path: Path) -> None:
     assert torch.isfinite(logits).all()
 
 
-@pytest.mark.skipif(not bfloat16_packing_supported(), reason="oneDNN packs no bfloat16 on this CPU")
-def test_prepacked_bfloat16_weights_give_the_same_greedy_tokens(llama_path: Path) -> None:
+PACKED_BFLOAT16 = pytest.param(
+    "bfloat16",
+    marks=pytest.mark.skipif(
+        not bfloat16_packing_supported(), reason="oneDNN packs no bfloat16 on this CPU"
+    ),
+)
+
+
+@pytest.mark.parametrize("dtype", ["float32", PACKED_BFLOAT16])
+def test_prepacked_weights_give_the_same_greedy_tokens(llama_path: Path, dtype: str) -> None:
     # A prefill then decodes of two sequences, with and without oneDNN-prepacked weights.
     def greedy(prepack: bool) -> list[list[int]]:
         runner = ModelRunner(
             llama_path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, device="cpu",
-            dtype="bfloat16", prepack_weights=prepack,
+            dtype=dtype, prepack_weights=prepack,
         )  # fmt: skip
         assert (
             any(getattr(m, "packed", None) is not None for m in runner.model.modules()) is prepack

@@ -1,4 +1,5 @@
-"""The projection: plain ``F.linear``, or oneDNN-prepacked weights in bfloat16 on the CPU."""
+"""The projection: plain ``F.linear``, or oneDNN-prepacked weights (float32, and bfloat16
+where the CPU packs it) on the CPU."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.engine.model.layers import linear
-from conveyor.engine.model.layers.linear import Linear, bfloat16_packing_supported
+from conveyor.engine.model.layers.linear import (
+    Linear,
+    bfloat16_packing_supported,
+    prepack_projections,
+)
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -39,12 +44,40 @@ def test_prepacked_bfloat16_matches_f_linear(rows: int, bias: bool) -> None:
     torch.testing.assert_close(out, expected, atol=1e-2, rtol=1e-2)
 
 
-def test_float32_keeps_f_linear() -> None:
-    layer = _linear(torch.float32, bias=True)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 16, 33, 300])
+def test_prepacked_float32_matches_f_linear(rows: int, bias: bool) -> None:
+    layer = _linear(torch.float32, bias=bias)
+    x = torch.randn(rows, 24, generator=torch.Generator().manual_seed(rows))
+    expected = F.linear(x, layer.weight, layer.bias)
+    assert layer.prepack(release=True) is True
+    assert layer.weight.numel() == 0  # the unpacked copy is gone
+    assert layer.prepack() is True  # packing again keeps the packed copy
+    out = layer(x)
+    assert out.dtype == torch.float32 and out.shape == (rows, 40)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_float16_keeps_f_linear() -> None:
+    layer = _linear(torch.float16, bias=True)
     assert layer.prepack() is False
     assert layer.packed is None
-    x = torch.randn(5, 24)
+    x = torch.randn(5, 24).to(torch.float16)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+
+
+def test_prepack_projections_keeps_a_tied_weight() -> None:
+    # The output projection tied to the embedding keeps the shared tensor; the others
+    # give their unpacked copies up.
+    model = torch.nn.ModuleDict(
+        {"proj": _linear(torch.float32, bias=False), "head": _linear(torch.float32, bias=False)}
+    )
+    embedding = torch.nn.Embedding(40, 24)
+    embedding.weight = model["head"].weight
+    model["embed"] = embedding
+    assert prepack_projections(model) == 2
+    assert model["proj"].weight.numel() == 0
+    assert model["head"].weight is embedding.weight and embedding.weight.shape == (40, 24)
 
 
 def test_a_cpu_without_bfloat16_packing_keeps_f_linear(
