@@ -60,6 +60,7 @@ def machine_info() -> dict[str, Any]:
     """What the numbers were measured on: CPU, cores, memory, OS, Python."""
     return {
         "cpu_model": _cpu_model(),
+        "cpu_vector_flags": _cpu_vector_flags(),
         "num_cpus": os.cpu_count(),
         "num_usable_cpus": len(os.sched_getaffinity(0)),
         "mem_total_mb": _mem_total_mb(),
@@ -78,6 +79,27 @@ def _cpu_model() -> str | None:
     except OSError:
         return None
     return None
+
+
+# The instruction sets CPU inference speed turns on (an AVX2-only host runs bfloat16
+# without oneDNN's packed kernels, and several times slower than float32).
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def vector_flags(cpuinfo: str) -> list[str]:
+    """Which of ``VECTOR_FLAGS`` the first ``flags`` line of ``/proc/cpuinfo`` lists."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            present = set(line.split(":", 1)[1].split())
+            return [flag for flag in VECTOR_FLAGS if flag in present]
+    return []
+
+
+def _cpu_vector_flags() -> list[str] | None:
+    try:
+        return vector_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return None
 
 
 def _mem_total_mb() -> int | None:
