@@ -181,6 +181,27 @@ def prepare_model(settings: Settings, work: Path) -> Path:
     return target
 
 
+def recorded_inputs(settings: Settings) -> dict[str, Any]:
+    """``settings`` as a results file keeps them: no local paths, so the model directory by
+    its name and the baseline checkout by its commit (its path where git cannot say)."""
+    inputs = asdict(settings)
+    if settings.model_dir is not None:
+        inputs["model_dir"] = Path(settings.model_dir).name
+    if settings.baseline_src is not None:
+        inputs["baseline_src"] = checkout_commit(Path(settings.baseline_src))
+    return inputs
+
+
+def checkout_commit(checkout: Path) -> str:
+    """The short commit a checkout is at, or its folder's name if git cannot say."""
+    try:
+        done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return checkout.name
+    return done.stdout.strip()
+
+
 PANELS = (("output_throughput", "output tokens/s"), ("p50_tpot_ms", "TPOT p50 (ms)"),
           ("p50_ttft_ms", "TTFT p50 (ms)"))  # fmt: skip
 
@@ -321,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     document = {
         "benchmark": "generate_served",
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "inputs": asdict(settings),
+        "inputs": recorded_inputs(settings),
         "points": [point.label for point in points(settings)],
         "client": "vllm bench serve" if uses_vllm_client(settings) else "builtin",
         "skipped": skipped,
