@@ -20,7 +20,9 @@ import torch
 
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
 from conveyor.engine.model.gguf_import import import_gguf
+from conveyor.engine.model.llama import LlamaDecoder
 from conveyor.engine.model.model_runner import ModelRunner
+from conveyor.engine.model.weight_loader import load_weights
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.fakes.checkpoints import torch_threads
@@ -117,10 +119,13 @@ def engine_greedy(
 def test_the_weights_equal_transformers_gguf_loader_bit_for_bit(
     runner: ModelRunner, hf_model: Any
 ) -> None:
-    ours = runner.model.state_dict()
+    # The loader's weights, before the runner packs the projections (and frees theirs).
     config = runner.config
+    model = LlamaDecoder(config, device=runner.device, dtype=runner.dtype)
+    load_weights(model, config, runner.checkpoint_dir)
+    ours = model.state_dict()
     theirs = hf_model.state_dict()
-    assert sum(p.numel() for p in runner.model.parameters()) == 134_515_008
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
     for name, tensor in ours.items():
         if ".qkv_proj." in name:
             parts = tensor.split([config.q_size, config.kv_size, config.kv_size])
