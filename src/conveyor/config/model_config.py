@@ -338,6 +338,11 @@ class GenerateModelConfig(Strict):
         description="CPU cores (Linux ids) the engine thread and its torch threads are pinned "
         "to (null: not pinned).",
     )
+    arrival_window_ms: float = Field(
+        default=0, ge=0, le=1000,
+        description="engine: conveyor: woken from idle by a request, wait this long for the "
+        "rest of its burst, so that they prefill in one step.",
+    )  # fmt: skip
     enforce_eager: bool = Field(
         default=True,
         description="engine: conveyor: run every op eagerly (false: compile the CPU decode "

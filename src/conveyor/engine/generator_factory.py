@@ -70,6 +70,7 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         max_loras_per_batch=None if config.lora is None else config.lora.max_loras_per_batch,
         threads=threads,
         cpu_cores=tuple(config.cpu_cores) if config.cpu_cores else None,
+        arrival_window_s=config.arrival_window_ms / 1000,
     )
     tokenizer = Tokenizer(local_model_path(config.path))
     if lora is not None and config.lora is not None:

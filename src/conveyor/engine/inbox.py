@@ -63,9 +63,15 @@ class QueueCounts(Protocol):
 
 
 class Inbox:
-    """Commands from callers, and the queue sizes the engine thread publishes back."""
+    """Commands from callers, and the queue sizes the engine thread publishes back.
 
-    def __init__(self) -> None:
+    ``gather_s``: woken from idle, the engine thread waits that long more before it takes
+    the commands, so that the rest of a burst whose first request woke it starts in the
+    same step (else the first one's prefill runs alone and the others wait it out).
+    """
+
+    def __init__(self, *, gather_s: float = 0.0) -> None:
+        self._gather_s = gather_s
         self._wakeup = threading.Condition(threading.Lock())
         self._commands: list[Command] = []
         self._num_pending_adds = 0
@@ -132,15 +138,20 @@ class Inbox:
         """Sleep until there is work; take the posted commands. None when stopping.
 
         ``has_work`` says the scheduler still has sequences: then do not sleep at all.
+        Woken from sleep, wait ``gather_s`` more for the rest of a burst.
         """
         with self._wakeup:
+            slept = False
             while not self._is_stopping and not self._commands and not has_work:
                 self._is_idle = True
                 self._wakeup.notify_all()
                 self._wakeup.wait()
+                slept = True
+            self._is_idle = False
+            if slept and self._gather_s > 0:
+                self._wakeup.wait_for(lambda: self._is_stopping, self._gather_s)
             if self._is_stopping:
                 return None
-            self._is_idle = False
             commands, self._commands = self._commands, []
             # Moved from "pending" to the scheduler's queue, so num_waiting stays whole.
             self._num_waiting += self._num_pending_adds

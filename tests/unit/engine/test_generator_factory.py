@@ -149,3 +149,13 @@ def test_enforce_eager_reaches_the_runner(
         assert runner.compiled_decode is (compiled if expected[:1] == ["decode"] else None)
     finally:
         generator.stop()
+
+
+def test_the_arrival_window_reaches_the_engine_in_seconds(llama_path: Path) -> None:
+    generator = load_generator(
+        model_config(llama_path, arrival_window_ms=20), Metrics().for_generator("tiny")
+    )
+    try:
+        assert generator.engine.config.arrival_window_s == pytest.approx(0.02)
+    finally:
+        generator.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -59,3 +61,48 @@ def test_idle_only_with_nothing_posted_and_the_engine_asleep() -> None:
     assert not inbox.wait_until_idle(0)  # taken, but the engine is busy with it
     inbox.mark_idle()
     assert inbox.wait_until_idle(0)
+
+
+def _take_in_thread(inbox: Inbox) -> tuple[threading.Thread, list[Any]]:
+    """The engine thread's ``take`` (nothing in hand), on a thread; its result lands in the
+    list it returns, with the seconds it waited after waking."""
+    result: list[Any] = []
+
+    def take() -> None:
+        commands = inbox.take(has_work=False)
+        result.extend([commands, time.monotonic()])
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    assert inbox.wait_until_idle(5)  # asleep, waiting for work
+    return thread, result
+
+
+def test_woken_from_sleep_the_engine_gathers_the_rest_of_a_burst() -> None:
+    inbox = Inbox(gather_s=0.5)
+    thread, result = _take_in_thread(inbox)
+    woken = time.monotonic()
+    inbox.post(_add("a"))
+    inbox.post(_add("b"))  # the burst's second request, after the first woke the engine
+    thread.join(5)
+    commands, returned = result
+    assert [c.request for c in commands] == ["a", "b"]
+    assert returned - woken >= 0.45
+    assert not inbox.wait_until_idle(0)  # busy with them
+
+
+def test_no_gathering_with_work_in_hand() -> None:
+    inbox = Inbox(gather_s=60)
+    assert inbox.take(has_work=True) == []  # sequences running: never waits
+    inbox.post(_add("a"))
+    commands = inbox.take(has_work=False)  # posted before the engine could sleep
+    assert commands is not None and [c.request for c in commands] == ["a"]
+
+
+def test_stopping_ends_a_gather() -> None:
+    inbox = Inbox(gather_s=60)
+    thread, result = _take_in_thread(inbox)
+    inbox.post(_add("a"))
+    inbox.stop()
+    thread.join(5)
+    assert not thread.is_alive() and result[0] is None
