@@ -172,7 +172,7 @@ class ModelRunner:
     bucketed by context length, instead of one call each; ``decode_bucket_cost_blocks``
     is a bucket's fixed cost in blocks read (default: by device, see ``decode_buckets``).
     ``prepack_weights`` gives projections on the CPU oneDNN-blocked weights in place of
-    their own (see ``Linear.prepack``; a tied output projection's costs its memory again).
+    their own (see ``Linear.prepack``; only a tied output projection keeps both copies).
     ``native_kernels`` gives CPU decode rows Conveyor's C++ attention (``native_kernels``;
     PyTorch's where it cannot be built). ``enforce_eager`` False compiles the decoder layers
     (``compiled_layers``) and, without the native kernel, the CPU decode attention

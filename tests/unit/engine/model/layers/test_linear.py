@@ -95,8 +95,3 @@ def test_a_cpu_without_bfloat16_packing_keeps_f_linear(
     assert layer.packed is None
     x = torch.randn(5, 24).to(torch.bfloat16)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
-
-
-def test_packing_support_is_what_onednn_says() -> None:
-    expected = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert bfloat16_packing_supported() is bool(expected)
