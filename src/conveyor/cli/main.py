@@ -15,7 +15,7 @@ import conveyor
 from conveyor.cli.batch import batch_app
 from conveyor.cli.keys import keys_app
 from conveyor.cli.models import models_app
-from conveyor.cli.omp_wait import prefer_passive_omp_wait
+from conveyor.cli.omp_wait import prefer_short_omp_spin
 from conveyor.cli.plan import plan
 from conveyor.cli.quick_serve import quick_models
 from conveyor.cli.simulate import simulate
@@ -140,7 +140,7 @@ def serve(
     model_cache_dir: ModelCacheDir = None,
 ) -> None:
     """Run the whole service in one process (default: MiniLM and SmolLM2-135M-Instruct)."""
-    prefer_passive_omp_wait()  # before anything loads torch
+    prefer_short_omp_spin()  # before anything loads torch
     from conveyor.api.app import create_app
     from conveyor.cli.startup_checks import check_models
 
@@ -236,7 +236,7 @@ def worker(
     ] = None,
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
-    prefer_passive_omp_wait()  # before anything loads torch
+    prefer_short_omp_spin()  # before anything loads torch
     from conveyor.cli.startup_checks import check_models
     from conveyor.cli.worker import WorkerSettings, parse_listen, run_worker
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn, Self
 from conveyor.batching.batcher import Batcher, BatcherSettings
 from conveyor.config.model_config import GenerateModelConfig, ModelEntry
 from conveyor.config.settings import ServerConfig
+from conveyor.engine.cpu_threads import in_passing_thread
 from conveyor.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
 from conveyor.host.hosted_model import HostedModel, OneShotConfig
 from conveyor.host.model_cache import CacheFull, ModelCache
@@ -103,13 +104,13 @@ class ModelHost:
             started = time.perf_counter()
             if isinstance(model_config, GenerateModelConfig):
                 metrics = self.metrics.for_generator(model_config.name)
-                self.generators[model_config.name] = await asyncio.to_thread(
+                self.generators[model_config.name] = await in_passing_thread(
                     self._generator_factory, model_config, metrics
                 )
             elif self._cache is not None:
                 continue  # loaded on first use
             else:
-                model = await asyncio.to_thread(self._model_factory, model_config)
+                model = await in_passing_thread(self._model_factory, model_config)
                 self._models[model_config.name] = self._host(model_config, model)
             log.info("loaded %s in %.1f s", model_config.name, time.perf_counter() - started)
         self._is_ready = True
@@ -236,7 +237,7 @@ class ModelHost:
             await hosted.batcher.stop()
             await asyncio.to_thread(hosted.model.close)
         started = time.perf_counter()
-        model = await asyncio.to_thread(self._model_factory, config)
+        model = await in_passing_thread(self._model_factory, config)
         self._models[config.name] = self._host(config, model)
         cache.add(config.name, size_bytes)
         log.info("loaded %s on demand in %.1f s", config.name, time.perf_counter() - started)

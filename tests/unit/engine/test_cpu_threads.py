@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 
 import pytest
 import torch
 
-from conveyor.engine.cpu_threads import engine_threads, pin_engine_thread
+from conveyor.engine.cpu_threads import engine_threads, in_passing_thread, pin_engine_thread
+from conveyor.fakes.checkpoints import torch_threads
 
 
 @pytest.mark.parametrize(
@@ -42,3 +44,52 @@ def test_no_cores_and_no_threads_change_nothing() -> None:
     before = (os.sched_getaffinity(0), torch.get_num_threads())
     pin_engine_thread(None, None)
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
+
+
+def num_os_threads() -> int:
+    """Threads of this process, OpenMP's workers included (Linux)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def parallel_op() -> threading.Thread:
+    """A torch op that runs as an OpenMP parallel region of 2 threads; the calling thread."""
+    with torch_threads(2):  # process-wide in torch: put back after
+        torch.ones(1 << 21).mul(2).sum()
+    return threading.current_thread()
+
+
+@pytest.mark.anyio
+async def test_in_passing_thread_answers_from_a_thread_that_has_ended() -> None:
+    def load(name: str) -> tuple[str, threading.Thread]:
+        return name.upper(), threading.current_thread()
+
+    answer, thread = await in_passing_thread(load, "smol")
+    assert answer == "SMOL"
+    assert thread is not threading.current_thread() and not thread.is_alive()
+
+
+@pytest.mark.anyio
+async def test_in_passing_thread_raises_what_the_function_raised() -> None:
+    def broken() -> None:
+        raise ValueError("no weights")
+
+    with pytest.raises(ValueError, match="no weights"):
+        await in_passing_thread(broken)
+
+
+@pytest.mark.anyio
+async def test_a_passing_thread_takes_its_openmp_team_with_it() -> None:
+    await asyncio.to_thread(lambda: None)  # the pool thread the join runs on, made first
+    before = num_os_threads()
+    await in_passing_thread(parallel_op)
+    assert num_os_threads() == before
+
+
+@pytest.mark.anyio
+async def test_a_pool_thread_keeps_its_openmp_team() -> None:
+    """Why models load on a passing thread: a pool thread lives on with an OpenMP worker
+    (libgomp), which makes the engine thread's team one too many for 2 cores."""
+    await asyncio.to_thread(lambda: None)
+    before = num_os_threads()
+    await asyncio.to_thread(parallel_op)
+    assert num_os_threads() == before + 1
