@@ -68,7 +68,19 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "load_avg_1_5_15": list(os.getloadavg()),
         "clock_ticks_per_s": CLOCK_TICKS_PER_S,
+        "openmp_env": openmp_env(),
     }
+
+
+# How OpenMP's threads wait between ops, which moves a CPU step's time by half (see
+# conveyor.cli.omp_wait), and how many there are.
+OPENMP_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
+
+
+def openmp_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The OpenMP settings of this process's environment (``OPENMP_ENV``), where set."""
+    source = os.environ if environ is None else environ
+    return {name: source[name] for name in OPENMP_ENV if name in source}
 
 
 def _cpu_model() -> str | None:

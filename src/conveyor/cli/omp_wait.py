@@ -5,7 +5,8 @@ or sleeps (the core is free, but every op of a step then pays a wake-up at its b
 Unbounded spinning is the worst case on a few shared cores: the spinning threads take the
 core the event loop needs, and a descheduled thread stalls every op of a step (a SmolLM2
 decode step measured 7x slower on 2 busy cores). Sleeping at once is the other extreme: a
-SmolLM2 decode step of 16 rows took 61 ms instead of 39 ms on 2 quiet cores.
+SmolLM2 decode step of 16 rows took 58 ms instead of 37 ms on 2 quiet cores
+(``bench/results/decode_step_omp_*.json``).
 
 So ``serve`` and ``worker`` ask libgomp (PyTorch's OpenMP on Linux) for a short spin,
 ``GOMP_SPINCOUNT``: long enough to bridge the gaps between the ops of a step, short enough
@@ -25,7 +26,7 @@ __all__ = ["GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "SPIN_COUNT", "prefer_short_omp_
 OMP_WAIT_POLICY = "OMP_WAIT_POLICY"
 GOMP_SPINCOUNT = "GOMP_SPINCOUNT"
 # Spins before a waiting thread sleeps: about 1 ms by libgomp's estimate (100,000 a ms).
-# 10,000 cost a 16-row SmolLM2 decode step 44 ms instead of 38 ms on 2 cores.
+# 10,000 made a 16-row SmolLM2 decode step 40-45 ms against 37-38 ms in two runs on 2 cores.
 SPIN_COUNT = 100_000
 
 

@@ -48,7 +48,7 @@ async def in_passing_thread(fn: Callable[..., T], *args: Any, name: str = "model
     once they outnumber the cores, every team's threads sleep at each barrier instead of
     spinning. A model loaded on a pool thread (``asyncio.to_thread``) left such a team
     behind, and a 16-row SmolLM2 decode step on the engine thread took 57 ms instead of
-    41 ms on 2 cores. A thread that ends takes its team with it.
+    41 ms on 2 cores (an ad-hoc run). A thread that ends takes its team with it.
     """
     loop = asyncio.get_running_loop()
     done: asyncio.Future[T] = loop.create_future()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.common import VECTOR_FLAGS, machine_info, vector_flags
+from bench.common import VECTOR_FLAGS, machine_info, openmp_env, vector_flags
 
 CPUINFO = """processor\t: 0
 model name\t: Some CPU
@@ -24,3 +24,10 @@ def test_machine_info_names_the_vector_flags() -> None:
     info = machine_info()
     assert isinstance(info["cpu_vector_flags"], list)
     assert set(info["cpu_vector_flags"]) <= set(VECTOR_FLAGS)
+
+
+def test_openmp_env_keeps_only_the_settings_that_are_set() -> None:
+    environ = {"GOMP_SPINCOUNT": "100000", "OMP_WAIT_POLICY": "PASSIVE", "PATH": "/bin"}
+    assert openmp_env(environ) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "100000"}
+    assert openmp_env({}) == {}
+    assert "openmp_env" in machine_info()
