@@ -21,7 +21,7 @@ from conveyor.engine.model.compiled_layers import compile_layers
 from conveyor.engine.model.decode_buckets import plan_decode_buckets
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
 from conveyor.engine.model.layers.linear import prepack_projections
-from conveyor.engine.model.layers.native_kernels import install_native_decode
+from conveyor.engine.model.layers.native_kernels import install_native_kernels
 from conveyor.engine.model.layers.paged_attention import (
     CompiledDecodeAttention,
     cache_at_offset,
@@ -173,10 +173,10 @@ class ModelRunner:
     is a bucket's fixed cost in blocks read (default: by device, see ``decode_buckets``).
     ``prepack_weights`` gives projections on the CPU oneDNN-blocked weights in place of
     their own (see ``Linear.prepack``; only a tied output projection keeps both copies).
-    ``native_kernels`` gives CPU decode rows Conveyor's C++ attention (``native_kernels``;
-    PyTorch's where it cannot be built). ``enforce_eager`` False compiles the decoder layers
-    (``compiled_layers``) and, without the native kernel, the CPU decode attention
-    (``paged_attention``) at start-up, :attr:`compile_s` seconds; not with LoRA or off CPU.
+    ``native_kernels`` gives CPU decode rows Conveyor's C++ attention and eager steps its
+    fused RMSNorm and SiLU (PyTorch's where it cannot be built). ``enforce_eager`` False
+    compiles the decoder layers (``compiled_layers``) and, without the native kernel, the
+    CPU decode attention (``paged_attention``) at start-up (:attr:`compile_s`; CPU, no LoRA).
     """
 
     def __init__(
@@ -225,7 +225,7 @@ class ModelRunner:
             (self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(len(self.kv_cache))
         ]
         native = native_kernels and self.device.type == "cpu"
-        self.native_decode = install_native_decode(self.model) if native else None
+        self.native_decode = install_native_kernels(self.model) if native else None
         if self.native_decode is not None and decode_bucket_cost_blocks is None:
             self.decode_bucket_cost_blocks = math.inf  # hidden padding costs it next to nothing
         self.compiled_decode: CompiledDecodeAttention | None = None

@@ -32,9 +32,16 @@ class MLP(nn.Module):
             device=device,
             dtype=dtype,
         )
+        # Conveyor's fused CPU SiLU-and-multiply (``native_kernels``), where installed.
+        self.native = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the gated MLP."""
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        """Apply the gated MLP (the native kernel in eager code; inductor fuses its own)."""
+        gate_up = self.gate_up_proj(x)
+        if self.native and not torch.compiler.is_compiling():
+            act = torch.ops.conveyor_native.silu_and_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            act = F.silu(gate) * up
+        out: torch.Tensor = self.down_proj(act)
         return out

@@ -3,9 +3,11 @@
 The decode attention kernel (``native/decode_attention.cpp``) reads each row's keys and
 values where they lie in the paged cache, one task per (row, KV head) spread over torch's
 intra-op threads, and registers itself as the op ``conveyor_native::decode_attention``
-(opaque to ``torch.compile``, which calls it from a compiled decoder layer as it is).
+(opaque to ``torch.compile``, which calls it from a compiled decoder layer as it is). The
+fused RMSNorm and SiLU-and-multiply (``native/elementwise.cpp``) serve eager steps: one
+pass over each row instead of an intermediate tensor per PyTorch op.
 
-The library is compiled once per source, torch build, compiler and CPU (``g++`` or
+The library is compiled once per set of sources, torch build, compiler and CPU (``g++`` or
 ``$CXX``, ``-O3 -march=native``, torch's headers, about 10 s) into
 ``$CONVEYOR_KERNEL_CACHE`` (default ``~/.cache/conveyor/kernels``), then loaded from there.
 Where it cannot be built (no compiler, a failed build) the runner keeps the PyTorch
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -33,7 +36,7 @@ __all__ = [
     "CACHE_ENV",
     "NativeDecodeAttention",
     "build_command",
-    "install_native_decode",
+    "install_native_kernels",
     "kernel_cache_dir",
     "native_decode_attention",
     "native_library",
@@ -42,7 +45,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "CONVEYOR_KERNEL_CACHE"
-SOURCE = Path(__file__).with_name("native") / "decode_attention.cpp"
+NATIVE_DIR = Path(__file__).with_name("native")
+SOURCES = (NATIVE_DIR / "decode_attention.cpp", NATIVE_DIR / "elementwise.cpp")
 OP_NAME = "conveyor_native::decode_attention"
 
 # torch's vectorised types (at::vec) pick their width from these defines, as inductor's do.
@@ -61,8 +65,8 @@ def kernel_cache_dir() -> Path:
     return Path(base) / "conveyor" / "kernels"
 
 
-def build_command(source: Path, target: Path) -> list[str]:
-    """The compiler call that builds ``source`` into the shared library ``target``."""
+def build_command(sources: Sequence[Path], target: Path) -> list[str]:
+    """The compiler call that builds ``sources`` into the shared library ``target``."""
     torch_dir = Path(torch.__file__).parent
     capability = torch.backends.cpu.get_cpu_capability()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -79,7 +83,7 @@ def build_command(source: Path, target: Path) -> list[str]:
         *_CAPABILITY_DEFINES.get(capability, []),
         f"-I{torch_dir / 'include'}",
         f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        str(source),
+        *map(str, sources),
         f"-L{torch_dir / 'lib'}",
         "-ltorch",
         "-ltorch_cpu",
@@ -89,20 +93,21 @@ def build_command(source: Path, target: Path) -> list[str]:
     ]
 
 
-def _library_path(source: Path) -> Path:
+def _library_path(sources: Sequence[Path]) -> Path:
     """The cached library's path: named after everything that shapes the build."""
-    command = build_command(source, Path("out.so"))
+    command = build_command(sources, Path("out.so"))
     compiler = subprocess.run(
         [command[0], "--version"], capture_output=True, text=True, check=True, timeout=30
     ).stdout.splitlines()[:1]
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), torch.__version__.encode(), " ".join(command).encode(),
+    parts = [source.read_bytes() for source in sources]
+    for part in (*parts, torch.__version__.encode(), " ".join(command).encode(),
                  str(compiler).encode(), sys.platform.encode()):  # fmt: skip
         digest.update(part)
-    return kernel_cache_dir() / f"{source.stem}-{digest.hexdigest()[:20]}.so"
+    return kernel_cache_dir() / f"conveyor_native-{digest.hexdigest()[:20]}.so"
 
 
-def _build(source: Path, target: Path) -> None:
+def _build(sources: Sequence[Path], target: Path) -> None:
     """Compile to a private name beside ``target``, then rename it into place (atomic:
     processes building at once each write their own file, and either one wins)."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +115,7 @@ def _build(source: Path, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
         built = Path(work) / target.name
         done = subprocess.run(
-            build_command(source, built), capture_output=True, text=True, check=False, timeout=600
+            build_command(sources, built), capture_output=True, text=True, check=False, timeout=600
         )
         if done.returncode != 0:
             raise RuntimeError(f"the compiler failed: {done.stderr[-2000:]}")
@@ -134,9 +139,9 @@ def _load_once() -> Path | None:
     """``native_library`` without the lock: the first call builds and loads, later ones
     return its answer."""
     try:
-        path = _library_path(SOURCE)
+        path = _library_path(SOURCES)
         if not path.exists():
-            _build(SOURCE, path)
+            _build(SOURCES, path)
         torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
         torch.library.register_fake(OP_NAME)(_fake_decode_attention)
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
@@ -193,10 +198,13 @@ def native_decode_attention(
     return out
 
 
-def install_native_decode(model: nn.Module) -> NativeDecodeAttention | None:
-    """Give every ``Attention`` of ``model`` the native decode attention; None (and no
-    change) where the kernels are not available."""
+def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
+    """Give every ``Attention`` of ``model`` the native decode attention, and every
+    ``RMSNorm`` and ``MLP`` the fused kernels; None (and no change) where the kernels are
+    not available."""
     from conveyor.engine.model.layers.attention import Attention
+    from conveyor.engine.model.layers.mlp import MLP
+    from conveyor.engine.model.layers.norm import RMSNorm
 
     if native_library() is None:
         return None
@@ -204,4 +212,6 @@ def install_native_decode(model: nn.Module) -> NativeDecodeAttention | None:
     for module in model.modules():
         if isinstance(module, Attention):
             module.paged_decode = native
+        elif isinstance(module, (RMSNorm, MLP)):
+            module.native = True
     return native

@@ -17,9 +17,15 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = empty_param(size, device=device, dtype=dtype)
         self.eps = eps
+        # Conveyor's fused CPU kernel (``native_kernels``), where the runner installed it.
+        self.native = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise over the last dimension."""
+        """Normalise over the last dimension (in one pass with the native kernel, in eager
+        code: inductor fuses PyTorch's ops itself)."""
+        if self.native and x.dtype == self.weight.dtype and not torch.compiler.is_compiling():
+            fused: torch.Tensor = torch.ops.conveyor_native.rms_norm(x, self.weight, self.eps)
+            return fused
         in_dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)

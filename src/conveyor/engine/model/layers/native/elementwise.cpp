@@ -1,0 +1,183 @@
+// Fused elementwise ops of a decoder layer, on the CPU: one pass over each row, no
+// intermediate tensors (PyTorch's eager ops allocate and write one per op: five for an
+// RMSNorm, two for SiLU-and-multiply).
+//
+// rms_norm(x [.., H], weight [H], eps): weight * (x * rsqrt(mean(x^2) + eps)), computed in
+// float32 and rounded to x's dtype before the weight, as the Llama family does.
+// silu_and_mul(gate_up [.., 2I]) -> [.., I]: silu(gate) * up over the two halves of the
+// last dimension, silu's result rounded to the input's dtype before the product, as
+// F.silu(gate) * up rounds it. Rows are spread over torch's intra-op threads; a few rows
+// (a decode step's) run on the calling thread. Registered as conveyor_native::rms_norm
+// and conveyor_native::silu_and_mul.
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+// Rows per task: about 32k elements, so that a decode step's few rows run inline.
+inline int64_t grain_rows(int64_t cols) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
+}
+
+// n values of src into dst, converted (rounded to nearest even where dst is narrower).
+template <typename src_t, typename dst_t>
+inline void convert(const src_t* src, dst_t* dst, int64_t n) {
+  at::vec::convert(src, dst, n);
+}
+
+// Round n floats in place to scalar_t's precision (a no-op for float).
+template <typename scalar_t>
+inline void round_in_place(float* values, scalar_t* scratch, int64_t n) {
+  if constexpr (!std::is_same_v<scalar_t, float>) {
+    convert(values, scratch, n);
+    convert(scratch, values, n);
+  }
+}
+
+// dst[i] = a[i] * b[i] over n floats.
+inline void multiply(const float* a, const float* b, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    (Vec::loadu(a + i) * Vec::loadu(b + i)).store(dst + i);
+  }
+  for (; i < n; ++i) {
+    dst[i] = a[i] * b[i];
+  }
+}
+
+// Per-task float buffers of one row.
+struct Rows {
+  explicit Rows(int64_t n) : a(n), b(n), c(n) {}
+  std::vector<float> a, b, c;
+};
+
+template <typename scalar_t>
+void rms_norm_row(const scalar_t* x, const float* weight, scalar_t* out, int64_t n, float eps,
+                  Rows& rows, scalar_t* scratch) {
+  float* xf = rows.a.data();
+  convert(x, xf, n);
+  Vec acc(0.0f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    const Vec v = Vec::loadu(xf + i);
+    acc = at::vec::fmadd(v, v, acc);
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec& p, Vec& q) { return p + q; }, acc);
+  for (; i < n; ++i) {
+    sum += xf[i] * xf[i];
+  }
+  const float scale = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
+  const Vec scale_vec(scale);
+  for (i = 0; i + Vec::size() <= n; i += Vec::size()) {
+    (Vec::loadu(xf + i) * scale_vec).store(xf + i);
+  }
+  for (; i < n; ++i) {
+    xf[i] *= scale;
+  }
+  round_in_place<scalar_t>(xf, scratch, n);
+  multiply(weight, xf, xf, n);
+  convert(xf, out, n);
+}
+
+inline Vec silu(const Vec& g) { return g / (Vec(1.0f) + g.neg().exp()); }
+
+template <typename scalar_t>
+inline float silu_and_mul_scalar(float g, float u) {
+  return static_cast<float>(static_cast<scalar_t>(g / (1.0f + std::exp(-g)))) * u;
+}
+
+template <typename scalar_t>
+void silu_and_mul_row(const scalar_t* gate, const scalar_t* up, scalar_t* out, int64_t n) {
+  int64_t i = 0;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    for (; i + Vec::size() <= n; i += Vec::size()) {
+      (silu(Vec::loadu(gate + i)) * Vec::loadu(up + i)).store(out + i);
+    }
+  } else if constexpr (at::vec::is_reduced_floating_point_v<scalar_t>) {
+    using SVec = at::vec::Vectorized<scalar_t>;  // twice Vec's lanes
+    for (; i + SVec::size() <= n; i += SVec::size()) {
+      auto [g0, g1] = at::vec::convert_to_float<scalar_t>(SVec::loadu(gate + i));
+      auto [u0, u1] = at::vec::convert_to_float<scalar_t>(SVec::loadu(up + i));
+      // SiLU rounded to scalar_t, as F.silu returns it, then the product.
+      auto [s0, s1] = at::vec::convert_to_float<scalar_t>(
+          at::vec::convert_from_float<scalar_t>(silu(g0), silu(g1)));
+      at::vec::convert_from_float<scalar_t>(s0 * u0, s1 * u1).store(out + i);
+    }
+  }
+  for (; i < n; ++i) {
+    out[i] = static_cast<scalar_t>(
+        silu_and_mul_scalar<scalar_t>(static_cast<float>(gate[i]), static_cast<float>(up[i])));
+  }
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.numel(), "rms_norm: weight has ",
+              weight.numel(), " elements for rows of ", x.dim() ? x.size(-1) : 0);
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "rms_norm: x and weight dtypes differ");
+  const at::Tensor input = x.contiguous();
+  const at::Tensor weight_f = weight.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty_like(input);
+  const int64_t cols = input.size(-1);
+  const int64_t num_rows = cols == 0 ? 0 : input.numel() / cols;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "rms_norm", [&] {
+    const scalar_t* src = input.const_data_ptr<scalar_t>();
+    const float* w = weight_f.const_data_ptr<float>();
+    scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, num_rows, grain_rows(cols), [&](int64_t begin, int64_t end) {
+      Rows rows(cols);
+      std::vector<scalar_t> scratch(cols);
+      for (int64_t r = begin; r < end; ++r) {
+        rms_norm_row<scalar_t>(src + r * cols, w, dst + r * cols, cols, static_cast<float>(eps),
+                               rows, scratch.data());
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() >= 1, "silu_and_mul: needs at least one dimension");
+  const int64_t width = gate_up.size(-1);
+  TORCH_CHECK(width % 2 == 0, "silu_and_mul: the last dimension (", width, ") must be even");
+  const at::Tensor input = gate_up.contiguous();
+  const int64_t half = width / 2;
+  auto shape = input.sizes().vec();
+  shape.back() = half;
+  at::Tensor out = at::empty(shape, input.options());
+  const int64_t num_rows = width == 0 ? 0 : input.numel() / width;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "silu_and_mul",
+                                  [&] {
+    const scalar_t* src = input.const_data_ptr<scalar_t>();
+    scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, num_rows, grain_rows(width), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        silu_and_mul_row<scalar_t>(src + r * width, src + r * width + half, dst + r * half, half);
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(conveyor_native, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(conveyor_native, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("silu_and_mul", &silu_and_mul);
+}

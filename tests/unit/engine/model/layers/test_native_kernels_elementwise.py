@@ -1,0 +1,121 @@
+"""The native fused RMSNorm and SiLU-and-multiply against PyTorch's ops, and where the
+runner puts them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conveyor.engine.model.layers.mlp import MLP
+from conveyor.engine.model.layers.native_kernels import native_library
+from conveyor.engine.model.layers.norm import RMSNorm
+from conveyor.engine.model.model_runner import ModelRunner
+
+pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Rows of a decode step and of a prefill chunk; widths with and without a vector tail.
+SHAPES = ((1, 64), (16, 576), (300, 100), (2, 3, 48))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library() -> None:
+    assert native_library() is not None, "the suite's machine builds the kernels (g++)"
+
+
+def reference_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as PyTorch's ops compute it (``RMSNorm.forward`` without the kernel)."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def assert_within_an_ulp(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal to about one unit in the last place of their dtype: only the order of the sum
+    of squares (and SiLU's exp in vector tails) differs from PyTorch's."""
+    torch.testing.assert_close(actual, expected, rtol=torch.finfo(expected.dtype).eps, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rms_norm_matches_pytorch(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(shape, generator=gen)).to(dtype)
+    weight = torch.randn(shape[-1], generator=gen).to(dtype)
+    out = torch.ops.conveyor_native.rms_norm(x, weight, 1e-5)
+    assert out.shape == x.shape and out.dtype == dtype
+    assert_within_an_ulp(out, reference_norm(x, weight, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_silu_and_mul_matches_pytorch(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(1)
+    gate_up = (4 * torch.randn(*shape[:-1], 2 * shape[-1], generator=gen)).to(dtype)
+    gate, up = torch.split(gate_up, shape[-1], dim=-1)
+    out = torch.ops.conveyor_native.silu_and_mul(gate_up)
+    assert out.shape == shape and out.dtype == dtype
+    assert_within_an_ulp(out, F.silu(gate) * up)
+
+
+def test_strided_inputs_are_read_as_their_values() -> None:
+    wide = torch.randn(8, 2 * 96)
+    x = wide[:, 96:]  # not contiguous
+    weight = torch.randn(96)
+    torch.testing.assert_close(
+        torch.ops.conveyor_native.rms_norm(x, weight, 1e-6), reference_norm(x, weight, 1e-6)
+    )
+    gate_up = torch.randn(192, 8).t()  # [8, 192], transposed
+    gate, up = torch.split(gate_up, 96, dim=-1)
+    torch.testing.assert_close(torch.ops.conveyor_native.silu_and_mul(gate_up), F.silu(gate) * up)
+
+
+def test_bad_inputs_are_refused() -> None:
+    with pytest.raises(RuntimeError, match="elements for rows of"):
+        torch.ops.conveyor_native.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-5)
+    with pytest.raises(RuntimeError, match="dtypes differ"):
+        torch.ops.conveyor_native.rms_norm(torch.randn(2, 8), torch.randn(8).bfloat16(), 1e-5)
+    with pytest.raises(RuntimeError, match="must be even"):
+        torch.ops.conveyor_native.silu_and_mul(torch.randn(2, 7))
+
+
+def test_the_modules_give_the_same_answer_with_the_kernels() -> None:
+    norm = RMSNorm(64, 1e-5, device=torch.device("cpu"), dtype=torch.float32)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(5, 64)
+    plain = norm(x)
+    norm.native = True
+    assert_within_an_ulp(norm(x), plain)
+
+
+def test_compiled_code_keeps_pytorchs_ops_unbroken() -> None:
+    """Inside ``torch.compile`` the modules use PyTorch's ops, which inductor fuses with
+    their neighbours: the kernels are for eager steps."""
+    norm = RMSNorm(64, 1e-5, device=torch.device("cpu"), dtype=torch.float32)
+    torch.nn.init.normal_(norm.weight)
+    norm.native = True
+    x = torch.randn(5, 64)
+    compiled = torch.compile(norm, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(compiled(x), reference_norm(x, norm.weight, 1e-5))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_runner_gives_every_norm_and_mlp_the_kernels_with_native_kernels(
+    llama_path: Path, native: bool
+) -> None:
+    runner = ModelRunner(llama_path, num_kv_blocks=8, block_size=4, native_kernels=native)
+    fused = [m.native for m in runner.model.modules() if isinstance(m, (RMSNorm, MLP))]
+    assert fused and all(flag is native for flag in fused)
+
+
+def test_a_runners_mlp_gives_the_same_answer_with_the_kernel(llama_path: Path) -> None:
+    runner = ModelRunner(llama_path, num_kv_blocks=8, block_size=4)
+    mlp = next(m for m in runner.model.modules() if isinstance(m, MLP))
+    assert mlp.native
+    x = torch.randn(3, runner.config.hidden_size)
+    fused = mlp(x)
+    mlp.native = False
+    assert_within_an_ulp(fused, mlp(x))
