@@ -34,6 +34,7 @@ from bench.served_settings import (
     VLLM,
     Settings,
 )
+from conveyor.cli.omp_wait import GOMP_SPINCOUNT, OMP_WAIT_POLICY, prefer_short_omp_spin
 
 # The context of one sequence for vLLM and llama.cpp: the prompt, the chat template and
 # the output of every workload fit in it.
@@ -137,10 +138,15 @@ def llamacpp_argv(settings: Settings, gguf: Path, port: int) -> list[str]:
 
 
 def llamacpp_env() -> dict[str, str]:
-    """llama.cpp's OpenMP threads wait passively, as ``conveyor serve``'s do, unless the
-    caller's environment says otherwise: spinning, they took 0.96 s a token instead of
-    0.045 s (SmolLM2 F16, 2 threads) on 2 cores that other work also used."""
-    return {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    """llama.cpp's OpenMP threads wait as ``conveyor serve``'s do (a short spin, then
+    sleep: ``conveyor.cli.omp_wait``) unless the caller's environment chooses: with
+    OpenMP's default spinning they took 0.96 s a token instead of 0.045 s (SmolLM2 F16, 2
+    threads) on 2 cores that other work also used."""
+    env = {
+        name: os.environ[name] for name in (OMP_WAIT_POLICY, GOMP_SPINCOUNT) if name in os.environ
+    }
+    prefer_short_omp_spin(env)
+    return env
 
 
 def llamacpp_body(settings: Settings) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from bench.served_peers import (
 )
 from bench.served_settings import CONVEYOR, HF_STATIC, LLAMACPP, MODEL_NAME, VLLM
 
+from conveyor.cli.omp_wait import SPIN_COUNT
+
 
 def test_llamacpp_serves_the_gguf_under_the_bench_name_with_its_threads(tmp_path: Path) -> None:
     settings, _ = parse_args(["--contenders", LLAMACPP, "--threads", "3"])
@@ -35,11 +37,12 @@ def test_llamacpp_serves_the_gguf_under_the_bench_name_with_its_threads(tmp_path
     assert (pairs["--host"], pairs["--port"]) == ("127.0.0.1", "8124")
 
 
-def test_llamacpp_threads_wait_passively_unless_told_otherwise(
+def test_llamacpp_threads_wait_as_conveyors_unless_told_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert llamacpp_env() == {"OMP_WAIT_POLICY": "PASSIVE"}
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert llamacpp_env() == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert llamacpp_env() == {"OMP_WAIT_POLICY": "ACTIVE"}
 

@@ -126,6 +126,8 @@ class Attention(nn.Module):
         # Decode buckets read the cache in place through this, where set (see
         # native_kernels, paged_attention).
         self.paged_decode: NativeDecodeAttention | CompiledDecodeAttention | None = None
+        # Conveyor's fused CPU rotation (``native_kernels``) for eager steps, where installed.
+        self.native_rope = False
         # Set by ``compiled_layers``: a compiled layer calls ``attend`` as an opaque op.
         self.op_slot: torch.Tensor | None = None
 
@@ -161,7 +163,10 @@ class Attention(nn.Module):
         # Queries and keys rotated together: one op each, and compiled, one buffer that
         # the attention reads (not the rotation redone inside its loop over the keys).
         cos, sin = rope
-        rotated = apply_rope(qk, cos, sin)
+        if self.native_rope and not torch.compiler.is_compiling():
+            rotated = torch.ops.conveyor_native.rope(qk, cos, sin)
+        else:  # inductor fuses PyTorch's ops itself
+            rotated = apply_rope(qk, cos, sin)
         return rotated[:, : self.num_heads], rotated[:, self.num_heads :], v
 
     def attend(

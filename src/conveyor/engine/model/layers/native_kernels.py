@@ -199,8 +199,8 @@ def native_decode_attention(
 
 
 def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
-    """Give every ``Attention`` of ``model`` the native decode attention, and every
-    ``RMSNorm`` and ``MLP`` the fused kernels; None (and no change) where the kernels are
+    """Give every ``Attention`` of ``model`` the native decode attention and rotation, and
+    every ``RMSNorm`` and ``MLP`` the fused kernels; None (and no change) where the kernels are
     not available."""
     from conveyor.engine.model.layers.attention import Attention
     from conveyor.engine.model.layers.mlp import MLP
@@ -212,6 +212,7 @@ def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
     for module in model.modules():
         if isinstance(module, Attention):
             module.paged_decode = native
+            module.native_rope = True
         elif isinstance(module, (RMSNorm, MLP)):
             module.native = True
     return native

@@ -1,5 +1,5 @@
-"""The native fused RMSNorm and SiLU-and-multiply against PyTorch's ops, and where the
-runner puts them."""
+"""The native fused RMSNorm, SiLU-and-multiply and rotation against PyTorch's ops, and
+where the runner puts them."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conveyor.engine.model.layers.attention import Attention
 from conveyor.engine.model.layers.mlp import MLP
 from conveyor.engine.model.layers.native_kernels import native_library
 from conveyor.engine.model.layers.norm import RMSNorm
+from conveyor.engine.model.layers.rotary import apply_rope, rope_angles
 from conveyor.engine.model.model_runner import ModelRunner
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
@@ -61,6 +63,19 @@ def test_silu_and_mul_matches_pytorch(dtype: torch.dtype, shape: tuple[int, ...]
     assert_within_an_ulp(out, F.silu(gate) * up)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "heads", "dim"), [(1, 12, 64), (37, 3, 40), (5, 2, 6)])
+def test_rope_matches_pytorch(dtype: torch.dtype, tokens: int, heads: int, dim: int) -> None:
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+    positions = torch.randint(0, 4096, (tokens,), generator=gen)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    cos, sin = rope_angles(positions, inv_freq, dtype)
+    out = torch.ops.conveyor_native.rope(x, cos, sin)
+    assert out.shape == x.shape and out.dtype == dtype
+    assert_within_an_ulp(out, apply_rope(x, cos, sin))
+
+
 def test_strided_inputs_are_read_as_their_values() -> None:
     wide = torch.randn(8, 2 * 96)
     x = wide[:, 96:]  # not contiguous
@@ -80,6 +95,14 @@ def test_bad_inputs_are_refused() -> None:
         torch.ops.conveyor_native.rms_norm(torch.randn(2, 8), torch.randn(8).bfloat16(), 1e-5)
     with pytest.raises(RuntimeError, match="must be even"):
         torch.ops.conveyor_native.silu_and_mul(torch.randn(2, 7))
+    with pytest.raises(RuntimeError, match="even dim"):
+        torch.ops.conveyor_native.rope(
+            torch.randn(2, 3, 5), torch.randn(2, 1, 5), torch.randn(2, 1, 5)
+        )
+    with pytest.raises(RuntimeError, match=r"\[T, 1, dim\]"):
+        torch.ops.conveyor_native.rope(
+            torch.randn(2, 3, 4), torch.randn(1, 1, 4), torch.randn(1, 1, 4)
+        )
 
 
 def test_the_modules_give_the_same_answer_with_the_kernels() -> None:
@@ -103,11 +126,13 @@ def test_compiled_code_keeps_pytorchs_ops_unbroken() -> None:
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_the_runner_gives_every_norm_and_mlp_the_kernels_with_native_kernels(
+def test_the_runner_gives_every_layer_the_kernels_with_native_kernels(
     llama_path: Path, native: bool
 ) -> None:
     runner = ModelRunner(llama_path, num_kv_blocks=8, block_size=4, native_kernels=native)
-    fused = [m.native for m in runner.model.modules() if isinstance(m, (RMSNorm, MLP))]
+    modules = list(runner.model.modules())
+    fused = [m.native for m in modules if isinstance(m, (RMSNorm, MLP))]
+    fused += [m.native_rope for m in modules if isinstance(m, Attention)]
     assert fused and all(flag is native for flag in fused)
 
 

@@ -6,9 +6,10 @@
 // float32 and rounded to x's dtype before the weight, as the Llama family does.
 // silu_and_mul(gate_up [.., 2I]) -> [.., I]: silu(gate) * up over the two halves of the
 // last dimension, silu's result rounded to the input's dtype before the product, as
-// F.silu(gate) * up rounds it. Rows are spread over torch's intra-op threads; a few rows
+// F.silu(gate) * up rounds it. rope(x [T, H, D], cos, sin [T, 1, D]): x * cos +
+// rotate_half(x) * sin, each product and the sum rounded as PyTorch's ops round them. Rows are spread over torch's intra-op threads; a few rows
 // (a decode step's) run on the calling thread. Registered as conveyor_native::rms_norm
-// and conveyor_native::silu_and_mul.
+// conveyor_native::silu_and_mul and conveyor_native::rope.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -170,14 +171,74 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// ---- rope: x [T, H, D] rotated by per-token cos / sin [T, 1, D] (rotate-half layout).
+
+template <typename scalar_t>
+void rope_token(const scalar_t* x, int64_t heads, int64_t dim, const float* c, const float* s,
+                scalar_t* out, Rows& rows, scalar_t* scratch) {
+  const int64_t half = dim / 2;
+  float* xf = rows.a.data();
+  float* a = rows.b.data();
+  float* b = rows.c.data();
+  for (int64_t h = 0; h < heads; ++h) {
+    convert(x + h * dim, xf, dim);
+    multiply(xf, c, a, dim);
+    round_in_place<scalar_t>(a, scratch, dim);
+    // rotate_half(x) * sin: (-x2, x1) against sin's two halves.
+    for (int64_t d = 0; d < half; ++d) {
+      b[d] = -xf[d + half] * s[d];
+      b[d + half] = xf[d] * s[d + half];
+    }
+    round_in_place<scalar_t>(b, scratch, dim);
+    int64_t i = 0;
+    for (; i + Vec::size() <= dim; i += Vec::size()) {
+      (Vec::loadu(a + i) + Vec::loadu(b + i)).store(a + i);
+    }
+    for (; i < dim; ++i) {
+      a[i] += b[i];
+    }
+    convert(a, out + h * dim, dim);
+  }
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 3 && x.size(-1) % 2 == 0, "rope: x must be [T, heads, even dim]");
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2);
+  TORCH_CHECK(cos.numel() == tokens * dim && sin.numel() == tokens * dim,
+              "rope: cos and sin must hold [T, 1, dim]");
+  TORCH_CHECK(x.scalar_type() == cos.scalar_type() && x.scalar_type() == sin.scalar_type(),
+              "rope: x, cos and sin dtypes differ");
+  const at::Tensor input = x.contiguous();
+  const at::Tensor cos_f = cos.to(at::kFloat).contiguous();
+  const at::Tensor sin_f = sin.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty_like(input);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "rope", [&] {
+    const scalar_t* src = input.const_data_ptr<scalar_t>();
+    const float* cp = cos_f.const_data_ptr<float>();
+    const float* sp = sin_f.const_data_ptr<float>();
+    scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, grain_rows(heads * dim), [&](int64_t begin, int64_t end) {
+      Rows rows(dim);
+      std::vector<scalar_t> scratch(dim);
+      for (int64_t t = begin; t < end; ++t) {
+        rope_token<scalar_t>(src + t * heads * dim, heads, dim, cp + t * dim, sp + t * dim,
+                             dst + t * heads * dim, rows, scratch.data());
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(conveyor_native, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(conveyor_native, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("rope", &rope);
 }
