@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -46,16 +47,17 @@ def test_no_cores_and_no_threads_change_nothing() -> None:
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
 
 
-def num_os_threads() -> int:
-    """Threads of this process, OpenMP's workers included (Linux)."""
-    return len(os.listdir("/proc/self/task"))
+def os_threads() -> set[str]:
+    """Ids of this process's threads, OpenMP's workers included (Linux)."""
+    return set(os.listdir("/proc/self/task"))
 
 
-def parallel_op() -> threading.Thread:
-    """A torch op that runs as an OpenMP parallel region of 2 threads; the calling thread."""
+def parallel_op() -> set[str]:
+    """A torch op that runs as an OpenMP parallel region of 2 threads; the process's
+    threads just after it, the calling thread's OpenMP worker among them."""
     with torch_threads(2):  # process-wide in torch: put back after
         torch.ones(1 << 21).mul(2).sum()
-    return threading.current_thread()
+    return os_threads()
 
 
 @pytest.mark.anyio
@@ -77,19 +79,30 @@ async def test_in_passing_thread_raises_what_the_function_raised() -> None:
         await in_passing_thread(broken)
 
 
+async def ended_within(threads: set[str], timeout_s: float = 5.0) -> bool:
+    """Whether all of ``threads`` have ended within ``timeout_s`` (a worker released at its
+    master's exit leaves a moment after)."""
+    deadline = time.monotonic() + timeout_s
+    while threads & os_threads():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
 @pytest.mark.anyio
 async def test_a_passing_thread_takes_its_openmp_team_with_it() -> None:
-    await asyncio.to_thread(lambda: None)  # the pool thread the join runs on, made first
-    before = num_os_threads()
-    await in_passing_thread(parallel_op)
-    assert num_os_threads() == before
+    before = os_threads()
+    started = await in_passing_thread(parallel_op) - before
+    assert len(started) >= 2  # the passing thread and its OpenMP worker
+    assert await ended_within(started)
 
 
 @pytest.mark.anyio
 async def test_a_pool_thread_keeps_its_openmp_team() -> None:
     """Why models load on a passing thread: a pool thread lives on with an OpenMP worker
     (libgomp), which makes the engine thread's team one too many for 2 cores."""
-    await asyncio.to_thread(lambda: None)
-    before = num_os_threads()
-    await asyncio.to_thread(parallel_op)
-    assert num_os_threads() == before + 1
+    await asyncio.to_thread(lambda: None)  # the pool thread, made before counting
+    before = os_threads()
+    started = await asyncio.to_thread(parallel_op) - before
+    assert started and not await ended_within(started, timeout_s=0.5)
