@@ -11,6 +11,7 @@ the only one left.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -40,8 +41,9 @@ def pin_engine_thread(threads: int | None, cpu_cores: Sequence[int] | None) -> N
         torch.set_num_threads(count)
 
 
-async def in_passing_thread(fn: Callable[..., T], *args: Any, name: str = "model-load") -> T:
-    """Run ``fn(*args)`` on a new thread that ends when it returns; its result or error.
+async def in_passing_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` on a new thread (``model-load``) that ends when it returns; its
+    result or error.
 
     libgomp (PyTorch's OpenMP on Linux) keeps a team of worker threads for every thread
     that has run a parallel op, for as long as that thread lives, and counts them all:
@@ -50,28 +52,17 @@ async def in_passing_thread(fn: Callable[..., T], *args: Any, name: str = "model
     behind, and a 16-row SmolLM2 decode step on the engine thread took 57 ms instead of
     41 ms on 2 cores (an ad-hoc run). A thread that ends takes its team with it.
     """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: T | None, error: BaseException | None) -> None:
-        if done.done():  # the awaiting task was cancelled meanwhile
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)  # type: ignore[arg-type]
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def run() -> None:
         try:
-            result = fn(*args)
+            future.set_result(fn(*args))
         except BaseException as exc:  # handed to the awaiting task
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
+            future.set_exception(exc)
 
-    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread = threading.Thread(target=run, name="model-load", daemon=True)
     thread.start()
     try:
-        return await done
+        return await asyncio.wrap_future(future)
     finally:
         await asyncio.to_thread(thread.join)

@@ -174,7 +174,7 @@ class ModelRunner:
     ``prepack_weights`` gives projections on the CPU oneDNN-blocked weights in place of
     their own (see ``Linear.prepack``; only a tied output projection keeps both copies).
     ``native_kernels`` gives CPU decode rows Conveyor's C++ attention and eager steps its
-    fused RMSNorm and SiLU (PyTorch's where it cannot be built). ``enforce_eager`` False
+    fused norms, SiLU and RoPE (PyTorch's where it cannot be built). ``enforce_eager`` False
     compiles the decoder layers (``compiled_layers``) and, without the native kernel, the
     CPU decode attention (``paged_attention``) at start-up (:attr:`compile_s`; CPU, no LoRA).
     """

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conveyor.engine.model.hf_config import DecoderConfig
+from conveyor.engine.model.layers import fused_ops
 from conveyor.engine.model.layers.linear import Linear
 from conveyor.engine.model.layers.norm import RMSNorm
 from conveyor.engine.model.layers.rotary import apply_rope
@@ -163,9 +164,9 @@ class Attention(nn.Module):
         # Queries and keys rotated together: one op each, and compiled, one buffer that
         # the attention reads (not the rotation redone inside its loop over the keys).
         cos, sin = rope
-        if self.native_rope and not torch.compiler.is_compiling():
-            rotated = torch.ops.conveyor_native.rope(qk, cos, sin)
-        else:  # inductor fuses PyTorch's ops itself
+        if fused_ops.eager_native(self.native_rope):
+            rotated = fused_ops.rope(qk, cos, sin)
+        else:
             rotated = apply_rope(qk, cos, sin)
         return rotated[:, : self.num_heads], rotated[:, self.num_heads :], v
 

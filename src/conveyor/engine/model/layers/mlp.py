@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conveyor.engine.model.hf_config import DecoderConfig
+from conveyor.engine.model.layers import fused_ops
 from conveyor.engine.model.layers.linear import Linear
 
 __all__ = ["MLP"]
@@ -36,10 +37,10 @@ class MLP(nn.Module):
         self.native = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the gated MLP (the native kernel in eager code; inductor fuses its own)."""
+        """Apply the gated MLP (SiLU and the product in one pass where the kernel runs)."""
         gate_up = self.gate_up_proj(x)
-        if self.native and not torch.compiler.is_compiling():
-            act = torch.ops.conveyor_native.silu_and_mul(gate_up)
+        if fused_ops.eager_native(self.native):
+            act = fused_ops.silu_and_mul(gate_up)
         else:
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
             act = F.silu(gate) * up

@@ -4,11 +4,12 @@ The decode attention kernel (``native/decode_attention.cpp``) reads each row's k
 values where they lie in the paged cache, one task per (row, KV head) spread over torch's
 intra-op threads, and registers itself as the op ``conveyor_native::decode_attention``
 (opaque to ``torch.compile``, which calls it from a compiled decoder layer as it is). The
-fused RMSNorm and SiLU-and-multiply (``native/elementwise.cpp``) serve eager steps: one
-pass over each row instead of an intermediate tensor per PyTorch op.
+fused RMSNorm, SiLU-and-multiply and rotary embedding (``native/elementwise.cpp``) serve
+eager steps only (``fused_ops``): one pass over each row instead of an intermediate tensor
+per PyTorch op.
 
 The library is compiled once per set of sources, torch build, compiler and CPU (``g++`` or
-``$CXX``, ``-O3 -march=native``, torch's headers, about 10 s) into
+``$CXX``, ``-O3 -march=native``, torch's headers, about 20 s) into
 ``$CONVEYOR_KERNEL_CACHE`` (default ``~/.cache/conveyor/kernels``), then loaded from there.
 Where it cannot be built (no compiler, a failed build) the runner keeps the PyTorch
 path and says so once in the log; ``native_kernels: false`` in a model's config turns
@@ -200,8 +201,8 @@ def native_decode_attention(
 
 def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
     """Give every ``Attention`` of ``model`` the native decode attention and rotation, and
-    every ``RMSNorm`` and ``MLP`` the fused kernels; None (and no change) where the kernels are
-    not available."""
+    every ``RMSNorm`` and ``MLP`` their fused kernel; None (and no change) where the
+    kernels are not available."""
     from conveyor.engine.model.layers.attention import Attention
     from conveyor.engine.model.layers.mlp import MLP
     from conveyor.engine.model.layers.norm import RMSNorm

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from conveyor.engine.model.layers import fused_ops
 from conveyor.engine.model.layers.linear import empty_param
 
 __all__ = ["RMSNorm"]
@@ -21,11 +22,9 @@ class RMSNorm(nn.Module):
         self.native = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise over the last dimension (in one pass with the native kernel, in eager
-        code: inductor fuses PyTorch's ops itself)."""
-        if self.native and x.dtype == self.weight.dtype and not torch.compiler.is_compiling():
-            fused: torch.Tensor = torch.ops.conveyor_native.rms_norm(x, self.weight, self.eps)
-            return fused
+        """Normalise over the last dimension (in one pass where the native kernel runs)."""
+        if fused_ops.eager_native(self.native) and x.dtype == self.weight.dtype:
+            return fused_ops.rms_norm(x, self.weight, self.eps)
         in_dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -1,15 +1,18 @@
-// Fused elementwise ops of a decoder layer, on the CPU: one pass over each row, no
-// intermediate tensors (PyTorch's eager ops allocate and write one per op: five for an
-// RMSNorm, two for SiLU-and-multiply).
+// Fused elementwise ops of a decoder layer, on the CPU, for eager steps: one pass over each
+// row, where PyTorch's eager ops write an intermediate tensor per op (five for an RMSNorm,
+// two for SiLU-and-multiply, five for the rotation). Each result is rounded to the input's
+// dtype where PyTorch's ops round it, so that only float32 summation order differs.
 //
 // rms_norm(x [.., H], weight [H], eps): weight * (x * rsqrt(mean(x^2) + eps)), computed in
-// float32 and rounded to x's dtype before the weight, as the Llama family does.
+//   float32 and rounded to x's dtype before the weight, as the Llama family does.
 // silu_and_mul(gate_up [.., 2I]) -> [.., I]: silu(gate) * up over the two halves of the
-// last dimension, silu's result rounded to the input's dtype before the product, as
-// F.silu(gate) * up rounds it. rope(x [T, H, D], cos, sin [T, 1, D]): x * cos +
-// rotate_half(x) * sin, each product and the sum rounded as PyTorch's ops round them. Rows are spread over torch's intra-op threads; a few rows
-// (a decode step's) run on the calling thread. Registered as conveyor_native::rms_norm
-// conveyor_native::silu_and_mul and conveyor_native::rope.
+//   last dimension, silu's result rounded before the product, as F.silu returns it.
+// rope(x [T, H, D], cos [T, 1, D], sin [T, 1, D]): x * cos + rotate_half(x) * sin, each
+//   product and the sum rounded.
+//
+// Rows are spread over torch's intra-op threads; a few rows (a decode step's) run on the
+// calling thread. Registered as conveyor_native::rms_norm, conveyor_native::silu_and_mul and
+// conveyor_native::rope.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -32,18 +35,12 @@ inline int64_t grain_rows(int64_t cols) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
 }
 
-// n values of src into dst, converted (rounded to nearest even where dst is narrower).
-template <typename src_t, typename dst_t>
-inline void convert(const src_t* src, dst_t* dst, int64_t n) {
-  at::vec::convert(src, dst, n);
-}
-
 // Round n floats in place to scalar_t's precision (a no-op for float).
 template <typename scalar_t>
 inline void round_in_place(float* values, scalar_t* scratch, int64_t n) {
   if constexpr (!std::is_same_v<scalar_t, float>) {
-    convert(values, scratch, n);
-    convert(scratch, values, n);
+    at::vec::convert(values, scratch, n);
+    at::vec::convert(scratch, values, n);
   }
 }
 
@@ -58,17 +55,10 @@ inline void multiply(const float* a, const float* b, float* dst, int64_t n) {
   }
 }
 
-// Per-task float buffers of one row.
-struct Rows {
-  explicit Rows(int64_t n) : a(n), b(n), c(n) {}
-  std::vector<float> a, b, c;
-};
-
 template <typename scalar_t>
 void rms_norm_row(const scalar_t* x, const float* weight, scalar_t* out, int64_t n, float eps,
-                  Rows& rows, scalar_t* scratch) {
-  float* xf = rows.a.data();
-  convert(x, xf, n);
+                  float* xf, scalar_t* scratch) {
+  at::vec::convert(x, xf, n);
   Vec acc(0.0f);
   int64_t i = 0;
   for (; i + Vec::size() <= n; i += Vec::size()) {
@@ -89,7 +79,7 @@ void rms_norm_row(const scalar_t* x, const float* weight, scalar_t* out, int64_t
   }
   round_in_place<scalar_t>(xf, scratch, n);
   multiply(weight, xf, xf, n);
-  convert(xf, out, n);
+  at::vec::convert(xf, out, n);
 }
 
 inline Vec silu(const Vec& g) { return g / (Vec(1.0f) + g.neg().exp()); }
@@ -137,11 +127,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     const float* w = weight_f.const_data_ptr<float>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, num_rows, grain_rows(cols), [&](int64_t begin, int64_t end) {
-      Rows rows(cols);
+      std::vector<float> row(cols);
       std::vector<scalar_t> scratch(cols);
       for (int64_t r = begin; r < end; ++r) {
         rms_norm_row<scalar_t>(src + r * cols, w, dst + r * cols, cols, static_cast<float>(eps),
-                               rows, scratch.data());
+                               row.data(), scratch.data());
       }
     });
   });
@@ -171,17 +161,16 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   return out;
 }
 
-// ---- rope: x [T, H, D] rotated by per-token cos / sin [T, 1, D] (rotate-half layout).
-
+// One token's heads rotated; buffers holds 3 * dim floats.
 template <typename scalar_t>
 void rope_token(const scalar_t* x, int64_t heads, int64_t dim, const float* c, const float* s,
-                scalar_t* out, Rows& rows, scalar_t* scratch) {
+                scalar_t* out, float* buffers, scalar_t* scratch) {
   const int64_t half = dim / 2;
-  float* xf = rows.a.data();
-  float* a = rows.b.data();
-  float* b = rows.c.data();
+  float* xf = buffers;
+  float* a = buffers + dim;
+  float* b = buffers + 2 * dim;
   for (int64_t h = 0; h < heads; ++h) {
-    convert(x + h * dim, xf, dim);
+    at::vec::convert(x + h * dim, xf, dim);
     multiply(xf, c, a, dim);
     round_in_place<scalar_t>(a, scratch, dim);
     // rotate_half(x) * sin: (-x2, x1) against sin's two halves.
@@ -197,7 +186,7 @@ void rope_token(const scalar_t* x, int64_t heads, int64_t dim, const float* c, c
     for (; i < dim; ++i) {
       a[i] += b[i];
     }
-    convert(a, out + h * dim, dim);
+    at::vec::convert(a, out + h * dim, dim);
   }
 }
 
@@ -218,11 +207,11 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
     const float* sp = sin_f.const_data_ptr<float>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, tokens, grain_rows(heads * dim), [&](int64_t begin, int64_t end) {
-      Rows rows(dim);
+      std::vector<float> buffers(3 * dim);
       std::vector<scalar_t> scratch(dim);
       for (int64_t t = begin; t < end; ++t) {
         rope_token<scalar_t>(src + t * heads * dim, heads, dim, cp + t * dim, sp + t * dim,
-                             dst + t * heads * dim, rows, scratch.data());
+                             dst + t * heads * dim, buffers.data(), scratch.data());
       }
     });
   });

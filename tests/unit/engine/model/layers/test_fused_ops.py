@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conveyor.engine.model.layers import fused_ops
 from conveyor.engine.model.layers.attention import Attention
 from conveyor.engine.model.layers.mlp import MLP
 from conveyor.engine.model.layers.native_kernels import native_library
@@ -47,7 +48,7 @@ def test_rms_norm_matches_pytorch(dtype: torch.dtype, shape: tuple[int, ...]) ->
     gen = torch.Generator().manual_seed(0)
     x = (3 * torch.randn(shape, generator=gen)).to(dtype)
     weight = torch.randn(shape[-1], generator=gen).to(dtype)
-    out = torch.ops.conveyor_native.rms_norm(x, weight, 1e-5)
+    out = fused_ops.rms_norm(x, weight, 1e-5)
     assert out.shape == x.shape and out.dtype == dtype
     assert_within_an_ulp(out, reference_norm(x, weight, 1e-5))
 
@@ -58,7 +59,7 @@ def test_silu_and_mul_matches_pytorch(dtype: torch.dtype, shape: tuple[int, ...]
     gen = torch.Generator().manual_seed(1)
     gate_up = (4 * torch.randn(*shape[:-1], 2 * shape[-1], generator=gen)).to(dtype)
     gate, up = torch.split(gate_up, shape[-1], dim=-1)
-    out = torch.ops.conveyor_native.silu_and_mul(gate_up)
+    out = fused_ops.silu_and_mul(gate_up)
     assert out.shape == shape and out.dtype == dtype
     assert_within_an_ulp(out, F.silu(gate) * up)
 
@@ -71,7 +72,7 @@ def test_rope_matches_pytorch(dtype: torch.dtype, tokens: int, heads: int, dim: 
     positions = torch.randint(0, 4096, (tokens,), generator=gen)
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     cos, sin = rope_angles(positions, inv_freq, dtype)
-    out = torch.ops.conveyor_native.rope(x, cos, sin)
+    out = fused_ops.rope(x, cos, sin)
     assert out.shape == x.shape and out.dtype == dtype
     assert_within_an_ulp(out, apply_rope(x, cos, sin))
 
@@ -80,29 +81,23 @@ def test_strided_inputs_are_read_as_their_values() -> None:
     wide = torch.randn(8, 2 * 96)
     x = wide[:, 96:]  # not contiguous
     weight = torch.randn(96)
-    torch.testing.assert_close(
-        torch.ops.conveyor_native.rms_norm(x, weight, 1e-6), reference_norm(x, weight, 1e-6)
-    )
+    torch.testing.assert_close(fused_ops.rms_norm(x, weight, 1e-6), reference_norm(x, weight, 1e-6))
     gate_up = torch.randn(192, 8).t()  # [8, 192], transposed
     gate, up = torch.split(gate_up, 96, dim=-1)
-    torch.testing.assert_close(torch.ops.conveyor_native.silu_and_mul(gate_up), F.silu(gate) * up)
+    torch.testing.assert_close(fused_ops.silu_and_mul(gate_up), F.silu(gate) * up)
 
 
 def test_bad_inputs_are_refused() -> None:
     with pytest.raises(RuntimeError, match="elements for rows of"):
-        torch.ops.conveyor_native.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-5)
+        fused_ops.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-5)
     with pytest.raises(RuntimeError, match="dtypes differ"):
-        torch.ops.conveyor_native.rms_norm(torch.randn(2, 8), torch.randn(8).bfloat16(), 1e-5)
+        fused_ops.rms_norm(torch.randn(2, 8), torch.randn(8).bfloat16(), 1e-5)
     with pytest.raises(RuntimeError, match="must be even"):
-        torch.ops.conveyor_native.silu_and_mul(torch.randn(2, 7))
+        fused_ops.silu_and_mul(torch.randn(2, 7))
     with pytest.raises(RuntimeError, match="even dim"):
-        torch.ops.conveyor_native.rope(
-            torch.randn(2, 3, 5), torch.randn(2, 1, 5), torch.randn(2, 1, 5)
-        )
+        fused_ops.rope(torch.randn(2, 3, 5), torch.randn(2, 1, 5), torch.randn(2, 1, 5))
     with pytest.raises(RuntimeError, match=r"\[T, 1, dim\]"):
-        torch.ops.conveyor_native.rope(
-            torch.randn(2, 3, 4), torch.randn(1, 1, 4), torch.randn(1, 1, 4)
-        )
+        fused_ops.rope(torch.randn(2, 3, 4), torch.randn(1, 1, 4), torch.randn(1, 1, 4))
 
 
 def test_the_modules_give_the_same_answer_with_the_kernels() -> None:

@@ -1,0 +1,37 @@
+"""Conveyor's fused elementwise CPU kernels as the layers call them, and when they run.
+
+The kernels (``native/elementwise.cpp``, built and loaded with the decode attention by
+``native_kernels``) make one pass over each row where PyTorch's eager ops write a tensor
+per op. They serve eager steps only: under ``torch.compile`` the layers keep PyTorch's ops,
+which inductor fuses with their neighbours (a kernel would be an opaque call between them).
+``native_kernels.install_native_kernels`` marks the modules that may use them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["eager_native", "rms_norm", "rope", "silu_and_mul"]
+
+
+def eager_native(installed: bool) -> bool:
+    """Whether a module with its fused kernel ``installed`` runs it now (eager code)."""
+    return installed and not torch.compiler.is_compiling()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * (x * rsqrt(mean(x^2) + eps))`` over the last dimension, as ``RMSNorm``."""
+    out: torch.Tensor = torch.ops.conveyor_native.rms_norm(x, weight, eps)
+    return out
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` over the two halves of the last dimension."""
+    out: torch.Tensor = torch.ops.conveyor_native.silu_and_mul(gate_up)
+    return out
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` [T, heads, dim] rotated by ``cos``/``sin`` [T, 1, dim], as ``apply_rope``."""
+    out: torch.Tensor = torch.ops.conveyor_native.rope(x, cos, sin)
+    return out
