@@ -339,9 +339,14 @@ class GenerateModelConfig(Strict):
         "to (null: not pinned).",
     )
     arrival_window_ms: float = Field(
-        default=0, ge=0, le=1000,
-        description="engine: conveyor: woken from idle by a request, wait this long for the "
-        "rest of its burst, so that they prefill in one step.",
+        default=30, ge=0, le=1000,
+        description="engine: conveyor: woken from idle by a request, wait up to this long for "
+        "the rest of its burst, so that they prefill in one step (0: off).",
+    )  # fmt: skip
+    arrival_quiet_ms: float | None = Field(
+        default=6, gt=0, le=1000,
+        description="engine: conveyor: the burst is over once this long passes without an "
+        "arrival (null: wait the whole arrival_window_ms).",
     )  # fmt: skip
     enforce_eager: bool = Field(
         default=True,

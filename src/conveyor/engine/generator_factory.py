@@ -71,6 +71,7 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         threads=threads,
         cpu_cores=tuple(config.cpu_cores) if config.cpu_cores else None,
         arrival_window_s=config.arrival_window_ms / 1000,
+        arrival_quiet_s=None if config.arrival_quiet_ms is None else config.arrival_quiet_ms / 1000,
     )
     tokenizer = Tokenizer(local_model_path(config.path))
     if lora is not None and config.lora is not None:

@@ -9,6 +9,7 @@ one condition variable, which also wakes the engine thread when work arrives and
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -65,13 +66,17 @@ class QueueCounts(Protocol):
 class Inbox:
     """Commands from callers, and the queue sizes the engine thread publishes back.
 
-    ``gather_s``: woken from idle, the engine thread waits that long more before it takes
-    the commands, so that the rest of a burst whose first request woke it starts in the
-    same step (else the first one's prefill runs alone and the others wait it out).
+    ``gather_s``: woken from idle, the engine thread waits up to that long more before it
+    takes the commands, so that the rest of a burst whose first request woke it starts in
+    the same step (else the first one's prefill runs alone and the others wait it out).
+    ``quiet_s`` ends the wait early: once that long passes with nothing posted, the burst
+    is taken as over (None: always wait the whole ``gather_s``).
     """
 
-    def __init__(self, *, gather_s: float = 0.0) -> None:
+    def __init__(self, *, gather_s: float = 0.0, quiet_s: float | None = None) -> None:
         self._gather_s = gather_s
+        self._quiet_s = quiet_s
+        self._last_post_s = 0.0
         self._wakeup = threading.Condition(threading.Lock())
         self._commands: list[Command] = []
         self._num_pending_adds = 0
@@ -116,6 +121,7 @@ class Inbox:
             if self._is_stopping:
                 return False
             self._commands.append(command)
+            self._last_post_s = time.monotonic()
             if isinstance(command, AddCommand):
                 self._num_pending_adds += 1
             self._wakeup.notify_all()
@@ -138,7 +144,7 @@ class Inbox:
         """Sleep until there is work; take the posted commands. None when stopping.
 
         ``has_work`` says the scheduler still has sequences: then do not sleep at all.
-        Woken from sleep, wait ``gather_s`` more for the rest of a burst.
+        Woken from sleep, gather the rest of a burst (see the class docstring).
         """
         with self._wakeup:
             slept = False
@@ -149,7 +155,7 @@ class Inbox:
                 slept = True
             self._is_idle = False
             if slept and self._gather_s > 0:
-                self._wakeup.wait_for(lambda: self._is_stopping, self._gather_s)
+                self._gather_burst()
             if self._is_stopping:
                 return None
             commands, self._commands = self._commands, []
@@ -158,6 +164,19 @@ class Inbox:
             self._num_waiting_online += self._num_pending_adds
             self._num_pending_adds = 0
             return commands
+
+    def _gather_burst(self) -> None:
+        """Wait (the lock held by ``take``) until ``gather_s`` has passed, or ``quiet_s``
+        since the last post, or stopping."""
+        deadline_s = time.monotonic() + self._gather_s
+        while not self._is_stopping:
+            until_s = deadline_s
+            if self._quiet_s is not None:
+                until_s = min(until_s, self._last_post_s + self._quiet_s)
+            remaining_s = until_s - time.monotonic()
+            if remaining_s <= 0:
+                return
+            self._wakeup.wait(remaining_s)
 
     def drain(self) -> list[Command]:
         """Take every posted command without running it (to fail them)."""

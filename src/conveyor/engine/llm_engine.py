@@ -114,7 +114,7 @@ class LLMEngine:
         self.turnover = SeatTurnover()
         self._live = LiveRequests(self._scheduler, self.stats, self._metrics, self.turnover)
         self._next_shed_s = 0.0
-        self._inbox = Inbox(gather_s=config.arrival_window_s)
+        self._inbox = Inbox(gather_s=config.arrival_window_s, quiet_s=config.arrival_quiet_s)
         self._spans = StepTracer(name)
         self._thread: threading.Thread | None = None
         self.prefix_digest = PrefixDigest()

@@ -153,9 +153,11 @@ def test_enforce_eager_reaches_the_runner(
 
 def test_the_arrival_window_reaches_the_engine_in_seconds(llama_path: Path) -> None:
     generator = load_generator(
-        model_config(llama_path, arrival_window_ms=20), Metrics().for_generator("tiny")
+        model_config(llama_path, arrival_window_ms=20, arrival_quiet_ms=4),
+        Metrics().for_generator("tiny"),
     )
     try:
         assert generator.engine.config.arrival_window_s == pytest.approx(0.02)
+        assert generator.engine.config.arrival_quiet_s == pytest.approx(0.004)
     finally:
         generator.stop()

@@ -91,6 +91,34 @@ def test_woken_from_sleep_the_engine_gathers_the_rest_of_a_burst() -> None:
     assert not inbox.wait_until_idle(0)  # busy with them
 
 
+def test_a_quiet_gap_ends_the_gather_before_its_window() -> None:
+    inbox = Inbox(gather_s=60, quiet_s=0.2)
+    thread, result = _take_in_thread(inbox)
+    woken = time.monotonic()
+    inbox.post(_add("a"))
+    time.sleep(0.1)
+    inbox.post(_add("b"))  # inside the quiet gap: it extends the gather
+    thread.join(5)
+    assert not thread.is_alive()  # 60 s window, yet over once arrivals stopped
+    commands, returned = result
+    assert [c.request for c in commands] == ["a", "b"]
+    assert returned - woken >= 0.28  # 0.2 s of quiet after "b", posted 0.1 s in
+
+
+def test_a_burst_that_never_pauses_is_cut_at_the_window() -> None:
+    inbox = Inbox(gather_s=0.3, quiet_s=0.2)
+    thread, result = _take_in_thread(inbox)
+    woken = time.monotonic()
+    posted = 0
+    while thread.is_alive() and time.monotonic() - woken < 5:
+        inbox.post(_add(str(posted)))  # every 50 ms: never 0.2 s quiet
+        posted += 1
+        time.sleep(0.05)
+    commands, returned = result
+    assert 0.25 <= returned - woken < 1.0
+    assert 1 <= len(commands) < posted + 1
+
+
 def test_no_gathering_with_work_in_hand() -> None:
     inbox = Inbox(gather_s=60)
     assert inbox.take(has_work=True) == []  # sequences running: never waits

@@ -29,8 +29,10 @@ class EngineConfig:
     threads: int | None = None
     # CPU cores the engine thread and its OpenMP threads run on (None: not pinned).
     cpu_cores: tuple[int, ...] | None = None
-    # Woken from idle by a request, how long the engine waits for the rest of its burst.
+    # Woken from idle by a request, how long the engine waits for the rest of its burst,
+    # and the gap without arrivals that ends the wait early (None: no early end).
     arrival_window_s: float = 0.0
+    arrival_quiet_s: float | None = None
 
     def job_share_config(self) -> JobShareConfig:
         """The cap on batch-job tokens beside online traffic (validated there)."""
