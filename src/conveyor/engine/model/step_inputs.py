@@ -21,6 +21,7 @@ __all__ = [
     "PrefillSpan",
     "StepInput",
     "build_masks",
+    "prefill_runs",
 ]
 
 
@@ -96,6 +97,8 @@ class AttentionMasks:
 
     prefill: list[torch.Tensor | None]
     decode: list[torch.Tensor | None]
+    # (first, count): prefill spans attended in one call (see ``prefill_runs``).
+    prefill_runs: list[tuple[int, int]]
 
 
 def build_masks(
@@ -123,7 +126,30 @@ def build_masks(
         # [b, L] -> [b, 1 (heads), 1 (query), L]; padding keys lie past the query position.
         visible = _causal_window_mask(query_pos, key_pos, window)[:, None, None, :]
         decode.append(_additive(visible, like))
-    return AttentionMasks(prefill=prefill, decode=decode)
+    return AttentionMasks(prefill, decode, prefill_runs(step.prefills, prefill))
+
+
+def prefill_runs(
+    prefills: tuple[PrefillSpan, ...], masks: list[torch.Tensor | None]
+) -> list[tuple[int, int]]:
+    """The step's prefill spans as runs ``(first, count)`` of ``prefills``, each attended in
+    one call: consecutive whole prompts (no cached context, a plain causal mask: ``None``
+    in ``masks``) of one length whose tokens follow each other in the step. Any other span
+    is a run of its own. A wave of equal prompts is one call a layer, not one per prompt."""
+    runs: list[tuple[int, int]] = []
+    for index, (seq, mask) in enumerate(zip(prefills, masks, strict=True)):
+        if runs and mask is None:
+            first, count = runs[-1]
+            head, previous = prefills[first], prefills[index - 1]
+            if (
+                masks[first] is None
+                and head.query_len == seq.query_len
+                and previous.token_end == seq.token_start
+            ):
+                runs[-1] = (first, count + 1)
+                continue
+        runs.append((index, 1))
+    return runs
 
 
 def _additive(visible: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

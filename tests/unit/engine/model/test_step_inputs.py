@@ -11,6 +11,7 @@ from conveyor.engine.model.step_inputs import (
     PrefillSpan,
     StepInput,
     build_masks,
+    prefill_runs,
 )
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
@@ -69,3 +70,27 @@ def test_each_decode_bucket_gets_a_mask_as_wide_as_its_blocks() -> None:
     # A window of 4 hides keys at or before query - 4 as well as padding past the query.
     assert (second[1, 0, 0] == 0).nonzero().flatten().tolist() == [8, 9, 10, 11]
     assert (second[0, 0, 0] == 0).nonzero().flatten().tolist() == [6, 7, 8, 9]
+
+
+def test_equal_whole_prompts_back_to_back_are_one_run() -> None:
+    spans = (
+        PrefillSpan(0, 4, 0, None),
+        PrefillSpan(4, 8, 0, None),
+        PrefillSpan(8, 12, 0, None),
+        PrefillSpan(12, 15, 0, None),  # another length: a run of its own
+        PrefillSpan(15, 18, 0, None),  # and this one joins it
+    )
+    assert prefill_runs(spans, [None] * 5) == [(0, 3), (3, 2)]
+    assert build_masks(_step(spans), None, 4, LIKE).prefill_runs == [(0, 3), (3, 2)]
+
+
+def test_chunks_windows_and_gaps_break_a_run() -> None:
+    chunk = PrefillSpan(8, 12, 4, torch.tensor([0, 1]))  # cached context: its own mask
+    spans = (PrefillSpan(0, 4, 0, None), PrefillSpan(4, 8, 0, None), chunk)
+    masks = build_masks(_step(spans), None, 4, LIKE)
+    assert masks.prefill_runs == [(0, 2), (2, 1)]
+    # A binding window gives whole prompts masks: no runs.
+    assert build_masks(_step(spans[:2]), 2, 4, LIKE).prefill_runs == [(0, 1), (1, 1)]
+    # Not back to back in the step (decode tokens between them): no run.
+    apart = (PrefillSpan(0, 4, 0, None), PrefillSpan(5, 9, 0, None))
+    assert prefill_runs(apart, [None, None]) == [(0, 1), (1, 1)]

@@ -190,7 +190,11 @@ class Attention(nn.Module):
         # One row per block: a block number gathers a whole block in one copy.
         blocks = (kv_cache[0].flatten(1), kv_cache[1].flatten(1))
         out = torch.empty_like(q)
-        for seq, mask in zip(step.prefills, masks.prefill, strict=True):
+        for first, count in masks.prefill_runs:
+            if count > 1:
+                self._attend_prompts(q, k, v, step.prefills[first : first + count], out)
+                continue
+            seq, mask = step.prefills[first], masks.prefill[first]
             out[seq.token_start : seq.token_end] = self._attend_prefill(q, k, v, seq, mask, blocks)
         if step.decode is not None:
             decoded = self._attend_decode(q, step.decode, masks.decode, blocks, kv_cache)
@@ -235,6 +239,28 @@ class Attention(nn.Module):
             mask,
         )
         return out[0].transpose(0, 1)
+
+    def _attend_prompts(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        prompts: tuple[PrefillSpan, ...],
+        out: torch.Tensor,
+    ) -> None:
+        """Whole prompts of one length, back to back in the step, in one causal call;
+        writes their rows of ``out``."""
+        start, end = prompts[0].token_start, prompts[-1].token_end
+        count, length = len(prompts), prompts[0].query_len
+
+        def batched(x: torch.Tensor) -> torch.Tensor:
+            # [count * len, heads, dim] -> [count, heads, len, dim] (a view)
+            return x[start:end].view(count, length, x.shape[1], self.head_dim).transpose(1, 2)
+
+        attended = grouped_attention(batched(q), batched(k), batched(v), None)
+        out[start:end].view(count, length, self.num_heads, self.head_dim).copy_(
+            attended.transpose(1, 2)
+        )
 
     def _attend_decode(
         self,
