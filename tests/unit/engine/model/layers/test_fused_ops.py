@@ -87,6 +87,21 @@ def test_strided_inputs_are_read_as_their_values() -> None:
     torch.testing.assert_close(fused_ops.silu_and_mul(gate_up), F.silu(gate) * up)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_reads_a_slice_of_a_packed_projection_in_place(dtype: torch.dtype) -> None:
+    qkv = torch.randn(9, 5 * 16).to(dtype)  # 3 query, 1 key, 1 value heads of 16
+    qk = qkv[:, : 4 * 16].view(9, 4, 16)  # token stride 80, head stride 16
+    tail = qkv[0, 4 * 16 :].clone()
+    positions = torch.arange(9)
+    cos, sin = rope_angles(positions, 1.0 / (100.0 ** (torch.arange(0, 16, 2) / 16)), dtype)
+    out = fused_ops.rope(qk, cos, sin)
+    assert out.is_contiguous() and out.shape == (9, 4, 16)
+    assert_within_an_ulp(out, apply_rope(qk, cos, sin))
+    assert torch.equal(qkv[0, 4 * 16 :], tail)  # the input is read, not written
+    odd = torch.randn(9, 16, 4).to(dtype).transpose(1, 2)  # head values not contiguous
+    assert_within_an_ulp(fused_ops.rope(odd, cos, sin), apply_rope(odd, cos, sin))
+
+
 def test_bad_inputs_are_refused() -> None:
     with pytest.raises(RuntimeError, match="elements for rows of"):
         fused_ops.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-5)

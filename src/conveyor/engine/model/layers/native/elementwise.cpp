@@ -8,7 +8,8 @@
 // silu_and_mul(gate_up [.., 2I]) -> [.., I]: silu(gate) * up over the two halves of the
 //   last dimension, silu's result rounded before the product, as F.silu returns it.
 // rope(x [T, H, D], cos [T, 1, D], sin [T, 1, D]): x * cos + rotate_half(x) * sin, each
-//   product and the sum rounded.
+//   product and the sum rounded; x is read in place where each head's D values are
+//   contiguous (as in a slice of the packed QKV projection).
 //
 // Rows are spread over torch's intra-op threads; a few rows (a decode step's) run on the
 // calling thread. Registered as conveyor_native::rms_norm, conveyor_native::silu_and_mul and
@@ -161,31 +162,45 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   return out;
 }
 
-// One token's heads rotated; buffers holds 3 * dim floats.
+// a[i] = round(x[i] * c[i]) + round(rotate_half(x)[i] * s[i]) over one head of dim floats
+// (rotate_half(x) = (-x2, x1) for the halves x1, x2), each product rounded to scalar_t as
+// PyTorch's ops round it, the sum rounded by the caller's store.
 template <typename scalar_t>
-void rope_token(const scalar_t* x, int64_t heads, int64_t dim, const float* c, const float* s,
-                scalar_t* out, float* buffers, scalar_t* scratch) {
+inline void rotate_head(const float* x, const float* c, const float* s, float* a, float* b,
+                        scalar_t* scratch, int64_t dim) {
   const int64_t half = dim / 2;
+  multiply(x, c, a, dim);
+  round_in_place<scalar_t>(a, scratch, dim);
+  int64_t d = 0;
+  for (; d + Vec::size() <= half; d += Vec::size()) {
+    (Vec::loadu(x + half + d) * Vec::loadu(s + d)).neg().store(b + d);
+    (Vec::loadu(x + d) * Vec::loadu(s + half + d)).store(b + half + d);
+  }
+  for (; d < half; ++d) {
+    b[d] = -(x[d + half] * s[d]);
+    b[d + half] = x[d] * s[d + half];
+  }
+  round_in_place<scalar_t>(b, scratch, dim);
+  int64_t i = 0;
+  for (; i + Vec::size() <= dim; i += Vec::size()) {
+    (Vec::loadu(a + i) + Vec::loadu(b + i)).store(a + i);
+  }
+  for (; i < dim; ++i) {
+    a[i] += b[i];
+  }
+}
+
+// One token's heads rotated (x: the token's first head, heads head_stride apart);
+// buffers holds 3 * dim floats.
+template <typename scalar_t>
+void rope_token(const scalar_t* x, int64_t heads, int64_t head_stride, int64_t dim,
+                const float* c, const float* s, scalar_t* out, float* buffers, scalar_t* scratch) {
   float* xf = buffers;
   float* a = buffers + dim;
   float* b = buffers + 2 * dim;
   for (int64_t h = 0; h < heads; ++h) {
-    at::vec::convert(x + h * dim, xf, dim);
-    multiply(xf, c, a, dim);
-    round_in_place<scalar_t>(a, scratch, dim);
-    // rotate_half(x) * sin: (-x2, x1) against sin's two halves.
-    for (int64_t d = 0; d < half; ++d) {
-      b[d] = -xf[d + half] * s[d];
-      b[d + half] = xf[d] * s[d + half];
-    }
-    round_in_place<scalar_t>(b, scratch, dim);
-    int64_t i = 0;
-    for (; i + Vec::size() <= dim; i += Vec::size()) {
-      (Vec::loadu(a + i) + Vec::loadu(b + i)).store(a + i);
-    }
-    for (; i < dim; ++i) {
-      a[i] += b[i];
-    }
+    at::vec::convert(x + h * head_stride, xf, dim);
+    rotate_head<scalar_t>(xf, c, s, a, b, scratch, dim);
     at::vec::convert(a, out + h * dim, dim);
   }
 }
@@ -197,10 +212,13 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
               "rope: cos and sin must hold [T, 1, dim]");
   TORCH_CHECK(x.scalar_type() == cos.scalar_type() && x.scalar_type() == sin.scalar_type(),
               "rope: x, cos and sin dtypes differ");
-  const at::Tensor input = x.contiguous();
+  // Read in place where each head's dim values are contiguous (a slice of a packed
+  // projection is): no copy of the input.
+  const at::Tensor input = x.stride(2) == 1 ? x : x.contiguous();
+  const int64_t token_stride = input.stride(0), head_stride = input.stride(1);
   const at::Tensor cos_f = cos.to(at::kFloat).contiguous();
   const at::Tensor sin_f = sin.to(at::kFloat).contiguous();
-  at::Tensor out = at::empty_like(input);
+  at::Tensor out = at::empty({tokens, heads, dim}, input.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "rope", [&] {
     const scalar_t* src = input.const_data_ptr<scalar_t>();
     const float* cp = cos_f.const_data_ptr<float>();
@@ -210,8 +228,8 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
       std::vector<float> buffers(3 * dim);
       std::vector<scalar_t> scratch(dim);
       for (int64_t t = begin; t < end; ++t) {
-        rope_token<scalar_t>(src + t * heads * dim, heads, dim, cp + t * dim, sp + t * dim,
-                             dst + t * heads * dim, buffers.data(), scratch.data());
+        rope_token<scalar_t>(src + t * token_stride, heads, head_stride, dim, cp + t * dim,
+                             sp + t * dim, dst + t * heads * dim, buffers.data(), scratch.data());
       }
     });
   });
