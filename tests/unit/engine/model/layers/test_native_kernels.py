@@ -38,21 +38,22 @@ def _case(
     dtype: torch.dtype,
     seed: int = 0,
     dim: int = HEAD_DIM,
+    block_size: int = BLOCK_SIZE,
 ) -> tuple[torch.Tensor, ...]:
     """q [rows, heads, dim] (a strided view), caches sharing one storage, distinct random
     blocks per row, and a mask hiding a window at the start and padding at the end."""
     gen = torch.Generator().manual_seed(seed)
-    kv = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, kv_heads, dim, generator=gen).to(dtype)
+    kv = torch.randn(2, NUM_BLOCKS, block_size, kv_heads, dim, generator=gen).to(dtype)
     wide = torch.randn(rows, heads, dim + 8, generator=gen).to(dtype)
     q = wide[:, :, 4 : 4 + dim]  # not contiguous, as a slice of the projections is
     tables = torch.stack([torch.randperm(NUM_BLOCKS, generator=gen)[:width] for _ in range(rows)])
-    length = width * BLOCK_SIZE
+    length = width * block_size
     ends = torch.randint(1, length + 1, (rows,), generator=gen)
     starts = (ends - torch.randint(1, length + 1, (rows,), generator=gen)).clamp_min(0)
     pos = torch.arange(length)
     visible = (pos[None, :] >= starts[:, None]) & (pos[None, :] < ends[:, None])
     mask = torch.zeros(rows, length).masked_fill(~visible, float("-inf")).to(dtype)
-    return q, kv[0], kv[1], tables, mask.view(rows, width, BLOCK_SIZE)
+    return q, kv[0], kv[1], tables, mask.view(rows, width, block_size)
 
 
 def _reference(
@@ -108,6 +109,28 @@ def test_a_row_with_nothing_visible_attends_to_nothing(dim: int) -> None:
     assert torch.equal(got[1], torch.zeros_like(got[1]))  # zeros, not NaN
     want = _reference(q, k, v, tables, mask)[0]
     torch.testing.assert_close(got[0].double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (8, 8)])
+def test_bfloat16_blocks_of_sixteen_slots_match_the_reference(
+    block_size: int, dim: int, heads: int, kv_heads: int
+) -> None:
+    # The path that scores sixteen keys in one vector (AVX512-BF16, where the CPU has it):
+    # the masks hide whole groups of sixteen slots, parts of one, and windows' starts; the
+    # caches are slot-major views of one allocation, as the runner's are.
+    q, k, v, tables, mask = _case(
+        rows=9, heads=heads, kv_heads=kv_heads, width=5, dtype=torch.bfloat16, dim=dim,
+        block_size=block_size, seed=4,
+    )  # fmt: skip
+    both = torch.stack([k, v]).transpose(1, 2).contiguous().transpose(1, 2)
+    mask[0] = float("-inf")
+    got = NativeDecodeAttention()(q, both[0], both[1], tables, mask)
+    assert torch.equal(got[0], torch.zeros_like(got[0]))
+    torch.testing.assert_close(
+        got[1:].double(), _reference(q, k, v, tables, mask)[1:], rtol=2e-2, atol=2e-2
+    )
 
 
 def test_bad_shapes_are_refused() -> None:
