@@ -19,6 +19,7 @@ from torch import nn
 
 from conveyor.engine.model.compiled_layers import CompiledLayers, LayerSteps
 from conveyor.engine.model.hf_config import DecoderConfig
+from conveyor.engine.model.layers import fused_ops
 from conveyor.engine.model.layers.attention import Attention
 from conveyor.engine.model.layers.embedding import Embedding
 from conveyor.engine.model.layers.linear import Linear
@@ -144,7 +145,35 @@ class LlamaDecoder(nn.Module):
         done = 0
         if self.compiled_layers is not None:
             h, done = self.compiled_layers.run(h, rope, LayerSteps(step, kv_caches, masks))
+        layers = self.decoder_layers[done:]
+        if layers and fused_ops.eager_native(layers[0].input_layernorm.native):
+            return _fused_residuals(h, layers, rope, step, kv_caches[done:], masks[done:])
         for index in range(done, len(self.model.layers)):
             h = self.model.layers[index](h, rope, step, kv_caches[index], masks[index])
         hidden: torch.Tensor = h
         return hidden
+
+
+def _fused_residuals(
+    h: torch.Tensor,
+    layers: Sequence[DecoderLayer],
+    rope: tuple[torch.Tensor, torch.Tensor],
+    step: StepInput,
+    kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    masks: Sequence[AttentionMasks],
+) -> torch.Tensor:
+    """``layers`` over ``h`` as their ``forward`` runs them, each residual add fused into
+    the RMSNorm that follows it (the layer's second norm, or the next layer's first):
+    one pass over the hidden states where the add and the norm took two."""
+    residual, x = h, layers[0].input_layernorm(h)
+    for index, layer in enumerate(layers):
+        attended = layer.self_attn(x, rope, step, kv_caches[index], masks[index])
+        norm = layer.post_attention_layernorm
+        residual, x = fused_ops.add_rms_norm(residual, attended, norm.weight, norm.eps)
+        mixed = layer.mlp(x)
+        if index + 1 == len(layers):
+            break
+        norm = layers[index + 1].input_layernorm
+        residual, x = fused_ops.add_rms_norm(residual, mixed, norm.weight, norm.eps)
+    last: torch.Tensor = residual + mixed
+    return last

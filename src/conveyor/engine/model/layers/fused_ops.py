@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["eager_native", "rms_norm", "rope", "silu_and_mul"]
+__all__ = ["add_rms_norm", "eager_native", "rms_norm", "rope", "silu_and_mul"]
 
 
 def eager_native(installed: bool) -> bool:
@@ -23,6 +23,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``weight * (x * rsqrt(mean(x^2) + eps))`` over the last dimension, as ``RMSNorm``."""
     out: torch.Tensor = torch.ops.conveyor_native.rms_norm(x, weight, eps)
     return out
+
+
+def add_rms_norm(
+    residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual + delta`` and its ``rms_norm``, in one pass (the sum rounded as PyTorch's
+    add rounds it, then normed as ``RMSNorm`` norms it)."""
+    added, normed = torch.ops.conveyor_native.add_rms_norm(residual, delta, weight, eps)
+    return added, normed
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.layers import fused_ops
 from conveyor.engine.model.layers.attention import Attention
 from conveyor.engine.model.layers.mlp import MLP
@@ -51,6 +52,20 @@ def test_rms_norm_matches_pytorch(dtype: torch.dtype, shape: tuple[int, ...]) ->
     out = fused_ops.rms_norm(x, weight, 1e-5)
     assert out.shape == x.shape and out.dtype == dtype
     assert_within_an_ulp(out, reference_norm(x, weight, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_add_rms_norm_matches_the_add_then_the_norm(
+    dtype: torch.dtype, shape: tuple[int, ...]
+) -> None:
+    gen = torch.Generator().manual_seed(5)
+    residual, delta = ((3 * torch.randn(shape, generator=gen)).to(dtype) for _ in range(2))
+    weight = torch.randn(shape[-1], generator=gen).to(dtype)
+    added, normed = fused_ops.add_rms_norm(residual, delta, weight, 1e-5)
+    assert torch.equal(added, residual + delta)  # rounded as PyTorch's add rounds
+    assert normed.shape == residual.shape and normed.dtype == dtype
+    assert_within_an_ulp(normed, reference_norm(residual + delta, weight, 1e-5))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -107,6 +122,10 @@ def test_bad_inputs_are_refused() -> None:
         fused_ops.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-5)
     with pytest.raises(RuntimeError, match="dtypes differ"):
         fused_ops.rms_norm(torch.randn(2, 8), torch.randn(8).bfloat16(), 1e-5)
+    with pytest.raises(RuntimeError, match="shapes differ"):
+        fused_ops.add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.randn(8), 1e-5)
+    with pytest.raises(RuntimeError, match="dtypes differ"):
+        fused_ops.add_rms_norm(torch.randn(2, 8), torch.randn(2, 8).double(), torch.randn(8), 1e-5)
     with pytest.raises(RuntimeError, match="must be even"):
         fused_ops.silu_and_mul(torch.randn(2, 7))
     with pytest.raises(RuntimeError, match="even dim"):
@@ -154,3 +173,16 @@ def test_a_runners_mlp_gives_the_same_answer_with_the_kernel(llama_path: Path) -
     fused = mlp(x)
     mlp.native = False
     assert_within_an_ulp(fused, mlp(x))
+
+
+def test_a_runners_layers_fuse_each_residual_add_into_the_next_norm(llama_path: Path) -> None:
+    runner = ModelRunner(llama_path, num_kv_blocks=8, block_size=4)
+    prompt = [SeqChunk(tuple(range(5, 12)), 0, (0, 1), needs_logits=True)]
+    with torch.profiler.profile() as profiled:
+        fused = runner.execute(prompt)
+    calls = [event.name for event in profiled.events()].count("conveyor_native::add_rms_norm")
+    assert calls == 2 * runner.config.num_layers - 1  # every add but the last layer's MLP's
+    for module in runner.model.modules():
+        if isinstance(module, RMSNorm):
+            module.native = False  # the layers' own forward: an add, then a norm
+    torch.testing.assert_close(runner.execute(prompt), fused, rtol=1e-5, atol=1e-5)

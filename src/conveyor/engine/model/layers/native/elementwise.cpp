@@ -5,6 +5,8 @@
 //
 // rms_norm(x [.., H], weight [H], eps): weight * (x * rsqrt(mean(x^2) + eps)), computed in
 //   float32 and rounded to x's dtype before the weight, as the Llama family does.
+// add_rms_norm(residual [.., H], delta [.., H], weight [H], eps) -> (sum, normed): the
+//   residual add (rounded, as PyTorch's add is) and rms_norm of the sum, in one pass.
 // silu_and_mul(gate_up [.., 2I]) -> [.., I]: silu(gate) * up over the two halves of the
 //   last dimension, silu's result rounded before the product, as F.silu returns it.
 // rope(x [T, H, D], cos [T, 1, D], sin [T, 1, D]): x * cos + rotate_half(x) * sin, each
@@ -24,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -42,6 +45,17 @@ inline void round_in_place(float* values, scalar_t* scratch, int64_t n) {
   if constexpr (!std::is_same_v<scalar_t, float>) {
     at::vec::convert(values, scratch, n);
     at::vec::convert(scratch, values, n);
+  }
+}
+
+// a[i] += b[i] over n floats.
+inline void add(float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    (Vec::loadu(a + i) + Vec::loadu(b + i)).store(a + i);
+  }
+  for (; i < n; ++i) {
+    a[i] += b[i];
   }
 }
 
@@ -137,6 +151,42 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     });
   });
   return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& residual,
+                                                const at::Tensor& delta,
+                                                const at::Tensor& weight, double eps) {
+  TORCH_CHECK(residual.sizes() == delta.sizes(), "add_rms_norm: residual and delta shapes differ");
+  TORCH_CHECK(residual.scalar_type() == delta.scalar_type(),
+              "add_rms_norm: residual and delta dtypes differ");
+  TORCH_CHECK(residual.dim() >= 1 && residual.size(-1) == weight.numel(), "add_rms_norm: weight has ",
+              weight.numel(), " elements for rows of ", residual.dim() ? residual.size(-1) : 0);
+  TORCH_CHECK(residual.scalar_type() == weight.scalar_type(), "add_rms_norm: x and weight dtypes differ");
+  const at::Tensor a = residual.contiguous(), b = delta.contiguous();
+  const at::Tensor weight_f = weight.to(at::kFloat).contiguous();
+  at::Tensor sum = at::empty_like(a), out = at::empty_like(a);
+  const int64_t cols = a.size(-1);
+  const int64_t num_rows = cols == 0 ? 0 : a.numel() / cols;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.scalar_type(), "add_rms_norm", [&] {
+    const scalar_t* ap = a.const_data_ptr<scalar_t>();
+    const scalar_t* bp = b.const_data_ptr<scalar_t>();
+    const float* w = weight_f.const_data_ptr<float>();
+    scalar_t* sp = sum.mutable_data_ptr<scalar_t>();
+    scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, num_rows, grain_rows(cols), [&](int64_t begin, int64_t end) {
+      std::vector<float> row(cols), other(cols);
+      std::vector<scalar_t> scratch(cols);
+      for (int64_t r = begin; r < end; ++r) {
+        at::vec::convert(ap + r * cols, row.data(), cols);
+        at::vec::convert(bp + r * cols, other.data(), cols);
+        add(row.data(), other.data(), cols);
+        at::vec::convert(row.data(), sp + r * cols, cols);  // the sum, rounded
+        rms_norm_row<scalar_t>(sp + r * cols, w, dst + r * cols, cols, static_cast<float>(eps),
+                               row.data(), scratch.data());
+      }
+    });
+  });
+  return {sum, out};
 }
 
 at::Tensor silu_and_mul(const at::Tensor& gate_up) {
@@ -240,12 +290,14 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 
 TORCH_LIBRARY_FRAGMENT(conveyor_native, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor residual, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(conveyor_native, CPU, m) {
   m.impl("rms_norm", &rms_norm);
+  m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("rope", &rope);
 }
