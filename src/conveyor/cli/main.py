@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 import conveyor
 from conveyor.cli.batch import batch_app
 from conveyor.cli.keys import keys_app
+from conveyor.cli.malloc_tuning import keep_freed_memory
 from conveyor.cli.models import models_app
 from conveyor.cli.omp_wait import prefer_short_omp_spin
 from conveyor.cli.plan import plan
@@ -141,6 +142,7 @@ def serve(
 ) -> None:
     """Run the whole service in one process (default: MiniLM and SmolLM2-135M-Instruct)."""
     prefer_short_omp_spin()  # before anything loads torch
+    keep_freed_memory()
     from conveyor.api.app import create_app
     from conveyor.cli.startup_checks import check_models
 
@@ -237,6 +239,7 @@ def worker(
 ) -> None:
     """Host the configured models and join the fleet through the store's worker registry."""
     prefer_short_omp_spin()  # before anything loads torch
+    keep_freed_memory()
     from conveyor.cli.startup_checks import check_models
     from conveyor.cli.worker import WorkerSettings, parse_listen, run_worker
 
