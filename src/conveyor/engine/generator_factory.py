@@ -12,6 +12,7 @@ import torch
 from conveyor.config.model_config import GenerateModelConfig, KVOffloadConfig, local_model_path
 from conveyor.engine.core.kv_tier import TierIndex
 from conveyor.engine.core.limits import max_model_len_problem
+from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.cpu_threads import engine_threads
 from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.kv_offload import KVOffload
@@ -27,6 +28,7 @@ from conveyor.engine.model.model_runner import (
     resolve_dtype,
 )
 from conveyor.engine.tokenizer import Tokenizer
+from conveyor.engine.warm_up import warm_up_chunks
 from conveyor.errors import ConfigError, ConveyorError
 from conveyor.observability.metrics import GeneratorMetrics
 from conveyor.observability.vllm_names import AdapterActivity
@@ -72,6 +74,7 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         cpu_cores=tuple(config.cpu_cores) if config.cpu_cores else None,
         arrival_window_s=config.arrival_window_ms / 1000,
         arrival_quiet_s=None if config.arrival_quiet_ms is None else config.arrival_quiet_ms / 1000,
+        warm_up_chunks=_warm_up(config, runner, max_model_len, num_kv_blocks),
     )
     tokenizer = Tokenizer(local_model_path(config.path))
     if lora is not None and config.lora is not None:
@@ -85,6 +88,19 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
     registry = None if lora is None else lora.registry
     return HostedGenerator(
         config, engine, tokenizer, metrics, runner.vocab_size, int(time.time()), registry
+    )
+
+
+def _warm_up(
+    config: GenerateModelConfig, runner: ModelRunner, max_model_len: int, num_kv_blocks: int
+) -> tuple[SeqChunk, ...]:
+    """The engine's first step: a full step's tokens (``engine.warm_up``)."""
+    return warm_up_chunks(
+        config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        block_size=config.block_size,
+        num_kv_blocks=num_kv_blocks,
+        vocab_size=runner.vocab_size,
     )
 
 

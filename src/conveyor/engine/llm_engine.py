@@ -29,7 +29,6 @@ from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.core.seat_turnover import SeatTurnover
 from conveyor.engine.core.step import ScoresPrompts, StepExecutor
 from conveyor.engine.core.step_plan import SchedulerOutput
-from conveyor.engine.cpu_threads import pin_engine_thread
 from conveyor.engine.engine_metrics import (
     StepPhases,
     note_admissions,
@@ -48,6 +47,7 @@ from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.sampling.sampler import Sampler
 from conveyor.engine.stream import GenerationStream, deliver_threadsafe
 from conveyor.engine.tokenizer import Tokenizer
+from conveyor.engine.warm_up import prepare_engine_thread
 from conveyor.errors import (
     ConveyorError,
     InvalidRequest,
@@ -229,7 +229,7 @@ class LLMEngine:
 
     def _run(self) -> None:
         """The stepping loop."""
-        pin_engine_thread(self.config.threads, self.config.cpu_cores)
+        prepare_engine_thread(self.config, self._runner)
         try:
             while (
                 commands := self._inbox.take(has_work=self._scheduler.has_unfinished)

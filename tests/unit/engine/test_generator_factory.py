@@ -161,3 +161,15 @@ def test_the_arrival_window_reaches_the_engine_in_seconds(llama_path: Path) -> N
         assert generator.engine.config.arrival_quiet_s == pytest.approx(0.004)
     finally:
         generator.stop()
+
+
+def test_the_engine_warms_up_with_one_full_step(llama_path: Path) -> None:
+    generator = load_generator(
+        model_config(llama_path, max_num_batched_tokens=96, kv_cache_tokens=1024),
+        Metrics().for_generator("tiny"),
+    )
+    try:
+        chunks = generator.engine.config.warm_up_chunks
+        assert sum(len(chunk.token_ids) for chunk in chunks) == 96
+    finally:
+        generator.stop()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from conveyor.engine.core.job_share import JobShareConfig
 from conveyor.engine.core.scheduler_config import SchedulerConfig
+from conveyor.engine.core.step import SeqChunk
 from conveyor.observability.metrics import STEP_PHASES
 
 
@@ -33,6 +34,8 @@ class EngineConfig:
     # and the gap without arrivals that ends the wait early (None: no early end).
     arrival_window_s: float = 0.0
     arrival_quiet_s: float | None = None
+    # The engine thread's first step, before any request (see ``engine.warm_up``).
+    warm_up_chunks: tuple[SeqChunk, ...] = ()
 
     def job_share_config(self) -> JobShareConfig:
         """The cap on batch-job tokens beside online traffic (validated there)."""

@@ -1,0 +1,70 @@
+"""The engine thread's warm-up step: its placeholder prompts, and that it never stops an
+engine from serving."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from conveyor.engine.core.engine_config import EngineConfig
+from conveyor.engine.core.step import SeqChunk
+from conveyor.engine.warm_up import prepare_engine_thread, warm_up_chunks
+
+
+def test_prompts_fill_the_tokens_on_blocks_of_their_own() -> None:
+    chunks = warm_up_chunks(
+        2048, max_model_len=600, block_size=16, num_kv_blocks=1000, vocab_size=50
+    )
+    assert [len(chunk.token_ids) for chunk in chunks] == [600, 600, 600, 248]
+    blocks = [block for chunk in chunks for block in chunk.block_table]
+    assert blocks == list(range(len(blocks)))  # disjoint, from block 0 up
+    for chunk in chunks:
+        assert chunk.start_pos == 0 and chunk.needs_logits
+        assert len(chunk.block_table) == -(-len(chunk.token_ids) // 16)
+        assert all(0 <= token < 50 for token in chunk.token_ids)
+
+
+def test_a_small_kv_cache_caps_the_warm_up() -> None:
+    chunks = warm_up_chunks(2048, max_model_len=4096, block_size=16, num_kv_blocks=10, vocab_size=9)
+    assert [len(chunk.token_ids) for chunk in chunks] == [160]
+    assert warm_up_chunks(0, max_model_len=64, block_size=16, num_kv_blocks=10, vocab_size=9) == ()
+
+
+class _Runner:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.steps: list[Sequence[SeqChunk]] = []
+        self.error = error
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return ()
+
+    def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+        self.steps.append(chunks)
+        if self.error is not None:
+            raise self.error
+        return torch.zeros(len(chunks), 4)
+
+
+def _config(chunks: tuple[SeqChunk, ...]) -> EngineConfig:
+    return EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
+                        num_kv_blocks=8, block_size=16, warm_up_chunks=chunks)  # fmt: skip
+
+
+def test_the_warm_up_runs_once_as_one_step() -> None:
+    chunks = warm_up_chunks(40, max_model_len=16, block_size=16, num_kv_blocks=8, vocab_size=9)
+    runner = _Runner()
+    prepare_engine_thread(_config(chunks), runner)
+    assert runner.steps == [chunks]
+    prepare_engine_thread(_config(()), runner)  # none configured: no step
+    assert len(runner.steps) == 1
+
+
+def test_a_failed_warm_up_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    chunks = warm_up_chunks(8, max_model_len=16, block_size=16, num_kv_blocks=8, vocab_size=9)
+    with caplog.at_level(logging.WARNING, logger="conveyor.engine.warm_up"):
+        prepare_engine_thread(_config(chunks), _Runner(RuntimeError("out of memory")))
+    assert "serving without it: out of memory" in caplog.text
