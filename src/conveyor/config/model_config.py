@@ -343,6 +343,11 @@ class GenerateModelConfig(Strict):
         description="engine: conveyor: woken from idle by a request, wait up to this long for "
         "the rest of its burst, so that they prefill in one step (0: off).",
     )  # fmt: skip
+    warm_up_tokens: int | None = Field(
+        default=None, ge=0,
+        description="engine: conveyor: placeholder prompt tokens of the engine's first step, "
+        "before any request (null: max_num_batched_tokens; 0: no warm-up).",
+    )  # fmt: skip
     arrival_quiet_ms: float | None = Field(
         default=6, gt=0, le=1000,
         description="engine: conveyor: the burst is over once this long passes without an "

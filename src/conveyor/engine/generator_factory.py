@@ -94,9 +94,11 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
 def _warm_up(
     config: GenerateModelConfig, runner: ModelRunner, max_model_len: int, num_kv_blocks: int
 ) -> tuple[SeqChunk, ...]:
-    """The engine's first step: a full step's tokens (``engine.warm_up``)."""
+    """The engine's first step (``engine.warm_up``): ``warm_up_tokens``, by default a full
+    step's."""
+    num_tokens = config.warm_up_tokens
     return warm_up_chunks(
-        config.max_num_batched_tokens,
+        config.max_num_batched_tokens if num_tokens is None else num_tokens,
         max_model_len=max_model_len,
         block_size=config.block_size,
         num_kv_blocks=num_kv_blocks,

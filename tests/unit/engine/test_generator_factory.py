@@ -173,3 +173,18 @@ def test_the_engine_warms_up_with_one_full_step(llama_path: Path) -> None:
         assert sum(len(chunk.token_ids) for chunk in chunks) == 96
     finally:
         generator.stop()
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [(40, 40), (0, 0)])
+def test_warm_up_tokens_size_the_warm_up_or_turn_it_off(
+    llama_path: Path, tokens: int, expected: int
+) -> None:
+    generator = load_generator(
+        model_config(llama_path, warm_up_tokens=tokens, kv_cache_tokens=1024),
+        Metrics().for_generator("tiny"),
+    )
+    try:
+        chunks = generator.engine.config.warm_up_chunks
+        assert sum(len(chunk.token_ids) for chunk in chunks) == expected
+    finally:
+        generator.stop()
