@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from conveyor.config.model_config import GenerateModelConfig
+from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.generator_factory import DEFAULT_CPU_KV_CACHE_TOKENS, load_generator
 from conveyor.engine.model import model_runner
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
@@ -21,6 +24,16 @@ pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
 def model_config(path: Path, **kw: object) -> GenerateModelConfig:
     return GenerateModelConfig(kind="generate", name="tiny", path=path, device="cpu", **kw)
+
+
+@contextlib.contextmanager
+def loaded(path: Path, **kw: object) -> Iterator[HostedGenerator]:
+    """A generator loaded from ``model_config(path, **kw)``, stopped on exit."""
+    generator = load_generator(model_config(path, **kw), Metrics().for_generator("tiny"))
+    try:
+        yield generator
+    finally:
+        generator.stop()
 
 
 def checkpoint_limit(path: Path) -> int:
@@ -37,14 +50,9 @@ def test_a_max_model_len_beyond_the_checkpoint_is_refused_at_load(llama_path: Pa
 
 def test_a_cpu_model_without_a_kv_cache_size_gets_the_default_size(llama_path: Path) -> None:
     assert checkpoint_limit(llama_path) < DEFAULT_CPU_KV_CACHE_TOKENS
-    generator = load_generator(
-        model_config(llama_path, block_size=16), Metrics().for_generator("tiny")
-    )
-    try:
+    with loaded(llama_path, block_size=16) as generator:
         assert generator.engine.config.num_kv_blocks == DEFAULT_CPU_KV_CACHE_TOKENS // 16
         assert generator.max_model_len == checkpoint_limit(llama_path)
-    finally:
-        generator.stop()
 
 
 @pytest.mark.parametrize(("configured", "expected"), [({}, 32), ({"job_tokens_beside_online": 8}, 8),
@@ -52,13 +60,8 @@ def test_a_cpu_model_without_a_kv_cache_size_gets_the_default_size(llama_path: P
 def test_the_job_token_cap_beside_online_traffic_reaches_the_engine(
     llama_path: Path, configured: dict[str, object], expected: int | None
 ) -> None:
-    generator = load_generator(
-        model_config(llama_path, **configured), Metrics().for_generator("tiny")
-    )
-    try:
+    with loaded(llama_path, **configured) as generator:
         assert generator.engine.config.job_tokens_beside_online == expected
-    finally:
-        generator.stop()
 
 
 def test_pinned_cores_reach_the_engine_with_one_thread_each(llama_path: Path) -> None:
@@ -152,39 +155,18 @@ def test_enforce_eager_reaches_the_runner(
 
 
 def test_the_arrival_window_reaches_the_engine_in_seconds(llama_path: Path) -> None:
-    generator = load_generator(
-        model_config(llama_path, arrival_window_ms=20, arrival_quiet_ms=4),
-        Metrics().for_generator("tiny"),
-    )
-    try:
+    with loaded(llama_path, arrival_window_ms=20, arrival_quiet_ms=4) as generator:
         assert generator.engine.config.arrival_window_s == pytest.approx(0.02)
         assert generator.engine.config.arrival_quiet_s == pytest.approx(0.004)
-    finally:
-        generator.stop()
 
 
-def test_the_engine_warms_up_with_one_full_step(llama_path: Path) -> None:
-    generator = load_generator(
-        model_config(llama_path, max_num_batched_tokens=96, kv_cache_tokens=1024),
-        Metrics().for_generator("tiny"),
-    )
-    try:
-        chunks = generator.engine.config.warm_up_chunks
-        assert sum(len(chunk.token_ids) for chunk in chunks) == 96
-    finally:
-        generator.stop()
-
-
-@pytest.mark.parametrize(("tokens", "expected"), [(40, 40), (0, 0)])
-def test_warm_up_tokens_size_the_warm_up_or_turn_it_off(
-    llama_path: Path, tokens: int, expected: int
+@pytest.mark.parametrize(("tokens", "expected"), [(None, 96), (40, 40), (0, 0)])
+def test_the_engine_warms_up_with_a_full_step_or_warm_up_tokens(
+    llama_path: Path, tokens: int | None, expected: int
 ) -> None:
-    generator = load_generator(
-        model_config(llama_path, warm_up_tokens=tokens, kv_cache_tokens=1024),
-        Metrics().for_generator("tiny"),
-    )
-    try:
+    # None: max_num_batched_tokens, the shape of every full step; 0: no warm-up.
+    with loaded(
+        llama_path, max_num_batched_tokens=96, warm_up_tokens=tokens, kv_cache_tokens=1024
+    ) as generator:
         chunks = generator.engine.config.warm_up_chunks
         assert sum(len(chunk.token_ids) for chunk in chunks) == expected
-    finally:
-        generator.stop()

@@ -116,7 +116,7 @@ def test_a_burst_that_never_pauses_is_cut_at_the_window() -> None:
         time.sleep(0.05)
     commands, returned = result
     assert 0.25 <= returned - woken < 1.0
-    assert 1 <= len(commands) < posted + 1
+    assert len(commands) >= 4  # the whole 0.3 s of arrivals, not only the first
 
 
 def test_no_gathering_with_work_in_hand() -> None:

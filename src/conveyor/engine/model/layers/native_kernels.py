@@ -1,12 +1,12 @@
 """Conveyor's own CPU kernels (C++ beside this module), built by the machine's compiler, cached.
 
 The decode attention kernel (``native/decode_attention.cpp``) reads each row's keys and
-values where they lie in the paged cache, one task per (row, KV head) spread over torch's
-intra-op threads, and registers itself as the op ``conveyor_native::decode_attention``
-(opaque to ``torch.compile``, which calls it from a compiled decoder layer as it is). The
-fused RMSNorm, SiLU-and-multiply and rotary embedding (``native/elementwise.cpp``) serve
-eager steps only (``fused_ops``): one pass over each row instead of an intermediate tensor
-per PyTorch op.
+values where they lie in the paged cache, the rows spread over torch's intra-op threads,
+and registers itself as the op ``conveyor_native::decode_attention`` (opaque to
+``torch.compile``, which calls it from a compiled decoder layer as it is). The fused
+RMSNorm (alone, or with the residual add before it), SiLU-and-multiply and rotary
+embedding (``native/elementwise.cpp``) serve eager steps only (``fused_ops``): one pass
+over each row instead of an intermediate tensor per PyTorch op.
 
 The library is compiled once per set of sources, torch build, compiler and CPU (``g++`` or
 ``$CXX``, ``-O3 -march=native``, torch's headers, about 20 s) into

@@ -1,10 +1,10 @@
 // Decode attention over a paged KV cache, read in place, on the CPU.
 //
-// One query token per row. Each (row, KV head) pair is one task: the row's G query heads
-// of that KV head are scored against every cached key of the row's blocks (additive mask
-// added, fully hidden positions skipped), softmaxed in float32 and applied to the values,
-// reading the keys and values where they lie in the cache: no gathered copy of the
-// context is made. Tasks are spread over torch's intra-op threads.
+// One query token per row, each row one task, the rows spread over torch's intra-op
+// threads. For each KV head, the row's G query heads of that KV head are scored against
+// every cached key of the row's blocks (additive mask added, fully hidden positions
+// skipped), softmaxed in float32 and applied to the values, reading the keys and values
+// where they lie in the cache: no gathered copy of the context is made.
 //
 // In bfloat16 on a CPU with AVX512-BF16 (blocks of a multiple of 16 slots, head dim 64 or
 // 128), keys are scored sixteen at a time by vdpbf16ps, straight from the cache, their
@@ -366,13 +366,10 @@ template <int DV, typename scalar_t>
 void attend_row_vec(const Layout& s, int64_t row, const scalar_t* q, const scalar_t* k,
                     const scalar_t* v, const int64_t* tables, const float* mask, float scale,
                     scalar_t* out, std::vector<float>& work) {
-  const int64_t G = s.group, L = s.length, H = s.heads, BS = s.block_size;
+  const int64_t L = s.length, H = s.heads;
   float* scores = work.data();         // [H, L]
   float* queries = scores + H * L;     // [H, dim], scaled
   score_row<DV, scalar_t>(s, row, q, k, tables, mask, scale, scores, queries);
-  const float* row_mask = mask + row * L;
-  const int64_t* row_table = tables + row * s.blocks_per_row;
-  const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
   float sums[kMaxGroup * 64];
   for (int64_t h = 0; h < H; ++h) sums[h] = exp_and_sum(scores + h * L, L);
   float* acc = queries;  // [H, dim]: the queries are no longer needed

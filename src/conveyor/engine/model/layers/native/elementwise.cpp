@@ -14,8 +14,8 @@
 //   contiguous (as in a slice of the packed QKV projection).
 //
 // Rows are spread over torch's intra-op threads; a few rows (a decode step's) run on the
-// calling thread. Registered as conveyor_native::rms_norm, conveyor_native::silu_and_mul and
-// conveyor_native::rope.
+// calling thread. Registered as conveyor_native::rms_norm, conveyor_native::add_rms_norm,
+// conveyor_native::silu_and_mul and conveyor_native::rope.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -128,10 +128,15 @@ void silu_and_mul_row(const scalar_t* gate, const scalar_t* up, scalar_t* out, i
   }
 }
 
+// A norm's weight fits x's rows and dtype.
+void check_norm_weight(const char* op, const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.numel(), op, ": weight has ", weight.numel(),
+              " elements for rows of ", x.dim() ? x.size(-1) : 0);
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), op, ": x and weight dtypes differ");
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.numel(), "rms_norm: weight has ",
-              weight.numel(), " elements for rows of ", x.dim() ? x.size(-1) : 0);
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "rms_norm: x and weight dtypes differ");
+  check_norm_weight("rms_norm", x, weight);
   const at::Tensor input = x.contiguous();
   const at::Tensor weight_f = weight.to(at::kFloat).contiguous();
   at::Tensor out = at::empty_like(input);
@@ -159,9 +164,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& residual,
   TORCH_CHECK(residual.sizes() == delta.sizes(), "add_rms_norm: residual and delta shapes differ");
   TORCH_CHECK(residual.scalar_type() == delta.scalar_type(),
               "add_rms_norm: residual and delta dtypes differ");
-  TORCH_CHECK(residual.dim() >= 1 && residual.size(-1) == weight.numel(), "add_rms_norm: weight has ",
-              weight.numel(), " elements for rows of ", residual.dim() ? residual.size(-1) : 0);
-  TORCH_CHECK(residual.scalar_type() == weight.scalar_type(), "add_rms_norm: x and weight dtypes differ");
+  check_norm_weight("add_rms_norm", residual, weight);
   const at::Tensor a = residual.contiguous(), b = delta.contiguous();
   const at::Tensor weight_f = weight.to(at::kFloat).contiguous();
   at::Tensor sum = at::empty_like(a), out = at::empty_like(a);
@@ -231,13 +234,7 @@ inline void rotate_head(const float* x, const float* c, const float* s, float* a
     b[d + half] = x[d] * s[d + half];
   }
   round_in_place<scalar_t>(b, scratch, dim);
-  int64_t i = 0;
-  for (; i + Vec::size() <= dim; i += Vec::size()) {
-    (Vec::loadu(a + i) + Vec::loadu(b + i)).store(a + i);
-  }
-  for (; i < dim; ++i) {
-    a[i] += b[i];
-  }
+  add(a, b, dim);
 }
 
 // One token's heads rotated (x: the token's first head, heads head_stride apart);
