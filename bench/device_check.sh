@@ -8,7 +8,9 @@
 #      (--no-index --no-deps: nothing is downloaded, torch is never touched);
 #   2. the engine's parity tests on CUDA in float32 (greedy output equals HF generate
 #      token for token), then again in bfloat16 (informational: bf16 rounding may flip
-#      a near-tie, so its failures are recorded, not counted);
+#      a near-tie, so its failures are recorded, not counted), then the varlen kernel
+#      (FlashInfer or flash-attn, where installed) against Conveyor's attention
+#      (informational);
 #   3. a random-weight checkpoint of Llama-3-8B's shape in bfloat16 (bench.big_checkpoint);
 #   4. the batch-1 decode step against the weight-streaming bound (bench.decode_bound);
 #   5. the generation benchmark, 256 concurrent requests, Conveyor against HF `generate`
@@ -126,6 +128,15 @@ if ((!DRY_RUN)); then
         tests/unit/engine/model/test_llama_parity.py
 fi
 
+# 2b. The GPU's varlen kernel (FlashInfer or flash-attn, where the image or ./wheels has
+# one) in bfloat16 against Conveyor's attention; informational, and skipped (exit 0, the
+# reason in the log) where neither is installed.
+if ((!DRY_RUN)); then
+    CONVEYOR_TEST_DEVICE=$DEVICE step varlen_kernel 45 \
+        "$PYTHON" -m pytest "${PYTEST[@]}" -rs --junitxml="$RESULTS/varlen_kernel.xml" \
+        tests/unit/engine/model/test_model_runner_varlen.py -k cuda
+fi
+
 # 3-5. The Llama-3-8B-shaped checkpoint, the batch-1 bound, the 256-request benchmark.
 CHECKPOINT="$WORK/checkpoint"
 if step checkpoint "$BUILD_S" "$PYTHON" -m bench.big_checkpoint --model "$MODEL" \
@@ -141,7 +152,7 @@ fi
 import json, pathlib, sys
 rows = [line.split("\t") for line in pathlib.Path(sys.argv[1]).read_text().splitlines()]
 steps = {name: {"exit_code": int(rc), "seconds": int(s)} for name, rc, s in rows}
-counted = [name for name in steps if name != "parity_bfloat16"]
+counted = [name for name in steps if name not in ("parity_bfloat16", "varlen_kernel")]
 document = {"dry_run": sys.argv[3] == "1", "steps": steps,
             "passed": all(steps[name]["exit_code"] == 0 for name in counted)}
 pathlib.Path(sys.argv[2]).write_text(json.dumps(document, indent=2) + "\n")

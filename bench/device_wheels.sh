@@ -31,5 +31,14 @@ for version in $PYTHON_VERSIONS; do
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --dest "$WHEELS" \
         --python-version "$version" --implementation cp "${platform_flags[@]}" $pins
 done
+# Optional: FlashInfer, for the varlen kernel step (pure-Python wheels; it builds its
+# kernels on the GPU host, so that step may still find it unusable there).
+OPTIONAL="${OPTIONAL:-flashinfer-python apache-tvm-ffi ninja nvidia-ml-py einops}"
+for version in $PYTHON_VERSIONS; do
+    # shellcheck disable=SC2086  # a list of package names
+    "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --dest "$WHEELS" \
+        --python-version "$version" --implementation cp "${platform_flags[@]}" $OPTIONAL \
+        || echo "optional wheels ($OPTIONAL) not downloaded for Python $version"
+done
 ls -1 "$WHEELS"
 du -sh "$WHEELS"

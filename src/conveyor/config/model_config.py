@@ -364,6 +364,13 @@ class GenerateModelConfig(Strict):
         "paged KV cache, built by the machine's g++ at first start (about 10 s, then cached); "
         "false, or no compiler: PyTorch's ops.",
     )
+    attention_backend: Literal["auto", "conveyor", "flashinfer", "flash_attn"] = Field(
+        default="auto",
+        description="engine: conveyor, CUDA: attend each layer's whole step in one call of "
+        "FlashInfer's or flash-attn's varlen kernel over the paged KV cache (auto: the first "
+        "installed that fits, else Conveyor's attention; flash_attn needs block_size a "
+        "multiple of 256; conveyor: Conveyor's attention). CPUs always use Conveyor's.",
+    )
     lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
     kv_offload: KVOffloadConfig | None = Field(
         default=None, description="Keep evicted KV blocks in host memory or on disk (none: off)."

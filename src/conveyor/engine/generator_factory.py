@@ -5,6 +5,7 @@ Slow (it loads weights and starts the engine thread): call it off the event loop
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -19,6 +20,7 @@ from conveyor.engine.kv_offload import KVOffload
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.model.kv_store import HostKVStore
+from conveyor.engine.model.layers.varlen_kernels import VarlenUnavailable
 from conveyor.engine.model.lora.runtime import LoraRuntime, new_lora_runtime
 from conveyor.engine.model.model_runner import (
     ModelRunner,
@@ -35,6 +37,8 @@ from conveyor.observability.vllm_names import AdapterActivity
 
 __all__ = ["DEFAULT_CPU_KV_CACHE_TOKENS", "load_generator"]
 
+_log = logging.getLogger(__name__)
+
 # KV cache size when the config names none and the device is not CUDA.
 DEFAULT_CPU_KV_CACHE_TOKENS = 16384
 DEFAULT_CUDA_MEMORY_FRACTION = 0.9
@@ -48,16 +52,7 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
     device = resolve_device(config.device)
     num_kv_blocks = _num_kv_blocks(config, device.type)
     lora = _lora_runtime(config, device)
-    runner = ModelRunner(
-        local_model_path(config.path),
-        num_kv_blocks=num_kv_blocks,
-        block_size=config.block_size,
-        device=device,
-        dtype=config.dtype,
-        lora=lora,
-        enforce_eager=config.enforce_eager,
-        native_kernels=config.native_kernels,
-    )
+    runner = _runner(config, device, num_kv_blocks, lora)
     max_model_len = config.max_model_len or runner.max_model_len
     problem = max_model_len_problem(config.name, max_model_len, runner.max_model_len)
     if problem is not None:
@@ -89,6 +84,31 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
     return HostedGenerator(
         config, engine, tokenizer, metrics, runner.vocab_size, int(time.time()), registry
     )
+
+
+def _runner(
+    config: GenerateModelConfig, device: torch.device, num_kv_blocks: int, lora: LoraRuntime | None
+) -> ModelRunner:
+    """The model on its device with its KV cache; a named attention backend that cannot
+    serve it is a configuration error."""
+    try:
+        runner = ModelRunner(
+            local_model_path(config.path),
+            num_kv_blocks=num_kv_blocks,
+            block_size=config.block_size,
+            device=device,
+            dtype=config.dtype,
+            lora=lora,
+            enforce_eager=config.enforce_eager,
+            native_kernels=config.native_kernels,
+            attention_backend=config.attention_backend,
+        )
+    except VarlenUnavailable as error:
+        raise ConfigError(
+            f"model {config.name!r}: attention_backend {config.attention_backend}: {error}"
+        ) from error
+    _log.info("model %s attends with %s", config.name, runner.attention_reason)
+    return runner
 
 
 def _warm_up(

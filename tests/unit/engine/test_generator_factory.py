@@ -170,3 +170,21 @@ def test_the_engine_warms_up_with_a_full_step_or_warm_up_tokens(
     ) as generator:
         chunks = generator.engine.config.warm_up_chunks
         assert sum(len(chunk.token_ids) for chunk in chunks) == expected
+
+
+def test_a_named_attention_backend_that_cannot_serve_is_a_config_error(llama_path: Path) -> None:
+    config = model_config(llama_path, attention_backend="flashinfer")
+    with pytest.raises(ConfigError, match=r"'tiny': attention_backend flashinfer: .*CUDA only"):
+        load_generator(config, Metrics().for_generator("tiny"))
+
+
+def test_auto_attention_on_a_cpu_is_conveyors_and_says_why(
+    llama_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert model_config(llama_path).attention_backend == "auto"
+    with caplog.at_level("INFO"), loaded(llama_path) as generator:
+        runner = generator.engine._runner
+        assert isinstance(runner, ModelRunner) and runner.varlen_kernel is None
+    assert "model tiny attends with Conveyor's attention: flashinfer runs on CUDA only" in (
+        caplog.text
+    )

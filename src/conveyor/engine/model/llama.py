@@ -136,12 +136,7 @@ class LlamaDecoder(nn.Module):
         """Run the decoder layers over the step; the last layer's output [T, hidden]."""
         h = self.model.embed_tokens(step.input_ids)
         rope = rope_angles(step.positions, self.inv_freq, h.dtype)
-        block_size = kv_caches[0][0].shape[1]
-        by_window = {
-            window: build_masks(step, window, block_size, h)
-            for window in set(self.config.sliding_windows)
-        }
-        masks = [by_window[window] for window in self.config.sliding_windows]
+        masks = self._masks(step, kv_caches[0][0].shape[1], h)
         done = 0
         if self.compiled_layers is not None:
             h, done = self.compiled_layers.run(h, rope, LayerSteps(step, kv_caches, masks))
@@ -152,6 +147,15 @@ class LlamaDecoder(nn.Module):
             h = self.model.layers[index](h, rope, step, kv_caches[index], masks[index])
         hidden: torch.Tensor = h
         return hidden
+
+    def _masks(self, step: StepInput, block_size: int, like: torch.Tensor) -> list[AttentionMasks]:
+        """Each layer's masks, built once per distinct window (none where a varlen kernel
+        attends the step: it masks by positions itself)."""
+        windows = self.config.sliding_windows
+        if step.varlen is not None:
+            return [AttentionMasks([], [], [])] * len(windows)
+        by_window = {window: build_masks(step, window, block_size, like) for window in set(windows)}
+        return [by_window[window] for window in windows]
 
 
 def _fused_residuals(

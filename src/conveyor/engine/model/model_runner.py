@@ -11,14 +11,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.compiled_layers import compile_layers
-from conveyor.engine.model.decode_buckets import plan_decode_buckets
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
 from conveyor.engine.model.layers.linear import prepack_projections
 from conveyor.engine.model.layers.native_kernels import install_native_kernels
@@ -27,10 +25,19 @@ from conveyor.engine.model.layers.paged_attention import (
     cache_at_offset,
     compile_decode_attention,
 )
+from conveyor.engine.model.layers.varlen_kernels import (
+    AttentionBackend,
+    VarlenKernel,
+    install_varlen_kernel,
+    kernel_shape,
+    select_varlen_kernel,
+)
 from conveyor.engine.model.llama import LlamaDecoder
 from conveyor.engine.model.lora.runtime import LoraRuntime
+from conveyor.engine.model.paged_varlen import paged_varlen
 from conveyor.engine.model.prompt_scoring import score_rows, scoring_rows
-from conveyor.engine.model.step_inputs import DecodeBatch, DecodeBucket, PrefillSpan, StepInput
+from conveyor.engine.model.step_builder import decode_batch, plan_on_cpu, varlen_sequences
+from conveyor.engine.model.step_inputs import PrefillSpan, StepInput
 from conveyor.engine.model.weight_loader import count_checkpoint_params, load_weights
 from conveyor.engine.outputs import TokenLogprobs
 from conveyor.errors import ModelOutOfMemory
@@ -150,18 +157,6 @@ def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-@dataclass(frozen=True, slots=True)
-class _CpuPlan:
-    """Host-side index lists for a step, before the single copy to the device."""
-
-    input_ids: list[int]
-    positions: list[int]
-    slot_mapping: list[int]
-    logits_indices: list[int]
-    prefill_chunks: list[tuple[int, SeqChunk]]
-    decode_chunks: list[tuple[int, SeqChunk]]
-
-
 class ModelRunner:
     """One model on one device with its paged KV cache; runs engine steps.
 
@@ -177,6 +172,10 @@ class ModelRunner:
     fused norms, SiLU and RoPE (PyTorch's where it cannot be built). ``enforce_eager`` False
     compiles the decoder layers (``compiled_layers``) and, without the native kernel, the
     CPU decode attention (``paged_attention``) at start-up (:attr:`compile_s`; CPU, no LoRA).
+    ``attention_backend`` picks the GPU's varlen kernel (``varlen_kernels``: ``auto``,
+    ``flashinfer``, ``flash_attn``, or ``conveyor`` for none); ``varlen_kernel`` gives one
+    directly. A varlen kernel attends every layer's whole step in one call, and turns the
+    CPU's native decode attention and compiled layers off.
     """
 
     def __init__(
@@ -193,6 +192,8 @@ class ModelRunner:
         prepack_weights: bool = True,
         enforce_eager: bool = True,
         native_kernels: bool = True,
+        attention_backend: AttentionBackend = "auto",
+        varlen_kernel: VarlenKernel | None = None,
     ) -> None:
         if num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
@@ -221,16 +222,16 @@ class ModelRunner:
             lora.attach(self.model)
         # The whole allocation (the second KV tier copies blocks of it) and its per-layer views.
         self.kv_cache = self._allocate_kv_cache()
-        self.kv_caches = [
-            (self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(len(self.kv_cache))
-        ]
-        native = native_kernels and self.device.type == "cpu"
+        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.varlen_kernel, self.attention_reason = self._varlen(attention_backend, varlen_kernel)
+        on_cpu = self.device.type == "cpu" and self.varlen_kernel is None
+        native = native_kernels and on_cpu
         self.native_decode = install_native_kernels(self.model) if native else None
         if self.native_decode is not None and decode_bucket_cost_blocks is None:
             self.decode_bucket_cost_blocks = math.inf  # hidden padding costs it next to nothing
         self.compiled_decode: CompiledDecodeAttention | None = None
         self.compile_s = 0.0
-        if not enforce_eager and self.device.type == "cpu" and lora is None:
+        if not enforce_eager and on_cpu and lora is None:
             if self.native_decode is None:
                 self.compiled_decode, self.compile_s = compile_decode_attention(
                     self.model, self.kv_caches[0]
@@ -302,6 +303,20 @@ class ModelRunner:
             self.last_prompt_scores = score_rows(self.model.logits, hidden, scoring)
         return logits
 
+    def _varlen(
+        self, choice: AttentionBackend, kernel: VarlenKernel | None
+    ) -> tuple[VarlenKernel | None, str]:
+        """Install ``kernel``, or the one ``choice`` selects, in every layer (see
+        ``varlen_kernels``); returns it (None: Conveyor's attention) and why."""
+        reason = f"{kernel.name} (given)" if kernel is not None else ""
+        if kernel is None:
+            shape = kernel_shape(self.config, self.block_size, self.dtype, self.device)
+            kernel, reason = select_varlen_kernel(choice, shape)
+        if kernel is not None:
+            attentions = [layer.self_attn for layer in self.model.decoder_layers]
+            install_varlen_kernel(attentions, self.config.sliding_windows, kernel)
+        return kernel, reason
+
     def _load_model(self) -> LlamaDecoder:
         """Build the decoder on the device and fill it from the checkpoint."""
         try:
@@ -369,29 +384,15 @@ class ModelRunner:
             if not 0 <= scoring.num_top <= self.vocab_size:
                 raise ValueError(f"num_top must be in [0, {self.vocab_size}]")
 
-    def _plan_on_cpu(self, chunks: Sequence[SeqChunk]) -> _CpuPlan:
-        """Pack token ids, positions and slots; split chunks into prefill and decode groups."""
-        plan = _CpuPlan([], [], [], [], [], [])
-        block_size = self.block_size
-        for chunk in chunks:
-            token_start = len(plan.input_ids)
-            plan.input_ids.extend(chunk.token_ids)
-            for pos in range(chunk.start_pos, chunk.end_pos):
-                plan.positions.append(pos)
-                plan.slot_mapping.append(
-                    chunk.block_table[pos // block_size] * block_size + pos % block_size
-                )
-            if chunk.needs_logits:
-                plan.logits_indices.append(len(plan.input_ids) - 1)
-            is_decode = self.batch_decode and len(chunk.token_ids) == 1
-            group = plan.decode_chunks if is_decode else plan.prefill_chunks
-            group.append((token_start, chunk))
-        return plan
-
     def _prepare(self, chunks: Sequence[SeqChunk]) -> StepInput:
         """Build the step's index tensors on the host, then move them in one copy each."""
-        plan = self._plan_on_cpu(chunks)
+        plan = plan_on_cpu(chunks, self.block_size, self.batch_decode)
         to_device = self._to_device
+        varlen = None
+        if self.varlen_kernel is not None:
+            host = paged_varlen(varlen_sequences(chunks), self.block_size)
+            varlen = host.to(self.device)
+            self.varlen_kernel.plan(varlen, host)
         prefills = tuple(
             PrefillSpan(
                 token_start=token_start,
@@ -400,14 +401,18 @@ class ModelRunner:
                 context_blocks=None if chunk.start_pos == 0 else to_device(self._blocks(chunk)),
             )
             for token_start, chunk in plan.prefill_chunks
+            if varlen is None
         )
+        decode_chunks = plan.decode_chunks if varlen is None else []
+        cost = self.decode_bucket_cost_blocks
         return StepInput(
             input_ids=to_device(torch.tensor(plan.input_ids, dtype=torch.int64)),
             positions=to_device(torch.tensor(plan.positions, dtype=torch.int64)),
             slot_mapping=to_device(torch.tensor(plan.slot_mapping, dtype=torch.int64)),
             prefills=prefills,
-            decode=self._decode_batch(plan.decode_chunks),
+            decode=decode_batch(decode_chunks, self.block_size, cost, to_device),
             logits_indices=to_device(torch.tensor(plan.logits_indices, dtype=torch.int64)),
+            varlen=varlen,
         )
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -418,31 +423,3 @@ class ModelRunner:
         """The blocks holding positions ``0 .. end_pos - 1`` of one sequence."""
         num_blocks = math.ceil(chunk.end_pos / self.block_size)
         return torch.tensor(chunk.block_table[:num_blocks], dtype=torch.int64)
-
-    def _decode_batch(self, decode_chunks: list[tuple[int, SeqChunk]]) -> DecodeBatch | None:
-        """Single-token chunks ordered by context length and cut into buckets; None if none."""
-        if not decode_chunks:
-            return None
-        block_size = self.block_size
-        rows = sorted(decode_chunks, key=lambda row: row[1].end_pos)
-        num_blocks = [-(-chunk.end_pos // block_size) for _, chunk in rows]
-        buckets = []
-        for start, end in plan_decode_buckets(num_blocks, self.decode_bucket_cost_blocks):
-            width = num_blocks[end - 1]
-            # Short tables are padded with block 0: its keys lie past each row's own
-            # context, so the mask gives them zero weight.
-            tables = [
-                [*chunk.block_table[: num_blocks[row]], *[0] * (width - num_blocks[row])]
-                for row, (_, chunk) in enumerate(rows[start:end], start)
-            ]
-            positions = [chunk.start_pos for _, chunk in rows[start:end]]
-            buckets.append(
-                DecodeBucket(
-                    row_start=start,
-                    row_end=end,
-                    block_tables=self._to_device(torch.tensor(tables, dtype=torch.int64)),
-                    query_positions=self._to_device(torch.tensor(positions, dtype=torch.int64)),
-                )
-            )
-        token_indices = torch.tensor([start for start, _ in rows], dtype=torch.int64)
-        return DecodeBatch(token_indices=self._to_device(token_indices), buckets=tuple(buckets))

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from conveyor.engine.model.paged_varlen import PagedVarlen
+
 __all__ = [
     "AttentionMasks",
     "DecodeBatch",
@@ -85,6 +87,9 @@ class StepInput:
     prefills: tuple[PrefillSpan, ...]
     decode: DecodeBatch | None
     logits_indices: torch.Tensor
+    # Set where a varlen kernel attends the whole step (``varlen_kernels``); ``prefills``
+    # and ``decode`` are then empty.
+    varlen: PagedVarlen | None = None
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ from conveyor.engine.model.step_inputs import (
 if TYPE_CHECKING:
     from conveyor.engine.model.layers.native_kernels import NativeDecodeAttention
     from conveyor.engine.model.layers.paged_attention import CompiledDecodeAttention
+    from conveyor.engine.model.layers.varlen_kernels import VarlenKernel
 
 __all__ = ["Attention", "decode_attention", "grouped_attention"]
 
@@ -131,6 +132,10 @@ class Attention(nn.Module):
         self.native_rope = False
         # Set by ``compiled_layers``: a compiled layer calls ``attend`` as an opaque op.
         self.op_slot: torch.Tensor | None = None
+        # The GPU's one call a layer for the whole step (``varlen_kernels``), where
+        # installed, with this layer's sliding window.
+        self.varlen: VarlenKernel | None = None
+        self.window: int | None = None
 
     def forward(
         self,
@@ -187,6 +192,9 @@ class Attention(nn.Module):
         # Write first: a chunk's own keys must be visible to its own queries.
         k_slots.index_copy_(0, step.slot_mapping, k)
         v_slots.index_copy_(0, step.slot_mapping, v)
+        if self.varlen is not None and step.varlen is not None:
+            attended = self.varlen(q, kv_cache[0], kv_cache[1], self.window)
+            return attended.reshape(num_tokens, self.num_heads * self.head_dim)
         # One row per block: a block number gathers a whole block in one copy.
         blocks = (kv_cache[0].flatten(1), kv_cache[1].flatten(1))
         out = torch.empty_like(q)
