@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU device check, sized to finish within 8 minutes on one H200 whose image has its
+# The GPU device check, sized to finish within 9 minutes on one H200 whose image has its
 # own CUDA build of PyTorch, transformers, peft and safetensors, no network and none of
 # Conveyor's install. Run `make device-wheels` first, where there is a network, and carry
 # ./wheels with the repository. Steps (each under its own time limit; one failing does
@@ -10,7 +10,7 @@
 #      token for token), then again in bfloat16 (informational: bf16 rounding may flip
 #      a near-tie, so its failures are recorded, not counted), then the varlen kernel
 #      (FlashInfer or flash-attn, where installed) against Conveyor's attention
-#      (informational);
+#      (informational), and decode steps replayed from CUDA graphs;
 #   3. a random-weight checkpoint of Llama-3-8B's shape in bfloat16 (bench.big_checkpoint);
 #   4. the batch-1 decode step against the weight-streaming bound (bench.decode_bound);
 #   5. the generation benchmark, 256 concurrent requests, Conveyor against HF `generate`
@@ -128,12 +128,15 @@ if ((!DRY_RUN)); then
         tests/unit/engine/model/test_llama_parity.py
 fi
 
-# 2b. The GPU's varlen kernel (FlashInfer or flash-attn, where the image or ./wheels has
-# one) in bfloat16 against Conveyor's attention; informational, and skipped (exit 0, the
-# reason in the log) where neither is installed.
+# 2b. Decode steps replayed from CUDA graphs (around a stand-in kernel: any GPU), then
+# the GPU's varlen kernel (FlashInfer or flash-attn, where the image or ./wheels has one)
+# in bfloat16 against Conveyor's attention (informational; skipped, the reason in the
+# log, where neither is installed).
 if ((!DRY_RUN)); then
-    CONVEYOR_TEST_DEVICE=$DEVICE step varlen_kernel 45 \
-        "$PYTHON" -m pytest "${PYTEST[@]}" -rs --junitxml="$RESULTS/varlen_kernel.xml" \
+    step cuda_graphs 40 "$PYTHON" -m pytest "${PYTEST[@]}" -rs \
+        --junitxml="$RESULTS/cuda_graphs.xml" tests/unit/engine/model/test_decode_graphs.py -k cuda
+    step varlen_kernel 40 "$PYTHON" -m pytest "${PYTEST[@]}" -rs \
+        --junitxml="$RESULTS/varlen_kernel.xml" \
         tests/unit/engine/model/test_model_runner_varlen.py -k cuda
 fi
 

@@ -49,7 +49,8 @@ from bench.common import (
 )
 from conveyor.config.model_config import bundled_chat_model_path
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
-from conveyor.engine.model.model_runner import ModelRunner, resolve_dtype
+from conveyor.engine.model.kv_sizing import resolve_dtype
+from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.sampling.params import SamplingParams
 from conveyor.engine.stream import GenerationStream
 from conveyor.engine.tokenizer import Tokenizer
@@ -297,7 +298,9 @@ def make_engine(path: Path, settings: Settings) -> LLMEngine:
         block_size=settings.block_size,
         device=settings.device,
         dtype=settings.dtype,
+        decode_graphs=settings.max_num_seqs,  # as the service: CUDA with a varlen kernel only
     )
+    print(f"conveyor attends with {runner.attention_reason}", file=sys.stderr)
     config = EngineConfig(
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,

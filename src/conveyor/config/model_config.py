@@ -371,6 +371,12 @@ class GenerateModelConfig(Strict):
         "installed that fits, else Conveyor's attention; flash_attn needs block_size a "
         "multiple of 256; conveyor: Conveyor's attention). CPUs always use Conveyor's.",
     )
+    cuda_graphs: bool = Field(
+        default=True,
+        description="engine: conveyor, CUDA with a varlen attention kernel, no LoRA: capture "
+        "decode steps of 1, 2, 4, then every 8 up to max_num_seqs rows as CUDA graphs at "
+        "load and replay them (false: every step eager).",
+    )
     lora: LoraConfig | None = Field(default=None, description="Multi-LoRA adapters (none: off).")
     kv_offload: KVOffloadConfig | None = Field(
         default=None, description="Keep evicted KV blocks in host memory or on disk (none: off)."

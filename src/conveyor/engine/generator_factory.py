@@ -19,16 +19,16 @@ from conveyor.engine.generator import HostedGenerator
 from conveyor.engine.kv_offload import KVOffload
 from conveyor.engine.llm_engine import EngineConfig, LLMEngine
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
-from conveyor.engine.model.kv_store import HostKVStore
-from conveyor.engine.model.layers.varlen_kernels import VarlenUnavailable
-from conveyor.engine.model.lora.runtime import LoraRuntime, new_lora_runtime
-from conveyor.engine.model.model_runner import (
-    ModelRunner,
+from conveyor.engine.model.kv_sizing import (
     num_kv_blocks_for_memory_fraction,
     num_kv_blocks_for_tokens,
     resolve_device,
     resolve_dtype,
 )
+from conveyor.engine.model.kv_store import HostKVStore
+from conveyor.engine.model.layers.varlen_kernels import VarlenUnavailable
+from conveyor.engine.model.lora.runtime import LoraRuntime, new_lora_runtime
+from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.engine.warm_up import warm_up_chunks
 from conveyor.errors import ConfigError, ConveyorError
@@ -102,12 +102,19 @@ def _runner(
             enforce_eager=config.enforce_eager,
             native_kernels=config.native_kernels,
             attention_backend=config.attention_backend,
+            decode_graphs=config.max_num_seqs if config.cuda_graphs else 0,
         )
     except VarlenUnavailable as error:
         raise ConfigError(
             f"model {config.name!r}: attention_backend {config.attention_backend}: {error}"
         ) from error
     _log.info("model %s attends with %s", config.name, runner.attention_reason)
+    if runner.decode_graphs is not None:
+        sizes = runner.decode_graphs.sizes
+        _log.info(
+            "model %s: %d decode graphs (1 to %d rows) captured in %.1f s",
+            config.name, len(sizes), sizes[-1], runner.graph_capture_s,
+        )  # fmt: skip
     return runner
 
 

@@ -13,7 +13,10 @@ attention. They stand in for the libraries; they are not a backend.
 - FlashInfer: ``BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")``, ``plan(qo_indptr,
   paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
   head_dim, page_size, causal=, window_left=, q_data_type=, kv_data_type=)`` then
-  ``run(q, (k_cache, v_cache))``; ``1 <= last_page_len <= page_size``.
+  ``run(q, (k_cache, v_cache))``; ``1 <= last_page_len <= page_size``. And
+  ``BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_cuda_graph=, paged_kv_*_buffer=)``
+  with ``plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+  page_size, window_left=, q_data_type=, kv_data_type=)``: one query a sequence.
 """
 
 from __future__ import annotations
@@ -86,7 +89,9 @@ def _flash_attn_varlen_func(
     window_size: tuple[int, int] = (-1, -1),
     block_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """flash-attn's varlen function, paged form only (``block_table`` given)."""
+    """flash-attn's varlen function, paged form only (``block_table`` given). A batch of
+    one query a sequence is computed by tensor ops alone (no host sync), so that a CUDA
+    graph can capture it; the rest reads the lengths on the host."""
     _check(block_table is not None, "this stand-in covers the paged form only")
     assert block_table is not None
     _check(k.shape[1] % 256 == 0, "Paged KV cache block size must be divisible by 256")
@@ -94,6 +99,9 @@ def _flash_attn_varlen_func(
     _check(causal and dropout_p == 0.0, "the adapter must ask for causal inference")
     _check(window_size[1] in (-1, 0), "no keys after the query")
     _check(softmax_scale in (None, q.shape[-1] ** -0.5), "the default softmax scale")
+    _check(cu_seqlens_k.dtype == block_table.dtype == torch.int32, "int32 indices")
+    if max_seqlen_q == 1:
+        return _one_query_each(q, k, v, cu_seqlens_k, block_table, window_size[0])
     q_start, k_start = _int32(cu_seqlens_q, "cu_seqlens_q"), _int32(cu_seqlens_k, "cu_seqlens_k")
     tables = _int32(block_table, "block_table")
     _check(q.shape[0] == q_start[-1], "total_q must equal cu_seqlens_q[-1]")
@@ -104,6 +112,31 @@ def _flash_attn_varlen_func(
     page = k.shape[1]
     used = [table[: -(-length // page)] for table, length in zip(tables, lengths, strict=True)]
     return reference_paged_attention(q, k, v, q_start, used, lengths, window_size[0])
+
+
+def _one_query_each(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    block_table: torch.Tensor,
+    window_left: int,
+) -> torch.Tensor:
+    """Each row's query (the last position of its context) against its whole padded
+    table, keys past its length hidden: fixed shapes, no host reads."""
+    group = q.shape[1] // k_cache.shape[2]
+    lengths = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()
+    tables = block_table.long()
+    keys = k_cache[tables].flatten(1, 2).float().repeat_interleave(group, dim=2)
+    values = v_cache[tables].flatten(1, 2).float().repeat_interleave(group, dim=2)
+    key_pos = torch.arange(keys.shape[1], device=q.device)[None, :]
+    query_pos = (lengths - 1)[:, None]
+    visible = key_pos <= query_pos
+    if window_left >= 0:
+        visible &= key_pos >= query_pos - window_left
+    scores = torch.einsum("bhd,blhd->bhl", q.float(), keys) * q.shape[-1] ** -0.5
+    probs = scores.masked_fill(~visible[:, None, :], float("-inf")).softmax(-1)
+    return torch.einsum("bhl,blhd->bhd", probs, values).to(q.dtype)
 
 
 def flash_attn_module() -> SimpleNamespace:
@@ -173,6 +206,84 @@ class _PrefillWrapper:
         )  # fmt: skip
 
 
+class _DecodeWrapper:
+    """``flashinfer.BatchDecodeWithPagedKVCacheWrapper`` (``NHD``): one query a sequence.
+
+    With ``use_cuda_graph`` the batch size is fixed by the buffers, ``plan`` copies the
+    pages into them, and ``run`` reads the pages from them when it runs (as the kernel
+    does in a replayed graph), not from what was planned.
+    """
+
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        paged_kv_indptr_buffer: torch.Tensor | None = None,
+        paged_kv_indices_buffer: torch.Tensor | None = None,
+        paged_kv_last_page_len_buffer: torch.Tensor | None = None,
+    ) -> None:
+        _check(kv_layout == "NHD", "the stand-in covers the NHD layout only")
+        buffers = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
+        _check(all(b is not None for b in buffers) == use_cuda_graph, "buffers iff graphs")
+        self._buffers = buffers
+        self._pages: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._plan: dict[str, Any] | None = None
+
+    def plan(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        *,
+        window_left: int = -1,
+        q_data_type: torch.dtype = torch.float16,
+        kv_data_type: torch.dtype | None = None,
+    ) -> None:
+        """Check the batch; in graph mode copy its pages into the buffers."""
+        page_start, last = _int32(indptr, "indptr"), _int32(last_page_len, "last_page_len")
+        _check(page_start[-1] == len(_int32(indices, "indices")), "indptr[-1] == len(indices)")
+        _check(all(1 <= n <= page_size for n in last), "1 <= last_page_len <= page_size")
+        indptr_buffer, indices_buffer, last_buffer = self._buffers
+        if indptr_buffer is not None and indices_buffer is not None and last_buffer is not None:
+            _check(len(page_start) == len(indptr_buffer), "graph mode fixes the batch size")
+            indptr_buffer.copy_(indptr)
+            indices_buffer[: len(indices)].copy_(indices)
+            last_buffer.copy_(last_page_len)
+            self._pages = (indptr_buffer, indices_buffer, last_buffer)
+        else:
+            self._pages = (indptr.clone(), indices.clone(), last_page_len.clone())
+        self._plan = {
+            "heads": (num_qo_heads, num_kv_heads, head_dim), "page_size": page_size,
+            "window_left": window_left, "dtypes": (q_data_type, kv_data_type or q_data_type),
+        }  # fmt: skip
+
+    def run(
+        self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """Attend the batch's one query each, reading the pages as they are now."""
+        _check(self._plan is not None and self._pages is not None, "plan() before run()")
+        assert self._plan is not None and self._pages is not None
+        k_cache, v_cache = paged_kv_cache
+        page_size = self._plan["page_size"]
+        indptr, indices, last = (tensor.tolist() for tensor in self._pages)
+        _check(q.shape[0] == len(last), "q must have one row per sequence")
+        _check(q.shape[1:] == self._plan["heads"][::2], "q's heads disagree with the plan")
+        _check((q.dtype, k_cache.dtype) == self._plan["dtypes"], "dtypes disagree with the plan")
+        tables = [indices[a:b] for a, b in itertools.pairwise(indptr)]
+        lengths = [(len(t) - 1) * page_size + n for t, n in zip(tables, last, strict=True)]
+        return reference_paged_attention(
+            q, k_cache, v_cache, range(len(last) + 1), tables, lengths, self._plan["window_left"]
+        )
+
+
 def flashinfer_module() -> SimpleNamespace:
-    """A stand-in for the ``flashinfer`` module (the paged prefill wrapper only)."""
-    return SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=_PrefillWrapper)
+    """A stand-in for the ``flashinfer`` module (the paged prefill and decode wrappers)."""
+    return SimpleNamespace(
+        BatchPrefillWithPagedKVCacheWrapper=_PrefillWrapper,
+        BatchDecodeWithPagedKVCacheWrapper=_DecodeWrapper,
+    )

@@ -185,6 +185,7 @@ def test_auto_attention_on_a_cpu_is_conveyors_and_says_why(
     with caplog.at_level("INFO"), loaded(llama_path) as generator:
         runner = generator.engine._runner
         assert isinstance(runner, ModelRunner) and runner.varlen_kernel is None
+        assert runner.decode_graphs is None  # graphs need CUDA and a varlen kernel
     assert "model tiny attends with Conveyor's attention: flashinfer runs on CUDA only" in (
         caplog.text
     )

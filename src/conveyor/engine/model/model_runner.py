@@ -17,7 +17,14 @@ import torch
 
 from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.compiled_layers import compile_layers
+from conveyor.engine.model.decode_graphs import DecodeGraphs, GraphCapture, cuda_graph_capture
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config, read_eos_token_ids
+from conveyor.engine.model.kv_sizing import (
+    KVOutOfMemory,
+    kv_cache_bytes_per_token,
+    resolve_device,
+    resolve_dtype,
+)
 from conveyor.engine.model.layers.linear import prepack_projections
 from conveyor.engine.model.layers.native_kernels import install_native_kernels
 from conveyor.engine.model.layers.paged_attention import (
@@ -38,31 +45,13 @@ from conveyor.engine.model.paged_varlen import paged_varlen
 from conveyor.engine.model.prompt_scoring import score_rows, scoring_rows
 from conveyor.engine.model.step_builder import decode_batch, plan_on_cpu, varlen_sequences
 from conveyor.engine.model.step_inputs import PrefillSpan, StepInput
-from conveyor.engine.model.weight_loader import count_checkpoint_params, load_weights
+from conveyor.engine.model.weight_loader import load_weights
 from conveyor.engine.outputs import TokenLogprobs
 from conveyor.errors import ModelOutOfMemory
 
-__all__ = [
-    "KVOutOfMemory",
-    "ModelRunner",
-    "StepOutOfMemory",
-    "kv_cache_bytes_per_token",
-    "num_kv_blocks_for_memory_fraction",
-    "num_kv_blocks_for_tokens",
-    "resolve_device",
-    "resolve_dtype",
-]
-
-_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+__all__ = ["ModelRunner", "StepOutOfMemory"]
 
 _CPU_OOM_MESSAGE = "DefaultCPUAllocator: can't allocate memory"
-
-# Headroom kept free for a step's activations when sizing the cache from a memory fraction.
-DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * 1024**3
 
 # The fixed cost of one more decode-attention call, in KV blocks read (see decode_buckets).
 # On CPU a call costs about as much as reading 32 blocks (measured); on a GPU, where
@@ -75,86 +64,10 @@ class StepOutOfMemory(ModelOutOfMemory):
     """The device ran out of memory while running a step; retry with a smaller step."""
 
 
-class KVOutOfMemory(ModelOutOfMemory):
-    """The KV cache (or the weights) did not fit on the device; ask for fewer blocks."""
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` means CUDA when available, else CPU; anything else is passed to torch."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``"auto"`` means bfloat16 on CUDA and float32 elsewhere; names map to torch dtypes."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
-
-
-def kv_cache_bytes_per_token(config: DecoderConfig, dtype: torch.dtype) -> int:
-    """Bytes of K and V, across all layers, that one cached token takes."""
-    element_size = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_size
-
-
-def num_kv_blocks_for_tokens(kv_cache_tokens: int, block_size: int) -> int:
-    """Blocks needed to hold ``kv_cache_tokens`` tokens (rounded up)."""
-    if kv_cache_tokens < 1:
-        raise ValueError(f"kv_cache_tokens must be >= 1, got {kv_cache_tokens}")
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    return math.ceil(kv_cache_tokens / block_size)
-
-
-def num_kv_blocks_for_memory_fraction(
-    checkpoint_dir: str | Path,
-    *,
-    block_size: int,
-    memory_fraction: float,
-    device: str | torch.device = "auto",
-    dtype: str | torch.dtype = "auto",
-    activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
-) -> int:
-    """Blocks that fit when this process may use ``memory_fraction`` of the CUDA device.
-
-    Call it before loading the model: it subtracts what is already in use on the device,
-    the checkpoint's weights (at the target dtype) and ``activation_reserve_bytes``.
-    """
-    if not 0.0 < memory_fraction <= 1.0:
-        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
-    resolved = resolve_device(device)
-    if resolved.type != "cuda":
-        raise ValueError("sizing the KV cache by memory fraction needs a CUDA device")
-    target_dtype = resolve_dtype(dtype, resolved)
-    config = DecoderConfig.from_hf(load_hf_config(checkpoint_dir))
-    free_bytes, total_bytes = torch.cuda.mem_get_info(resolved)
-    in_use_bytes = total_bytes - free_bytes
-    weight_bytes = count_checkpoint_params(Path(checkpoint_dir)) * _element_size(target_dtype)
-    budget = total_bytes * memory_fraction - in_use_bytes - weight_bytes - activation_reserve_bytes
-    block_bytes = kv_cache_bytes_per_token(config, target_dtype) * block_size
-    num_blocks = int(budget // block_bytes)
-    if num_blocks < 1:
-        raise KVOutOfMemory(
-            f"no room for a KV cache: {budget / 1024**3:.2f} GiB left after weights and reserve"
-        )
-    return num_blocks
-
-
 def _is_out_of_memory(error: RuntimeError) -> bool:
     """Whether ``error`` is a device or host allocation failure."""
     # CUDA raises torch.OutOfMemoryError; the CPU allocator raises a plain RuntimeError.
     return isinstance(error, torch.OutOfMemoryError) or _CPU_OOM_MESSAGE in str(error)
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    """Bytes per element of ``dtype``."""
-    return torch.empty((), dtype=dtype).element_size()
 
 
 class ModelRunner:
@@ -175,7 +88,10 @@ class ModelRunner:
     ``attention_backend`` picks the GPU's varlen kernel (``varlen_kernels``: ``auto``,
     ``flashinfer``, ``flash_attn``, or ``conveyor`` for none); ``varlen_kernel`` gives one
     directly. A varlen kernel attends every layer's whole step in one call, and turns the
-    CPU's native decode attention and compiled layers off.
+    CPU's native decode attention and compiled layers off. ``decode_graphs`` (a batch
+    size; 0: none) captures decode steps up to that many rows as CUDA graphs at load, with
+    a varlen kernel and no LoRA (``decode_graphs``; :attr:`graph_capture_s`);
+    ``graph_capture`` replaces the CUDA capture (tests).
     """
 
     def __init__(
@@ -194,6 +110,8 @@ class ModelRunner:
         native_kernels: bool = True,
         attention_backend: AttentionBackend = "auto",
         varlen_kernel: VarlenKernel | None = None,
+        decode_graphs: int = 0,
+        graph_capture: GraphCapture | None = None,
     ) -> None:
         if num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
@@ -220,23 +138,56 @@ class ModelRunner:
         self.lora = lora
         if lora is not None:
             lora.attach(self.model)
-        # The whole allocation (the second KV tier copies blocks of it) and its per-layer views.
-        self.kv_cache = self._allocate_kv_cache()
-        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.varlen_kernel, self.attention_reason = self._varlen(attention_backend, varlen_kernel)
+        capture = self._graph_capture(decode_graphs, graph_capture)
+        # The whole allocation (the second KV tier copies blocks of it) and its per-layer
+        # views; with decode graphs, one scratch block past the pool for their padding rows.
+        self.kv_cache = self._allocate_kv_cache(num_kv_blocks + (capture is not None))
+        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.decode_graphs: DecodeGraphs | None = None
+        self.graph_capture_s = 0.0
+        self._cpu_kernels(native_kernels, enforce_eager, decode_bucket_cost_blocks is None)
+        if capture is not None:
+            self._capture_graphs(capture, decode_graphs)
+
+    def _cpu_kernels(self, native_kernels: bool, enforce_eager: bool, cost_unset: bool) -> None:
+        """Conveyor's native kernels and the compiled layers, where they apply (a CPU, no
+        varlen kernel; compiled: no LoRA either)."""
         on_cpu = self.device.type == "cpu" and self.varlen_kernel is None
         native = native_kernels and on_cpu
         self.native_decode = install_native_kernels(self.model) if native else None
-        if self.native_decode is not None and decode_bucket_cost_blocks is None:
+        if self.native_decode is not None and cost_unset:
             self.decode_bucket_cost_blocks = math.inf  # hidden padding costs it next to nothing
         self.compiled_decode: CompiledDecodeAttention | None = None
         self.compile_s = 0.0
-        if not enforce_eager and on_cpu and lora is None:
+        if not enforce_eager and on_cpu and self.lora is None:
             if self.native_decode is None:
                 self.compiled_decode, self.compile_s = compile_decode_attention(
                     self.model, self.kv_caches[0]
                 )
             self.compile_s += compile_layers(self)
+
+    def _capture_graphs(self, capture: GraphCapture, max_batch: int) -> None:
+        """Capture the decode graphs (padding rows in the scratch block past the pool)."""
+        if self.varlen_kernel is None:
+            raise RuntimeError("decode graphs need a varlen kernel")
+        started_s = time.perf_counter()
+        with torch.inference_mode():
+            self.decode_graphs = DecodeGraphs(
+                self.model, self.kv_caches, self.varlen_kernel, max_batch=max_batch,
+                max_model_len=self.max_model_len, scratch_block=self.num_kv_blocks,
+                capture=capture,
+            )  # fmt: skip
+        self.graph_capture_s = time.perf_counter() - started_s
+
+    def _graph_capture(self, max_batch: int, capture: GraphCapture | None) -> GraphCapture | None:
+        """How decode graphs are captured, or None where there are none: ``max_batch`` 0,
+        no varlen kernel, LoRA, or no capture given off CUDA."""
+        if max_batch < 1 or self.varlen_kernel is None or self.lora is not None:
+            return None
+        if capture is None and self.device.type == "cuda":
+            return cuda_graph_capture(self.device)
+        return capture
 
     @property
     def vocab_size(self) -> int:
@@ -286,6 +237,11 @@ class ModelRunner:
 
     def _run(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
         """The forward pass (inside inference mode): logits, and scores where asked."""
+        if self.decode_graphs is not None and self.decode_graphs.covers(chunks):
+            hidden = self.decode_graphs.run(chunks)
+            self.last_prepare_s = self.decode_graphs.last_fill_s
+            rows = [row for row, chunk in enumerate(chunks) if chunk.needs_logits]
+            return self.model.logits(hidden[rows]).to(torch.float32)
         started_s = time.perf_counter()
         step = self._prepare(chunks)
         self.last_prepare_s = time.perf_counter() - started_s
@@ -330,12 +286,12 @@ class ModelRunner:
             raise KVOutOfMemory(f"the model weights do not fit on {self.device}") from error
         return model.eval()
 
-    def _allocate_kv_cache(self) -> torch.Tensor:
+    def _allocate_kv_cache(self, num_blocks: int) -> torch.Tensor:
         """One zeroed allocation for every layer's K and V, [layers, 2, blocks, ...]."""
         shape = (
             self.config.num_layers,
             2,
-            self.num_kv_blocks,
+            num_blocks,
             self.block_size,
             self.config.num_kv_heads,
             self.config.head_dim,

@@ -12,16 +12,15 @@ import pytest
 import torch
 
 from conveyor.engine.core.step import PromptScoring, SeqChunk
-from conveyor.engine.model.layers.linear import bfloat16_packing_supported
-from conveyor.engine.model.model_runner import (
+from conveyor.engine.model.kv_sizing import (
     KVOutOfMemory,
-    ModelRunner,
-    StepOutOfMemory,
     kv_cache_bytes_per_token,
     num_kv_blocks_for_memory_fraction,
     num_kv_blocks_for_tokens,
     resolve_dtype,
 )
+from conveyor.engine.model.layers.linear import bfloat16_packing_supported
+from conveyor.engine.model.model_runner import ModelRunner, StepOutOfMemory
 from conveyor.errors import ModelOutOfMemory
 from conveyor.fakes.checkpoints import build_tiny_llama
 

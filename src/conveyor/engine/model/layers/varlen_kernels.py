@@ -73,6 +73,13 @@ class VarlenKernel(Protocol):
     def plan(self, step: PagedVarlen, host: PagedVarlen) -> None:
         """Take the step's sequences (``step`` on the device, ``host`` its host copy)."""
 
+    def prepare_graph(self, batch_size: int, static: PagedVarlen) -> None:
+        """Before a decode graph of ``batch_size`` rows is captured: its calls will read
+        the step from ``static``'s tensors (see ``decode_graphs``)."""
+
+    def plan_graph(self, batch_size: int, host: PagedVarlen) -> None:
+        """Before that graph is captured or replayed: the step its static tensors hold."""
+
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int | None
     ) -> torch.Tensor:
@@ -122,11 +129,20 @@ class FlashAttnVarlen:
         if "block_table" not in inspect.signature(self._varlen).parameters:
             raise VarlenUnavailable("flash-attn before 2.5 has no paged varlen kernel")
         self._step: PagedVarlen | None = None
+        self._graph_steps: dict[int, PagedVarlen] = {}
         self.num_calls = 0
 
     def plan(self, step: PagedVarlen, host: PagedVarlen) -> None:
         """Keep the step's device tensors for the layers' calls."""
         self._step = step
+
+    def prepare_graph(self, batch_size: int, static: PagedVarlen) -> None:
+        """Remember the graph's static tensors (the kernel reads them in place)."""
+        self._graph_steps[batch_size] = static
+
+    def plan_graph(self, batch_size: int, host: PagedVarlen) -> None:
+        """The graph's calls read its static tensors, already filled by the caller."""
+        self._step = self._graph_steps[batch_size]
 
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int | None
@@ -150,27 +166,27 @@ class FlashAttnVarlen:
 
 
 class FlashInferVarlen:
-    """FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper``: one per sliding window."""
+    """FlashInfer's paged wrappers, one per sliding window: the prefill wrapper for any
+    step, and for decode graphs a CUDA-graph decode wrapper per batch size."""
 
     name = "flashinfer"
 
     def __init__(self, module: ModuleType | Any, shape: KernelShape) -> None:
         self._module = module
         self._shape = shape
+        self._workspace: torch.Tensor | None = None
         self._wrappers: dict[int | None, Any] = {}
-        self._planned = False
+        self._graph_wrappers: dict[tuple[int, int | None], Any] = {}
+        self._active: dict[int | None, Any] | None = None  # what the layers' calls run
         self.num_calls = 0
 
     def plan(self, step: PagedVarlen, host: PagedVarlen) -> None:
-        """Plan every window's wrapper (offsets from the host copy: no device sync); the
-        first plan makes the wrappers and their shared workspace."""
+        """Plan every window's prefill wrapper (offsets from the host copy: no device
+        sync); the first plan makes the wrappers."""
         shape = self._shape
         if not self._wrappers:
-            workspace = torch.zeros(
-                FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=shape.device
-            )
             self._wrappers = {
-                window: self._module.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+                window: self._module.BatchPrefillWithPagedKVCacheWrapper(self._buffer(), "NHD")
                 for window in shape.windows
             }
         for window, wrapper in self._wrappers.items():
@@ -184,21 +200,69 @@ class FlashInferVarlen:
                 shape.head_dim,
                 shape.block_size,
                 causal=True,
-                window_left=-1 if window is None else window - 1,
+                window_left=_window_left(window),
                 q_data_type=shape.dtype,
                 kv_data_type=shape.dtype,
             )
-        self._planned = True
+        self._active = self._wrappers
+
+    def prepare_graph(self, batch_size: int, static: PagedVarlen) -> None:
+        """A CUDA-graph decode wrapper per window over the graph's static page tensors."""
+        for window in self._shape.windows:
+            self._graph_wrappers[batch_size, window] = (
+                self._module.BatchDecodeWithPagedKVCacheWrapper(
+                    self._buffer(),
+                    "NHD",
+                    use_cuda_graph=True,
+                    paged_kv_indptr_buffer=static.page_start[: batch_size + 1],
+                    paged_kv_indices_buffer=static.page_ids,
+                    paged_kv_last_page_len_buffer=static.last_page_len[:batch_size],
+                )
+            )
+
+    def plan_graph(self, batch_size: int, host: PagedVarlen) -> None:
+        """Plan the graph's decode wrappers: they copy the pages into its static tensors."""
+        shape = self._shape
+        active = {}
+        for window in shape.windows:
+            wrapper = self._graph_wrappers[batch_size, window]
+            wrapper.plan(
+                host.page_start,
+                host.page_ids,
+                host.last_page_len,
+                shape.num_heads,
+                shape.num_kv_heads,
+                shape.head_dim,
+                shape.block_size,
+                window_left=_window_left(window),
+                q_data_type=shape.dtype,
+                kv_data_type=shape.dtype,
+            )
+            active[window] = wrapper
+        self._active = active
 
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int | None
     ) -> torch.Tensor:
         """Run the window's planned wrapper over this layer's caches."""
-        if not self._planned:
+        if self._active is None:
             raise RuntimeError("the varlen kernel runs only after plan()")
         self.num_calls += 1
-        out: torch.Tensor = self._wrappers[window].run(q.contiguous(), (k_cache, v_cache))
+        out: torch.Tensor = self._active[window].run(q.contiguous(), (k_cache, v_cache))
         return out
+
+    def _buffer(self) -> torch.Tensor:
+        """The wrappers' shared scratch, made at the first use."""
+        if self._workspace is None:
+            self._workspace = torch.zeros(
+                FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=self._shape.device
+            )
+        return self._workspace
+
+
+def _window_left(window: int | None) -> int:
+    """FlashInfer's ``window_left`` for Hugging Face's window: the keys before the query."""
+    return -1 if window is None else window - 1
 
 
 def _planned(step: PagedVarlen | None) -> PagedVarlen:
