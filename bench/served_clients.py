@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import timed_stream
-from bench.served_settings import CHAT, FIGURES, MODEL_NAME, Point, Settings
+from bench.served_settings import CHAT, FIGURES, MODEL_NAME, Point, Settings, point_seed
 
 
 def vllm_client_argv(
@@ -50,7 +50,7 @@ def vllm_client_argv(
             "--tokenizer", str(model_dir), "--dataset-name", "random",
             "--random-input-len", str(settings.input_len),
             "--random-output-len", str(settings.output_len), "--ignore-eos", *extra,
-            "--num-prompts", str(num), "--seed", str(settings.seed),
+            "--num-prompts", str(num), "--seed", str(point_seed(settings.seed, point, num)),
             "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
             "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
             "--disable-tqdm"]  # fmt: skip

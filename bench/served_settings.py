@@ -7,6 +7,7 @@ Shared by ``bench.generate_served`` (the run), ``bench.served_peers`` (the serve
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 CONVEYOR = "conveyor"
@@ -99,3 +100,11 @@ def warm_up_points(settings: Settings) -> list[tuple[Point, int]]:
         first = next(point for point in points(settings) if point.workload == workload)
         warm.append((first, min(settings.num_requests, 4 if workload == CHAT else 16)))
     return warm
+
+
+def point_seed(seed: int, point: Point, num: int) -> int:
+    """The load client's seed for ``num`` requests at ``point``: its prompts (and chat
+    arrivals) differ from every other point's and from the warm-up's, the same for every
+    contender. With one seed for all, the warm-up's 16 prompts were the first 16 of c16's
+    and c64 sent c16's 64 again, so a server's prefix cache served those prompts' prefill."""
+    return seed + zlib.crc32(f"{point.label}/{num}".encode()) % 1_000_000

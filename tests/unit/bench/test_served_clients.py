@@ -17,7 +17,7 @@ from bench.served_clients import (
     stream_figures,
     vllm_client_argv,
 )
-from bench.served_settings import CHAT, FIGURES, Point
+from bench.served_settings import CHAT, FIGURES, RANDOM, Point, point_seed
 
 
 def test_the_chat_workload_streams_chat_requests_at_the_request_rate(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_the_chat_workload_streams_chat_requests_at_the_request_rate(tmp_path: P
     text = " ".join(argv)
     assert "--backend openai-chat --endpoint /v1/chat/completions" in text
     assert "--request-rate 2 --burstiness 1" in text  # Poisson arrivals
-    assert "--seed 7" in text
+    assert f"--seed {point_seed(7, Point(CHAT, rate=2.0), 32)}" in text
     assert "--max-concurrency" not in argv  # the rate alone decides what is in flight
     assert "--ignore-eos" in argv
     assert json.loads(argv[argv.index("--extra-body") + 1]) == {"min_tokens": 128}
@@ -72,3 +72,18 @@ def test_a_client_run_where_no_request_completed_is_an_error() -> None:
     # llama-cpp-python's server once answered every request 400: zeros, not figures.
     with pytest.raises(RuntimeError, match="16 failed"):
         client_figures({**raw, "completed": 0, "failed": 16})
+
+
+def test_no_two_runs_send_the_same_prompts(tmp_path: Path) -> None:
+    """The warm-up (16 at c16), c16 and c64 (64 each) get seeds of their own: a prefix
+    cache must not serve one run's prompts from another's."""
+    settings, _ = parse_args(["--concurrency", "16,64", "--seed", "3"])
+
+    def seed(concurrency: int, num: int) -> str:
+        argv = vllm_client_argv(tmp_path / "vllm", settings, tmp_path, 8123,
+                                Point(RANDOM, concurrency=concurrency), num, tmp_path / "o.json")  # fmt: skip
+        return argv[argv.index("--seed") + 1]
+
+    seeds = {seed(16, 16), seed(16, 64), seed(64, 64)}
+    assert len(seeds) == 3
+    assert seed(16, 64) == seed(16, 64)  # the same for every contender
