@@ -12,13 +12,7 @@ import pytest
 import torch
 
 from conveyor.engine.core.step import PromptScoring, SeqChunk
-from conveyor.engine.model.kv_sizing import (
-    KVOutOfMemory,
-    kv_cache_bytes_per_token,
-    num_kv_blocks_for_memory_fraction,
-    num_kv_blocks_for_tokens,
-    resolve_dtype,
-)
+from conveyor.engine.model.kv_sizing import KVOutOfMemory
 from conveyor.engine.model.layers.linear import bfloat16_packing_supported
 from conveyor.engine.model.model_runner import ModelRunner, StepOutOfMemory
 from conveyor.errors import ModelOutOfMemory
@@ -116,33 +110,6 @@ def test_other_runtime_errors_are_not_called_out_of_memory(
     monkeypatch.setattr(runner.model, "hidden_states", explode)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         runner.execute([SeqChunk((5, 6), 0, (0,), True)])
-
-
-def test_cache_sizing_helpers(runner: ModelRunner) -> None:
-    assert num_kv_blocks_for_tokens(1, 16) == 1
-    assert num_kv_blocks_for_tokens(16, 16) == 1
-    assert num_kv_blocks_for_tokens(17, 16) == 2
-    with pytest.raises(ValueError, match="kv_cache_tokens"):
-        num_kv_blocks_for_tokens(0, 16)
-    # K and V x 2 layers x 2 KV heads x head_dim 16 x 2 bytes.
-    assert kv_cache_bytes_per_token(runner.config, torch.bfloat16) == 2 * 2 * 2 * 16 * 2
-
-
-def test_memory_fraction_sizing_needs_cuda(llama_path: Path) -> None:
-    with pytest.raises(ValueError, match="CUDA"):
-        num_kv_blocks_for_memory_fraction(
-            llama_path, block_size=16, memory_fraction=0.9, device="cpu"
-        )
-    with pytest.raises(ValueError, match="memory_fraction"):
-        num_kv_blocks_for_memory_fraction(llama_path, block_size=16, memory_fraction=1.5)
-
-
-def test_dtype_resolution() -> None:
-    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
-    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
-    with pytest.raises(ValueError, match="dtype"):
-        resolve_dtype("int8", torch.device("cpu"))
 
 
 def test_bfloat16_runs_on_cpu_and_returns_float32(llama_path: Path) -> None:
