@@ -99,7 +99,6 @@ class DecodeGraphs:
         self._model, self._kv_caches, self._kernel = model, kv_caches, kernel
         self._block_size = kv_caches[0][0].shape[1]
         self._scratch_block = scratch_block
-        self._max_model_len = max_model_len
         self.sizes = graph_batch_sizes(max_batch)
         self._buffers = _StaticBuffers(
             self.sizes[-1], -(-max_model_len // self._block_size), model, max_model_len

@@ -9,7 +9,8 @@ for CPUs and for GPUs without either library.
 
 - **FlashInfer** (``BatchPrefillWithPagedKVCacheWrapper``, layout ``NHD``, which is the
   cache's own ``[blocks, block_size, kv_heads, dim]``): any block size. Planned once a step
-  (one wrapper per distinct sliding window of the model), run once a layer.
+  (one wrapper per distinct sliding window of the model), run once a layer; decode graphs
+  (``decode_graphs``) replay its CUDA-graph ``BatchDecodeWithPagedKVCacheWrapper`` instead.
 - **flash-attn 2.5 or later** (``flash_attn_varlen_func`` with ``block_table``): its paged
   kernel takes blocks of a multiple of 256 tokens only, so it serves ``block_size: 256``.
 
@@ -36,7 +37,6 @@ from conveyor.engine.model.layers.attention import Attention
 from conveyor.engine.model.paged_varlen import PagedVarlen
 
 __all__ = [
-    "ATTENTION_BACKENDS",
     "FLASHINFER_WORKSPACE_BYTES",
     "FLASH_ATTN_PAGE_MULTIPLE",
     "AttentionBackend",
@@ -51,7 +51,6 @@ __all__ = [
 ]
 
 AttentionBackend = Literal["auto", "conveyor", "flashinfer", "flash_attn"]
-ATTENTION_BACKENDS: tuple[AttentionBackend, ...] = ("auto", "conveyor", "flashinfer", "flash_attn")
 
 # flash-attn 2's paged KV cache: "page_block_size must be a multiple of 256".
 FLASH_ATTN_PAGE_MULTIPLE = 256
@@ -316,6 +315,8 @@ def _build(
         module = importer(module_name)
     except ImportError as error:
         raise VarlenUnavailable(f"{name} is not installed ({error})") from error
+    except (OSError, RuntimeError) as error:  # installed, but built for another CUDA or torch
+        raise VarlenUnavailable(f"{name} is installed but does not load ({error})") from error
     return adapter(module, shape)
 
 

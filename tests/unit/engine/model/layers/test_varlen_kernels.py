@@ -85,6 +85,18 @@ def test_a_named_backend_that_cannot_serve_is_an_error() -> None:
         select_varlen_kernel("flash_attn", shape(256, dtype=torch.float32), only_flash_attn)
 
 
+def test_an_installed_library_that_does_not_load_is_passed_over() -> None:
+    def broken(name: str) -> Any:
+        if name == "flashinfer":
+            raise OSError("libcudart.so.12: cannot open shared object file")
+        return flash_attn_module()
+
+    kernel, reason = select_varlen_kernel("auto", shape(block_size=256), broken)
+    assert isinstance(kernel, FlashAttnVarlen)
+    kernel, reason = select_varlen_kernel("auto", shape(block_size=16), broken)
+    assert kernel is None and "flashinfer is installed but does not load (libcudart" in reason
+
+
 def test_flash_attn_without_a_paged_varlen_kernel_is_refused() -> None:
     def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any) -> Any:
         raise AssertionError("not called")
