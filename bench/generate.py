@@ -298,7 +298,7 @@ def make_engine(path: Path, settings: Settings) -> LLMEngine:
         block_size=settings.block_size,
         device=settings.device,
         dtype=settings.dtype,
-        decode_graphs=settings.max_num_seqs,  # as the service: CUDA with a varlen kernel only
+        decode_graph_rows=settings.max_num_seqs,  # as the service: CUDA with a varlen kernel only
     )
     print(f"conveyor attends with {runner.attention_reason}", file=sys.stderr)
     config = EngineConfig(

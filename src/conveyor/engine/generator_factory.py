@@ -102,7 +102,7 @@ def _runner(
             enforce_eager=config.enforce_eager,
             native_kernels=config.native_kernels,
             attention_backend=config.attention_backend,
-            decode_graphs=config.max_num_seqs if config.cuda_graphs else 0,
+            decode_graph_rows=config.max_num_seqs if config.cuda_graphs else 0,
         )
     except VarlenUnavailable as error:
         raise ConfigError(

@@ -18,6 +18,7 @@ import time
 from conveyor.engine.core.engine_config import EngineConfig
 from conveyor.engine.core.step import SeqChunk, StepExecutor
 from conveyor.engine.cpu_threads import pin_engine_thread
+from conveyor.errors import ModelOutOfMemory
 
 __all__ = ["prepare_engine_thread", "warm_up_chunks"]
 
@@ -53,7 +54,7 @@ def prepare_engine_thread(config: EngineConfig, runner: StepExecutor) -> None:
     started_s = time.perf_counter()
     try:
         runner.execute(config.warm_up_chunks)
-    except (RuntimeError, ValueError) as error:
+    except (ModelOutOfMemory, RuntimeError, ValueError) as error:
         log.warning("engine warm-up step failed, serving without it: %s", error)
         return
     num_tokens = sum(len(chunk.token_ids) for chunk in config.warm_up_chunks)

@@ -28,7 +28,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["flash_attn_module", "flashinfer_module", "reference_paged_attention"]
+from conveyor.engine.model.layers.varlen_kernels import (
+    FlashAttnVarlen,
+    FlashInferVarlen,
+    KernelShape,
+)
+
+__all__ = [
+    "flash_attn_module",
+    "flashinfer_module",
+    "reference_paged_attention",
+    "stand_in_kernel",
+]
 
 
 def reference_paged_attention(
@@ -287,3 +298,11 @@ def flashinfer_module() -> SimpleNamespace:
         BatchPrefillWithPagedKVCacheWrapper=_PrefillWrapper,
         BatchDecodeWithPagedKVCacheWrapper=_DecodeWrapper,
     )
+
+
+def stand_in_kernel(name: str, shape: KernelShape) -> FlashInferVarlen | FlashAttnVarlen:
+    """Conveyor's adapter for ``name`` (``flashinfer`` or ``flash_attn``) over its
+    stand-in: the real adapter code, the library replaced."""
+    if name == "flashinfer":
+        return FlashInferVarlen(flashinfer_module(), shape)
+    return FlashAttnVarlen(flash_attn_module(), shape)

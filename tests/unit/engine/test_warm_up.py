@@ -11,6 +11,7 @@ import torch
 
 from conveyor.engine.core.engine_config import EngineConfig
 from conveyor.engine.core.step import SeqChunk
+from conveyor.engine.model.model_runner import StepOutOfMemory
 from conveyor.engine.warm_up import prepare_engine_thread, warm_up_chunks
 
 
@@ -63,8 +64,16 @@ def test_the_warm_up_runs_once_as_one_step() -> None:
     assert len(runner.steps) == 1
 
 
-def test_a_failed_warm_up_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "error",
+    [StepOutOfMemory("out of device memory running a step"), RuntimeError("a kernel failed")],
+)
+def test_a_failed_warm_up_is_logged_not_raised(
+    error: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The runner's own out-of-memory error (a ConveyorError, not a RuntimeError) too: it
+    would otherwise end the engine thread before its first request."""
     chunks = warm_up_chunks(8, max_model_len=16, block_size=16, num_kv_blocks=8, vocab_size=9)
     with caplog.at_level(logging.WARNING, logger="conveyor.engine.warm_up"):
-        prepare_engine_thread(_config(chunks), _Runner(RuntimeError("out of memory")))
-    assert "serving without it: out of memory" in caplog.text
+        prepare_engine_thread(_config(chunks), _Runner(error))
+    assert f"serving without it: {error}" in caplog.text

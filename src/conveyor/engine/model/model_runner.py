@@ -88,10 +88,10 @@ class ModelRunner:
     ``attention_backend`` picks the GPU's varlen kernel (``varlen_kernels``: ``auto``,
     ``flashinfer``, ``flash_attn``, or ``conveyor`` for none); ``varlen_kernel`` gives one
     directly. A varlen kernel attends every layer's whole step in one call, and turns the
-    CPU's native decode attention and compiled layers off. ``decode_graphs`` (a batch
-    size; 0: none) captures decode steps up to that many rows as CUDA graphs at load, with
-    a varlen kernel and no LoRA (``decode_graphs``; :attr:`graph_capture_s`);
-    ``graph_capture`` replaces the CUDA capture (tests).
+    CPU's native decode attention and compiled layers off. ``decode_graph_rows`` (0: none)
+    captures decode steps of up to that many rows as CUDA graphs at load, with a varlen
+    kernel and no LoRA (``decode_graphs``; :attr:`graph_capture_s`); ``graph_capture``
+    replaces the CUDA capture (tests).
     """
 
     def __init__(
@@ -110,7 +110,7 @@ class ModelRunner:
         native_kernels: bool = True,
         attention_backend: AttentionBackend = "auto",
         varlen_kernel: VarlenKernel | None = None,
-        decode_graphs: int = 0,
+        decode_graph_rows: int = 0,
         graph_capture: GraphCapture | None = None,
     ) -> None:
         if num_kv_blocks < 1:
@@ -139,7 +139,7 @@ class ModelRunner:
         if lora is not None:
             lora.attach(self.model)
         self.varlen_kernel, self.attention_reason = self._varlen(attention_backend, varlen_kernel)
-        capture = self._graph_capture(decode_graphs, graph_capture)
+        capture = self._graph_capturer(decode_graph_rows, graph_capture)
         # The whole allocation (the second KV tier copies blocks of it) and its per-layer
         # views; with decode graphs, one scratch block past the pool for their padding rows.
         self.kv_cache = self._allocate_kv_cache(num_kv_blocks + (capture is not None))
@@ -148,7 +148,7 @@ class ModelRunner:
         self.graph_capture_s = 0.0
         self._cpu_kernels(native_kernels, enforce_eager, decode_bucket_cost_blocks is None)
         if capture is not None:
-            self._capture_graphs(capture, decode_graphs)
+            self._capture_graphs(capture, decode_graph_rows)
 
     def _cpu_kernels(self, native_kernels: bool, enforce_eager: bool, cost_unset: bool) -> None:
         """Conveyor's native kernels and the compiled layers, where they apply (a CPU, no
@@ -180,7 +180,7 @@ class ModelRunner:
             )  # fmt: skip
         self.graph_capture_s = time.perf_counter() - started_s
 
-    def _graph_capture(self, max_batch: int, capture: GraphCapture | None) -> GraphCapture | None:
+    def _graph_capturer(self, max_batch: int, capture: GraphCapture | None) -> GraphCapture | None:
         """How decode graphs are captured, or None where there are none: ``max_batch`` 0,
         no varlen kernel, LoRA, or no capture given off CUDA."""
         if max_batch < 1 or self.varlen_kernel is None or self.lora is not None:
@@ -264,8 +264,9 @@ class ModelRunner:
     ) -> tuple[VarlenKernel | None, str]:
         """Install ``kernel``, or the one ``choice`` selects, in every layer (see
         ``varlen_kernels``); returns it (None: Conveyor's attention) and why."""
-        reason = f"{kernel.name} (given)" if kernel is not None else ""
-        if kernel is None:
+        if kernel is not None:
+            reason = f"{kernel.name} (given)"
+        else:
             shape = kernel_shape(self.config, self.block_size, self.dtype, self.device)
             kernel, reason = select_varlen_kernel(choice, shape)
         if kernel is not None:
@@ -345,30 +346,35 @@ class ModelRunner:
         plan = plan_on_cpu(chunks, self.block_size, self.batch_decode)
         to_device = self._to_device
         varlen = None
-        if self.varlen_kernel is not None:
+        prefills: tuple[PrefillSpan, ...] = ()
+        decode = None
+        if self.varlen_kernel is not None:  # one kernel call: no spans, buckets or masks
             host = paged_varlen(varlen_sequences(chunks), self.block_size)
             varlen = host.to(self.device)
             self.varlen_kernel.plan(varlen, host)
-        prefills = tuple(
-            PrefillSpan(
-                token_start=token_start,
-                token_end=token_start + len(chunk.token_ids),
-                start_pos=chunk.start_pos,
-                context_blocks=None if chunk.start_pos == 0 else to_device(self._blocks(chunk)),
+        else:
+            prefills = tuple(
+                self._prefill_span(start, chunk) for start, chunk in plan.prefill_chunks
             )
-            for token_start, chunk in plan.prefill_chunks
-            if varlen is None
-        )
-        decode_chunks = plan.decode_chunks if varlen is None else []
-        cost = self.decode_bucket_cost_blocks
+            cost = self.decode_bucket_cost_blocks
+            decode = decode_batch(plan.decode_chunks, self.block_size, cost, to_device)
         return StepInput(
             input_ids=to_device(torch.tensor(plan.input_ids, dtype=torch.int64)),
             positions=to_device(torch.tensor(plan.positions, dtype=torch.int64)),
             slot_mapping=to_device(torch.tensor(plan.slot_mapping, dtype=torch.int64)),
             prefills=prefills,
-            decode=decode_batch(decode_chunks, self.block_size, cost, to_device),
+            decode=decode,
             logits_indices=to_device(torch.tensor(plan.logits_indices, dtype=torch.int64)),
             varlen=varlen,
+        )
+
+    def _prefill_span(self, token_start: int, chunk: SeqChunk) -> PrefillSpan:
+        """A chunk attended on its own (its cached context's blocks on the device)."""
+        return PrefillSpan(
+            token_start=token_start,
+            token_end=token_start + len(chunk.token_ids),
+            start_pos=chunk.start_pos,
+            context_blocks=None if chunk.start_pos == 0 else self._to_device(self._blocks(chunk)),
         )
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ the device once; pure logic otherwise.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
@@ -57,12 +57,15 @@ class PagedVarlen:
 
     def to(self, device: torch.device) -> PagedVarlen:
         """The same tensors on ``device`` (one copy each; not blocking the host)."""
-        tensors = {
-            field.name: getattr(self, field.name).to(device, non_blocking=True)
-            for field in fields(self)
-            if field.name not in ("max_query_len", "max_context_len")
-        }
-        return replace(self, **tensors)
+
+        def moved(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.to(device, non_blocking=True)
+
+        return PagedVarlen(
+            moved(self.query_start), moved(self.context_start), moved(self.context_lens),
+            moved(self.block_table), moved(self.page_start), moved(self.page_ids),
+            moved(self.last_page_len), self.max_query_len, self.max_context_len,
+        )  # fmt: skip
 
 
 def paged_varlen(sequences: Sequence[VarlenSequence], block_size: int) -> PagedVarlen:

@@ -15,15 +15,14 @@ import pytest
 import torch
 
 from conveyor.engine.core.step import SeqChunk
-from conveyor.engine.model.decode_graphs import Graph, graph_batch_sizes
+from conveyor.engine.model.decode_graphs import graph_batch_sizes
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.model.layers.varlen_kernels import (
     FlashAttnVarlen,
-    FlashInferVarlen,
     kernel_shape,
 )
 from conveyor.engine.model.model_runner import ModelRunner
-from conveyor.fakes.varlen import flash_attn_module, flashinfer_module
+from conveyor.fakes.varlen import flash_attn_module, stand_in_kernel
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -55,24 +54,16 @@ class Replaying:
         self.forward()
 
 
-def replaying(forward: Callable[[], None]) -> Graph:
-    return Replaying(forward)
-
-
 def make_runner(path: Path, block_size: int, kernel_name: str | None, graphs: int) -> ModelRunner:
-    kernel: FlashInferVarlen | FlashAttnVarlen | None = None
+    kernel = None
     if kernel_name is not None:
         config = DecoderConfig.from_hf(load_hf_config(path))
         shape = kernel_shape(config, block_size, torch.float32, torch.device("cpu"))
-        kernel = (
-            FlashInferVarlen(flashinfer_module(), shape)
-            if kernel_name == "flashinfer"
-            else FlashAttnVarlen(flash_attn_module(), shape)
-        )
+        kernel = stand_in_kernel(kernel_name, shape)
     return ModelRunner(
         path, num_kv_blocks=NUM_KV_BLOCKS, block_size=block_size, device="cpu",
         dtype="float32", attention_backend="conveyor", varlen_kernel=kernel,
-        decode_graphs=graphs, graph_capture=replaying,
+        decode_graph_rows=graphs, graph_capture=Replaying,
     )  # fmt: skip
 
 
@@ -145,7 +136,7 @@ def test_cuda_graphs_replay_decode_steps_on_a_gpu(llama_path: Path) -> None:
         return ModelRunner(
             llama_path, num_kv_blocks=NUM_KV_BLOCKS, block_size=256, device="cuda",
             dtype="float32", attention_backend="conveyor", varlen_kernel=kernel,
-            decode_graphs=graphs,
+            decode_graph_rows=graphs,
         )  # fmt: skip
 
     conveyor = cuda_runner(0, None)

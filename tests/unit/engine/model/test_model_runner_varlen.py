@@ -15,13 +15,11 @@ import torch
 from conveyor.engine.core.step import SeqChunk
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.model.layers.varlen_kernels import (
-    FlashAttnVarlen,
-    FlashInferVarlen,
     kernel_shape,
 )
 from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.fakes.checkpoints import build_tiny_mistral
-from conveyor.fakes.varlen import flash_attn_module, flashinfer_module
+from conveyor.fakes.varlen import stand_in_kernel
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -35,14 +33,11 @@ def mistral_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def runner(path: Path, block_size: int, kernel_name: str | None) -> ModelRunner:
-    kernel: FlashInferVarlen | FlashAttnVarlen | None = None
+    kernel = None
     if kernel_name is not None:
         config = DecoderConfig.from_hf(load_hf_config(path))
         shape = kernel_shape(config, block_size, torch.float32, torch.device("cpu"))
-        module = flashinfer_module() if kernel_name == "flashinfer" else flash_attn_module()
-        kernel = (FlashInferVarlen if kernel_name == "flashinfer" else FlashAttnVarlen)(
-            module, shape
-        )
+        kernel = stand_in_kernel(kernel_name, shape)
     return ModelRunner(
         path, num_kv_blocks=NUM_KV_BLOCKS, block_size=block_size, device="cpu",
         dtype="float32", attention_backend="conveyor", varlen_kernel=kernel,

@@ -4,7 +4,9 @@ Each layer's cache is a pair of tensors ``[num_blocks, block_size, num_kv_heads,
 head_dim]``; attention writes the step's keys and values into their slots first, then
 reads each sequence's context back out of them a whole block at a time (one contiguous
 copy per block, not one per token). Decode rows are read in buckets of similar context
-length, so each row costs about its own context, not the step's longest.
+length, so each row costs about its own context, not the step's longest. Where a varlen
+kernel is installed (``varlen_kernels``, on a GPU), ``attend`` writes the keys and values
+the same way and hands the whole step to it instead.
 """
 
 from __future__ import annotations

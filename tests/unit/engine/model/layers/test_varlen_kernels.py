@@ -17,7 +17,7 @@ from conveyor.engine.model.layers.varlen_kernels import (
     select_varlen_kernel,
 )
 from conveyor.engine.model.paged_varlen import VarlenSequence, paged_varlen
-from conveyor.fakes.varlen import flash_attn_module, flashinfer_module
+from conveyor.fakes.varlen import flash_attn_module, flashinfer_module, stand_in_kernel
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -109,11 +109,7 @@ def test_flash_attn_without_a_paged_varlen_kernel_is_refused() -> None:
 @pytest.mark.parametrize("name", ["flashinfer", "flash_attn"])
 def test_a_call_before_any_plan_is_an_error(name: str) -> None:
     cpu = shape(block_size=256, device="cpu")
-    kernel: FlashInferVarlen | FlashAttnVarlen = (
-        FlashInferVarlen(flashinfer_module(), cpu)
-        if name == "flashinfer"
-        else FlashAttnVarlen(flash_attn_module(), cpu)
-    )
+    kernel = stand_in_kernel(name, cpu)
     q = torch.zeros(2, 4, 8)
     cache = torch.zeros(4, 256, 2, 8)
     with pytest.raises(RuntimeError, match="after plan"):
@@ -128,11 +124,7 @@ def test_adapters_attend_each_sequence_over_its_own_pages(
     """Against the same attention computed one sequence at a time from contiguous keys."""
     torch.manual_seed(0)
     cpu = KernelShape(4, 2, 8, block_size, torch.float32, torch.device("cpu"), frozenset({window}))
-    kernel: FlashInferVarlen | FlashAttnVarlen = (
-        FlashInferVarlen(flashinfer_module(), cpu)
-        if name == "flashinfer"
-        else FlashAttnVarlen(flash_attn_module(), cpu)
-    )
+    kernel = stand_in_kernel(name, cpu)
     # A whole prompt of 3, a decode at position 6, a chunk of 2 ending a context of 5.
     sequences = [
         VarlenSequence(3, 3, (5, 1)),
