@@ -26,6 +26,7 @@ from conveyor.engine.model.kv_sizing import (
     resolve_dtype,
 )
 from conveyor.engine.model.layers.linear import prepack_projections
+from conveyor.engine.model.layers.mlp import fuse_gated_mlps
 from conveyor.engine.model.layers.native_kernels import install_native_kernels
 from conveyor.engine.model.layers.paged_attention import (
     CompiledDecodeAttention,
@@ -133,7 +134,7 @@ class ModelRunner:
         self.last_prepare_s = 0.0  # of the last execute (see step.PrepareTimed)
         # Of the last execute, one per chunk with scoring (see step.ScoresPrompts).
         self.last_prompt_scores: list[tuple[TokenLogprobs, ...]] = []
-        self.model = self._load_model()
+        self.model = self._load_model(fuse_mlp=enforce_eager and lora is None)
         # Multi-LoRA: chunks with an adapter_id get that adapter's delta (see engine/lora).
         self.lora = lora
         if lora is not None:
@@ -274,12 +275,15 @@ class ModelRunner:
             install_varlen_kernel(attentions, self.config.sliding_windows, kernel)
         return kernel, reason
 
-    def _load_model(self) -> LlamaDecoder:
-        """Build the decoder on the device and fill it from the checkpoint."""
+    def _load_model(self, *, fuse_mlp: bool) -> LlamaDecoder:
+        """Build the decoder on the device and fill it from the checkpoint (``fuse_mlp``:
+        with packed weights, the MLPs' SiLU and product fused into their matmuls)."""
         try:
             model = LlamaDecoder(self.config, device=self.device, dtype=self.dtype)
             load_weights(model, self.config, self.checkpoint_dir)
             if self.prepack_weights:
+                if fuse_mlp:
+                    fuse_gated_mlps(model)
                 prepack_projections(model)
         except RuntimeError as error:
             if not _is_out_of_memory(error):

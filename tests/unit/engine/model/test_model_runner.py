@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from conveyor.engine.core.step import PromptScoring, SeqChunk
+from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.model.kv_sizing import KVOutOfMemory
 from conveyor.engine.model.layers.linear import bfloat16_packing_supported
+from conveyor.engine.model.lora.runtime import new_lora_runtime
 from conveyor.engine.model.model_runner import ModelRunner, StepOutOfMemory
 from conveyor.errors import ModelOutOfMemory
 from conveyor.fakes.checkpoints import build_tiny_llama
@@ -151,6 +153,23 @@ def test_prepacked_weights_give_the_same_greedy_tokens(llama_path: Path, dtype: 
         return tokens
 
     assert greedy(True) == greedy(False)
+
+
+@pytest.mark.skipif(not bfloat16_packing_supported(), reason="oneDNN packs no bfloat16 here")
+def test_bfloat16_mlps_run_fused_unless_an_adapter_needs_gate_up(llama_path: Path) -> None:
+    def fused(**options: Any) -> list[bool]:
+        runner = ModelRunner(
+            llama_path, num_kv_blocks=4, block_size=4, device="cpu", dtype="bfloat16", **options
+        )
+        return [layer.mlp.gate_up_packed is not None for layer in runner.model.decoder_layers]
+
+    assert all(fused())
+    assert not any(fused(prepack_weights=False))
+    lora = new_lora_runtime(
+        DecoderConfig.from_hf(load_hf_config(llama_path)), slots=1, max_cpu_loras=1,
+        max_rank=8, device=torch.device("cpu"), dtype=torch.bfloat16,
+    )  # fmt: skip
+    assert not any(fused(lora=lora))  # LoRA adds its delta to gate_up's output
 
 
 def _greedy_decodes(runner: ModelRunner, num_steps: int) -> list[list[int]]:

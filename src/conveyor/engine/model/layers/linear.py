@@ -20,6 +20,7 @@ __all__ = [
     "Linear",
     "bfloat16_packing_supported",
     "empty_param",
+    "packed_weight",
     "prepack_projections",
 ]
 
@@ -47,6 +48,23 @@ def _warn_unpacked_bfloat16() -> None:
         "bfloat16 projections run several times slower than float32 here; dtype: auto "
         "(float32 on the CPU) is faster"
     )
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """A oneDNN-blocked copy of ``weight`` [out, in] for ``mkldnn._linear_pointwise``, or
+    None where oneDNN does not pack it (not the CPU, float16, bfloat16 on a CPU without
+    native bfloat16, no oneDNN)."""
+    if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES:
+        return None
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return None
+    if weight.dtype == torch.bfloat16 and not bfloat16_packing_supported():
+        _warn_unpacked_bfloat16()
+        return None
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(
+        weight.detach().contiguous(), PACK_ROWS_HINT
+    )
+    return packed
 
 
 def empty_param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
@@ -85,16 +103,13 @@ class Linear(nn.Module):
         keeps the packed copy. ``bench.decode_step`` measures what packing gains.
         """
         weight = self.weight
-        if self.packed is not None and weight.numel() == 0:
-            return True  # packed already, and the unpacked weight let go
-        if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES:
+        if weight.numel() == 0:
+            # Packed already and the unpacked weight let go; or let go by its owner
+            # (``MLP.fuse_activation``), with nothing to pack.
+            return self.packed is not None
+        self.packed = packed_weight(weight)
+        if self.packed is None:
             return False
-        if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
-            return False
-        if weight.dtype == torch.bfloat16 and not bfloat16_packing_supported():
-            _warn_unpacked_bfloat16()
-            return False
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
         if release:
             self.weight = empty_param(0, device=weight.device, dtype=weight.dtype)
         return True
