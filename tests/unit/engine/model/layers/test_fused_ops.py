@@ -21,7 +21,8 @@ from conveyor.engine.model.model_runner import ModelRunner
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Rows of a decode step and of a prefill chunk; widths with and without a vector tail.
+# Rows of a decode step and of a prefill chunk; widths with and without a vector tail (64
+# and 576: reduced dtypes norm in whole vectors).
 SHAPES = ((1, 64), (16, 576), (300, 100), (2, 3, 48))
 
 
@@ -80,7 +81,9 @@ def test_silu_and_mul_matches_pytorch(dtype: torch.dtype, shape: tuple[int, ...]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("tokens", "heads", "dim"), [(1, 12, 64), (37, 3, 40), (5, 2, 6)])
+@pytest.mark.parametrize(
+    ("tokens", "heads", "dim"), [(1, 12, 64), (3, 8, 128), (37, 3, 40), (5, 2, 6)]
+)
 def test_rope_matches_pytorch(dtype: torch.dtype, tokens: int, heads: int, dim: int) -> None:
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
@@ -103,17 +106,18 @@ def test_strided_inputs_are_read_as_their_values() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_reads_a_slice_of_a_packed_projection_in_place(dtype: torch.dtype) -> None:
-    qkv = torch.randn(9, 5 * 16).to(dtype)  # 3 query, 1 key, 1 value heads of 16
-    qk = qkv[:, : 4 * 16].view(9, 4, 16)  # token stride 80, head stride 16
-    tail = qkv[0, 4 * 16 :].clone()
+@pytest.mark.parametrize("dim", [16, 64])  # 64: reduced dtypes rotate in whole vectors
+def test_rope_reads_a_slice_of_a_packed_projection_in_place(dtype: torch.dtype, dim: int) -> None:
+    qkv = torch.randn(9, 5 * dim).to(dtype)  # 3 query, 1 key, 1 value heads of dim
+    qk = qkv[:, : 4 * dim].view(9, 4, dim)  # token stride 5 dim, head stride dim
+    tail = qkv[0, 4 * dim :].clone()
     positions = torch.arange(9)
-    cos, sin = rope_angles(positions, 1.0 / (100.0 ** (torch.arange(0, 16, 2) / 16)), dtype)
+    cos, sin = rope_angles(positions, 1.0 / (100.0 ** (torch.arange(0, dim, 2) / dim)), dtype)
     out = fused_ops.rope(qk, cos, sin)
-    assert out.is_contiguous() and out.shape == (9, 4, 16)
+    assert out.is_contiguous() and out.shape == (9, 4, dim)
     assert_within_an_ulp(out, apply_rope(qk, cos, sin))
-    assert torch.equal(qkv[0, 4 * 16 :], tail)  # the input is read, not written
-    odd = torch.randn(9, 16, 4).to(dtype).transpose(1, 2)  # head values not contiguous
+    assert torch.equal(qkv[0, 4 * dim :], tail)  # the input is read, not written
+    odd = torch.randn(9, dim, 4).to(dtype).transpose(1, 2)  # head values not contiguous
     assert_within_an_ulp(fused_ops.rope(odd, cos, sin), apply_rope(odd, cos, sin))
 
 

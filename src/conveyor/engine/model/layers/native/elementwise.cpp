@@ -13,6 +13,11 @@
 //   product and the sum rounded; x is read in place where each head's D values are
 //   contiguous (as in a slice of the packed QKV projection).
 //
+// In bfloat16 and float16, a row (norms) or half a head (rope) of whole vectors is worked
+// in registers, loaded and converted where it lies, with no float copy in a buffer: the
+// same operations in the same order, so the same bits (2,048 SmolLM2 rows: the rotation
+// 0.64 -> 0.32 ms, add-and-norm 0.41 -> 0.30 ms on 2 threads).
+//
 // Rows are spread over torch's intra-op threads; a few rows (a decode step's) run on the
 // calling thread. Registered as conveyor_native::rms_norm, conveyor_native::add_rms_norm,
 // conveyor_native::silu_and_mul and conveyor_native::rope.
@@ -70,9 +75,51 @@ inline void multiply(const float* a, const float* b, float* dst, int64_t n) {
   }
 }
 
+// A reduced-precision row of n values, n a multiple of Vectorized<scalar_t>'s lanes, is
+// normed in registers (two passes over x, no float copy): the same operations in the same
+// order as the general rms_norm_row below, so the same bits.
+template <typename scalar_t>
+void rms_norm_row_lanes(const scalar_t* x, const float* weight, scalar_t* out, int64_t n,
+                        float eps) {
+  using SVec = at::vec::Vectorized<scalar_t>;
+  Vec acc(0.0f);
+  for (int64_t i = 0; i < n; i += SVec::size()) {
+    auto [low, high] = at::vec::convert_to_float<scalar_t>(SVec::loadu(x + i));
+    acc = at::vec::fmadd(low, low, acc);
+    acc = at::vec::fmadd(high, high, acc);
+  }
+  const float sum = at::vec::vec_reduce_all<float>([](Vec& p, Vec& q) { return p + q; }, acc);
+  const Vec scale(1.0f / std::sqrt(sum / static_cast<float>(n) + eps));
+  for (int64_t i = 0; i < n; i += SVec::size()) {
+    auto [low, high] = at::vec::convert_to_float<scalar_t>(SVec::loadu(x + i));
+    auto [rlow, rhigh] = at::vec::convert_to_float<scalar_t>(
+        at::vec::convert_from_float<scalar_t>(low * scale, high * scale));  // rounded
+    at::vec::convert_from_float<scalar_t>(Vec::loadu(weight + i) * rlow,
+                                          Vec::loadu(weight + i + Vec::size()) * rhigh)
+        .store(out + i);
+  }
+}
+
+// Whether rows of n scalar_t values take the in-register paths (reduced precision, whole
+// vectors).
+template <typename scalar_t>
+constexpr bool in_lanes(int64_t n) {
+  if constexpr (at::vec::is_reduced_floating_point_v<scalar_t>) {
+    return n % at::vec::Vectorized<scalar_t>::size() == 0;
+  } else {
+    return false;
+  }
+}
+
 template <typename scalar_t>
 void rms_norm_row(const scalar_t* x, const float* weight, scalar_t* out, int64_t n, float eps,
                   float* xf, scalar_t* scratch) {
+  if constexpr (at::vec::is_reduced_floating_point_v<scalar_t>) {
+    if (in_lanes<scalar_t>(n)) {
+      rms_norm_row_lanes<scalar_t>(x, weight, out, n, eps);
+      return;
+    }
+  }
   at::vec::convert(x, xf, n);
   Vec acc(0.0f);
   int64_t i = 0;
@@ -158,6 +205,28 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+// sum[i] = a[i] + b[i], rounded to scalar_t (in registers where in_lanes; else through the
+// float buffers af and bf).
+template <typename scalar_t>
+void add_row(const scalar_t* a, const scalar_t* b, scalar_t* sum, int64_t n, float* af,
+             float* bf) {
+  if constexpr (at::vec::is_reduced_floating_point_v<scalar_t>) {
+    if (in_lanes<scalar_t>(n)) {
+      using SVec = at::vec::Vectorized<scalar_t>;
+      for (int64_t i = 0; i < n; i += SVec::size()) {
+        auto [a0, a1] = at::vec::convert_to_float<scalar_t>(SVec::loadu(a + i));
+        auto [b0, b1] = at::vec::convert_to_float<scalar_t>(SVec::loadu(b + i));
+        at::vec::convert_from_float<scalar_t>(a0 + b0, a1 + b1).store(sum + i);
+      }
+      return;
+    }
+  }
+  at::vec::convert(a, af, n);
+  at::vec::convert(b, bf, n);
+  add(af, bf, n);
+  at::vec::convert(af, sum, n);
+}
+
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& residual,
                                                 const at::Tensor& delta,
                                                 const at::Tensor& weight, double eps) {
@@ -180,10 +249,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& residual,
       std::vector<float> row(cols), other(cols);
       std::vector<scalar_t> scratch(cols);
       for (int64_t r = begin; r < end; ++r) {
-        at::vec::convert(ap + r * cols, row.data(), cols);
-        at::vec::convert(bp + r * cols, other.data(), cols);
-        add(row.data(), other.data(), cols);
-        at::vec::convert(row.data(), sp + r * cols, cols);  // the sum, rounded
+        add_row<scalar_t>(ap + r * cols, bp + r * cols, sp + r * cols, cols, row.data(),
+                          other.data());  // the sum, rounded
         rms_norm_row<scalar_t>(sp + r * cols, w, dst + r * cols, cols, static_cast<float>(eps),
                                row.data(), scratch.data());
       }
@@ -237,6 +304,37 @@ inline void rotate_head(const float* x, const float* c, const float* s, float* a
   add(a, b, dim);
 }
 
+// Two float vectors rounded to scalar_t and back.
+template <typename scalar_t>
+inline std::tuple<Vec, Vec> rounded(const Vec& low, const Vec& high) {
+  return at::vec::convert_to_float<scalar_t>(at::vec::convert_from_float<scalar_t>(low, high));
+}
+
+// rotate_head in registers, from x (scalar_t) straight to out, for a reduced-precision head
+// whose half is in_lanes: the same operations, so the same bits.
+template <typename scalar_t>
+inline void rotate_head_lanes(const scalar_t* x, const float* c, const float* s, scalar_t* out,
+                              int64_t dim) {
+  using SVec = at::vec::Vectorized<scalar_t>;
+  constexpr int64_t kVec = Vec::size();
+  const int64_t half = dim / 2;
+  for (int64_t d = 0; d < half; d += SVec::size()) {
+    auto [x1l, x1h] = at::vec::convert_to_float<scalar_t>(SVec::loadu(x + d));
+    auto [x2l, x2h] = at::vec::convert_to_float<scalar_t>(SVec::loadu(x + half + d));
+    const float* c2 = c + half;
+    const float* s2 = s + half;
+    auto [a1l, a1h] = rounded<scalar_t>(x1l * Vec::loadu(c + d), x1h * Vec::loadu(c + d + kVec));
+    auto [a2l, a2h] =
+        rounded<scalar_t>(x2l * Vec::loadu(c2 + d), x2h * Vec::loadu(c2 + d + kVec));
+    auto [b1l, b1h] = rounded<scalar_t>((x2l * Vec::loadu(s + d)).neg(),
+                                        (x2h * Vec::loadu(s + d + kVec)).neg());
+    auto [b2l, b2h] =
+        rounded<scalar_t>(x1l * Vec::loadu(s2 + d), x1h * Vec::loadu(s2 + d + kVec));
+    at::vec::convert_from_float<scalar_t>(a1l + b1l, a1h + b1h).store(out + d);
+    at::vec::convert_from_float<scalar_t>(a2l + b2l, a2h + b2h).store(out + half + d);
+  }
+}
+
 // One token's heads rotated (x: the token's first head, heads head_stride apart);
 // buffers holds 3 * dim floats.
 template <typename scalar_t>
@@ -245,6 +343,14 @@ void rope_token(const scalar_t* x, int64_t heads, int64_t head_stride, int64_t d
   float* xf = buffers;
   float* a = buffers + dim;
   float* b = buffers + 2 * dim;
+  if constexpr (at::vec::is_reduced_floating_point_v<scalar_t>) {
+    if (in_lanes<scalar_t>(dim / 2)) {
+      for (int64_t h = 0; h < heads; ++h) {
+        rotate_head_lanes<scalar_t>(x + h * head_stride, c, s, out + h * dim, dim);
+      }
+      return;
+    }
+  }
   for (int64_t h = 0; h < heads; ++h) {
     at::vec::convert(x + h * head_stride, xf, dim);
     rotate_head<scalar_t>(xf, c, s, a, b, scratch, dim);
