@@ -132,6 +132,8 @@ class Attention(nn.Module):
         self.paged_decode: NativeDecodeAttention | CompiledDecodeAttention | None = None
         # Conveyor's fused CPU rotation (``native_kernels``) for eager steps, where installed.
         self.native_rope = False
+        # Conveyor's CPU attention of whole prompts (``native_kernels``): bfloat16 on AMX.
+        self.native_prefill = False
         # Set by ``compiled_layers``: a compiled layer calls ``attend`` as an opaque op.
         self.op_slot: torch.Tensor | None = None
         # The GPU's one call a layer for the whole step (``varlen_kernels``), where
@@ -201,8 +203,9 @@ class Attention(nn.Module):
         blocks = (kv_cache[0].flatten(1), kv_cache[1].flatten(1))
         out = torch.empty_like(q)
         for first, count in masks.prefill_runs:
-            if count > 1:
-                self._attend_prompts(q, k, v, step.prefills[first : first + count], out)
+            prompts = step.prefills[first : first + count]
+            if count > 1 or (masks.prefill[first] is None and prompts[0].context_blocks is None):
+                self._attend_prompts(q, k, v, prompts, out)
                 continue
             seq, mask = step.prefills[first], masks.prefill[first]
             out[seq.token_start : seq.token_end] = self._attend_prefill(q, k, v, seq, mask, blocks)
@@ -262,6 +265,11 @@ class Attention(nn.Module):
         writes their rows of ``out``."""
         start, end = prompts[0].token_start, prompts[-1].token_end
         count, length = len(prompts), prompts[0].query_len
+        if q.dtype == torch.bfloat16 and fused_ops.eager_native(self.native_prefill):
+            fused_ops.prefill_attention(
+                q[start:end], k[start:end], v[start:end], out[start:end], count
+            )
+            return
 
         def batched(x: torch.Tensor) -> torch.Tensor:
             # [count * len, heads, dim] -> [count, heads, len, dim] (a view)

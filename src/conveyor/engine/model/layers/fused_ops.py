@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["add_rms_norm", "eager_native", "rms_norm", "rope", "silu_and_mul"]
+__all__ = [
+    "add_rms_norm",
+    "eager_native",
+    "prefill_attention",
+    "rms_norm",
+    "rope",
+    "silu_and_mul",
+]
 
 
 def eager_native(installed: bool) -> bool:
@@ -44,3 +51,13 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x`` [T, heads, dim] rotated by ``cos``/``sin`` [T, 1, dim], as ``apply_rope``."""
     out: torch.Tensor = torch.ops.conveyor_native.rope(x, cos, sin)
     return out
+
+
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, count: int
+) -> None:
+    """Causal attention of ``count`` whole prompts of one length, back to back in ``q``
+    [T, heads, dim] and ``k``, ``v`` [T, kv_heads, dim], written into ``out`` [T, heads,
+    dim]; bfloat16, head dim 64 or 128, on a CPU with AVX512-BF16 and AMX
+    (``native/prefill_attention.cpp``)."""
+    torch.ops.conveyor_native.prefill_attention(q, k, v, out, count, q.shape[-1] ** -0.5)

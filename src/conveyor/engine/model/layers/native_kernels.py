@@ -6,7 +6,9 @@ and registers itself as the op ``conveyor_native::decode_attention`` (opaque to
 ``torch.compile``, which calls it from a compiled decoder layer as it is). The fused
 RMSNorm (alone, or with the residual add before it), SiLU-and-multiply and rotary
 embedding (``native/elementwise.cpp``) serve eager steps only (``fused_ops``): one pass
-over each row instead of an intermediate tensor per PyTorch op.
+over each row instead of an intermediate tensor per PyTorch op. The prefill attention
+(``native/prefill_attention.cpp``) attends a step's whole prompts of one length in
+bfloat16 through torch's brgemm (AMX), where the CPU has it; elsewhere SDPA does.
 
 The library is compiled once per set of sources, torch build, compiler and CPU (``g++`` or
 ``$CXX``, ``-O3 -march=native``, torch's headers, about 20 s) into
@@ -35,6 +37,7 @@ from torch import nn
 
 __all__ = [
     "CACHE_ENV",
+    "PREFILL_HEAD_DIMS",
     "NativeDecodeAttention",
     "build_command",
     "install_native_kernels",
@@ -47,8 +50,14 @@ log = logging.getLogger(__name__)
 
 CACHE_ENV = "CONVEYOR_KERNEL_CACHE"
 NATIVE_DIR = Path(__file__).with_name("native")
-SOURCES = (NATIVE_DIR / "decode_attention.cpp", NATIVE_DIR / "elementwise.cpp")
+SOURCES = (
+    NATIVE_DIR / "decode_attention.cpp",
+    NATIVE_DIR / "elementwise.cpp",
+    NATIVE_DIR / "prefill_attention.cpp",
+)
 OP_NAME = "conveyor_native::decode_attention"
+# Head dims the prefill attention kernel (``native/prefill_attention.cpp``) is built for.
+PREFILL_HEAD_DIMS = (64, 128)
 
 # torch's vectorised types (at::vec) pick their width from these defines, as inductor's do.
 _CAPABILITY_DEFINES = {
@@ -200,7 +209,8 @@ def native_decode_attention(
 
 
 def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
-    """Give every ``Attention`` of ``model`` the native decode attention and rotation, and
+    """Give every ``Attention`` of ``model`` the native decode attention and rotation (and
+    the prefill attention where it runs: AVX512-BF16 and AMX, head dim 64 or 128), and
     every ``RMSNorm`` and ``MLP`` their fused kernel; None (and no change) where the
     kernels are not available."""
     from conveyor.engine.model.layers.attention import Attention
@@ -210,10 +220,12 @@ def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
     if native_library() is None:
         return None
     native = NativeDecodeAttention()
+    prefill = bool(torch.ops.conveyor_native.has_prefill_attention())
     for module in model.modules():
         if isinstance(module, Attention):
             module.paged_decode = native
             module.native_rope = True
+            module.native_prefill = prefill and module.head_dim in PREFILL_HEAD_DIMS
         elif isinstance(module, (RMSNorm, MLP)):
             module.native = True
     return native

@@ -1,5 +1,5 @@
-"""The native fused RMSNorm, SiLU-and-multiply and rotation against PyTorch's ops, and
-where the runner puts them."""
+"""The native fused RMSNorm, SiLU-and-multiply, rotation and prefill attention against
+PyTorch's ops, and where the runner puts them."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from conveyor.engine.model.layers.native_kernels import native_library
 from conveyor.engine.model.layers.norm import RMSNorm
 from conveyor.engine.model.layers.rotary import apply_rope, rope_angles
 from conveyor.engine.model.model_runner import ModelRunner
+from conveyor.fakes.checkpoints import build_tiny_llama
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -190,3 +191,94 @@ def test_a_runners_layers_fuse_each_residual_add_into_the_next_norm(llama_path: 
         if isinstance(module, RMSNorm):
             module.native = False  # the layers' own forward: an add, then a norm
     torch.testing.assert_close(runner.execute(prompt), fused, rtol=1e-5, atol=1e-5)
+
+
+needs_prefill_kernel = pytest.mark.skipif(
+    native_library() is None or not torch.ops.conveyor_native.has_prefill_attention(),
+    reason="the prefill attention needs AVX512-BF16 and AMX",
+)
+
+
+def _sdpa_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, count: int) -> torch.Tensor:
+    """Causal SDPA of ``count`` prompts back to back, in q's dtype, as [T, heads, dim]."""
+    tokens, heads, dim = q.shape
+
+    def batched(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(count, tokens // count, x.shape[1], dim).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(
+        batched(q), batched(k), batched(v), is_causal=True, enable_gqa=k.shape[1] != heads
+    )
+    return out.transpose(1, 2).reshape(tokens, heads, dim)
+
+
+@needs_prefill_kernel
+@pytest.mark.parametrize(
+    ("count", "length", "heads", "kv_heads", "dim"),
+    [
+        (16, 128, 9, 3, 64),
+        (3, 37, 4, 2, 64),
+        (2, 70, 8, 8, 128),
+        (4, 1, 4, 1, 64),
+        (1, 600, 2, 1, 64),
+    ],
+)
+def test_prefill_attention_matches_sdpa(
+    count: int, length: int, heads: int, kv_heads: int, dim: int
+) -> None:
+    # q, k, v as slices of one packed projection (strided), as the layers pass them.
+    tokens = count * length
+    gen = torch.Generator().manual_seed(length)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(torch.bfloat16)
+    q = qkv[:, : heads * dim].view(tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    out = torch.full((tokens + 2, heads, dim), 7.0, dtype=torch.bfloat16)
+    fused_ops.prefill_attention(q, k, v, out[1:-1], count)
+    exact = _sdpa_prompts(q.float(), k.float(), v.float(), count)
+    error = (out[1:-1].float() - exact).abs().max().item()
+    sdpa_error = (_sdpa_prompts(q, k, v, count).float() - exact).abs().max().item()
+    assert error <= 1.5 * sdpa_error + 2e-3  # as close to float32 as PyTorch's kernel
+    assert (out[0] == 7.0).all() and (out[-1] == 7.0).all()  # its rows only
+
+
+@needs_prefill_kernel
+def test_prefill_attention_refuses_what_it_is_not_built_for() -> None:
+    q, kv = torch.randn(8, 2, 64).to(torch.bfloat16), torch.randn(8, 1, 64).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="bfloat16 only"):
+        fused_ops.prefill_attention(q.float(), kv.float(), kv.float(), q.float(), 1)
+    with pytest.raises(RuntimeError, match="head dim 64 or 128"):
+        odd = torch.randn(8, 2, 96).to(torch.bfloat16)
+        fused_ops.prefill_attention(odd, odd[:, :1], odd[:, :1], odd.clone(), 1)
+    with pytest.raises(RuntimeError, match="count prompts of one length"):
+        fused_ops.prefill_attention(q, kv, kv, q.clone(), 3)
+
+
+@needs_prefill_kernel
+def test_a_runner_attends_whole_prompts_with_the_kernel(tmp_path: Path) -> None:
+    # head dim 64 (the tiny Llama's is 16): 2 query heads over 1 KV head.
+    path = build_tiny_llama(tmp_path, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    runner = ModelRunner(path, num_kv_blocks=32, block_size=4, dtype="bfloat16")
+    attentions = [m for m in runner.model.modules() if isinstance(m, Attention)]
+    assert attentions and all(m.native_prefill for m in attentions)
+    # Two prompts of 6 (one run), one of 5 (a run alone), then a chunk with cached context.
+    first = [
+        SeqChunk((5, 6, 7, 8, 9, 10), 0, (0, 1), True),
+        SeqChunk((11, 12, 13, 14, 15, 16), 0, (2, 3), True),
+        SeqChunk((17, 18, 19, 20, 21), 0, (4, 5), True),
+    ]
+    later = [SeqChunk((22, 23, 24), 5, (4, 5), True)]
+
+    def logits(native: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+        for module in attentions:
+            module.native_prefill = native
+        with torch.profiler.profile() as profiled:
+            step = runner.execute(first), runner.execute(later)
+        calls = [e.name for e in profiled.events()].count("conveyor_native::prefill_attention")
+        return *step, calls
+
+    *kernel, calls = logits(True)
+    *sdpa, no_calls = logits(False)
+    assert calls == 2 * runner.config.num_layers and no_calls == 0  # the context chunk: SDPA
+    for got, expected in zip(kernel, sdpa, strict=True):
+        torch.testing.assert_close(got, expected, atol=0.1, rtol=0.05)
