@@ -183,8 +183,10 @@ def prepare_model(settings: Settings, work: Path) -> Path:
 
 def recorded_inputs(settings: Settings) -> dict[str, Any]:
     """``settings`` as a results file keeps them: no local paths, so the model directory by
-    its name and the baseline checkout by its commit (its path where git cannot say)."""
+    its name and the baseline checkout by its commit (its path where git cannot say); and
+    the commit of the checkout measured as ``conveyor``."""
     inputs = asdict(settings)
+    inputs["commit"] = checkout_commit(REPO_ROOT)
     if settings.model_dir is not None:
         inputs["model_dir"] = Path(settings.model_dir).name
     if settings.baseline_src is not None:

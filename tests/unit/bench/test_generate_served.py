@@ -41,6 +41,7 @@ def test_recorded_inputs_keep_no_local_paths(tmp_path: Path) -> None:
     inputs = recorded_inputs(settings)
     assert inputs["model_dir"] == "smollm2"
     assert inputs["baseline_src"] == "old"
+    assert inputs["commit"] == checkout_commit(Path("."))  # what was measured as conveyor
     assert str(tmp_path) not in json.dumps(inputs)
 
 
