@@ -23,18 +23,22 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.model.layers.varlen_kernels import (
     FlashAttnVarlen,
     FlashInferVarlen,
     KernelShape,
+    kernel_shape,
 )
 
 __all__ = [
+    "checkpoint_stand_in",
     "flash_attn_module",
     "flashinfer_module",
     "reference_paged_attention",
@@ -306,3 +310,13 @@ def stand_in_kernel(name: str, shape: KernelShape) -> FlashInferVarlen | FlashAt
     if name == "flashinfer":
         return FlashInferVarlen(flashinfer_module(), shape)
     return FlashAttnVarlen(flash_attn_module(), shape)
+
+
+def checkpoint_stand_in(
+    checkpoint_dir: str | Path, block_size: int, name: str
+) -> FlashInferVarlen | FlashAttnVarlen:
+    """``stand_in_kernel`` shaped for the checkpoint in ``checkpoint_dir`` served on the CPU
+    in float32 with blocks of ``block_size``."""
+    config = DecoderConfig.from_hf(load_hf_config(checkpoint_dir))
+    shape = kernel_shape(config, block_size, torch.float32, torch.device("cpu"))
+    return stand_in_kernel(name, shape)

@@ -22,7 +22,7 @@ from conveyor.engine.model.layers.varlen_kernels import (
     kernel_shape,
 )
 from conveyor.engine.model.model_runner import ModelRunner
-from conveyor.fakes.varlen import flash_attn_module, stand_in_kernel
+from conveyor.fakes.varlen import checkpoint_stand_in, flash_attn_module
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -55,11 +55,7 @@ class Replaying:
 
 
 def make_runner(path: Path, block_size: int, kernel_name: str | None, graphs: int) -> ModelRunner:
-    kernel = None
-    if kernel_name is not None:
-        config = DecoderConfig.from_hf(load_hf_config(path))
-        shape = kernel_shape(config, block_size, torch.float32, torch.device("cpu"))
-        kernel = stand_in_kernel(kernel_name, shape)
+    kernel = None if kernel_name is None else checkpoint_stand_in(path, block_size, kernel_name)
     return ModelRunner(
         path, num_kv_blocks=NUM_KV_BLOCKS, block_size=block_size, device="cpu",
         dtype="float32", attention_backend="conveyor", varlen_kernel=kernel,

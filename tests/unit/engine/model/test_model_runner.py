@@ -161,7 +161,7 @@ def test_bfloat16_mlps_run_fused_unless_an_adapter_needs_gate_up(llama_path: Pat
         runner = ModelRunner(
             llama_path, num_kv_blocks=4, block_size=4, device="cpu", dtype="bfloat16", **options
         )
-        return [layer.mlp.gate_up_packed is not None for layer in runner.model.decoder_layers]
+        return [layer.mlp.packed_gate_and_up is not None for layer in runner.model.decoder_layers]
 
     assert all(fused())
     assert not any(fused(prepack_weights=False))

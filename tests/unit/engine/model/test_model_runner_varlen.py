@@ -13,13 +13,9 @@ import pytest
 import torch
 
 from conveyor.engine.core.step import SeqChunk
-from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
-from conveyor.engine.model.layers.varlen_kernels import (
-    kernel_shape,
-)
 from conveyor.engine.model.model_runner import ModelRunner
 from conveyor.fakes.checkpoints import build_tiny_mistral
-from conveyor.fakes.varlen import stand_in_kernel
+from conveyor.fakes.varlen import checkpoint_stand_in
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -33,11 +29,7 @@ def mistral_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def runner(path: Path, block_size: int, kernel_name: str | None) -> ModelRunner:
-    kernel = None
-    if kernel_name is not None:
-        config = DecoderConfig.from_hf(load_hf_config(path))
-        shape = kernel_shape(config, block_size, torch.float32, torch.device("cpu"))
-        kernel = stand_in_kernel(kernel_name, shape)
+    kernel = None if kernel_name is None else checkpoint_stand_in(path, block_size, kernel_name)
     return ModelRunner(
         path, num_kv_blocks=NUM_KV_BLOCKS, block_size=block_size, device="cpu",
         dtype="float32", attention_backend="conveyor", varlen_kernel=kernel,

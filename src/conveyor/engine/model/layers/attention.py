@@ -203,9 +203,8 @@ class Attention(nn.Module):
         blocks = (kv_cache[0].flatten(1), kv_cache[1].flatten(1))
         out = torch.empty_like(q)
         for first, count in masks.prefill_runs:
-            prompts = step.prefills[first : first + count]
-            if count > 1 or (masks.prefill[first] is None and prompts[0].context_blocks is None):
-                self._attend_prompts(q, k, v, prompts, out)
+            if masks.prefill[first] is None:  # whole prompts (every run of several is)
+                self._attend_prompts(q, k, v, step.prefills[first : first + count], out)
                 continue
             seq, mask = step.prefills[first], masks.prefill[first]
             out[seq.token_start : seq.token_end] = self._attend_prefill(q, k, v, seq, mask, blocks)

@@ -36,7 +36,7 @@ class MLP(nn.Module):
         # Conveyor's fused CPU SiLU-and-multiply (``native_kernels``), where installed.
         self.native = False
         # Set by ``fuse_activation``: gate's and up's weights packed apart (oneDNN).
-        self.gate_up_packed: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.packed_gate_and_up: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def fuse_activation(self) -> bool:
         """Pack gate's and up's weights apart so that SiLU and the product run inside their
@@ -53,15 +53,15 @@ class MLP(nn.Module):
         packed_gate, packed_up = packed_weight(gate), packed_weight(up)
         if packed_gate is None or packed_up is None:
             return False
-        self.gate_up_packed = (packed_gate, packed_up)
+        self.packed_gate_and_up = (packed_gate, packed_up)
         self.gate_up_proj.weight = empty_param(0, device=weight.device, dtype=weight.dtype)
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the gated MLP (SiLU and the product fused where packed apart, else in one
         pass where the native kernel runs)."""
-        if self.gate_up_packed is not None:
-            act = _fused_gate_up(x, *self.gate_up_packed)
+        if self.packed_gate_and_up is not None:
+            act = _fused_gate_up(x, *self.packed_gate_and_up)
         else:
             gate_up = self.gate_up_proj(x)
             if fused_ops.eager_native(self.native):

@@ -74,7 +74,7 @@ def test_fused_bfloat16_is_as_close_to_float32_as_the_unfused_block(rows: int) -
 def test_fusing_frees_the_unpacked_weight_and_the_module_still_packs() -> None:
     mlp = _mlp(torch.bfloat16)
     assert mlp.fuse_activation()
-    assert mlp.gate_up_packed is not None
+    assert mlp.packed_gate_and_up is not None
     assert mlp.gate_up_proj.weight.numel() == 0
     assert not mlp.gate_up_proj.prepack()  # nothing to pack, and no error
     assert mlp.down_proj.prepack()
@@ -87,6 +87,6 @@ def test_fusing_is_refused_where_it_does_not_pay_or_apply(dtype: torch.dtype, bi
     mlp = _mlp(dtype, bias=bias)
     weight = mlp.gate_up_proj.weight
     assert not mlp.fuse_activation()
-    assert mlp.gate_up_packed is None and mlp.gate_up_proj.weight is weight
+    assert mlp.packed_gate_and_up is None and mlp.gate_up_proj.weight is weight
     x = torch.randn(3, HIDDEN).to(dtype)
     torch.testing.assert_close(mlp(x).float(), _reference(mlp, x), atol=5e-2, rtol=2e-2)

@@ -75,6 +75,12 @@ inline void multiply(const float* a, const float* b, float* dst, int64_t n) {
   }
 }
 
+// Two float vectors rounded to scalar_t and back.
+template <typename scalar_t>
+inline std::tuple<Vec, Vec> rounded(const Vec& low, const Vec& high) {
+  return at::vec::convert_to_float<scalar_t>(at::vec::convert_from_float<scalar_t>(low, high));
+}
+
 // A reduced-precision row of n values, n a multiple of Vectorized<scalar_t>'s lanes, is
 // normed in registers (two passes over x, no float copy): the same operations in the same
 // order as the general rms_norm_row below, so the same bits.
@@ -92,23 +98,18 @@ void rms_norm_row_lanes(const scalar_t* x, const float* weight, scalar_t* out, i
   const Vec scale(1.0f / std::sqrt(sum / static_cast<float>(n) + eps));
   for (int64_t i = 0; i < n; i += SVec::size()) {
     auto [low, high] = at::vec::convert_to_float<scalar_t>(SVec::loadu(x + i));
-    auto [rlow, rhigh] = at::vec::convert_to_float<scalar_t>(
-        at::vec::convert_from_float<scalar_t>(low * scale, high * scale));  // rounded
+    auto [rlow, rhigh] = rounded<scalar_t>(low * scale, high * scale);
     at::vec::convert_from_float<scalar_t>(Vec::loadu(weight + i) * rlow,
                                           Vec::loadu(weight + i + Vec::size()) * rhigh)
         .store(out + i);
   }
 }
 
-// Whether rows of n scalar_t values take the in-register paths (reduced precision, whole
-// vectors).
+// Whether rows of n values of a reduced-precision scalar_t take the in-register paths
+// (whole vectors); callers ask only for reduced types.
 template <typename scalar_t>
 constexpr bool in_lanes(int64_t n) {
-  if constexpr (at::vec::is_reduced_floating_point_v<scalar_t>) {
-    return n % at::vec::Vectorized<scalar_t>::size() == 0;
-  } else {
-    return false;
-  }
+  return n % at::vec::Vectorized<scalar_t>::size() == 0;
 }
 
 template <typename scalar_t>
@@ -304,12 +305,6 @@ inline void rotate_head(const float* x, const float* c, const float* s, float* a
   add(a, b, dim);
 }
 
-// Two float vectors rounded to scalar_t and back.
-template <typename scalar_t>
-inline std::tuple<Vec, Vec> rounded(const Vec& low, const Vec& high) {
-  return at::vec::convert_to_float<scalar_t>(at::vec::convert_from_float<scalar_t>(low, high));
-}
-
 // rotate_head in registers, from x (scalar_t) straight to out, for a reduced-precision head
 // whose half is in_lanes: the same operations, so the same bits.
 template <typename scalar_t>
@@ -318,11 +313,11 @@ inline void rotate_head_lanes(const scalar_t* x, const float* c, const float* s,
   using SVec = at::vec::Vectorized<scalar_t>;
   constexpr int64_t kVec = Vec::size();
   const int64_t half = dim / 2;
+  const float* c2 = c + half;
+  const float* s2 = s + half;
   for (int64_t d = 0; d < half; d += SVec::size()) {
     auto [x1l, x1h] = at::vec::convert_to_float<scalar_t>(SVec::loadu(x + d));
     auto [x2l, x2h] = at::vec::convert_to_float<scalar_t>(SVec::loadu(x + half + d));
-    const float* c2 = c + half;
-    const float* s2 = s + half;
     auto [a1l, a1h] = rounded<scalar_t>(x1l * Vec::loadu(c + d), x1h * Vec::loadu(c + d + kVec));
     auto [a2l, a2h] =
         rounded<scalar_t>(x2l * Vec::loadu(c2 + d), x2h * Vec::loadu(c2 + d + kVec));

@@ -25,12 +25,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <utility>
-#include <vector>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -40,40 +40,42 @@ namespace {
 
 #if defined(__AVX512BF16__)
 
-constexpr int64_t kLanes = 16;  // float32 lanes of a vector: keys scored at once
+constexpr int64_t kLanes = 16;  // float32 lanes of a vector
 
-// Keys [len, D] (rows stride apart) as [D/2][padded][pair]: for each pair of head dims,
-// every key's two values side by side; keys past len are zero.
-void pack_keys(const at::BFloat16* k, int64_t stride, int64_t len, int64_t padded, int64_t dim,
+// Keys [len, DIM] (rows stride apart) as [DIM/2][padded][pair]: for each pair of head
+// dims, every key's two values side by side; keys past len are zero.
+template <int64_t DIM>
+void pack_keys(const at::BFloat16* k, int64_t stride, int64_t len, int64_t padded,
                uint32_t* out) {
-  std::vector<uint32_t> row(dim / 2);
+  std::array<uint32_t, DIM / 2> row{};
   for (int64_t j = 0; j < padded; ++j) {
     if (j < len) {
-      std::memcpy(row.data(), k + j * stride, dim * sizeof(at::BFloat16));
+      std::memcpy(row.data(), k + j * stride, DIM * sizeof(at::BFloat16));
     } else {
-      std::fill(row.begin(), row.end(), 0u);
+      row.fill(0u);
     }
-    for (int64_t p = 0; p < dim / 2; ++p) {
+    for (int64_t p = 0; p < DIM / 2; ++p) {
       out[p * padded + j] = row[p];
     }
   }
 }
 
-// Values [len, D] as [padded/2][D][pair]: for each pair of keys, each head dim's two values
-// side by side (the low half the even key's); the key past an odd len is zero.
+// Values [len, DIM] as [padded/2][DIM][pair]: for each pair of keys, each head dim's two
+// values side by side (the low half the even key's); keys past len are zero.
+template <int64_t DIM>
 void pack_values(const at::BFloat16* v, int64_t stride, int64_t len, int64_t padded,
-                 int64_t dim, uint32_t* out) {
-  std::vector<uint16_t> even(dim), odd(dim);
+                 uint32_t* out) {
+  std::array<uint16_t, DIM> even{}, odd{};
   for (int64_t jp = 0; jp < padded / 2; ++jp) {
     for (auto [key, bits] : {std::pair{2 * jp, &even}, std::pair{2 * jp + 1, &odd}}) {
       if (key < len) {
-        std::memcpy(bits->data(), v + key * stride, dim * sizeof(at::BFloat16));
+        std::memcpy(bits->data(), v + key * stride, DIM * sizeof(at::BFloat16));
       } else {
-        std::fill(bits->begin(), bits->end(), uint16_t{0});
+        bits->fill(uint16_t{0});
       }
     }
-    for (int64_t d = 0; d < dim; ++d) {
-      out[jp * dim + d] = uint32_t{even[d]} | (uint32_t{odd[d]} << 16);
+    for (int64_t d = 0; d < DIM; ++d) {
+      out[jp * DIM + d] = uint32_t{even[d]} | (uint32_t{odd[d]} << 16);
     }
   }
 }
@@ -106,7 +108,7 @@ inline float softmax_row(float* scores, int64_t n, int64_t visible, float scale,
 }
 
 struct Layout {
-  int64_t count, len, heads, kv_heads, dim;
+  int64_t count, len, heads, kv_heads;
   int64_t q_token, q_head, k_token, k_head, v_token, v_head, o_token, o_head;
 };
 
@@ -153,10 +155,9 @@ void attend_block(const Layout& s, const at::BFloat16* q, const at::BFloat16* k,
   float* totals = w.totals.get();
   float* sums = w.sums.get();
   const int64_t visible = std::min(n, s.len);
-  pack_keys(k + first_token * s.k_token + kv_head * s.k_head, s.k_token, visible, n, DIM,
-            keys);
-  pack_values(v + first_token * s.v_token + kv_head * s.v_head, s.v_token, visible, n, DIM,
-              values);
+  pack_keys<DIM>(k + first_token * s.k_token + kv_head * s.k_head, s.k_token, visible, n, keys);
+  pack_values<DIM>(v + first_token * s.v_token + kv_head * s.v_head, s.v_token, visible, n,
+                   values);
   for (int64_t g = 0; g < group; ++g) {
     const int64_t head = kv_head * group + g;
     for (int64_t r = 0; r < rows; ++r) {
@@ -240,9 +241,9 @@ void prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   TORCH_CHECK(out.sizes() == q.sizes(), "prefill_attention: out must be shaped as q");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "prefill_attention: heads must be a multiple of kv_heads");
 #if defined(__AVX512BF16__)
-  const Layout s{count,       tokens / count, q.size(1),   k.size(1),   dim,
-                 q.stride(0), q.stride(1),    k.stride(0), k.stride(1), v.stride(0),
-                 v.stride(1), out.stride(0),  out.stride(1)};
+  const Layout s{count,       tokens / count, q.size(1),    k.size(1),   q.stride(0),
+                 q.stride(1), k.stride(0),    k.stride(1),  v.stride(0), v.stride(1),
+                 out.stride(0), out.stride(1)};
   const auto* qp = q.const_data_ptr<at::BFloat16>();
   const auto* kp = k.const_data_ptr<at::BFloat16>();
   const auto* vp = v.const_data_ptr<at::BFloat16>();
