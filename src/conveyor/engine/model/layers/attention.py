@@ -132,7 +132,7 @@ class Attention(nn.Module):
         self.paged_decode: NativeDecodeAttention | CompiledDecodeAttention | None = None
         # Conveyor's fused CPU rotation (``native_kernels``) for eager steps, where installed.
         self.native_rope = False
-        # Conveyor's CPU attention of whole prompts (``native_kernels``): bfloat16 on AMX.
+        # Conveyor's CPU attention of whole prompts (``native_kernels``): bfloat16, AVX512-BF16.
         self.native_prefill = False
         # Set by ``compiled_layers``: a compiled layer calls ``attend`` as an opaque op.
         self.op_slot: torch.Tensor | None = None

@@ -58,6 +58,6 @@ def prefill_attention(
 ) -> None:
     """Causal attention of ``count`` whole prompts of one length, back to back in ``q``
     [T, heads, dim] and ``k``, ``v`` [T, kv_heads, dim], written into ``out`` [T, heads,
-    dim]; bfloat16, head dim 64 or 128, on a CPU with AVX512-BF16 and AMX
-    (``native/prefill_attention.cpp``)."""
+    dim]; bfloat16, head dim 64 or 128, on a CPU with AVX512-BF16
+    (``native/prefill_attention.cpp``; ``native_kernels.prefill_attention_runs``)."""
     torch.ops.conveyor_native.prefill_attention(q, k, v, out, count, q.shape[-1] ** -0.5)

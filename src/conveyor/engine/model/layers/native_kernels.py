@@ -8,7 +8,8 @@ RMSNorm (alone, or with the residual add before it), SiLU-and-multiply and rotar
 embedding (``native/elementwise.cpp``) serve eager steps only (``fused_ops``): one pass
 over each row instead of an intermediate tensor per PyTorch op. The prefill attention
 (``native/prefill_attention.cpp``) attends a step's whole prompts of one length in
-bfloat16 through torch's brgemm (AMX), where the CPU has it; elsewhere SDPA does.
+bfloat16 through torch's brgemm (AMX or AVX512-BF16), where the CPU has AVX512-BF16 and
+the kernel's answer on a small case checks out once; elsewhere SDPA does.
 
 The library is compiled once per set of sources, torch build, compiler and CPU (``g++`` or
 ``$CXX``, ``-O3 -march=native``, torch's headers, about 20 s) into
@@ -44,6 +45,7 @@ __all__ = [
     "kernel_cache_dir",
     "native_decode_attention",
     "native_library",
+    "prefill_attention_runs",
 ]
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,9 @@ SOURCES = (
 OP_NAME = "conveyor_native::decode_attention"
 # Head dims the prefill attention kernel (``native/prefill_attention.cpp``) is built for.
 PREFILL_HEAD_DIMS = (64, 128)
+# The prefill attention's largest error allowed against float32 on its one-time check (its
+# error there is about 0.01, bfloat16 rounding; a wrong kernel is off by the values' scale).
+PREFILL_CHECK_TOLERANCE = 0.05
 
 # torch's vectorised types (at::vec) pick their width from these defines, as inductor's do.
 _CAPABILITY_DEFINES = {
@@ -210,7 +215,7 @@ def native_decode_attention(
 
 def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
     """Give every ``Attention`` of ``model`` the native decode attention and rotation (and
-    the prefill attention where it runs: AVX512-BF16 and AMX, head dim 64 or 128), and
+    the prefill attention where it runs: ``prefill_attention_runs``, head dim 64 or 128), and
     every ``RMSNorm`` and ``MLP`` their fused kernel; None (and no change) where the
     kernels are not available."""
     from conveyor.engine.model.layers.attention import Attention
@@ -220,7 +225,7 @@ def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
     if native_library() is None:
         return None
     native = NativeDecodeAttention()
-    prefill = bool(torch.ops.conveyor_native.has_prefill_attention())
+    prefill = prefill_attention_runs()
     for module in model.modules():
         if isinstance(module, Attention):
             module.paged_decode = native
@@ -229,3 +234,36 @@ def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
         elif isinstance(module, (RMSNorm, MLP)):
             module.native = True
     return native
+
+
+@functools.cache
+def prefill_attention_runs() -> bool:
+    """Whether the native prefill attention runs here: built (the CPU has AVX512-BF16), and
+    its answer on two small prompts as close to float32 SDPA as bfloat16 allows (torch's
+    brgemm must take packed bfloat16 operands on this CPU: checked once, not assumed)."""
+    if native_library() is None or not torch.ops.conveyor_native.has_prefill_attention():
+        return False
+    gen = torch.Generator().manual_seed(0)
+    count, length, heads, dim = 2, 40, 2, 64
+    q, k, v = (torch.randn(count * length, h, dim, generator=gen) for h in (heads, 1, 1))
+    out = torch.empty(count * length, heads, dim, dtype=torch.bfloat16)
+    try:
+        torch.ops.conveyor_native.prefill_attention(
+            q.bfloat16(), k.bfloat16(), v.bfloat16(), out, count, dim**-0.5
+        )
+    except RuntimeError as error:
+        log.warning("the native prefill attention is off (SDPA instead): %s", error)
+        return False
+
+    def batched(x: torch.Tensor) -> torch.Tensor:
+        return x.view(count, length, -1, dim).transpose(1, 2)
+
+    exact = torch.nn.functional.scaled_dot_product_attention(
+        batched(q), batched(k).expand(-1, heads, -1, -1), batched(v).expand(-1, heads, -1, -1),
+        is_causal=True,
+    )  # fmt: skip
+    off_by = (batched(out).float() - exact).abs().max().item()
+    if off_by > PREFILL_CHECK_TOLERANCE:
+        log.warning("the native prefill attention is off (SDPA instead): off by %.3g", off_by)
+        return False
+    return True

@@ -1,4 +1,5 @@
-"""The native decode attention against a float64 reference, compiled and not; its build."""
+"""The native decode attention against a float64 reference, compiled and not; its build;
+the one-time check that turns the prefill attention on."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from conveyor.engine.model.layers.native_kernels import (
     _load_once,
     kernel_cache_dir,
     native_library,
+    prefill_attention_runs,
 )
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
@@ -206,3 +208,40 @@ def test_models_loading_at_once_load_one_at_a_time(monkeypatch: pytest.MonkeyPat
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         paths = list(pool.map(lambda _: native_library(), range(8)))
     assert paths == [Path("kernels.so")] * 8 and most[0] == 1
+
+
+def _without_cache(monkeypatch: pytest.MonkeyPatch, kernel: object) -> bool:
+    """``prefill_attention_runs``'s answer, uncached, with ``kernel`` as the op."""
+    monkeypatch.setattr(torch.ops.conveyor_native, "has_prefill_attention", lambda: True)
+    monkeypatch.setattr(torch.ops.conveyor_native, "prefill_attention", kernel)
+    answer: bool = prefill_attention_runs.__wrapped__()  # type: ignore[attr-defined]
+    return answer
+
+
+def test_a_prefill_kernel_that_answers_wrong_is_left_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def zeros(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *_: object
+    ) -> None:
+        out.zero_()
+
+    with caplog.at_level(logging.WARNING):
+        assert not _without_cache(monkeypatch, zeros)
+    assert "off by" in caplog.text
+
+
+def test_a_prefill_kernel_that_refuses_this_cpu_is_left_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuses(*_: object) -> None:
+        raise RuntimeError("brgemm: packed bfloat16 is not supported here")
+
+    with caplog.at_level(logging.WARNING):
+        assert not _without_cache(monkeypatch, refuses)
+    assert "not supported here" in caplog.text
+
+
+def test_the_prefill_kernel_is_used_wherever_it_is_built() -> None:
+    # On a CPU with AVX512-BF16 (AMX or not) the check passes; elsewhere nothing is built.
+    assert prefill_attention_runs() == bool(torch.ops.conveyor_native.has_prefill_attention())

@@ -1,5 +1,6 @@
 // Causal attention of whole prompts of one length, back to back in a step, on the CPU in
-// bfloat16, through torch's brgemm (AMX tiles).
+// bfloat16, through torch's brgemm (oneDNN's: AMX tiles where the CPU has them, AVX512-BF16
+// dot products elsewhere; both take the same packed pairs).
 //
 // PyTorch's fused CPU kernel (SDPA) splits a 128-token prompt into query blocks of 32 and
 // spends most of its time outside its matmuls at that size. Here a task takes a block of up
@@ -15,7 +16,8 @@
 // prompt p's tokens at rows p x len .. (p + 1) x len - 1; out [T, H, D] is written in place
 // (any strides, the last one 1). D 64 or 128; H a multiple of KVH. Registered as
 // conveyor_native::prefill_attention; conveyor_native::has_prefill_attention says whether it
-// runs here (built for a CPU with AVX512-BF16, and torch's brgemm packs bfloat16: AMX).
+// was built here (for a CPU with AVX512-BF16; native_kernels also checks its answer once,
+// as torch's brgemm must take packed bfloat16 on this CPU).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -217,7 +219,7 @@ void attend_all(const Layout& s, const at::BFloat16* q, const at::BFloat16* k,
 
 bool has_prefill_attention() {
 #if defined(__AVX512BF16__)
-  return at::native::cpublas::could_pack(at::kBFloat16);
+  return true;
 #else
   return false;
 #endif
@@ -225,7 +227,7 @@ bool has_prefill_attention() {
 
 void prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        at::Tensor& out, int64_t count, double scale) {
-  TORCH_CHECK(has_prefill_attention(), "prefill_attention: not on this CPU (needs AVX512-BF16 and AMX)");
+  TORCH_CHECK(has_prefill_attention(), "prefill_attention: not on this CPU (needs AVX512-BF16)");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && out.dim() == 3,
               "prefill_attention: q, k, v and out must be [tokens, heads, dim]");
   for (const at::Tensor* t : {&q, &k, &v, static_cast<const at::Tensor*>(&out)}) {
