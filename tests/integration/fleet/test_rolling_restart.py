@@ -1,4 +1,4 @@
-"""A rolling restart of three workers under steady chat, embedding and batch load.
+"""A rolling restart of two workers under steady chat, embedding and batch load.
 
 Each worker in turn gets SIGTERM, drains (answers new work with 503 and the drain marker,
 finishes its streams, hands its shard leases back) and exits 0; a new process takes its id
@@ -7,8 +7,9 @@ through the gateway without pause, and a batch job runs: not one request is lost
 5xx, every batch line is in the output exactly once, and every chat answered is in the
 usage ledger (a draining worker still writes the usage of what it finishes).
 
-The three workers and the gateway start at once; the restarts, by their nature, one after
-another.
+The two workers and the gateway start at once; the restarts, by their nature, one after
+another. Two workers are enough for a rolling restart (one always serves while the other
+goes), and a third only made the test longer by a whole restart.
 """
 
 from __future__ import annotations
@@ -138,11 +139,11 @@ def test_a_rolling_restart_loses_nothing(fleet: Fleet, tmp_path: Path) -> None:
     config = {"models": [SLOW_SYNTHETIC, chat_model(checkpoint)], "jobs": JOBS}
     objects = ("--objects", str(tmp_path / "objects"))
     # The workers and the gateway load at once; the traffic starts once all answer.
-    workers = [fleet.spawn_worker(name, config=config, extra_args=objects) for name in "abc"]
+    workers = [fleet.spawn_worker(name, config=config, extra_args=objects) for name in "ab"]
     gateway = fleet.spawn_gateway(extra_args=shared_args(tmp_path))
     for proc in (*workers, gateway):
         fleet.wait_ready(proc)
-    until(lambda: routable_ids(gateway) == {"a", "b", "c"}, "three routable workers", timeout_s=10)
+    until(lambda: routable_ids(gateway) == {"a", "b"}, "two routable workers", timeout_s=10)
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     lines = embedding_lines(NUM_LINES)
     uploaded = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
