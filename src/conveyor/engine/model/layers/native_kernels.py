@@ -255,13 +255,12 @@ def prefill_attention_runs() -> bool:
         log.warning("the native prefill attention is off (SDPA instead): %s", error)
         return False
 
+    from conveyor.engine.model.layers.attention import grouped_attention
+
     def batched(x: torch.Tensor) -> torch.Tensor:
         return x.view(count, length, -1, dim).transpose(1, 2)
 
-    exact = torch.nn.functional.scaled_dot_product_attention(
-        batched(q), batched(k).expand(-1, heads, -1, -1), batched(v).expand(-1, heads, -1, -1),
-        is_causal=True,
-    )  # fmt: skip
+    exact = grouped_attention(batched(q), batched(k), batched(v), None)  # float32, causal
     off_by = (batched(out).float() - exact).abs().max().item()
     if off_by > PREFILL_CHECK_TOLERANCE:
         log.warning("the native prefill attention is off (SDPA instead): off by %.3g", off_by)
