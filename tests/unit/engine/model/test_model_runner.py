@@ -121,15 +121,7 @@ def test_bfloat16_runs_on_cpu_and_returns_float32(llama_path: Path) -> None:
     assert torch.isfinite(logits).all()
 
 
-PACKED_BFLOAT16 = pytest.param(
-    "bfloat16",
-    marks=pytest.mark.skipif(
-        not bfloat16_packing_supported(), reason="oneDNN packs no bfloat16 on this CPU"
-    ),
-)
-
-
-@pytest.mark.parametrize("dtype", ["float32", PACKED_BFLOAT16])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_prepacked_weights_give_the_same_greedy_tokens(llama_path: Path, dtype: str) -> None:
     # A prefill then decodes of two sequences, with and without oneDNN-prepacked weights.
     def greedy(prepack: bool) -> list[list[int]]:

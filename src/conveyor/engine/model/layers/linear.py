@@ -20,7 +20,9 @@ __all__ = [
     "Linear",
     "bfloat16_packing_supported",
     "empty_param",
+    "native_bfloat16_dot",
     "packed_weight",
+    "packing_dtype",
     "prepack_projections",
 ]
 
@@ -32,37 +34,65 @@ PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @functools.cache
-def bfloat16_packing_supported() -> bool:
-    """Whether oneDNN packs bfloat16 weights on this CPU (it needs AVX-512 BW/VL/DQ or
-    AVX-NE-CONVERT; an AVX2-only CPU refuses, and ``F.linear`` serves it)."""
-    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
-        return False
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+def native_bfloat16_dot() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX). Elsewhere
+    oneDNN emulates bfloat16 matmuls, several times slower than float32 ones."""
+    cpu = torch.cpu
+    return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
 
 
 @functools.cache
-def _warn_unpacked_bfloat16() -> None:
-    """Say once why bfloat16 projections are slow here, and what is faster."""
-    logger.warning(
-        "this CPU has no native bfloat16 (oneDNN cannot pack bfloat16 weights for it): "
-        "bfloat16 projections run several times slower than float32 here; dtype: auto "
-        "(float32 on the CPU) is faster"
+def bfloat16_packing_supported() -> bool:
+    """Whether oneDNN packs and multiplies bfloat16 weights as bfloat16 on this CPU: where
+    it multiplies them in hardware (``native_bfloat16_dot``). Elsewhere ``packed_weight``
+    packs them as float32."""
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return False
+    return native_bfloat16_dot() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def packing_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype a CPU projection of ``dtype`` weights is packed and multiplied in: float32
+    as it is; bfloat16 as it is where the CPU multiplies it in hardware, else float32; None
+    (``F.linear``) for float16.
+
+    bfloat16 in float32 is exact where it matters: each bfloat16 is a float32, each product
+    of two is exact in float32, the products are summed in float32 as hardware bfloat16 dot
+    products sum them, and the output is rounded to bfloat16 once. It costs twice the
+    weights' memory, and runs at float32's speed instead of emulated bfloat16's."""
+    if dtype == torch.float32:
+        return dtype
+    if dtype == torch.bfloat16:
+        return dtype if bfloat16_packing_supported() else torch.float32
+    return None
+
+
+@functools.cache
+def _say_bfloat16_in_float32() -> None:
+    """Say once that bfloat16 projections are multiplied in float32 here, and its cost."""
+    logger.info(
+        "this CPU has no bfloat16 dot products (AVX512-BF16, AMX): bfloat16 projections are "
+        "packed and multiplied in float32 (exact products, float32 sums, bfloat16 outputs), "
+        "their weights taking twice the memory; oneDNN's emulated bfloat16 is several times "
+        "slower"
     )
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """A oneDNN-blocked copy of ``weight`` [out, in] for ``mkldnn._linear_pointwise``, or
-    None where oneDNN does not pack it (not the CPU, float16, bfloat16 on a CPU without
-    native bfloat16, no oneDNN)."""
+    """A oneDNN-blocked copy of ``weight`` [out, in] for ``mkldnn._linear_pointwise``, in
+    ``packing_dtype`` (bfloat16 weights as float32 on a CPU without bfloat16 dot products),
+    or None where oneDNN does not pack it (not the CPU, float16, no oneDNN)."""
     if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES:
         return None
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return None
-    if weight.dtype == torch.bfloat16 and not bfloat16_packing_supported():
-        _warn_unpacked_bfloat16()
+    dtype = packing_dtype(weight.dtype)
+    if dtype is None:
         return None
+    if dtype != weight.dtype:
+        _say_bfloat16_in_float32()
     packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(
-        weight.detach().contiguous(), PACK_ROWS_HINT
+        weight.detach().to(dtype).contiguous(), PACK_ROWS_HINT
     )
     return packed
 
@@ -89,15 +119,17 @@ class Linear(nn.Module):
         self.weight = empty_param(out_features, in_features, device=device, dtype=dtype)
         self.bias = empty_param(out_features, device=device, dtype=dtype) if bias else None
         self.packed: torch.Tensor | None = None
+        # The bias in the packed weight's dtype (bfloat16 multiplied in float32).
+        self.packed_bias: torch.Tensor | None = None
         # Set by ``compiled_layers``: a compiled graph calls this projection as an opaque op.
         self.op_slot: torch.Tensor | None = None
 
     def prepack(self, *, release: bool = False) -> bool:
         """Keep a oneDNN-blocked copy of the weight for ``forward`` (CPU; float32, and
-        bfloat16 where the CPU packs it).
+        bfloat16: as bfloat16 where the CPU multiplies it in hardware, else as float32).
 
         Call it once the weight is loaded (and again if it changes). Other devices and
-        dtypes, and bfloat16 on CPUs oneDNN cannot pack it for, keep ``F.linear``; returns
+        dtypes keep ``F.linear``; returns
         whether a packed copy is now in use. ``release`` then frees the unpacked weight
         (leaving it empty), for a weight no other module shares; packing again after that
         keeps the packed copy. ``bench.decode_step`` measures what packing gains.
@@ -110,6 +142,8 @@ class Linear(nn.Module):
         self.packed = packed_weight(weight)
         if self.packed is None:
             return False
+        bias = self.bias
+        self.packed_bias = None if bias is None else bias.detach().to(self.packed.dtype)
         if release:
             self.weight = empty_param(0, device=weight.device, dtype=weight.dtype)
         return True
@@ -123,11 +157,12 @@ class Linear(nn.Module):
 
     def eager_forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the projection without going through an op (what ``linear_op`` runs)."""
-        if self.packed is not None:
+        packed = self.packed
+        if packed is not None:
             out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x, self.packed, self.bias, "none", [], ""
+                x.to(packed.dtype), packed, self.packed_bias, "none", [], ""
             )
-            return out
+            return out.to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 

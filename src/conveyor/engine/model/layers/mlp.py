@@ -8,7 +8,7 @@ from torch import nn
 
 from conveyor.engine.model.hf_config import DecoderConfig
 from conveyor.engine.model.layers import fused_ops
-from conveyor.engine.model.layers.linear import Linear, empty_param, packed_weight
+from conveyor.engine.model.layers.linear import Linear, empty_param, packed_weight, packing_dtype
 
 __all__ = ["MLP", "fuse_gated_mlps"]
 
@@ -41,12 +41,14 @@ class MLP(nn.Module):
     def fuse_activation(self) -> bool:
         """Pack gate's and up's weights apart so that SiLU and the product run inside their
         matmuls as oneDNN post-ops: no [tokens, 2 x intermediate] tensor is written and read
-        back. For bfloat16 on a CPU that packs it, without biases (elsewhere it measured no
-        faster, and returns False). Call it once the weights are loaded, before
+        back. For bfloat16 on a CPU that multiplies it in hardware, without biases (elsewhere
+        it measured no faster, and returns False). Call it once the weights are loaded, before
         ``Linear.prepack``; it frees the unpacked gate_up weight, so the module then serves
         eager calls only (no LoRA on gate_up, no compiled layers)."""
         weight = self.gate_up_proj.weight
         if weight.dtype != torch.bfloat16 or self.gate_up_proj.bias is not None:
+            return False
+        if packing_dtype(weight.dtype) != weight.dtype:
             return False
         half = self.intermediate_size
         gate, up = weight.detach()[:half], weight.detach()[half:]

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.engine.model.hf_config import DecoderConfig
+from conveyor.engine.model.layers import linear
 from conveyor.engine.model.layers.linear import (
     Linear,
     bfloat16_packing_supported,
@@ -90,3 +91,22 @@ def test_fusing_is_refused_where_it_does_not_pay_or_apply(dtype: torch.dtype, bi
     assert mlp.packed_gate_and_up is None and mlp.gate_up_proj.weight is weight
     x = torch.randn(3, HIDDEN).to(dtype)
     torch.testing.assert_close(mlp(x).float(), _reference(mlp, x), atol=5e-2, rtol=2e-2)
+
+
+def test_fusing_is_refused_where_bfloat16_is_multiplied_in_float32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A CPU without bfloat16 dot products: the projections pack bfloat16 as float32, where
+    # the fused post-ops measured no faster; gate_up stays one packed matmul.
+    monkeypatch.setattr(linear, "bfloat16_packing_supported", lambda: False)
+    mlp = _mlp(torch.bfloat16)
+    x = torch.randn(5, HIDDEN).to(torch.bfloat16)
+    expected = _reference(mlp, x)
+    assert not mlp.fuse_activation()
+    assert mlp.packed_gate_and_up is None
+    assert prepack_projections(mlp) == 2
+    assert mlp.gate_up_proj.packed is not None
+    assert mlp.gate_up_proj.packed.dtype == torch.float32
+    out = mlp(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=5e-2, rtol=2e-2)
