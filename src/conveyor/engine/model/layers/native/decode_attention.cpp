@@ -8,7 +8,9 @@
 //
 // In bfloat16 on a CPU with AVX512-BF16 (blocks of a multiple of 16 slots, head dim 64 or
 // 128), keys are scored sixteen at a time by vdpbf16ps, straight from the cache, their
-// sums gathered into one vector (score_row_bf16); elsewhere a key at a time in float32.
+// sums gathered into one vector (score_row_bf16); on other AVX-512 CPUs, and in float32
+// and float16, sixteen at a time by float32 FMAs (score_row_x16); elsewhere a key at a
+// time in float32.
 //
 // Shapes: q [T, H, D]; k_cache, v_cache [num_blocks, block_size, KVH, D] (any strides,
 // the last one 1); block_tables [T, N] int64; mask [T, N, block_size] additive (0 or
@@ -26,7 +28,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -197,6 +199,15 @@ inline void prefetch(const void* start, int64_t bytes) {
   for (int64_t offset = 0; offset < bytes; offset += kLine) __builtin_prefetch(at + offset);
 }
 
+// queries [H, dim] = the row's query heads in float32, scaled.
+template <int DV, typename scalar_t>
+void load_queries(const Layout& s, int64_t row, const scalar_t* q, float scale, float* queries) {
+  for (int64_t h = 0; h < s.heads; ++h) {
+    const scalar_t* src = q + row * s.q_row + h * s.q_head;
+    for (int i = 0; i < DV; ++i) (load16(src + i * Vec::size()) * Vec(scale)).store(queries + (h * DV + i) * Vec::size());
+  }
+}
+
 // Scores [H, L] of one row (queries scaled, mask added), a key at a time: each key is
 // loaded once into vector registers and scored against every query head of its group,
 // each score a horizontal sum.
@@ -204,11 +215,8 @@ template <int DV, typename scalar_t>
 void score_row_vec(const Layout& s, int64_t row, const scalar_t* q, const scalar_t* k,
                    const int64_t* tables, const float* mask, float scale, float* scores,
                    float* queries) {
-  const int64_t G = s.group, L = s.length, H = s.heads, BS = s.block_size;
-  for (int64_t h = 0; h < H; ++h) {
-    const scalar_t* src = q + row * s.q_row + h * s.q_head;
-    for (int i = 0; i < DV; ++i) (load16(src + i * Vec::size()) * Vec(scale)).store(queries + (h * DV + i) * Vec::size());
-  }
+  const int64_t G = s.group, L = s.length, BS = s.block_size;
+  load_queries<DV, scalar_t>(s, row, q, scale, queries);
   const float* row_mask = mask + row * L;
   const int64_t* row_table = tables + row * s.blocks_per_row;
   const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
@@ -239,7 +247,7 @@ void score_row_vec(const Layout& s, int64_t row, const scalar_t* q, const scalar
   }
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 // Sixteen vectors' horizontal sums as one vector (lane j: the sum of x[j]'s lanes), by a
 // tree of in-lane unpacks and 128-bit shuffles: 45 instructions for 16 sums.
 inline __m512 sum_each(const __m512* x) {
@@ -260,7 +268,57 @@ inline __m512 sum_each(const __m512* x) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88),
                        _mm512_shuffle_f32x4(low, high, 0xDD));
 }
+#endif
 
+#if defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX512)
+// score_row_vec sixteen keys at a time (block_size a multiple of 16): each key's products
+// with a query head summed in float32 FMAs (keys of 16-bit dtypes widened to float32 on
+// load), the sixteen keys' sums gathered into one vector by sum_each, masked and stored
+// together. Queries come scaled from ``queries``. Groups of sixteen slots that the mask
+// hides whole are not read.
+template <int DV, typename scalar_t>
+void score_row_x16(const Layout& s, int64_t row, const scalar_t* k, const int64_t* tables,
+                   const float* mask, float* scores, const float* queries) {
+  const int64_t G = s.group, L = s.length, BS = s.block_size;
+  const float* row_mask = mask + row * L;
+  const int64_t* row_table = tables + row * s.blocks_per_row;
+  const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
+  const __m512 hidden = _mm512_set1_ps(kNegInf);
+  for (int64_t b = 0; b < s.blocks_per_row; ++b) {
+    if (b + 1 < s.blocks_per_row && row_mask[(b + 1) * BS] != kNegInf) prefetch(k + row_table[b + 1] * s.c_block, block_bytes);
+    const scalar_t* block = k + row_table[b] * s.c_block;
+    for (int64_t first = 0; first < BS; first += 16) {
+      const int64_t pos = b * BS + first;
+      const __m512 bias = _mm512_loadu_ps(row_mask + pos);
+      const __mmask16 is_hidden = _mm512_cmp_ps_mask(bias, hidden, _CMP_EQ_OQ);
+      for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head) {
+        const scalar_t* keys = block + first * s.c_slot + kv_head * s.c_head;
+        for (int64_t g = 0; g < G; ++g) {
+          float* out = scores + (kv_head * G + g) * L + pos;
+          if (is_hidden == 0xFFFF) {
+            _mm512_storeu_ps(out, hidden);
+            continue;
+          }
+          const float* query = queries + (kv_head * G + g) * DV * Vec::size();
+          Vec qv[DV];
+          for (int i = 0; i < DV; ++i) qv[i] = Vec::loadu(query + i * Vec::size());
+          __m512 dots[16];
+          for (int j = 0; j < 16; ++j) {
+            const scalar_t* key = keys + j * s.c_slot;
+            Vec acc = qv[0] * load16(key);
+            for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[i], load16(key + i * Vec::size()), acc);
+            dots[j] = acc;
+          }
+          const __m512 scored = _mm512_add_ps(sum_each(dots), bias);
+          _mm512_storeu_ps(out, _mm512_mask_mov_ps(scored, is_hidden, hidden));
+        }
+      }
+    }
+  }
+}
+#endif
+
+#if defined(__AVX512BF16__)
 // score_row_vec for bfloat16 with AVX512-BF16: sixteen keys at a time (block_size a
 // multiple of 16, dim of DP * 32). Products of bfloat16 pairs summed in float32 by
 // vdpbf16ps straight from the cache (no conversion), the sixteen keys' sums gathered into
@@ -310,7 +368,8 @@ void score_row_bf16(const Layout& s, int64_t row, const at::BFloat16* q, const a
 #endif
 
 // Scores by score_row_bf16 where it applies (bfloat16, AVX512-BF16, blocks of sixteen
-// slots, dim 64 or 128), else by score_row_vec.
+// slots, dim 64 or 128), else by score_row_x16 (AVX-512, blocks of sixteen slots), else
+// by score_row_vec.
 template <int DV, typename scalar_t>
 void score_row(const Layout& s, int64_t row, const scalar_t* q, const scalar_t* k,
                const int64_t* tables, const float* mask, float scale, float* scores,
@@ -321,6 +380,12 @@ void score_row(const Layout& s, int64_t row, const scalar_t* q, const scalar_t* 
       if (DV == 4) return score_row_bf16<2>(s, row, q, k, tables, mask, scale, scores);
       if (DV == 8) return score_row_bf16<4>(s, row, q, k, tables, mask, scale, scores);
     }
+  }
+#endif
+#if defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX512)
+  if (s.block_size % 16 == 0) {
+    load_queries<DV, scalar_t>(s, row, q, scale, queries);
+    return score_row_x16<DV, scalar_t>(s, row, k, tables, mask, scores, queries);
   }
 #endif
   score_row_vec<DV, scalar_t>(s, row, q, k, tables, mask, scale, scores, queries);
