@@ -147,7 +147,9 @@ def test_prepacked_weights_give_the_same_greedy_tokens(llama_path: Path, dtype: 
     assert greedy(True) == greedy(False)
 
 
-@pytest.mark.skipif(not bfloat16_packing_supported(), reason="oneDNN packs no bfloat16 here")
+@pytest.mark.skipif(
+    not bfloat16_packing_supported(), reason="no bfloat16 hardware here (AVX512-BF16, AMX)"
+)
 def test_bfloat16_mlps_run_fused_unless_an_adapter_needs_gate_up(llama_path: Path) -> None:
     def fused(**options: Any) -> list[bool]:
         runner = ModelRunner(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import platform
 from collections import Counter
 
 import torch
@@ -33,12 +34,28 @@ PACK_ROWS_HINT = 16
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
+# platform.machine() of x86 CPUs, lower-cased.
+X86_MACHINES = frozenset({"x86_64", "amd64", "i386", "i686"})
+
+
+def _onednn_bfloat16() -> bool:
+    """Whether oneDNN takes bfloat16 matmuls on this CPU at all (on x86 it asks only for
+    AVX-512 BW/VL/DQ or AVX-NE-CONVERT, and emulates the products without AVX512-BF16;
+    on Arm it asks for hardware bfloat16)."""
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return False
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 @functools.cache
 def native_bfloat16_dot() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX). Elsewhere
-    oneDNN emulates bfloat16 matmuls, several times slower than float32 ones."""
-    cpu = torch.cpu
-    return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+    """Whether this CPU multiplies bfloat16 in hardware: AVX512-BF16 or AMX on x86; on
+    other CPUs (Arm), oneDNN's own check, which asks for it. Elsewhere oneDNN emulates
+    bfloat16 matmuls, several times slower than float32 ones."""
+    if platform.machine().lower() in X86_MACHINES:
+        cpu = torch.cpu
+        return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+    return _onednn_bfloat16()
 
 
 @functools.cache
@@ -46,9 +63,7 @@ def bfloat16_packing_supported() -> bool:
     """Whether oneDNN packs and multiplies bfloat16 weights as bfloat16 on this CPU: where
     it multiplies them in hardware (``native_bfloat16_dot``). Elsewhere ``packed_weight``
     packs them as float32."""
-    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
-        return False
-    return native_bfloat16_dot() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return native_bfloat16_dot() and _onednn_bfloat16()
 
 
 def packing_dtype(dtype: torch.dtype) -> torch.dtype | None:

@@ -103,3 +103,32 @@ def test_bfloat16_is_packed_as_bfloat16_where_the_cpu_multiplies_it() -> None:
     assert layer.prepack() is True
     expected = torch.bfloat16 if bfloat16_packing_supported() else torch.float32
     assert layer.packed is not None and layer.packed.dtype == expected
+
+
+@pytest.mark.parametrize(
+    ("machine", "onednn", "expected"),
+    [("aarch64", True, True), ("aarch64", False, False), ("arm64", True, True)],
+)
+def test_off_x86_bfloat16_hardware_is_what_onednn_says(
+    monkeypatch: pytest.MonkeyPatch, machine: str, onednn: bool, expected: bool
+) -> None:
+    # On Arm oneDNN takes bfloat16 only where the CPU multiplies it in hardware; on x86 it
+    # also takes it where it would emulate the products, so x86 asks the CPU's flags.
+    monkeypatch.setattr(linear.platform, "machine", lambda: machine)
+    monkeypatch.setattr(linear, "_onednn_bfloat16", lambda: onednn)
+    linear.native_bfloat16_dot.cache_clear()
+    try:
+        assert linear.native_bfloat16_dot() is expected
+    finally:
+        linear.native_bfloat16_dot.cache_clear()
+
+
+def test_on_x86_bfloat16_hardware_is_avx512_bf16_or_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(linear, "_onednn_bfloat16", lambda: True)  # not asked on x86
+    for avx512_bf16, amx in [(False, False), (True, False), (False, True)]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        linear.native_bfloat16_dot.cache_clear()
+        assert linear.native_bfloat16_dot() is (avx512_bf16 or amx)
+    linear.native_bfloat16_dot.cache_clear()

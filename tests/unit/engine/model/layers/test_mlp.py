@@ -21,7 +21,7 @@ pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 HIDDEN, INTERMEDIATE = 32, 48
 
 needs_packing = pytest.mark.skipif(
-    not bfloat16_packing_supported(), reason="oneDNN packs no bfloat16 on this CPU"
+    not bfloat16_packing_supported(), reason="no bfloat16 hardware here (AVX512-BF16, AMX)"
 )
 
 
