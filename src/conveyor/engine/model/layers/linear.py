@@ -35,7 +35,7 @@ PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 # platform.machine() of x86 CPUs, lower-cased.
-X86_MACHINES = frozenset({"x86_64", "amd64", "i386", "i686"})
+_X86_MACHINES = frozenset({"x86_64", "amd64", "i386", "i686"})
 
 
 def _onednn_bfloat16() -> bool:
@@ -52,7 +52,7 @@ def native_bfloat16_dot() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware: AVX512-BF16 or AMX on x86; on
     other CPUs (Arm), oneDNN's own check, which asks for it. Elsewhere oneDNN emulates
     bfloat16 matmuls, several times slower than float32 ones."""
-    if platform.machine().lower() in X86_MACHINES:
+    if platform.machine().lower() in _X86_MACHINES:
         cpu = torch.cpu
         return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
     return _onednn_bfloat16()
@@ -75,11 +75,11 @@ def packing_dtype(dtype: torch.dtype) -> torch.dtype | None:
     of two is exact in float32, the products are summed in float32 as hardware bfloat16 dot
     products sum them, and the output is rounded to bfloat16 once. It costs twice the
     weights' memory, and runs at float32's speed instead of emulated bfloat16's."""
-    if dtype == torch.float32:
-        return dtype
-    if dtype == torch.bfloat16:
-        return dtype if bfloat16_packing_supported() else torch.float32
-    return None
+    if dtype not in PACKED_DTYPES:
+        return None
+    if dtype == torch.bfloat16 and not bfloat16_packing_supported():
+        return torch.float32
+    return dtype
 
 
 @functools.cache
@@ -97,12 +97,10 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """A oneDNN-blocked copy of ``weight`` [out, in] for ``mkldnn._linear_pointwise``, in
     ``packing_dtype`` (bfloat16 weights as float32 on a CPU without bfloat16 dot products),
     or None where oneDNN does not pack it (not the CPU, float16, no oneDNN)."""
-    if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES:
+    dtype = packing_dtype(weight.dtype)
+    if weight.device.type != "cpu" or dtype is None:
         return None
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
-        return None
-    dtype = packing_dtype(weight.dtype)
-    if dtype is None:
         return None
     if dtype != weight.dtype:
         _say_bfloat16_in_float32()
@@ -144,10 +142,10 @@ class Linear(nn.Module):
         bfloat16: as bfloat16 where the CPU multiplies it in hardware, else as float32).
 
         Call it once the weight is loaded (and again if it changes). Other devices and
-        dtypes keep ``F.linear``; returns
-        whether a packed copy is now in use. ``release`` then frees the unpacked weight
-        (leaving it empty), for a weight no other module shares; packing again after that
-        keeps the packed copy. ``bench.decode_step`` measures what packing gains.
+        dtypes keep ``F.linear``; returns whether a packed copy is now in use. ``release``
+        then frees the unpacked weight (leaving it empty), for a weight no other module
+        shares; packing again after that keeps the packed copy. ``bench.decode_step``
+        measures what packing gains.
         """
         weight = self.weight
         if weight.numel() == 0:

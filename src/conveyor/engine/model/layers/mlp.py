@@ -46,9 +46,10 @@ class MLP(nn.Module):
         ``Linear.prepack``; it frees the unpacked gate_up weight, so the module then serves
         eager calls only (no LoRA on gate_up, no compiled layers)."""
         weight = self.gate_up_proj.weight
-        if weight.dtype != torch.bfloat16 or self.gate_up_proj.bias is not None:
+        # bfloat16 packed as bfloat16 (multiplied in hardware), and no bias.
+        if weight.dtype != torch.bfloat16 or packing_dtype(weight.dtype) != weight.dtype:
             return False
-        if packing_dtype(weight.dtype) != weight.dtype:
+        if self.gate_up_proj.bias is not None:
             return False
         half = self.intermediate_size
         gate, up = weight.detach()[:half], weight.detach()[half:]

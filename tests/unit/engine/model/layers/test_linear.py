@@ -3,6 +3,8 @@ bfloat16: as bfloat16 where the CPU multiplies it in hardware, else as float32).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +12,6 @@ import torch.nn.functional as F
 from conveyor.engine.model.layers import linear
 from conveyor.engine.model.layers.linear import (
     Linear,
-    bfloat16_packing_supported,
     prepack_projections,
 )
 
@@ -98,13 +99,37 @@ def test_a_cpu_without_bfloat16_dot_products_multiplies_bfloat16_in_float32(
     torch.testing.assert_close(out, expected, rtol=2**-8, atol=1e-2)
 
 
-def test_bfloat16_is_packed_as_bfloat16_where_the_cpu_multiplies_it() -> None:
-    layer = _linear(torch.bfloat16, bias=False)
+@pytest.mark.parametrize(
+    ("in_hardware", "packed_as"), [(True, torch.bfloat16), (False, torch.float32)]
+)
+def test_bfloat16_is_packed_as_bfloat16_only_where_the_cpu_multiplies_it(
+    monkeypatch: pytest.MonkeyPatch, in_hardware: bool, packed_as: torch.dtype
+) -> None:
+    # oneDNN packs bfloat16 on any AVX-512 CPU (emulating it without hardware), so both
+    # answers can be packed here.
+    if in_hardware and not linear._onednn_bfloat16():
+        pytest.skip("oneDNN takes no bfloat16 on this CPU")
+    monkeypatch.setattr(linear, "bfloat16_packing_supported", lambda: in_hardware)
+    layer = _linear(torch.bfloat16, bias=True)
+    x = torch.randn(6, 24, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    expected = F.linear(x, layer.weight, layer.bias)
     assert layer.prepack() is True
-    expected = torch.bfloat16 if bfloat16_packing_supported() else torch.float32
-    assert layer.packed is not None and layer.packed.dtype == expected
+    assert layer.packed is not None and layer.packed.dtype == packed_as
+    assert layer.packed_bias is not None and layer.packed_bias.dtype == packed_as
+    out = layer(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected, atol=1e-2, rtol=1e-2)
 
 
+@pytest.fixture
+def hardware_answer() -> Iterator[None]:
+    """``native_bfloat16_dot`` asked afresh in the test, and again after it."""
+    linear.native_bfloat16_dot.cache_clear()
+    yield
+    linear.native_bfloat16_dot.cache_clear()
+
+
+@pytest.mark.usefixtures("hardware_answer")
 @pytest.mark.parametrize(
     ("machine", "onednn", "expected"),
     [("aarch64", True, True), ("aarch64", False, False), ("arm64", True, True)],
@@ -116,13 +141,10 @@ def test_off_x86_bfloat16_hardware_is_what_onednn_says(
     # also takes it where it would emulate the products, so x86 asks the CPU's flags.
     monkeypatch.setattr(linear.platform, "machine", lambda: machine)
     monkeypatch.setattr(linear, "_onednn_bfloat16", lambda: onednn)
-    linear.native_bfloat16_dot.cache_clear()
-    try:
-        assert linear.native_bfloat16_dot() is expected
-    finally:
-        linear.native_bfloat16_dot.cache_clear()
+    assert linear.native_bfloat16_dot() is expected
 
 
+@pytest.mark.usefixtures("hardware_answer")
 def test_on_x86_bfloat16_hardware_is_avx512_bf16_or_amx(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linear.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(linear, "_onednn_bfloat16", lambda: True)  # not asked on x86
@@ -131,4 +153,3 @@ def test_on_x86_bfloat16_hardware_is_avx512_bf16_or_amx(monkeypatch: pytest.Monk
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
         linear.native_bfloat16_dot.cache_clear()
         assert linear.native_bfloat16_dot() is (avx512_bf16 or amx)
-    linear.native_bfloat16_dot.cache_clear()

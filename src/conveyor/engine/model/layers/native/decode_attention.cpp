@@ -8,9 +8,9 @@
 //
 // In bfloat16 on a CPU with AVX512-BF16 (blocks of a multiple of 16 slots, head dim 64 or
 // 128), keys are scored sixteen at a time by vdpbf16ps, straight from the cache, their
-// sums gathered into one vector (score_row_bf16); on other AVX-512 CPUs, and in float32
-// and float16, sixteen at a time by float32 FMAs (score_row_x16); elsewhere a key at a
-// time in float32.
+// sums gathered into one vector (score_row_x16 with Bfloat16Dots); on other AVX-512 CPUs,
+// and in float32 and float16, sixteen at a time by float32 FMAs (FloatDots); elsewhere a
+// key at a time in float32.
 //
 // Shapes: q [T, H, D]; k_cache, v_cache [num_blocks, block_size, KVH, D] (any strides,
 // the last one 1); block_tables [T, N] int64; mask [T, N, block_size] additive (0 or
@@ -208,15 +208,13 @@ void load_queries(const Layout& s, int64_t row, const scalar_t* q, float scale, 
   }
 }
 
-// Scores [H, L] of one row (queries scaled, mask added), a key at a time: each key is
-// loaded once into vector registers and scored against every query head of its group,
-// each score a horizontal sum.
+// Scores [H, L] of one row (mask added), a key at a time, from ``queries`` (float32,
+// scaled already: load_queries): each key is loaded once into vector registers and scored
+// against every query head of its group, each score a horizontal sum.
 template <int DV, typename scalar_t>
-void score_row_vec(const Layout& s, int64_t row, const scalar_t* q, const scalar_t* k,
-                   const int64_t* tables, const float* mask, float scale, float* scores,
-                   float* queries) {
+void score_row_vec(const Layout& s, int64_t row, const scalar_t* k, const int64_t* tables,
+                   const float* mask, float* scores, const float* queries) {
   const int64_t G = s.group, L = s.length, BS = s.block_size;
-  load_queries<DV, scalar_t>(s, row, q, scale, queries);
   const float* row_mask = mask + row * L;
   const int64_t* row_table = tables + row * s.blocks_per_row;
   const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
@@ -268,22 +266,20 @@ inline __m512 sum_each(const __m512* x) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88),
                        _mm512_shuffle_f32x4(low, high, 0xDD));
 }
-#endif
 
-#if defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX512)
-// score_row_vec sixteen keys at a time (block_size a multiple of 16): each key's products
-// with a query head summed in float32 FMAs (keys of 16-bit dtypes widened to float32 on
-// load), the sixteen keys' sums gathered into one vector by sum_each, masked and stored
-// together. Queries come scaled from ``queries``. Groups of sixteen slots that the mask
-// hides whole are not read.
-template <int DV, typename scalar_t>
+// Scores [H, L] of one row sixteen keys at a time (block_size a multiple of 16):
+// ``dots(head, keys, stride, out)`` fills out[j] with lanes that sum to query head
+// ``head``'s product with key j (at keys + j * stride); sum_each gathers the sixteen sums
+// into one vector, which is scaled by ``scale``, masked and stored. Groups of sixteen slots
+// that the mask hides whole are not read.
+template <typename scalar_t, typename Dots>
 void score_row_x16(const Layout& s, int64_t row, const scalar_t* k, const int64_t* tables,
-                   const float* mask, float* scores, const float* queries) {
+                   const float* mask, float scale, float* scores, Dots dots) {
   const int64_t G = s.group, L = s.length, BS = s.block_size;
   const float* row_mask = mask + row * L;
   const int64_t* row_table = tables + row * s.blocks_per_row;
   const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
-  const __m512 hidden = _mm512_set1_ps(kNegInf);
+  const __m512 scale_v = _mm512_set1_ps(scale), hidden = _mm512_set1_ps(kNegInf);
   for (int64_t b = 0; b < s.blocks_per_row; ++b) {
     if (b + 1 < s.blocks_per_row && row_mask[(b + 1) * BS] != kNegInf) prefetch(k + row_table[b + 1] * s.c_block, block_bytes);
     const scalar_t* block = k + row_table[b] * s.c_block;
@@ -293,102 +289,87 @@ void score_row_x16(const Layout& s, int64_t row, const scalar_t* k, const int64_
       const __mmask16 is_hidden = _mm512_cmp_ps_mask(bias, hidden, _CMP_EQ_OQ);
       for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head) {
         const scalar_t* keys = block + first * s.c_slot + kv_head * s.c_head;
-        for (int64_t g = 0; g < G; ++g) {
-          float* out = scores + (kv_head * G + g) * L + pos;
+        for (int64_t head = kv_head * G; head < (kv_head + 1) * G; ++head) {
+          float* out = scores + head * L + pos;
           if (is_hidden == 0xFFFF) {
             _mm512_storeu_ps(out, hidden);
             continue;
           }
-          const float* query = queries + (kv_head * G + g) * DV * Vec::size();
-          Vec qv[DV];
-          for (int i = 0; i < DV; ++i) qv[i] = Vec::loadu(query + i * Vec::size());
-          __m512 dots[16];
-          for (int j = 0; j < 16; ++j) {
-            const scalar_t* key = keys + j * s.c_slot;
-            Vec acc = qv[0] * load16(key);
-            for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[i], load16(key + i * Vec::size()), acc);
-            dots[j] = acc;
-          }
-          const __m512 scored = _mm512_add_ps(sum_each(dots), bias);
+          __m512 sums[16];
+          dots(head, keys, s.c_slot, sums);
+          const __m512 scored = _mm512_fmadd_ps(sum_each(sums), scale_v, bias);
           _mm512_storeu_ps(out, _mm512_mask_mov_ps(scored, is_hidden, hidden));
         }
       }
     }
   }
 }
+#endif
+
+#if defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX512)
+// Dots for score_row_x16 in float32 FMAs, from ``queries`` [H, dim] (float32, scaled
+// already: load_queries); keys of 16-bit dtypes are widened to float32 on load.
+template <int DV, typename scalar_t>
+struct FloatDots {
+  const float* queries;
+  void operator()(int64_t head, const scalar_t* keys, int64_t stride, __m512* out) const {
+    Vec qv[DV];
+    for (int i = 0; i < DV; ++i) qv[i] = Vec::loadu(queries + (head * DV + i) * Vec::size());
+    for (int j = 0; j < 16; ++j) {
+      const scalar_t* key = keys + j * stride;
+      Vec acc = qv[0] * load16(key);
+      for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[i], load16(key + i * Vec::size()), acc);
+      out[j] = acc;
+    }
+  }
+};
 #endif
 
 #if defined(__AVX512BF16__)
-// score_row_vec for bfloat16 with AVX512-BF16: sixteen keys at a time (block_size a
-// multiple of 16, dim of DP * 32). Products of bfloat16 pairs summed in float32 by
-// vdpbf16ps straight from the cache (no conversion), the sixteen keys' sums gathered into
-// one vector by sum_each, then scaled, masked and stored together. Groups of sixteen
-// slots that the mask hides whole are not read.
+// Dots for score_row_x16 in bfloat16 with AVX512-BF16 (dim of DP * 32): products of
+// bfloat16 pairs summed in float32 by vdpbf16ps straight from the query and the cache (no
+// conversion; the scale comes after).
 template <int DP>
-void score_row_bf16(const Layout& s, int64_t row, const at::BFloat16* q, const at::BFloat16* k,
-                    const int64_t* tables, const float* mask, float scale, float* scores) {
-  const int64_t G = s.group, L = s.length, BS = s.block_size;
-  const float* row_mask = mask + row * L;
-  const int64_t* row_table = tables + row * s.blocks_per_row;
-  const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(at::BFloat16));
-  const __m512 scale_v = _mm512_set1_ps(scale), hidden = _mm512_set1_ps(kNegInf);
-  for (int64_t b = 0; b < s.blocks_per_row; ++b) {
-    if (b + 1 < s.blocks_per_row && row_mask[(b + 1) * BS] != kNegInf) prefetch(k + row_table[b + 1] * s.c_block, block_bytes);
-    const at::BFloat16* block = k + row_table[b] * s.c_block;
-    for (int64_t first = 0; first < BS; first += 16) {
-      const int64_t pos = b * BS + first;
-      const __m512 bias = _mm512_loadu_ps(row_mask + pos);
-      const __mmask16 is_hidden = _mm512_cmp_ps_mask(bias, hidden, _CMP_EQ_OQ);
-      for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head) {
-        const at::BFloat16* keys = block + first * s.c_slot + kv_head * s.c_head;
-        for (int64_t g = 0; g < G; ++g) {
-          float* out = scores + (kv_head * G + g) * L + pos;
-          if (is_hidden == 0xFFFF) {
-            _mm512_storeu_ps(out, hidden);
-            continue;
-          }
-          const at::BFloat16* query = q + row * s.q_row + (kv_head * G + g) * s.q_head;
-          __m512bh qv[DP];
-          for (int p = 0; p < DP; ++p) qv[p] = (__m512bh)_mm512_loadu_si512(query + 32 * p);
-          __m512 dots[16];
-          for (int j = 0; j < 16; ++j) {
-            const at::BFloat16* key = keys + j * s.c_slot;
-            __m512 acc = _mm512_setzero_ps();
-            for (int p = 0; p < DP; ++p)
-              acc = _mm512_dpbf16_ps(acc, qv[p], (__m512bh)_mm512_loadu_si512(key + 32 * p));
-            dots[j] = acc;
-          }
-          const __m512 scored = _mm512_fmadd_ps(sum_each(dots), scale_v, bias);
-          _mm512_storeu_ps(out, _mm512_mask_mov_ps(scored, is_hidden, hidden));
-        }
-      }
+struct Bfloat16Dots {
+  const Layout& s;
+  const at::BFloat16* q;  // the row's query heads
+  void operator()(int64_t head, const at::BFloat16* keys, int64_t stride, __m512* out) const {
+    __m512bh qv[DP];
+    for (int p = 0; p < DP; ++p) qv[p] = (__m512bh)_mm512_loadu_si512(q + head * s.q_head + 32 * p);
+    for (int j = 0; j < 16; ++j) {
+      const at::BFloat16* key = keys + j * stride;
+      __m512 acc = _mm512_setzero_ps();
+      for (int p = 0; p < DP; ++p)
+        acc = _mm512_dpbf16_ps(acc, qv[p], (__m512bh)_mm512_loadu_si512(key + 32 * p));
+      out[j] = acc;
     }
   }
-}
+};
 #endif
 
-// Scores by score_row_bf16 where it applies (bfloat16, AVX512-BF16, blocks of sixteen
-// slots, dim 64 or 128), else by score_row_x16 (AVX-512, blocks of sixteen slots), else
-// by score_row_vec.
+// Scores [H, L] of one row: sixteen keys at a time where blocks are of a multiple of
+// sixteen slots (by vdpbf16ps in bfloat16 with AVX512-BF16 and dim 64 or 128, else by
+// float32 FMAs on AVX-512), else a key at a time (score_row_vec). ``queries`` is work
+// space for the row's query heads in float32.
 template <int DV, typename scalar_t>
 void score_row(const Layout& s, int64_t row, const scalar_t* q, const scalar_t* k,
                const int64_t* tables, const float* mask, float scale, float* scores,
                float* queries) {
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    if (s.block_size % 16 == 0) {
-      if (DV == 4) return score_row_bf16<2>(s, row, q, k, tables, mask, scale, scores);
-      if (DV == 8) return score_row_bf16<4>(s, row, q, k, tables, mask, scale, scores);
+    if (s.block_size % 16 == 0 && (DV == 4 || DV == 8)) {
+      const at::BFloat16* row_q = q + row * s.q_row;
+      if (DV == 4) return score_row_x16(s, row, k, tables, mask, scale, scores, Bfloat16Dots<2>{s, row_q});
+      return score_row_x16(s, row, k, tables, mask, scale, scores, Bfloat16Dots<4>{s, row_q});
     }
   }
 #endif
+  load_queries<DV, scalar_t>(s, row, q, scale, queries);
 #if defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX512)
-  if (s.block_size % 16 == 0) {
-    load_queries<DV, scalar_t>(s, row, q, scale, queries);
-    return score_row_x16<DV, scalar_t>(s, row, k, tables, mask, scores, queries);
-  }
+  if (s.block_size % 16 == 0)
+    return score_row_x16(s, row, k, tables, mask, 1.0f, scores, FloatDots<DV, scalar_t>{queries});
 #endif
-  score_row_vec<DV, scalar_t>(s, row, q, k, tables, mask, scale, scores, queries);
+  score_row_vec<DV, scalar_t>(s, row, k, tables, mask, scores, queries);
 }
 
 // acc [H, dim] = the row's values weighted by probs [H, L] (unnormalised), a value at a
