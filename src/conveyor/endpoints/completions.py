@@ -184,8 +184,11 @@ async def completion_chunks(
             offset = len(run.prefixes[output.index])
         text_lengths[output.index] = offset + len(output.text)
         has_logprobs = bool(output.logprobs) or output.prompt_logprobs is not None
-        if not text and not has_logprobs and not output.is_finished:
-            continue  # a token that completes no character yet: nothing to send
+        if not text and not output.token_ids and not has_logprobs and not output.is_finished:
+            continue  # no new token: nothing to send
+        # A token whose text is held back (it completes no character yet, or may start a
+        # stop string) still gets its chunk, its text empty, as vLLM's server sends it:
+        # the first chunk marks the first token, and a client sees every step's progress.
         logprobs = legacy_logprobs(
             run.generator, output.prompt_logprobs, output.logprobs, [offset] * len(output.logprobs)
         )

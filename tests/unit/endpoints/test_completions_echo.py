@@ -1,7 +1,8 @@
 """``/v1/completions`` as evaluation harnesses call it, on a tiny Llama: ``echo`` with
 ``logprobs`` gives the prompt tokens' logprobs (Hugging Face's, the first ``null``), then
 the generated tokens'; ``max_tokens`` 0 generates nothing; ``top_logprobs`` holds the
-chosen token too; usage counts a prompt once however many choices it has."""
+chosen token too; usage counts a prompt once however many choices it has; a streamed token
+whose text is held back still gets its chunk (the first chunk marks the first token)."""
 
 from __future__ import annotations
 
@@ -172,3 +173,23 @@ async def test_every_choice_of_an_echoed_prompt_carries_its_logprobs(service: Se
     for key in ("tokens", "token_logprobs", "text_offset"):
         assert first[key][:num_prompt] == second[key][:num_prompt]
     assert len(first["tokens"]) == len(second["tokens"]) == num_prompt + 2
+
+
+async def test_a_streamed_token_whose_text_is_held_back_still_gets_its_chunk(
+    service: Service,
+) -> None:
+    body = {"prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0}
+    whole = (await completion(service, logprobs=1, **body)).choices[0]
+    assert whole.logprobs is not None and whole.logprobs.tokens
+    # A stop string that starts with the first token's text and never occurs: that text is
+    # held back after the first token, as a possible start of the stop string.
+    stop = whole.logprobs.tokens[0] + "\x00never"
+    streamed = {"model": "tiny", "stream": True, "stop": stop, **body}
+    run = await prepare_completion(service, parse_completion_request(streamed)).start(
+        service, priority=Priority.ONLINE, timeout_ms=None
+    )
+    chunks = [chunk async for chunk in completion_chunks(run, include_usage=False)]
+    run.close()
+    first = chunks[0]["choices"][0]
+    assert (first["text"], first["finish_reason"]) == ("", None)
+    assert "".join(chunk["choices"][0]["text"] for chunk in chunks) == whole.text
