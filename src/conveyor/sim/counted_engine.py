@@ -10,11 +10,12 @@ decoding sequences). Each step, in the scheduler's order:
    sequence (its blocks freed, its tokens recomputed after readmission), as the
    scheduler does; a step short of blocks admits no one.
 2. Running prefills take their next chunk; while a request waits they leave it
-   ``ADMISSION_SHARE`` of the step's room, and one lacking any block preempts the newest.
+   ``ADMISSION_SHARE`` of the step's room (``share_left_behind``: not a sliver), and one
+   lacking any block preempts the newest.
 3. Waiting requests are admitted oldest first while a seat (``max_num_seqs``), the
    step's token budget (``max_num_batched_tokens``, a long prompt chunked) and free
-   blocks allow; each leaves ``ADMISSION_SHARE`` of the room to those behind it; the
-   head blocks the queue.
+   blocks allow; each too long for the room leaves ``ADMISSION_SHARE`` of it to those
+   behind it (never a sliver: ``share_left_behind``); the head blocks the queue.
 4. Running prefills take back the room admission left (as free blocks allow).
 
 Not modelled (the scenario is refused where it matters, see ``counted_worker``): the
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 
-from conveyor.engine.core.scheduler import ADMISSION_SHARE
+from conveyor.engine.core.step_plan import share_left_behind
 from conveyor.sim.counted_cache import NOBODY, FreeBlocks
 from conveyor.sim.counted_pool import DECODE, GONE, PREFILL, WAITING, CountedSeq, DecodePool
 from conveyor.sim.counted_queue import WaitingQueue
@@ -134,7 +135,7 @@ class CountedEngine:
                 ones.append(seq)
                 prefills.remove(seq)
         self._plan_decodes(step, ones)
-        held = int(self.room(step) * ADMISSION_SHARE) if self.waiting else 0
+        held = share_left_behind(self.room(step), self.budget) if self.waiting else 0
         for seq in prefills:
             if self.room(step) - held <= 0:
                 break  # the room only shrinks (a preemption comes after this check)
@@ -244,9 +245,9 @@ class CountedEngine:
         size = self.block_size
         while self.waiting and (room := self.room(step)) > 0:
             seq = self.waiting[0]
-            if len(self.waiting) > 1:
-                room -= int(room * ADMISSION_SHARE)
             hits = self.free.cached_for(seq.arrival) * size
+            if len(self.waiting) > 1:
+                room -= share_left_behind(room, self.budget, seq.num_tokens - hits)
             num_new = min(seq.num_tokens - hits, room)
             needed = -(-(hits + num_new) // size)  # the cached blocks are free ones too
             if self.num_running >= self.max_num_seqs or needed > self.free_blocks:

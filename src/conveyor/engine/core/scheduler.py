@@ -19,8 +19,9 @@ Policy, kept deliberately simple:
   prefilled in chunks over several steps.
 * Room for arrivals.  While a sequence of its class waits, running prefills
   leave half of what is left of the step to admission (``ADMISSION_SHARE``), as
-  does an admitted online prompt for those behind it; prefills take back what
-  admission left: a short request behind long prompts starts the next step.
+  does an admitted online prompt too long for the room for those behind it (never a
+  sliver: ``share_left_behind``); prefills take back what admission left: a short
+  request behind long prompts starts the next step.
 * Job share.  While online traffic is present, batch-job sequences take at most
   a capped number of a step's tokens (see ``job_share``): job decodes past the
   cap sit the step out keeping their blocks, job prefills are chunked to fit, so
@@ -57,8 +58,6 @@ from conveyor.priority import Priority
 
 # Steps in a row that batch-job sequences may sit out while online prompts are prefilled.
 MAX_BATCH_PAUSE_STEPS = 8
-# The share of a step's room left to the sequences waiting behind ("Room for arrivals").
-ADMISSION_SHARE = 0.5
 
 
 def _order_key(seq: Sequence) -> tuple[int, int]:
@@ -243,7 +242,7 @@ class Scheduler:
             s for s in self._running if s.num_uncomputed_tokens > 1 and s.priority is priority
         ]
         is_waiting = bool(self._waiting) and self._waiting[0].priority is priority
-        held = int(plan.room_for(priority) * ADMISSION_SHARE) if is_waiting else 0
+        held = plan.share_left_behind(plan.room_for(priority)) if is_waiting else 0
         for seq in prefills:
             if seq.status is SequenceStatus.RUNNING:
                 self._schedule_running(seq, plan, held)
@@ -360,10 +359,11 @@ class Scheduler:
                 continue
             if waits_for_sibling(seq, self._running, manager.block_size):
                 break
+            num_needed = seq.num_tokens - manager.num_cache_hit_tokens(seq)
             behind = self._waiting[skipped + 1 : skipped + 2]
             if priority is Priority.ONLINE and behind and behind[0].priority is priority:
-                room -= int(room * ADMISSION_SHARE)
-            num_new = min(seq.num_tokens - manager.num_cache_hit_tokens(seq), room)
+                room -= plan.share_left_behind(room, num_needed)
+            num_new = min(num_needed, room)
             if not self._fits(seq, num_new) and not self._make_room(seq, num_new, plan):
                 break
             self._waiting.pop(skipped)

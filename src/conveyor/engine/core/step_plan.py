@@ -1,7 +1,9 @@
 """One step's plan: which sequences compute how many tokens, and who was preempted for it.
 
-Plain records the scheduler fills (``StepPlan``) and hands out (``SchedulerOutput``), and
-the check of a finished step's sampled tokens against its plan (``check_sampled``).
+Plain records the scheduler fills (``StepPlan``) and hands out (``SchedulerOutput``), the
+share of a step's room a prompt leaves to those waiting behind it (``share_left_behind``,
+the simulator's too), and the check of a finished step's sampled tokens against its plan
+(``check_sampled``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,26 @@ from dataclasses import dataclass, field
 from conveyor.engine.core.sequence import Sequence, check_token_id
 from conveyor.engine.core.step import SeqChunk
 from conveyor.priority import Priority
+
+# The share of a step's room left to the sequences waiting behind (the scheduler's "Room
+# for arrivals").
+ADMISSION_SHARE = 0.5
+# The smallest share an admitted prompt leaves behind it, as a part of the step's token
+# budget: a smaller one buys the prompt behind only a piece of itself (one more chunk,
+# attended apart, in a later step), while the prompt admitted could take the room whole.
+MIN_SHARE_OF_BUDGET = 1 / 32
+
+
+def share_left_behind(room: int, token_budget: int, num_needed: int | None = None) -> int:
+    """The tokens of ``room`` a prompt leaves to those waiting behind it: none where it
+    needs no more than the room (``num_needed``: it is taken whole) or where the share
+    would be under ``MIN_SHARE_OF_BUDGET`` of the step, else ``ADMISSION_SHARE`` of the
+    room. So a burst of equal prompts fills a step with whole ones and one piece, not a
+    trail of halves, while a short prompt behind long ones still starts at once."""
+    if num_needed is not None and num_needed <= room:
+        return 0
+    share = int(room * ADMISSION_SHARE)
+    return share if share >= token_budget * MIN_SHARE_OF_BUDGET else 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,10 +112,12 @@ class StepPlan:
         "num_batched_tokens",
         "preempted",
         "scheduled",
+        "token_budget",
     )
 
     def __init__(self, token_budget: int, job_token_cap: int | None = None) -> None:
         """``job_token_cap``: the most tokens batch-job sequences may take (None: no cap)."""
+        self.token_budget = token_budget
         self.scheduled: dict[str, ScheduledSeq] = {}
         self.preempted: list[Sequence] = []
         # Running sequences were short of blocks: nobody is admitted this step.
@@ -107,6 +131,10 @@ class StepPlan:
         if priority is Priority.ONLINE or self.job_budget_left is None:
             return self.budget_left
         return min(self.budget_left, self.job_budget_left)
+
+    def share_left_behind(self, room: int, num_needed: int | None = None) -> int:
+        """The tokens of ``room`` left to those waiting behind (``share_left_behind``)."""
+        return share_left_behind(room, self.token_budget, num_needed)
 
     def num_new_tokens(self, seq: Sequence) -> int:
         """Tokens ``seq`` computes in this step so far (0: not scheduled)."""

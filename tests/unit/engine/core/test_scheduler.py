@@ -538,6 +538,20 @@ def test_a_short_request_behind_long_arrivals_starts_the_step_it_arrives() -> No
     assert [seq.seq_id for seq in harness.done] == ["short"]
 
 
+def test_a_burst_of_equal_prompts_fills_the_step_with_whole_ones_and_one_piece() -> None:
+    """Each prompt of a burst leaves half the room behind it until that half is a sliver
+    of the step: the last one admitted then takes the rest, so the step holds whole
+    prompts and one piece, not a trail of halves (56, 28, 14, ... tokens) each attended
+    apart in the step after."""
+    harness = long_prompt_harness(max_num_seqs=64)
+    for index in range(40):
+        harness.add(f"p{index:02}", [index + 1] * 129, max_tokens=1)
+    whole = {f"p{index:02}": 129 for index in range(15)}
+    assert chunk_sizes(harness.step()) == {**whole, "p15": 113}  # 2,048 = 15 x 129 + 113
+    whole = {f"p{index:02}": 129 for index in range(16, 31)}
+    assert chunk_sizes(harness.step()) == {"p15": 16, **whole, "p31": 97}
+
+
 def test_prompts_admitted_together_take_back_what_the_queue_did_not_use() -> None:
     """A long prompt admitted with half the step, beside one that then finds no seat, gets
     the rest of the step: nothing held back for the queue is lost."""
