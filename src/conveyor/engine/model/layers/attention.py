@@ -132,6 +132,8 @@ class Attention(nn.Module):
         self.paged_decode: NativeDecodeAttention | CompiledDecodeAttention | None = None
         # Conveyor's fused CPU rotation (``native_kernels``) for eager steps, where installed.
         self.native_rope = False
+        # Conveyor's CPU KV write (``native_kernels``): a row copy per token.
+        self.native_kv_write = False
         # Conveyor's CPU attention of whole prompts (``native_kernels``): bfloat16, AVX512-BF16.
         self.native_prefill = False
         # Set by ``compiled_layers``: a compiled layer calls ``attend`` as an opaque op.
@@ -194,8 +196,7 @@ class Attention(nn.Module):
         k_slots = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)
         v_slots = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
         # Write first: a chunk's own keys must be visible to its own queries.
-        k_slots.index_copy_(0, step.slot_mapping, k)
-        v_slots.index_copy_(0, step.slot_mapping, v)
+        self._write_kv((k_slots, v_slots), step.slot_mapping, k, v)
         if self.varlen is not None and step.varlen is not None:
             attended = self.varlen(q, kv_cache[0], kv_cache[1], self.window)
             return attended.reshape(num_tokens, self.num_heads * self.head_dim)
@@ -212,6 +213,21 @@ class Attention(nn.Module):
             decoded = self._attend_decode(q, step.decode, masks.decode, blocks, kv_cache)
             out.index_copy_(0, step.decode.token_indices, decoded)
         return out.view(num_tokens, self.num_heads * self.head_dim)
+
+    def _write_kv(
+        self,
+        slots: tuple[torch.Tensor, torch.Tensor],
+        slot_mapping: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        """The step's keys and values into their cache slots (flat [slots, kv_heads, dim])."""
+        native = fused_ops.eager_native(self.native_kv_write)
+        for cache, src in zip(slots, (k, v), strict=True):
+            if native and fused_ops.can_write_slots(cache, src):
+                fused_ops.write_slots(cache, slot_mapping, src)
+            else:
+                cache.index_copy_(0, slot_mapping, src)
 
     def _gather(
         self, blocks: tuple[torch.Tensor, torch.Tensor], tables: torch.Tensor

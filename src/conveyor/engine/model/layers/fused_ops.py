@@ -4,7 +4,9 @@ The kernels (``native/elementwise.cpp``, built and loaded with the decode attent
 ``native_kernels``) make one pass over each row where PyTorch's eager ops write a tensor
 per op. They serve eager steps only: under ``torch.compile`` the layers keep PyTorch's ops,
 which inductor fuses with their neighbours (a kernel would be an opaque call between them).
-``native_kernels.install_native_kernels`` marks the modules that may use them.
+``native_kernels.install_native_kernels`` marks the modules that may use them. The KV
+write (``native/kv_write.cpp``) is here too: a row copy per token where ``index_copy_``
+copied element by element.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ __all__ = [
     "rms_norm",
     "rope",
     "silu_and_mul",
+    "write_slots",
 ]
 
 
@@ -61,3 +64,16 @@ def prefill_attention(
     dim]; bfloat16, head dim 64 or 128, on a CPU with AVX512-BF16
     (``native/prefill_attention.cpp``; ``native_kernels.prefill_attention_runs``)."""
     torch.ops.conveyor_native.prefill_attention(q, k, v, out, count, q.shape[-1] ** -0.5)
+
+
+def can_write_slots(cache: torch.Tensor, src: torch.Tensor) -> bool:
+    """Whether ``write_slots`` takes ``src`` [T, heads, dim] into ``cache`` [slots, heads,
+    dim]: a contiguous cache, each source row's values contiguous, the same dtype."""
+    rows_whole = src.stride(-1) == 1 and src.stride(-2) == src.shape[-1]
+    return cache.is_contiguous() and rows_whole and src.dtype == cache.dtype
+
+
+def write_slots(cache: torch.Tensor, slot_mapping: torch.Tensor, src: torch.Tensor) -> None:
+    """``cache[slot_mapping[t]] = src[t]`` for every token t, a row copy each (as
+    ``cache.index_copy_(0, slot_mapping, src)``; see ``can_write_slots``)."""
+    torch.ops.conveyor_native.write_slots(cache, slot_mapping, src)

@@ -6,7 +6,8 @@ and registers itself as the op ``conveyor_native::decode_attention`` (opaque to
 ``torch.compile``, which calls it from a compiled decoder layer as it is). The fused
 RMSNorm (alone, or with the residual add before it), SiLU-and-multiply and rotary
 embedding (``native/elementwise.cpp``) serve eager steps only (``fused_ops``): one pass
-over each row instead of an intermediate tensor per PyTorch op. The prefill attention
+over each row instead of an intermediate tensor per PyTorch op; so does the KV write
+(``native/kv_write.cpp``), a row copy per token. The prefill attention
 (``native/prefill_attention.cpp``) attends a step's whole prompts of one length in
 bfloat16 through torch's brgemm (AMX or AVX512-BF16), where the CPU has AVX512-BF16 and
 the kernel's answer on a small case checks out once; elsewhere SDPA does.
@@ -55,6 +56,7 @@ NATIVE_DIR = Path(__file__).with_name("native")
 SOURCES = (
     NATIVE_DIR / "decode_attention.cpp",
     NATIVE_DIR / "elementwise.cpp",
+    NATIVE_DIR / "kv_write.cpp",
     NATIVE_DIR / "prefill_attention.cpp",
 )
 OP_NAME = "conveyor_native::decode_attention"
@@ -230,6 +232,7 @@ def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
         if isinstance(module, Attention):
             module.paged_decode = native
             module.native_rope = True
+            module.native_kv_write = True
             module.native_prefill = prefill and module.head_dim in PREFILL_HEAD_DIMS
         elif isinstance(module, (RMSNorm, MLP)):
             module.native = True

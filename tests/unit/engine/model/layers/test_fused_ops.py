@@ -1,5 +1,5 @@
-"""The native fused RMSNorm, SiLU-and-multiply, rotation and prefill attention against
-PyTorch's ops, and where the runner puts them."""
+"""The native fused RMSNorm, SiLU-and-multiply, rotation, KV write and prefill attention
+against PyTorch's ops, and where the runner puts them."""
 
 from __future__ import annotations
 
@@ -122,6 +122,44 @@ def test_rope_reads_a_slice_of_a_packed_projection_in_place(dtype: torch.dtype, 
     assert_within_an_ulp(fused_ops.rope(odd, cos, sin), apply_rope(odd, cos, sin))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_slots_matches_index_copy(dtype: torch.dtype) -> None:
+    """Keys sliced from a rotated [T, q + kv heads, dim] buffer and values from a packed
+    projection (rows far apart, each row's heads contiguous) land where index_copy_ puts
+    them, and nothing else changes."""
+    gen = torch.Generator().manual_seed(0)
+    rotated = torch.randn(40, 12, 64, generator=gen).to(dtype)
+    qkv = torch.randn(40, 960, generator=gen).to(dtype)
+    slots = torch.randperm(100, generator=gen)[:40]
+    for src in (rotated[:, 9:], qkv[:, 768:].view(40, 3, 64)):
+        assert fused_ops.can_write_slots(torch.empty(100, 3, 64, dtype=dtype), src)
+        expected = torch.randn(100, 3, 64, generator=gen).to(dtype)
+        cache = expected.clone()
+        fused_ops.write_slots(cache, slots, src)
+        assert torch.equal(cache, expected.index_copy_(0, slots, src))
+
+
+def test_write_slots_refuses_a_slot_outside_the_cache_and_writes_nothing() -> None:
+    cache = torch.zeros(8, 2, 4)
+    src = torch.ones(3, 2, 4)
+    for bad in (8, -1):
+        with pytest.raises(RuntimeError, match="outside the cache"):
+            fused_ops.write_slots(cache, torch.tensor([0, 1, bad]), src)
+        assert not cache.any()
+
+
+def test_a_kv_source_write_slots_cannot_take_is_written_by_index_copy() -> None:
+    """Rows whose heads are not contiguous, another dtype or a strided cache: the layer's
+    write falls back to index_copy_ (the op would refuse them)."""
+    cache = torch.zeros(8, 2, 4)
+    assert not fused_ops.can_write_slots(cache, torch.ones(4, 2, 2, 4)[:, :, 0])
+    assert not fused_ops.can_write_slots(cache, torch.ones(3, 4, 2).transpose(1, 2))
+    assert not fused_ops.can_write_slots(cache, torch.ones(3, 2, 4, dtype=torch.bfloat16))
+    assert not fused_ops.can_write_slots(torch.zeros(8, 2, 8)[:, :, :4], torch.ones(3, 2, 4))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        fused_ops.write_slots(cache, torch.arange(3), torch.ones(3, 4, 2).transpose(1, 2))
+
+
 def test_bad_inputs_are_refused() -> None:
     with pytest.raises(RuntimeError, match="elements for rows of"):
         fused_ops.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-5)
@@ -167,6 +205,7 @@ def test_the_runner_gives_every_layer_the_kernels_with_native_kernels(
     modules = list(runner.model.modules())
     fused = [m.native for m in modules if isinstance(m, (RMSNorm, MLP))]
     fused += [m.native_rope for m in modules if isinstance(m, Attention)]
+    fused += [m.native_kv_write for m in modules if isinstance(m, Attention)]
     assert fused and all(flag is native for flag in fused)
 
 
@@ -178,6 +217,26 @@ def test_a_runners_mlp_gives_the_same_answer_with_the_kernel(llama_path: Path) -
     fused = mlp(x)
     mlp.native = False
     assert_within_an_ulp(fused, mlp(x))
+
+
+def test_a_runners_kv_write_fills_the_cache_as_index_copy_does(llama_path: Path) -> None:
+    """A prompt's prefill and a decode step leave the same cache, and the decode the same
+    logits, with the native KV write as with index_copy_."""
+    prompt = SeqChunk(tuple(range(1, 8)), 0, (0, 1), needs_logits=True)
+    decode = SeqChunk((9,), 7, (0, 1), needs_logits=True)
+    answers = []
+    for native in (True, False):
+        runner = ModelRunner(llama_path, num_kv_blocks=8, block_size=4)
+        layers = [m for m in runner.model.modules() if isinstance(m, Attention)]
+        assert all(layer.native_kv_write for layer in layers)
+        for layer in layers:
+            layer.native_kv_write = native
+        runner.execute([prompt])
+        logits = runner.execute([decode])
+        answers.append((logits, [tensor.clone() for kv in runner.kv_caches for tensor in kv]))
+    (logits, caches), (reference_logits, reference_caches) = answers
+    assert torch.equal(logits, reference_logits)
+    assert all(map(torch.equal, caches, reference_caches))
 
 
 def test_a_runners_layers_fuse_each_residual_add_into_the_next_norm(llama_path: Path) -> None:
