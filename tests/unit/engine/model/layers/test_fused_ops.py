@@ -278,7 +278,8 @@ def _sdpa_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, count: int)
         (3, 37, 4, 2, 64),
         (2, 70, 8, 8, 128),
         (4, 1, 4, 1, 64),
-        (1, 600, 2, 1, 64),
+        (1, 600, 2, 1, 64),  # one prompt's blocks split into runs, one a task
+        (2, 300, 4, 2, 64),  # runs of two blocks, the last run empty
     ],
 )
 def test_prefill_attention_matches_sdpa(
