@@ -1,7 +1,8 @@
 // The KV write of a step on the CPU: each token's keys (or values) copied into the cache
 // slot the scheduler gave it, one memcpy a token, tokens spread over torch's intra-op
-// threads. PyTorch's index_copy_ took 0.2 ms for a 2,048-token step of SmolLM2's 3 KV
-// heads in bfloat16 (a strided source, element by element); the rows are whole here.
+// threads. For a 2,048-token step of SmolLM2's 3 KV heads in bfloat16 (keys sliced from
+// the rotated buffer), PyTorch's index_copy_ took 81 us (element by element), this 12 us
+// (2 threads, ad-hoc); a 64-row decode step fell from 55.5 to 53.3 ms.
 //
 // write_slots(cache [slots, H, D], slot_mapping [T] int64, src [T, H, D]): cache[slot[t]] =
 //   src[t]. The cache is contiguous; each source row's H x D values are contiguous (rows
