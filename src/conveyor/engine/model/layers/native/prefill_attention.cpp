@@ -42,7 +42,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <utility>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -76,28 +75,25 @@ void pack_keys(const at::BFloat16* k, int64_t stride, int64_t len, int64_t padde
   }
 }
 
+// Indices for _mm512_permutex2var_epi16 that interleave 16 values of two vectors from
+// `first` on: a's first, b's first, a's second, ... (b's indices are a's plus 32).
+constexpr std::array<int16_t, 32> interleaved(int first) {
+  std::array<int16_t, 32> idx{};
+  for (int i = 0; i < 16; ++i) {
+    idx[2 * i] = static_cast<int16_t>(first + i);
+    idx[2 * i + 1] = static_cast<int16_t>(32 + first + i);
+  }
+  return idx;
+}
+
 // Values [len, DIM] as [padded/2][DIM][pair]: for each pair of keys, each head dim's two
 // values side by side (the low half the even key's); keys past len are zero. Two keys'
 // 32 head dims are interleaved by one permute.
 template <int64_t DIM>
 void pack_values(const at::BFloat16* v, int64_t stride, int64_t len, int64_t padded,
                  uint32_t* out) {
-  alignas(64) static constexpr auto kLow = [] {
-    std::array<int16_t, 32> idx{};
-    for (int i = 0; i < 16; ++i) {
-      idx[2 * i] = static_cast<int16_t>(i);
-      idx[2 * i + 1] = static_cast<int16_t>(32 + i);
-    }
-    return idx;
-  }();
-  alignas(64) static constexpr auto kHigh = [] {
-    std::array<int16_t, 32> idx{};
-    for (int i = 0; i < 16; ++i) {
-      idx[2 * i] = static_cast<int16_t>(16 + i);
-      idx[2 * i + 1] = static_cast<int16_t>(48 + i);
-    }
-    return idx;
-  }();
+  alignas(64) static constexpr auto kLow = interleaved(0);
+  alignas(64) static constexpr auto kHigh = interleaved(16);
   const __m512i low = _mm512_load_si512(kLow.data());
   const __m512i high = _mm512_load_si512(kHigh.data());
   for (int64_t jp = 0; jp < padded / 2; ++jp) {
@@ -119,7 +115,7 @@ void pack_values(const at::BFloat16* v, int64_t stride, int64_t len, int64_t pad
 // sum into sums. Two rows at a time, so that one row's reductions overlap the other's
 // work; a row's last vector of visible keys is loaded masked (-inf past them).
 template <int64_t ROWS>
-inline void softmax_rows(float* scores, int64_t n, const int64_t* visible, float scale,
+inline void softmax_rows(const float* scores, int64_t n, const int64_t* visible, float scale,
                          at::BFloat16* probs, float* sums) {
   using Vec = at::vec::Vectorized<float>;
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -134,7 +130,8 @@ inline void softmax_rows(float* scores, int64_t n, const int64_t* visible, float
     for (int64_t v = 0; v < whole[r]; ++v) {
       max_vec = _mm512_max_ps(max_vec, _mm512_loadu_ps(row + v * kLanes));
     }
-    max_vec = _mm512_max_ps(max_vec, _mm512_mask_loadu_ps(neg_inf, tail[r], row + whole[r] * kLanes));
+    const __m512 last = _mm512_mask_loadu_ps(neg_inf, tail[r], row + whole[r] * kLanes);
+    max_vec = _mm512_max_ps(max_vec, last);
     top[r] = Vec(_mm512_reduce_max_ps(max_vec));
   }
   const Vec factor(scale);
@@ -162,6 +159,21 @@ inline void softmax_rows(float* scores, int64_t n, const int64_t* visible, float
   }
 }
 
+// The softmax of a block's `stacked` rows (the group's heads' `rows` rows each, the first
+// at position row0) of n scores, two rows at a time.
+inline void softmax_block(const float* scores, int64_t n, int64_t stacked, int64_t rows,
+                          int64_t row0, float scale, at::BFloat16* probs, float* sums) {
+  int64_t m = 0;
+  for (; m + 2 <= stacked; m += 2) {
+    const int64_t visible[2] = {row0 + m % rows + 1, row0 + (m + 1) % rows + 1};
+    softmax_rows<2>(scores + m * n, n, visible, scale, probs + m * n, sums + m);
+  }
+  if (m < stacked) {
+    const int64_t visible[1] = {row0 + m % rows + 1};
+    softmax_rows<1>(scores + m * n, n, visible, scale, probs + m * n, sums + m);
+  }
+}
+
 struct Layout {
   int64_t count, len, heads, kv_heads;
   int64_t q_token, q_head, k_token, k_head, v_token, v_head, o_token, o_head;
@@ -170,6 +182,8 @@ struct Layout {
 // Query rows of a head in a block, and keys a matmul takes at once.
 constexpr int64_t kRows = 64;
 constexpr int64_t kKeyChunk = 512;
+// Tasks a thread should find at least, for a long prompt's blocks to be split into runs.
+constexpr int64_t kTasksPerThread = 8;
 
 // Keys (and values) a block's rows see: up to its last row, in whole pairs of vectors.
 inline int64_t keys_seen(int64_t last_row) {
@@ -231,15 +245,7 @@ void attend_block(const Layout& s, const at::BFloat16* q, at::BFloat16* out,
     blas::brgemm(stacked, width, DIM, DIM, head.packed, n, false, queries, key_bits + 2 * c,
                  scores + c, true);
   }
-  int64_t m = 0;
-  for (; m + 2 <= stacked; m += 2) {
-    const int64_t visible[2] = {row0 + m % rows + 1, row0 + (m + 1) % rows + 1};
-    softmax_rows<2>(scores + m * n, n, visible, scale, probs + m * n, sums + m);
-  }
-  if (m < stacked) {
-    const int64_t visible[1] = {row0 + m % rows + 1};
-    softmax_rows<1>(scores + m * n, n, visible, scale, probs + m * n, sums + m);
-  }
+  softmax_block(scores, n, stacked, rows, row0, scale, probs, sums);
   for (int64_t c = 0; c < n; c += kKeyChunk) {
     const int64_t width = std::min(kKeyChunk, n - c);
     // values are [packed/2][DIM][2]: chunk c starts c/2 rows of pairs in
@@ -289,7 +295,8 @@ void attend_all(const Layout& s, const at::BFloat16* q, const at::BFloat16* k,
   const int64_t blocks = (s.len + kRows - 1) / kRows;
   const int64_t heads = s.count * s.kv_heads;
   const int64_t threads = at::get_num_threads();
-  const int64_t spans = std::clamp<int64_t>((8 * threads + heads - 1) / heads, 1, blocks);
+  const int64_t wanted = kTasksPerThread * threads;
+  const int64_t spans = std::clamp<int64_t>((wanted + heads - 1) / heads, 1, blocks);
   const int64_t per_span = (blocks + spans - 1) / spans;
   const int64_t tasks = heads * spans;
   const int64_t stacked = s.heads / s.kv_heads * std::min(kRows, s.len);
