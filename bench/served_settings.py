@@ -17,12 +17,15 @@ CONVEYOR_BASELINE = "conveyor_baseline"
 CONVEYOR_COMPILED = "conveyor_compiled"
 VLLM = "vllm"
 LLAMACPP = "llamacpp"
+# llama.cpp's own server, ``llama-server``, with a slot per client (continuous batching).
+LLAMA_SERVER = "llama_server"
 # Hugging Face transformers ``generate`` on static batches, in the bench's own process.
 HF_STATIC = "hf_static"
-CONTENDERS = (CONVEYOR, CONVEYOR_BASELINE, CONVEYOR_COMPILED, VLLM, LLAMACPP, HF_STATIC)
+CONTENDERS = (CONVEYOR, CONVEYOR_BASELINE, CONVEYOR_COMPILED, VLLM, LLAMACPP, LLAMA_SERVER,
+              HF_STATIC)  # fmt: skip
 CONVEYORS = (CONVEYOR, CONVEYOR_BASELINE, CONVEYOR_COMPILED)
 # Contenders that are HTTP servers (every one but hf_static).
-SERVED = (CONVEYOR, CONVEYOR_BASELINE, CONVEYOR_COMPILED, VLLM, LLAMACPP)
+SERVED = (CONVEYOR, CONVEYOR_BASELINE, CONVEYOR_COMPILED, VLLM, LLAMACPP, LLAMA_SERVER)
 MODEL_NAME = "bench-model"
 
 # Random prompts sent at once, at most ``--concurrency`` in flight (``/v1/completions``).
@@ -59,6 +62,7 @@ class Settings:
     llamacpp_venv: str = ".venv-llamacpp"
     gguf: str | None = None
     llamacpp_quantized: bool = False
+    llama_server_dir: str = ".llama-server"
     # conveyor_baseline with enforce_eager: false, as conveyor_compiled runs this checkout.
     baseline_compiled: bool = False
 

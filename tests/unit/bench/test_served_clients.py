@@ -34,6 +34,17 @@ def test_the_chat_workload_streams_chat_requests_at_the_request_rate(tmp_path: P
     assert "--percentile-metrics ttft,tpot,itl --metric-percentiles 50,99" in text
 
 
+def test_a_peers_headers_go_with_every_request_of_the_load_client(tmp_path: Path) -> None:
+    settings, _ = parse_args([])
+    point = Point(RANDOM, concurrency=16)
+    argv = vllm_client_argv(tmp_path / "vllm", settings, tmp_path, 8123, point, 64,
+                            tmp_path / "out.json", None, {"Connection": "close"})  # fmt: skip
+    assert argv[argv.index("--header") + 1] == "Connection=close"
+    plain = vllm_client_argv(tmp_path / "vllm", settings, tmp_path, 8123, point, 64,
+                             tmp_path / "out.json")  # fmt: skip
+    assert "--header" not in plain and "--extra-body" not in plain
+
+
 def test_arrivals_are_a_seeded_poisson_process_at_the_rate() -> None:
     times = arrival_times(4.0, 2000, seed=3)
     assert times == arrival_times(4.0, 2000, seed=3)

@@ -1,4 +1,4 @@
-"""How the served benchmark starts llama.cpp's server, what it asks of it, and which
+"""How the served benchmark starts llama.cpp's servers, what it asks of them, and which
 contenders it skips (and why) where they cannot run."""
 
 from __future__ import annotations
@@ -9,15 +9,17 @@ import pytest
 from bench.generate_served import parse_args
 from bench.served_peers import (
     MAX_MODEL_LEN,
+    llama_server_argv,
     llamacpp_argv,
     llamacpp_body,
     llamacpp_env,
     missing_peers,
     peer_notes,
+    request_headers,
     served_gguf,
     workload_skips,
 )
-from bench.served_settings import CONVEYOR, HF_STATIC, LLAMACPP, MODEL_NAME, VLLM
+from bench.served_settings import CONVEYOR, HF_STATIC, LLAMA_SERVER, LLAMACPP, MODEL_NAME, VLLM
 
 from conveyor.cli.omp_wait import SPIN_COUNT
 
@@ -35,6 +37,46 @@ def test_llamacpp_serves_the_gguf_under_the_bench_name_with_its_threads(tmp_path
     assert pairs["--interrupt_requests"] == "False"  # a waiting request must not cut one off
     assert pairs["--disable_ping_events"] == "True"  # vllm bench serve's client chokes on them
     assert (pairs["--host"], pairs["--port"]) == ("127.0.0.1", "8124")
+
+
+def test_llama_server_gives_every_client_a_slot_of_its_own(tmp_path: Path) -> None:
+    settings, _ = parse_args(["--contenders", LLAMA_SERVER, "--threads", "3",
+                              "--max-num-seqs", "48", "--llama-server-dir", "/opt/ls"])  # fmt: skip
+    argv = llama_server_argv(settings, tmp_path / "m.gguf", 8124)
+    assert argv[0] == "/opt/ls/bin/llama-server"
+    flags = [arg for arg in argv[1:] if arg in ("--cont-batching", "--no-webui")]
+    assert flags == ["--cont-batching", "--no-webui"]
+    assert "--kv-unified" not in argv  # a shared cache attends every slot's cells
+    valued = [arg for arg in argv[1:] if arg not in flags]
+    pairs = dict(zip(valued[::2], valued[1::2], strict=True))
+    assert pairs["--model"] == str(tmp_path / "m.gguf")
+    assert pairs["--alias"] == MODEL_NAME
+    assert pairs["--threads"] == pairs["--threads-batch"] == "3"
+    assert pairs["--parallel"] == "48"  # a slot for every request the others run at once
+    assert pairs["--ctx-size"] == str(48 * MAX_MODEL_LEN)  # split evenly: 2048 a slot
+    assert (pairs["--host"], pairs["--port"]) == ("127.0.0.1", "8124")
+
+
+def test_only_llama_servers_requests_each_open_their_own_connection() -> None:
+    # it closes a connection after a stream; a request written to it meanwhile was lost
+    assert request_headers(LLAMA_SERVER) == {"Connection": "close"}
+    assert all(request_headers(name) == {} for name in (CONVEYOR, VLLM, LLAMACPP, HF_STATIC))
+
+
+def test_llama_server_is_skipped_with_how_to_build_it_and_notes_its_slots(tmp_path: Path) -> None:
+    absent, _ = parse_args(["--contenders", LLAMA_SERVER, "--llama-server-dir", str(tmp_path)])
+    assert "make llama-server" in missing_peers(absent)[LLAMA_SERVER]
+    built = tmp_path / "bin" / "llama-server"
+    built.parent.mkdir()
+    built.touch()
+    settings, _ = parse_args(["--contenders", f"{LLAMA_SERVER},{LLAMACPP}",
+                              "--llama-server-dir", str(tmp_path), "--gguf", "/m/x.gguf",
+                              "--max-num-seqs", "32"])  # fmt: skip
+    assert LLAMA_SERVER not in missing_peers(settings)
+    notes = peer_notes(settings)
+    assert notes[LLAMA_SERVER]["parallelism"].startswith(f"32 slots of {MAX_MODEL_LEN} tokens")
+    assert notes[LLAMA_SERVER]["gguf"] == "x.gguf"
+    assert "one request at a time" in notes[LLAMACPP]["parallelism"]
 
 
 def test_llamacpp_threads_wait_as_conveyors_unless_told_otherwise(
