@@ -94,9 +94,27 @@ class RepeatLimit(logging.Filter):
         return True
 
 
+class StderrHandler(logging.Handler):
+    """Writes each record to ``sys.stderr`` as it is when the record comes, not as it was
+    when the handler was made: a caller that swaps stderr for a while (a command run
+    in-process by a test runner, which closes its stand-in afterwards) leaves later records
+    going to the real one instead of failing on a closed stream."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write the formatted record and a newline to the current stderr."""
+        try:
+            stream = sys.stderr
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except RecursionError:  # as logging's own StreamHandler does
+            raise
+        except Exception:
+            self.handleError(record)
+
+
 def configure_logging(level: str, log_format: LogFormat = "text") -> None:
     """Send the root logger to stderr in ``log_format`` at ``level`` (replacing handlers)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     # On the logger, not a handler: uvicorn logs through handlers of its own.
     uvicorn_errors = logging.getLogger("uvicorn.error")

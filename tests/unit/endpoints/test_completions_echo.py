@@ -170,8 +170,14 @@ async def test_every_choice_of_an_echoed_prompt_carries_its_logprobs(service: Se
     )
     first, second = (choice["logprobs"] for choice in result["choices"])
     num_prompt = result["usage"]["prompt_tokens"]
-    for key in ("tokens", "token_logprobs", "text_offset"):
+    for key in ("tokens", "text_offset"):
         assert first[key][:num_prompt] == second[key][:num_prompt]
+    # The same values up to float rounding: each choice's prompt is computed as rows of its
+    # own, and a CPU's matmul may round rows in different places differently (on an AMD
+    # EPYC host they differed in the seventh digit).
+    one, other = first["token_logprobs"][:num_prompt], second["token_logprobs"][:num_prompt]
+    assert one[0] is None and other[0] is None
+    assert one[1:] == pytest.approx(other[1:], abs=TOLERANCE)
     assert len(first["tokens"]) == len(second["tokens"]) == num_prompt + 2
 
 
