@@ -346,7 +346,8 @@ class GenerateModelConfig(Strict):
     warm_up_tokens: int | None = Field(
         default=None, ge=0,
         description="engine: conveyor: placeholder prompt tokens of the engine's first step, "
-        "before any request (null: max_num_batched_tokens; 0: no warm-up).",
+        "before any request (null: max_num_batched_tokens; 0: no warm-up). Unless 0, the "
+        "CPU's row buckets of steps up to max_num_batched_tokens are prepared next.",
     )  # fmt: skip
     arrival_quiet_ms: float | None = Field(
         default=6, gt=0, le=1000,

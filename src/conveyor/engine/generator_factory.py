@@ -70,6 +70,7 @@ def load_generator(config: GenerateModelConfig, metrics: GeneratorMetrics) -> Ho
         arrival_window_s=config.arrival_window_ms / 1000,
         arrival_quiet_s=None if config.arrival_quiet_ms is None else config.arrival_quiet_ms / 1000,
         warm_up_chunks=_warm_up(config, runner, max_model_len, num_kv_blocks),
+        warm_up_rows=0 if config.warm_up_tokens == 0 else config.max_num_batched_tokens,
     )
     tokenizer = Tokenizer(local_model_path(config.path))
     if lora is not None and config.lora is not None:

@@ -7,7 +7,8 @@ the step's activations (kept afterwards: see ``cli.malloc_tuning``). Run on the 
 thread itself (each thread allocates from its own arena), one step of
 ``max_num_batched_tokens`` tokens, the shape of every full step under load, moves that cost
 from the first busy step to start-up. Its keys and values land in blocks no sequence holds
-yet, which are written again before anything reads them.
+yet, which are written again before anything reads them. Where the runner pads steps to
+row buckets (``WarmsRowBuckets``), every bucket's kernels are generated next.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import time
 
 from conveyor.engine.core.engine_config import EngineConfig
-from conveyor.engine.core.step import SeqChunk, StepExecutor
+from conveyor.engine.core.step import SeqChunk, StepExecutor, WarmsRowBuckets
 from conveyor.engine.cpu_threads import pin_engine_thread
 from conveyor.errors import ModelOutOfMemory
 
@@ -49,13 +50,26 @@ def prepare_engine_thread(config: EngineConfig, runner: StepExecutor) -> None:
     ``config.warm_up_chunks`` through ``runner`` (a failure is logged, never raised: the
     engine serves without the warm-up)."""
     pin_engine_thread(config.threads, config.cpu_cores)
-    if not config.warm_up_chunks:
-        return
+    if config.warm_up_chunks:
+        started_s = time.perf_counter()
+        try:
+            runner.execute(config.warm_up_chunks)
+        except (ModelOutOfMemory, RuntimeError, ValueError) as error:
+            log.warning("engine warm-up step failed, serving without it: %s", error)
+            return
+        num_tokens = sum(len(chunk.token_ids) for chunk in config.warm_up_chunks)
+        log.info("engine warm-up: %d tokens in %.2f s", num_tokens, time.perf_counter() - started_s)
+    if config.warm_up_rows and isinstance(runner, WarmsRowBuckets):
+        _warm_row_buckets(runner, config.warm_up_rows)
+
+
+def _warm_row_buckets(runner: WarmsRowBuckets, max_rows: int) -> None:
+    """The runner's row buckets up to ``max_rows`` (a failure is logged, never raised)."""
     started_s = time.perf_counter()
     try:
-        runner.execute(config.warm_up_chunks)
+        count = runner.warm_row_buckets(max_rows)
     except (ModelOutOfMemory, RuntimeError, ValueError) as error:
-        log.warning("engine warm-up step failed, serving without it: %s", error)
+        log.warning("engine row-bucket warm-up failed, serving without it: %s", error)
         return
-    num_tokens = sum(len(chunk.token_ids) for chunk in config.warm_up_chunks)
-    log.info("engine warm-up: %d tokens in %.2f s", num_tokens, time.perf_counter() - started_s)
+    if count:
+        log.info("engine warm-up: %d row buckets in %.2f s", count, time.perf_counter() - started_s)

@@ -77,3 +77,46 @@ def test_a_failed_warm_up_is_logged_not_raised(
     with caplog.at_level(logging.WARNING, logger="conveyor.engine.warm_up"):
         prepare_engine_thread(_config(chunks), _Runner(error))
     assert f"serving without it: {error}" in caplog.text
+
+
+class _BucketRunner(_Runner):
+    """A runner that pads steps to row buckets: records each bucket warm-up asked of it."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__()
+        self.bucket_error = error
+        self.warmed: list[int] = []
+
+    def warm_row_buckets(self, max_rows: int) -> int:
+        self.warmed.append(max_rows)
+        if self.bucket_error is not None:
+            raise self.bucket_error
+        return 3
+
+
+def _bucket_config(chunks: tuple[SeqChunk, ...], rows: int) -> EngineConfig:
+    return EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
+                        num_kv_blocks=8, block_size=16, warm_up_chunks=chunks,
+                        warm_up_rows=rows)  # fmt: skip
+
+
+def test_row_buckets_are_warmed_after_the_step_up_to_warm_up_rows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    chunks = warm_up_chunks(8, max_model_len=16, block_size=16, num_kv_blocks=8, vocab_size=9)
+    runner = _BucketRunner()
+    with caplog.at_level(logging.INFO, logger="conveyor.engine.warm_up"):
+        prepare_engine_thread(_bucket_config(chunks, 512), runner)
+    assert runner.steps == [chunks] and runner.warmed == [512]
+    assert "3 row buckets" in caplog.text
+    prepare_engine_thread(_bucket_config((), 0), runner)  # 0: no bucket warm-up
+    assert runner.warmed == [512]
+    prepare_engine_thread(_bucket_config((), 96), runner)  # buckets without a step
+    assert runner.warmed == [512, 96] and len(runner.steps) == 1
+
+
+def test_a_failed_bucket_warm_up_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    runner = _BucketRunner(RuntimeError("could not create a primitive"))
+    with caplog.at_level(logging.WARNING, logger="conveyor.engine.warm_up"):
+        prepare_engine_thread(_bucket_config((), 128), runner)
+    assert "row-bucket warm-up failed, serving without it: could not create" in caplog.text

@@ -36,6 +36,9 @@ class EngineConfig:
     arrival_quiet_s: float | None = None
     # The engine thread's first step, before any request (see ``engine.warm_up``).
     warm_up_chunks: tuple[SeqChunk, ...] = ()
+    # Then, where the runner pads steps to row buckets, their kernels for steps of up to
+    # this many rows (0: none; see ``step.WarmsRowBuckets``).
+    warm_up_rows: int = 0
 
     def job_share_config(self) -> JobShareConfig:
         """The cap on batch-job tokens beside online traffic (validated there)."""

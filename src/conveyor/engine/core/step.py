@@ -16,7 +16,14 @@ from conveyor.engine.outputs import TokenLogprobs
 if TYPE_CHECKING:  # named in annotations only
     import torch
 
-__all__ = ["PrepareTimed", "PromptScoring", "ScoresPrompts", "SeqChunk", "StepExecutor"]
+__all__ = [
+    "PrepareTimed",
+    "PromptScoring",
+    "ScoresPrompts",
+    "SeqChunk",
+    "StepExecutor",
+    "WarmsRowBuckets",
+]
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,3 +98,12 @@ class PrepareTimed(Protocol):
     @property
     def last_prepare_s(self) -> float:
         """Seconds the last ``execute`` spent building its inputs, before the model ran."""
+
+
+@runtime_checkable
+class WarmsRowBuckets(Protocol):
+    """An executor that pads steps to row buckets and can prepare them all before the
+    first request (``ModelRunner``; see ``engine.model.row_buckets``)."""
+
+    def warm_row_buckets(self, max_rows: int) -> int:
+        """Prepare every bucket of steps up to ``max_rows`` rows; returns how many."""

@@ -133,7 +133,15 @@ class LlamaDecoder(nn.Module):
     def hidden_states(
         self, step: StepInput, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> torch.Tensor:
-        """Run the decoder layers over the step; the last layer's output [T, hidden]."""
+        """Run the decoder layers over the step; the last layer's output [T, hidden] (the
+        step's tokens; rows of ``row_buckets``' padding past them are dropped)."""
+        hidden = self._layers(step, kv_caches)
+        return hidden[: step.slot_mapping.shape[0]]
+
+    def _layers(
+        self, step: StepInput, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """Every row of ``step.input_ids`` through the decoder layers."""
         h = self.model.embed_tokens(step.input_ids)
         rope = rope_angles(step.positions, self.inv_freq, h.dtype)
         masks = self._masks(step, kv_caches[0][0].shape[1], h)

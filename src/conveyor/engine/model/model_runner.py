@@ -25,7 +25,7 @@ from conveyor.engine.model.kv_sizing import (
     resolve_device,
     resolve_dtype,
 )
-from conveyor.engine.model.layers.linear import prepack_projections
+from conveyor.engine.model.layers.linear import has_packed_projections, prepack_projections
 from conveyor.engine.model.layers.mlp import fuse_gated_mlps
 from conveyor.engine.model.layers.native_kernels import install_native_kernels
 from conveyor.engine.model.layers.paged_attention import (
@@ -44,6 +44,7 @@ from conveyor.engine.model.llama import LlamaDecoder
 from conveyor.engine.model.lora.runtime import LoraRuntime
 from conveyor.engine.model.paged_varlen import paged_varlen
 from conveyor.engine.model.prompt_scoring import score_rows, scoring_rows
+from conveyor.engine.model.row_buckets import bucket_sizes, padded_rows, warm_row_buckets
 from conveyor.engine.model.step_builder import decode_batch, plan_on_cpu, varlen_sequences
 from conveyor.engine.model.step_inputs import PrefillSpan, StepInput
 from conveyor.engine.model.weight_loader import load_weights
@@ -147,7 +148,14 @@ class ModelRunner:
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.decode_graphs: DecodeGraphs | None = None
         self.graph_capture_s = 0.0
+        self.pad_rows = False  # until the kernels are in (compiling runs steps)
         self._cpu_kernels(native_kernels, enforce_eager, decode_bucket_cost_blocks is None)
+        # Eager CPU steps through packed projections are padded to row buckets (see
+        # ``row_buckets``); not with LoRA (its rows are the step's tokens) or compiled layers.
+        self.pad_rows = (
+            self.device.type == "cpu" and self.varlen_kernel is None and lora is None
+            and self.model.compiled_layers is None and has_packed_projections(self.model)
+        )  # fmt: skip
         if capture is not None:
             self._capture_graphs(capture, decode_graph_rows)
 
@@ -235,6 +243,21 @@ class ModelRunner:
                 f"out of device memory running a step of {len(chunks)} sequences and "
                 f"{sum(len(chunk.token_ids) for chunk in chunks)} tokens"
             ) from error
+
+    def warm_row_buckets(self, max_rows: int) -> int:
+        """Generate oneDNN's kernels for every row bucket of steps up to ``max_rows`` rows
+        now (see ``row_buckets``), one decoder layer's projections each (the layers share
+        their shapes); returns how many buckets (0 where steps are not padded)."""
+        if not self.pad_rows:
+            return 0
+        layer = self.model.decoder_layers[0]
+        hidden = self.config.hidden_size
+        attention = layer.self_attn
+        parts = [(attention.qkv_proj, hidden), (attention.o_proj, self.config.q_size),
+                 (layer.mlp, hidden)]  # fmt: skip
+        buckets = bucket_sizes(max_rows)
+        warm_row_buckets(parts, buckets)
+        return len(buckets)
 
     def _run(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
         """The forward pass (inside inference mode): logits, and scores where asked."""
@@ -362,6 +385,10 @@ class ModelRunner:
             )
             cost = self.decode_bucket_cost_blocks
             decode = decode_batch(plan.decode_chunks, self.block_size, cost, to_device)
+        if self.pad_rows:  # padding rows: token 0 at position 0, never written or attended
+            padding = [0] * (padded_rows(len(plan.input_ids)) - len(plan.input_ids))
+            plan.input_ids.extend(padding)
+            plan.positions.extend(padding)
         return StepInput(
             input_ids=to_device(torch.tensor(plan.input_ids, dtype=torch.int64)),
             positions=to_device(torch.tensor(plan.positions, dtype=torch.int64)),

@@ -190,19 +190,23 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         masks: AttentionMasks,
     ) -> torch.Tensor:
-        """Write ``k``, ``v`` to the cache and attend; returns [T, heads * head_dim]."""
-        num_tokens = q.shape[0]
+        """Write ``k``, ``v`` to the cache and attend; returns [T, heads * head_dim].
+
+        Rows past the step's tokens (``row_buckets``' padding) are neither written nor
+        attended, and come out as zeros."""
+        num_rows, num_tokens = q.shape[0], step.slot_mapping.shape[0]
         # Flat views: one row per cache slot, so a slot number indexes a row directly.
         k_slots = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)
         v_slots = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
         # Write first: a chunk's own keys must be visible to its own queries.
-        self._write_kv((k_slots, v_slots), step.slot_mapping, k, v)
+        self._write_kv((k_slots, v_slots), step.slot_mapping, k[:num_tokens], v[:num_tokens])
         if self.varlen is not None and step.varlen is not None:
             attended = self.varlen(q, kv_cache[0], kv_cache[1], self.window)
-            return attended.reshape(num_tokens, self.num_heads * self.head_dim)
+            return attended.reshape(num_rows, self.num_heads * self.head_dim)
         # One row per block: a block number gathers a whole block in one copy.
         blocks = (kv_cache[0].flatten(1), kv_cache[1].flatten(1))
         out = torch.empty_like(q)
+        out[num_tokens:].zero_()
         for first, count in masks.prefill_runs:
             if masks.prefill[first] is None:  # whole prompts (every run of several is)
                 self._attend_prompts(q, k, v, step.prefills[first : first + count], out)
@@ -212,7 +216,7 @@ class Attention(nn.Module):
         if step.decode is not None:
             decoded = self._attend_decode(q, step.decode, masks.decode, blocks, kv_cache)
             out.index_copy_(0, step.decode.token_indices, decoded)
-        return out.view(num_tokens, self.num_heads * self.head_dim)
+        return out.view(num_rows, self.num_heads * self.head_dim)
 
     def _write_kv(
         self,

@@ -21,6 +21,7 @@ __all__ = [
     "Linear",
     "bfloat16_packing_supported",
     "empty_param",
+    "has_packed_projections",
     "native_bfloat16_dot",
     "packed_weight",
     "packing_dtype",
@@ -186,3 +187,13 @@ def prepack_projections(model: nn.Module) -> int:
     owners = Counter(id(param) for _, param in model.named_parameters(remove_duplicate=False))
     modules = [m for m in model.modules() if isinstance(m, Linear)]
     return sum(m.prepack(release=owners[id(m.weight)] == 1) for m in modules)
+
+
+def has_packed_projections(model: nn.Module) -> bool:
+    """Whether any projection of ``model`` runs through a oneDNN-packed weight (``Linear``
+    packed, or an MLP's gate and up packed apart)."""
+    return any(
+        getattr(module, "packed", None) is not None
+        or getattr(module, "packed_gate_and_up", None) is not None
+        for module in model.modules()
+    )
