@@ -148,21 +148,15 @@ class ModelRunner:
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.decode_graphs: DecodeGraphs | None = None
         self.graph_capture_s = 0.0
-        self.pad_rows = False  # until the kernels are in (compiling runs steps)
         self._cpu_kernels(native_kernels, enforce_eager, decode_bucket_cost_blocks is None)
-        # Eager CPU steps through packed projections are padded to row buckets (see
-        # ``row_buckets``); not with LoRA (its rows are the step's tokens) or compiled layers.
-        self.pad_rows = (
-            self.device.type == "cpu" and self.varlen_kernel is None and lora is None
-            and self.model.compiled_layers is None and has_packed_projections(self.model)
-        )  # fmt: skip
         if capture is not None:
             self._capture_graphs(capture, decode_graph_rows)
 
     def _cpu_kernels(self, native_kernels: bool, enforce_eager: bool, cost_unset: bool) -> None:
         """Conveyor's native kernels and the compiled layers, where they apply (a CPU, no
-        varlen kernel; compiled: no LoRA either)."""
+        varlen kernel; compiled: no LoRA either), and whether steps are padded."""
         on_cpu = self.device.type == "cpu" and self.varlen_kernel is None
+        self.pad_rows = False  # until the kernels are in (compiling runs steps)
         native = native_kernels and on_cpu
         self.native_decode = install_native_kernels(self.model) if native else None
         if self.native_decode is not None and cost_unset:
@@ -175,6 +169,12 @@ class ModelRunner:
                     self.model, self.kv_caches[0]
                 )
             self.compile_s += compile_layers(self)
+        # Eager steps through packed projections are padded to row buckets (see
+        # ``row_buckets``); not with LoRA (its rows are the step's tokens) or compiled layers.
+        self.pad_rows = (
+            on_cpu and self.lora is None and self.model.compiled_layers is None
+            and has_packed_projections(self.model)
+        )  # fmt: skip
 
     def _capture_graphs(self, capture: GraphCapture, max_batch: int) -> None:
         """Capture the decode graphs (padding rows in the scratch block past the pool)."""
