@@ -170,6 +170,8 @@ def test_the_engine_warms_up_with_a_full_step_or_warm_up_tokens(
     ) as generator:
         chunks = generator.engine.config.warm_up_chunks
         assert sum(len(chunk.token_ids) for chunk in chunks) == expected
+        # and the row buckets of steps up to a full step, unless the warm-up is off
+        assert generator.engine.config.warm_up_rows == (0 if tokens == 0 else 96)
 
 
 def test_a_named_attention_backend_that_cannot_serve_is_a_config_error(llama_path: Path) -> None:

@@ -5,7 +5,7 @@ keeps the last 1,024 in its primitive cache. A step's row count is its token cou
 mixed steps (a prompt plus the decodes riding along) bring a new one almost every time:
 with SmolLM2 on 2 cores a new count cost 1-2 ms a projection shape at a hundred rows and
 6-18 ms at a thousand, and a step of one prompt of 64-600 tokens and eight decodes took
-95 ms the first time its count came and 79 ms the next (medians of 40, ad-hoc). With
+95-98 ms the first time its count came and 78-84 ms the next (medians of 40, ad-hoc). With
 every count from 1 to 2,048 possible, a busy server also cycles the cache.
 
 So an eager CPU step is padded up to a bucket: every count up to ``EXACT_ROWS`` (decode
