@@ -10,7 +10,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 import orjson
 
@@ -94,22 +94,19 @@ class RepeatLimit(logging.Filter):
         return True
 
 
-class StderrHandler(logging.Handler):
-    """Writes each record to ``sys.stderr`` as it is when the record comes, not as it was
+class StderrHandler(logging.StreamHandler[TextIO]):
+    """A ``StreamHandler`` on ``sys.stderr`` as it is when each record comes, not as it was
     when the handler was made: a caller that swaps stderr for a while (a command run
     in-process by a test runner, which closes its stand-in afterwards) leaves later records
     going to the real one instead of failing on a closed stream."""
 
-    def emit(self, record: logging.LogRecord) -> None:
-        """Write the formatted record and a newline to the current stderr."""
-        try:
-            stream = sys.stderr
-            stream.write(self.format(record) + "\n")
-            stream.flush()
-        except RecursionError:  # as logging's own StreamHandler does
-            raise
-        except Exception:
-            self.handleError(record)
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)  # not StreamHandler's: it would bind a stream
+
+    @property
+    def stream(self) -> TextIO:  # type: ignore[override]  # read-only, always the current one
+        """The current ``sys.stderr``."""
+        return sys.stderr
 
 
 def configure_logging(level: str, log_format: LogFormat = "text") -> None:
