@@ -44,7 +44,7 @@ from conveyor.engine.model.llama import LlamaDecoder
 from conveyor.engine.model.lora.runtime import LoraRuntime
 from conveyor.engine.model.paged_varlen import paged_varlen
 from conveyor.engine.model.prompt_scoring import score_rows, scoring_rows
-from conveyor.engine.model.row_buckets import bucket_sizes, padded_rows, warm_row_buckets
+from conveyor.engine.model.row_buckets import bucket_sizes, padded_rows, warm_projections
 from conveyor.engine.model.step_builder import decode_batch, plan_on_cpu, varlen_sequences
 from conveyor.engine.model.step_inputs import PrefillSpan, StepInput
 from conveyor.engine.model.weight_loader import load_weights
@@ -256,7 +256,7 @@ class ModelRunner:
         parts = [(attention.qkv_proj, hidden), (attention.o_proj, self.config.q_size),
                  (layer.mlp, hidden)]  # fmt: skip
         buckets = bucket_sizes(max_rows)
-        warm_row_buckets(parts, buckets)
+        warm_projections(parts, buckets)
         return len(buckets)
 
     def _run(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:

@@ -11,7 +11,7 @@ every count from 1 to 2,048 possible, a busy server also cycles the cache.
 So an eager CPU step is padded up to a bucket: every count up to ``EXACT_ROWS`` (decode
 steps; small counts are cheap to generate and soon all seen), then eight buckets per
 doubling, which wastes at most an eighth of the rows (``padded_rows``). SmolLM2's step of
-2,048 tokens has about a hundred buckets in all, and ``warm_row_buckets`` generates every
+2,048 tokens has about a hundred buckets in all, and ``warm_projections`` generates every
 bucket's kernels above ``EXACT_ROWS`` at start-up, off any request's path.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-__all__ = ["EXACT_ROWS", "bucket_sizes", "padded_rows", "warm_row_buckets"]
+__all__ = ["EXACT_ROWS", "bucket_sizes", "padded_rows", "warm_projections"]
 
 # Row counts kept as they are (decode steps up to this many sequences).
 EXACT_ROWS = 64
@@ -51,15 +51,12 @@ def bucket_sizes(max_rows: int) -> list[int]:
     return sizes
 
 
-def warm_row_buckets(layer_parts: Iterable[tuple[nn.Module, int]], buckets: Iterable[int]) -> int:
+def warm_projections(parts: Iterable[tuple[nn.Module, int]], buckets: Iterable[int]) -> None:
     """Run each part (a projection or an MLP, with its input width) once on zeros of every
-    bucket's row count, so that oneDNN generates their kernels now; returns the calls."""
-    parts = list(layer_parts)
-    calls = 0
+    bucket's row count, so that oneDNN generates their kernels now."""
+    parts = list(parts)
     with torch.inference_mode():
         for rows in buckets:
             for module, width in parts:
                 weight = next(module.parameters())
                 module(torch.zeros(rows, width, dtype=weight.dtype, device=weight.device))
-                calls += 1
-    return calls

@@ -12,7 +12,7 @@ from conveyor.engine.model.row_buckets import (
     EXACT_ROWS,
     bucket_sizes,
     padded_rows,
-    warm_row_buckets,
+    warm_projections,
 )
 
 
@@ -60,7 +60,6 @@ class _Recorder(nn.Module):
 
 def test_every_part_runs_once_a_bucket_at_its_width_and_dtype() -> None:
     attention, mlp = _Recorder(), _Recorder()
-    calls = warm_row_buckets([(attention, 24), (mlp, 8)], [72, 80])
-    assert calls == 4
+    warm_projections([(attention, 24), (mlp, 8)], [72, 80])
     assert attention.shapes == [((72, 24), torch.bfloat16), ((80, 24), torch.bfloat16)]
     assert mlp.shapes == [((72, 8), torch.bfloat16), ((80, 8), torch.bfloat16)]

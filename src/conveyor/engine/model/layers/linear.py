@@ -190,10 +190,6 @@ def prepack_projections(model: nn.Module) -> int:
 
 
 def has_packed_projections(model: nn.Module) -> bool:
-    """Whether any projection of ``model`` runs through a oneDNN-packed weight (``Linear``
-    packed, or an MLP's gate and up packed apart)."""
-    return any(
-        getattr(module, "packed", None) is not None
-        or getattr(module, "packed_gate_and_up", None) is not None
-        for module in model.modules()
-    )
+    """Whether any projection of ``model`` runs through a oneDNN-packed weight (an MLP's gate
+    and up are packed apart only where its other projections are packed too)."""
+    return any(isinstance(m, Linear) and m.packed is not None for m in model.modules())
