@@ -101,10 +101,8 @@ class LLMEngine:
             JobShare(config.job_share_config()),
         )
         self._sampler = Sampler()
-        eos = set(runner.eos_token_ids)
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
+        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        self.eos_token_ids = frozenset(eos | set(runner.eos_token_ids))
         self.grammars = GrammarCompiler(
             tokenizer, vocab_size=tokenizer.vocab_size, eos_token_ids=self.eos_token_ids
         )
@@ -206,11 +204,16 @@ class LLMEngine:
         return self._inbox.wait_until_idle(timeout_s)
 
     def start(self) -> None:
-        """Start the stepping thread."""
+        """Start the stepping thread; return once it has run its warm-up (``warm_up``), so a
+        server reports ready only when its first request meets generated kernels."""
         if self._thread is not None:
             raise RuntimeError(f"engine {self.name!r} is already started")
-        self._thread = threading.Thread(target=self._run, name=f"engine-{self.name}", daemon=True)
+        prepared = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(prepared,), name=f"engine-{self.name}", daemon=True
+        )
         self._thread.start()
+        prepared.wait()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop stepping; every unfinished request gets 503."""
@@ -227,10 +230,14 @@ class LLMEngine:
 
     # -- engine thread ------------------------------------------------------------
 
-    def _run(self) -> None:
-        """The stepping loop."""
-        prepare_engine_thread(self.config, self._runner)
+    def _run(self, prepared: threading.Event) -> None:
+        """The stepping loop, after the thread's preparation (``prepared`` set then, or
+        when it fails: then the engine refuses work, as after a crash)."""
         try:
+            try:
+                prepare_engine_thread(self.config, self._runner)
+            finally:
+                prepared.set()
             while (
                 commands := self._inbox.take(has_work=self._scheduler.has_unfinished)
             ) is not None:
@@ -397,14 +404,10 @@ class LLMEngine:
             entry.request.request_id: token
             for entry, token in zip(sampling, result.token_ids, strict=True)
         }
-        unsampled = {e.request.request_id for e in needs_logits if not e.request.max_output_tokens}
-        capped = self._scheduler.postprocess(output, sampled, unsampled)
+        ended = [entry for entry in needs_logits if not entry.request.max_output_tokens]
+        capped = self._scheduler.postprocess(output, sampled, {e.request.request_id for e in ended})
         now_s = time.monotonic()
-        deliveries = [
-            self._live.end_at_length(entry, now_s)
-            for entry in needs_logits
-            if not entry.request.max_output_tokens
-        ]
+        deliveries = [self._live.end_at_length(entry, now_s) for entry in ended]
         self._scheduler.restore_token_budget()
         for row, entry in enumerate(sampling):
             logprobs = result.logprobs[row] if result.logprobs else None
@@ -422,11 +425,8 @@ class LLMEngine:
 
     def _fail_everything(self, error: ConveyorError) -> None:
         """Fail queued and live requests alike (shutdown, or an engine fault)."""
-        deliveries: list[Delivery] = [
-            (command.stream, error)
-            for command in self._inbox.drain()
-            if isinstance(command, AddCommand)
-        ]
+        adds = [command for command in self._inbox.drain() if isinstance(command, AddCommand)]
+        deliveries: list[Delivery] = [(command.stream, error) for command in adds]
         deliveries += self._live.fail_all(error)
         deliver_threadsafe(deliveries)
         self._publish()

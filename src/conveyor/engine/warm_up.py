@@ -9,6 +9,8 @@ thread itself (each thread allocates from its own arena), one step of
 from the first busy step to start-up. Its keys and values land in blocks no sequence holds
 yet, which are written again before anything reads them. Where the runner pads steps to
 row buckets (``WarmsRowBuckets``), every bucket's kernels are generated next.
+``LLMEngine.start`` returns once both have run, so the model counts as loaded (and the
+server as ready) only then.
 """
 
 from __future__ import annotations
