@@ -232,12 +232,10 @@ class LLMEngine:
 
     def _run(self, prepared: threading.Event) -> None:
         """The stepping loop, after the thread's preparation (``prepared`` set then, or
-        when it fails: then the engine refuses work, as after a crash)."""
+        when it fails: once the engine refuses work, as after a crash)."""
         try:
-            try:
-                prepare_engine_thread(self.config, self._runner)
-            finally:
-                prepared.set()
+            prepare_engine_thread(self.config, self._runner)
+            prepared.set()
             while (
                 commands := self._inbox.take(has_work=self._scheduler.has_unfinished)
             ) is not None:
@@ -253,6 +251,7 @@ class LLMEngine:
         except Exception:
             log.exception("engine %s crashed", self.name)
             self._inbox.stop()  # refuse new requests from now on
+            prepared.set()  # a failed preparation: ``start`` returns to an engine refusing work
             try:
                 self._fail_everything(ModelFault("the generation engine crashed"))
             finally:
