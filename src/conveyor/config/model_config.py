@@ -354,6 +354,13 @@ class GenerateModelConfig(Strict):
         description="engine: conveyor: the burst is over once this long passes without an "
         "arrival (null: wait the whole arrival_window_ms).",
     )  # fmt: skip
+    row_buckets_up_to: int | None = Field(
+        default=None, ge=0,
+        description="engine: conveyor, CPU: pad eager steps of up to this many tokens to row "
+        "buckets (at most 1/8 more rows), whose oneDNN kernels are generated at start-up "
+        "(null: up to where a new count's kernels cost more than the padding, measured "
+        "after the warm-up step; 0: never).",
+    )  # fmt: skip
     enforce_eager: bool = Field(
         default=True,
         description="engine: conveyor: run every op eagerly (false: compile the CPU decode "

@@ -104,6 +104,7 @@ def _runner(
             native_kernels=config.native_kernels,
             attention_backend=config.attention_backend,
             decode_graph_rows=config.max_num_seqs if config.cuda_graphs else 0,
+            row_buckets_up_to=config.row_buckets_up_to,
         )
     except VarlenUnavailable as error:
         raise ConfigError(

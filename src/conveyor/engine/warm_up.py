@@ -8,7 +8,8 @@ thread itself (each thread allocates from its own arena), one step of
 ``max_num_batched_tokens`` tokens, the shape of every full step under load, moves that cost
 from the first busy step to start-up. Its keys and values land in blocks no sequence holds
 yet, which are written again before anything reads them. Where the runner pads steps to
-row buckets (``WarmsRowBuckets``), every bucket's kernels are generated next.
+row buckets (``WarmsRowBuckets``), every bucket's kernels are generated next (up to the
+row count where padding pays, measured first unless configured: see ``row_buckets``).
 ``LLMEngine.start`` returns once both have run, so the model counts as loaded (and the
 server as ready) only then.
 """

@@ -174,6 +174,14 @@ def test_the_engine_warms_up_with_a_full_step_or_warm_up_tokens(
         assert generator.engine.config.warm_up_rows == (0 if tokens == 0 else 96)
 
 
+def test_a_row_bucket_limit_reaches_the_runner(llama_path: Path) -> None:
+    assert model_config(llama_path).row_buckets_up_to is None  # measured unless set
+    with loaded(llama_path, row_buckets_up_to=100, warm_up_tokens=0) as generator:
+        runner = generator.engine._runner
+        assert isinstance(runner, ModelRunner)
+        assert runner.pad_up_to == 100
+
+
 def test_a_named_attention_backend_that_cannot_serve_is_a_config_error(llama_path: Path) -> None:
     config = model_config(llama_path, attention_backend="flashinfer")
     with pytest.raises(ConfigError, match=r"'tiny': attention_backend flashinfer: .*CUDA only"):

@@ -9,6 +9,7 @@ for them. Out-of-memory errors come back as :class:`StepOutOfMemory` /
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,7 +45,12 @@ from conveyor.engine.model.llama import LlamaDecoder
 from conveyor.engine.model.lora.runtime import LoraRuntime
 from conveyor.engine.model.paged_varlen import paged_varlen
 from conveyor.engine.model.prompt_scoring import score_rows, scoring_rows
-from conveyor.engine.model.row_buckets import bucket_sizes, padded_rows, warm_projections
+from conveyor.engine.model.row_buckets import (
+    bucket_sizes,
+    choose_padding_limit,
+    padded_rows,
+    warm_projections,
+)
 from conveyor.engine.model.step_builder import decode_batch, plan_on_cpu, varlen_sequences
 from conveyor.engine.model.step_inputs import PrefillSpan, StepInput
 from conveyor.engine.model.weight_loader import load_weights
@@ -93,7 +99,9 @@ class ModelRunner:
     CPU's native decode attention and compiled layers off. ``decode_graph_rows`` (0: none)
     captures decode steps of up to that many rows as CUDA graphs at load, with a varlen
     kernel and no LoRA (``decode_graphs``; :attr:`graph_capture_s`); ``graph_capture``
-    replaces the CUDA capture (tests).
+    replaces the CUDA capture (tests). ``row_buckets_up_to`` pads eager CPU steps of up to
+    that many rows to row buckets (``row_buckets``; None: measured by
+    :meth:`warm_row_buckets`, every step until then; 0: none).
     """
 
     def __init__(
@@ -114,6 +122,7 @@ class ModelRunner:
         varlen_kernel: VarlenKernel | None = None,
         decode_graph_rows: int = 0,
         graph_capture: GraphCapture | None = None,
+        row_buckets_up_to: int | None = None,
     ) -> None:
         if num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
@@ -128,6 +137,9 @@ class ModelRunner:
         self.block_size = block_size
         self.batch_decode = batch_decode
         self.prepack_weights = prepack_weights
+        # Steps of up to this many rows are padded where ``pad_rows`` (None: measure it).
+        self.row_buckets_up_to = row_buckets_up_to
+        self.pad_up_to = sys.maxsize if row_buckets_up_to is None else row_buckets_up_to
         self.decode_bucket_cost_blocks = DECODE_BUCKET_COST_BLOCKS.get(self.device.type, 2048.0)
         if decode_bucket_cost_blocks is not None:
             self.decode_bucket_cost_blocks = decode_bucket_cost_blocks
@@ -247,7 +259,9 @@ class ModelRunner:
     def warm_row_buckets(self, max_rows: int) -> int:
         """Generate oneDNN's kernels for every row bucket of steps up to ``max_rows`` rows
         now (see ``row_buckets``), one decoder layer's projections each (the layers share
-        their shapes); returns how many buckets (0 where steps are not padded)."""
+        their shapes); returns how many buckets (0 where steps are not padded). With
+        ``row_buckets_up_to`` None, first measures up to which row count padding pays
+        (``choose_padding_limit``): buckets only up to there."""
         if not self.pad_rows:
             return 0
         layer = self.model.decoder_layers[0]
@@ -255,7 +269,10 @@ class ModelRunner:
         attention = layer.self_attn
         parts = [(attention.qkv_proj, hidden), (attention.o_proj, self.config.q_size),
                  (layer.mlp, hidden)]  # fmt: skip
-        buckets = bucket_sizes(max_rows)
+        if self.row_buckets_up_to is None:
+            layers = len(self.model.decoder_layers)
+            self.pad_up_to = choose_padding_limit(parts, layers, max_rows)
+        buckets = bucket_sizes(min(max_rows, self.pad_up_to))
         warm_projections(parts, buckets)
         return len(buckets)
 
@@ -385,8 +402,10 @@ class ModelRunner:
             )
             cost = self.decode_bucket_cost_blocks
             decode = decode_batch(plan.decode_chunks, self.block_size, cost, to_device)
-        if self.pad_rows:  # padding rows: token 0 at position 0, never written or attended
-            padding = [0] * (padded_rows(len(plan.input_ids)) - len(plan.input_ids))
+        rows = len(plan.input_ids)
+        if self.pad_rows and rows <= self.pad_up_to:
+            # padding rows: token 0 at position 0, never written or attended
+            padding = [0] * (padded_rows(rows) - rows)
             plan.input_ids.extend(padding)
             plan.positions.extend(padding)
         return StepInput(

@@ -1,5 +1,5 @@
 """ModelRunner's row buckets: an eager CPU step padded to its bucket gives the logits and
-the KV cache of the step unpadded, and where padding is off."""
+the KV cache of the step unpadded, where padding is off, and up to which row count."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conveyor.engine.core.step import SeqChunk
+from conveyor.engine.model import model_runner
 from conveyor.engine.model.hf_config import DecoderConfig, load_hf_config
 from conveyor.engine.model.lora.runtime import new_lora_runtime
 from conveyor.engine.model.model_runner import ModelRunner
@@ -20,9 +21,11 @@ NUM_KV_BLOCKS = 64
 BLOCK_SIZE = 4
 
 
-def _runner(path: Path, dtype: str, *, padded: bool = True) -> ModelRunner:
+def _runner(
+    path: Path, dtype: str, *, padded: bool = True, up_to: int | None = 4096
+) -> ModelRunner:
     runner = ModelRunner(path, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE,
-                         device="cpu", dtype=dtype)  # fmt: skip
+                         device="cpu", dtype=dtype, row_buckets_up_to=up_to)  # fmt: skip
     assert runner.pad_rows  # an eager CPU runner with packed projections pads
     runner.pad_rows = padded
     return runner
@@ -65,6 +68,34 @@ def test_every_bucket_is_warmed_only_where_steps_are_padded(llama_path: Path) ->
     assert runner.warm_row_buckets(300) == len(bucket_sizes(300)) > 0
     runner.pad_rows = False
     assert runner.warm_row_buckets(300) == 0
+
+
+def test_steps_past_the_limit_keep_their_row_count(llama_path: Path) -> None:
+    runner = _runner(llama_path, "float32", up_to=100)
+    assert runner._prepare([_prompt(70, 0, seed=5)]).input_ids.shape[0] == 72
+    assert runner._prepare([_prompt(101, 0, seed=5)]).input_ids.shape[0] == 101
+    assert runner.warm_row_buckets(300) == len(bucket_sizes(100))  # 72 ... 104
+    never = _runner(llama_path, "float32", up_to=0)
+    assert never._prepare([_prompt(70, 0, seed=5)]).input_ids.shape[0] == 70
+    assert never.warm_row_buckets(300) == 0
+
+
+def test_without_a_limit_it_is_measured_when_the_buckets_are_warmed(
+    llama_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = _runner(llama_path, "float32", up_to=None)
+    assert runner._prepare([_prompt(101, 0, seed=6)]).input_ids.shape[0] == 104  # until then
+    asked: list[tuple[int, int]] = []
+
+    def choose(parts: object, layers: int, max_rows: int) -> int:
+        asked.append((layers, max_rows))
+        return 80
+
+    monkeypatch.setattr(model_runner, "choose_padding_limit", choose)
+    assert runner.warm_row_buckets(300) == len(bucket_sizes(80))
+    assert asked == [(runner.config.num_layers, 300)]
+    assert runner._prepare([_prompt(79, 0, seed=6)]).input_ids.shape[0] == 80
+    assert runner._prepare([_prompt(101, 0, seed=6)]).input_ids.shape[0] == 101
 
 
 def test_no_padding_with_lora_or_unpacked_weights(llama_path: Path) -> None:
