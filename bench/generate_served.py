@@ -140,6 +140,9 @@ def measure(name: str, settings: Settings, model_dir: Path, work: Path, log: Log
             figures = client(point, settings.num_requests)
             results[point.label] = {**figures, "load_average_before": round(load, 2)}
             log(f"{name} {point.label}: {format_figures(figures)} (load {load:.2f})")
+            if figures.get("failed"):
+                log(f"{name} {point.label} failures: {figures.get('errors')}; the server's log "
+                    f"ends:\n{server.log_tail()}")  # fmt: skip
     finally:
         server.stop(timeout_s=30)
     return results

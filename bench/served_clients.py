@@ -25,6 +25,9 @@ from typing import Any
 from bench.common import timed_stream
 from bench.served_settings import CHAT, FIGURES, MODEL_NAME, Point, Settings, point_seed
 
+# Distinct reasons kept of a run's failed requests.
+MAX_ERRORS = 3
+
 
 def vllm_client_argv(
     vllm: Path,
@@ -137,13 +140,17 @@ def arrival_times(rate: float, num: int, seed: int) -> list[float]:
 
 
 def stream_figures(
-    token_times: Sequence[Sequence[float]], output_len: int, elapsed_s: float
+    token_times: Sequence[Sequence[float]],
+    output_len: int,
+    elapsed_s: float,
+    errors: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The figures of streamed requests of ``output_len`` tokens each from the arrival
     times (seconds from its send) of each one's content chunks, as ``vllm bench serve``
     computes them: TTFT (the first chunk), TPOT (the rest of the request over its
     ``output_len - 1`` later tokens), ITL (every gap between two chunks, all requests
-    pooled), output tokens/s over ``elapsed_s``. A request without a chunk failed."""
+    pooled), output tokens/s over ``elapsed_s``. A request without a chunk failed; the
+    first few distinct ``errors`` (why requests failed) are kept."""
     done = [times for times in token_times if times]
     steps = max(output_len - 1, 1)
     ttfts = sorted(1000 * times[0] for times in done)
@@ -151,6 +158,8 @@ def stream_figures(
     itls = sorted(1000 * (b - a) for times in done for a, b in itertools.pairwise(times))
     figures: dict[str, Any] = {"completed": len(done), "failed": len(token_times) - len(done),
                                "output_throughput": len(done) * output_len / elapsed_s}  # fmt: skip
+    if errors:
+        figures["errors"] = list(dict.fromkeys(errors))[:MAX_ERRORS]
     for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls)):
         for fraction in (0.5, 0.99):
             key = f"p{round(fraction * 100)}_{name}_ms"
@@ -188,6 +197,7 @@ async def builtin_chat_client(
     prompts = word_prompts(settings, num, round(rate * 1000))
     arrivals = arrival_times(rate, num, settings.seed)
     url = f"http://127.0.0.1:{port}"
+    errors: list[str] = []
 
     async def one(client: Any, prompt: str, at: float, started: float) -> list[float]:
         await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
@@ -195,9 +205,13 @@ async def builtin_chat_client(
                 "max_completion_tokens": settings.output_len, "temperature": 0,
                 "ignore_eos": True, "stream": True, **(extra_body or {})}  # fmt: skip
         try:
-            return await _chat_stream(client, url, body)
-        except httpx.HTTPError:
+            times = await _chat_stream(client, url, body)
+        except httpx.HTTPError as error:
+            errors.append(f"{type(error).__name__}: {error}")
             return []
+        if not times:
+            errors.append("the stream ended without content")
+        return times
 
     async with httpx.AsyncClient(timeout=600, headers=headers) as client:
         started = time.perf_counter()
@@ -208,4 +222,4 @@ async def builtin_chat_client(
             )
         )
         elapsed_s = time.perf_counter() - started
-    return stream_figures(token_times, settings.output_len, elapsed_s)
+    return stream_figures(token_times, settings.output_len, elapsed_s, errors)

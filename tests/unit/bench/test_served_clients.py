@@ -98,3 +98,16 @@ def test_no_two_runs_send_the_same_prompts(tmp_path: Path) -> None:
     seeds = {seed(16, 16), seed(16, 64), seed(64, 64)}
     assert len(seeds) == 3
     assert seed(16, 64) == seed(16, 64)  # the same for every contender
+
+
+def test_why_requests_failed_is_kept_once_per_reason() -> None:
+    errors = ["ReadTimeout: timed out", "ReadTimeout: timed out", "HTTPStatusError: 503",
+              "RemoteProtocolError: closed", "ConnectError: refused"]  # fmt: skip
+    figures = stream_figures([[0.1, 0.2], [], [], [], [], []], 2, 1.0, errors)
+    assert figures["failed"] == 5
+    assert figures["errors"] == [
+        "ReadTimeout: timed out",
+        "HTTPStatusError: 503",
+        "RemoteProtocolError: closed",
+    ]  # the first MAX_ERRORS distinct reasons
+    assert "errors" not in stream_figures([[0.1, 0.2]], 2, 1.0)
