@@ -137,8 +137,9 @@ class ModelRunner:
         self.block_size = block_size
         self.batch_decode = batch_decode
         self.prepack_weights = prepack_weights
-        # Steps of up to this many rows are padded where ``pad_rows`` (None: measure it).
-        self.row_buckets_up_to = row_buckets_up_to
+        # Steps of up to this many rows are padded where ``pad_rows``; every step until
+        # ``warm_row_buckets`` measures the limit, unless it is given.
+        self.measure_pad_limit = row_buckets_up_to is None
         self.pad_up_to = sys.maxsize if row_buckets_up_to is None else row_buckets_up_to
         self.decode_bucket_cost_blocks = DECODE_BUCKET_COST_BLOCKS.get(self.device.type, 2048.0)
         if decode_bucket_cost_blocks is not None:
@@ -269,7 +270,7 @@ class ModelRunner:
         attention = layer.self_attn
         parts = [(attention.qkv_proj, hidden), (attention.o_proj, self.config.q_size),
                  (layer.mlp, hidden)]  # fmt: skip
-        if self.row_buckets_up_to is None:
+        if self.measure_pad_limit:
             layers = len(self.model.decoder_layers)
             self.pad_up_to = choose_padding_limit(parts, layers, max_rows)
         buckets = bucket_sizes(min(max_rows, self.pad_up_to))

@@ -15,7 +15,7 @@ doubling, which wastes at most an eighth of the rows (``padded_rows``). SmolLM2'
 bucket's kernels above ``EXACT_ROWS`` at start-up, off any request's path.
 
 Whether padding pays depends on the CPU. Where oneDNN drives AMX tiles, generating a kernel
-costs more than the matmul itself; on an AMD EPYC with AVX512-BF16 a new count cost 2.5-6 ms
+costs more than the matmul itself; on an AMD EPYC with AVX512-BF16 a new count cost 2-6 ms
 a layer's projections while the padding of a step of a thousand rows cost about 15 ms (30
 layers of 1/16 more rows). So ``measure_row_costs`` times a layer's projections on a few
 row counts not seen before, first and again, and ``padding_limit`` keeps padding only up to
@@ -66,6 +66,11 @@ class RowCost:
     generate_s: float
     steady_s: float
 
+    def padding_s(self, layers: int) -> float:
+        """What padding a step of about ``rows`` rows costs ``layers`` such layers: their
+        steady run on the mean padding there (``mean_padding``)."""
+        return layers * self.steady_s * mean_padding(self.rows) / self.rows
+
 
 def padded_rows(rows: int) -> int:
     """The bucket of a step of ``rows`` rows: ``rows`` itself up to ``EXACT_ROWS``; above,
@@ -95,8 +100,13 @@ def warm_projections(parts: Iterable[tuple[nn.Module, int]], buckets: Iterable[i
     with torch.inference_mode():
         for rows in buckets:
             for module, width in parts:
-                weight = next(module.parameters())
-                module(torch.zeros(rows, width, dtype=weight.dtype, device=weight.device))
+                module(_zeros(module, width, rows))
+
+
+def _zeros(module: nn.Module, width: int, rows: int) -> torch.Tensor:
+    """An input of ``rows`` rows of zeros for ``module`` (its weight's dtype and device)."""
+    weight = next(module.parameters())
+    return torch.zeros(rows, width, dtype=weight.dtype, device=weight.device)
 
 
 def mean_padding(rows: int) -> float:
@@ -115,8 +125,7 @@ def padding_limit(costs: Sequence[RowCost], layers: int, max_rows: int) -> int:
     (``EXACT_ROWS`` where the first does not, ``max_rows`` where all do)."""
     limit = EXACT_ROWS
     for cost in sorted(costs, key=lambda c: c.rows):
-        padding_s = layers * cost.steady_s * mean_padding(cost.rows) / cost.rows
-        if cost.generate_s <= padding_s:
+        if cost.generate_s <= cost.padding_s(layers):
             return limit
         limit = cost.rows
     return max_rows
@@ -134,10 +143,7 @@ def probe_rows(max_rows: int) -> list[int]:
 
 def _run_s(parts: Sequence[tuple[nn.Module, int]], rows: int) -> float:
     """Seconds of one run of every part on zeros of ``rows`` rows."""
-    inputs = []
-    for module, width in parts:
-        weight = next(module.parameters())
-        inputs.append(torch.zeros(rows, width, dtype=weight.dtype, device=weight.device))
+    inputs = [_zeros(module, width, rows) for module, width in parts]
     started_s = time.perf_counter()
     for (module, _), x in zip(parts, inputs, strict=True):
         module(x)
@@ -172,8 +178,8 @@ def choose_padding_limit(parts: Sequence[tuple[nn.Module, int]], layers: int, ma
     log.info(
         "row buckets: steps padded up to %d rows (a new count's kernels / the padding of %d "
         "layers, ms: %s)", limit, layers, ", ".join(
-            f"{c.rows} rows {c.generate_s * 1e3:.2f} / "
-            f"{layers * c.steady_s * mean_padding(c.rows) / c.rows * 1e3:.2f}" for c in costs
+            f"{c.rows} rows {c.generate_s * 1e3:.2f} / {c.padding_s(layers) * 1e3:.2f}"
+            for c in costs
         ),
     )  # fmt: skip
     return limit
