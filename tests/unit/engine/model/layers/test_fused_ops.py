@@ -301,6 +301,54 @@ def test_prefill_attention_matches_sdpa(
     assert (out[0] == 7.0).all() and (out[-1] == 7.0).all()  # its rows only
 
 
+def _sdpa_after_context(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, count: int
+) -> torch.Tensor:
+    """SDPA of ``count`` chunks whose queries are the last of their keys (a causal mask
+    aligned to the bottom right), in q's dtype, as [T, heads, dim]."""
+    tokens, heads, dim = q.shape
+    length, keys = tokens // count, k.shape[0] // count
+    query_pos = torch.arange(keys - length, keys)[:, None]
+    hidden = torch.arange(keys)[None, :] > query_pos
+    mask = torch.zeros(length, keys, dtype=q.dtype).masked_fill_(hidden, float("-inf"))
+
+    def batched(x: torch.Tensor, rows: int) -> torch.Tensor:
+        return x.reshape(count, rows, x.shape[1], dim).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(
+        batched(q, length), batched(k, keys), batched(v, keys), attn_mask=mask,
+        enable_gqa=k.shape[1] != heads,
+    )  # fmt: skip
+    return out.transpose(1, 2).reshape(tokens, heads, dim)
+
+
+@needs_prefill_kernel
+@pytest.mark.parametrize(
+    ("count", "length", "context", "heads", "kv_heads", "dim"),
+    [
+        (1, 530, 32, 9, 3, 64),  # a chat prompt after a cached system prompt
+        (1, 1, 47, 4, 2, 64),  # one query after an odd context
+        (2, 70, 20, 8, 8, 128),
+        (1, 300, 900, 2, 1, 64),  # a long prompt's later chunk: runs of blocks
+    ],
+)
+def test_prefill_attention_after_a_context_matches_sdpa(
+    count: int, length: int, context: int, heads: int, kv_heads: int, dim: int
+) -> None:
+    gen = torch.Generator().manual_seed(length + context)
+    keys = context + length
+    q = torch.randn(count * length, heads, dim, generator=gen).to(torch.bfloat16)
+    # Gathered from the cache: whole rows, contiguous, as ``Attention._gather`` returns.
+    k, v = (torch.randn(count * keys, kv_heads, dim, generator=gen).to(torch.bfloat16)
+            for _ in range(2))  # fmt: skip
+    out = torch.full((count * length, heads, dim), 7.0, dtype=torch.bfloat16)
+    fused_ops.prefill_attention(q, k, v, out, count)
+    exact = _sdpa_after_context(q.float(), k.float(), v.float(), count)
+    error = (out.float() - exact).abs().max().item()
+    sdpa_error = (_sdpa_after_context(q, k, v, count).float() - exact).abs().max().item()
+    assert error <= 1.5 * sdpa_error + 2e-3
+
+
 @needs_prefill_kernel
 def test_prefill_attention_refuses_what_it_is_not_built_for() -> None:
     q, kv = torch.randn(8, 2, 64).to(torch.bfloat16), torch.randn(8, 1, 64).to(torch.bfloat16)
@@ -311,10 +359,12 @@ def test_prefill_attention_refuses_what_it_is_not_built_for() -> None:
         fused_ops.prefill_attention(odd, odd[:, :1], odd[:, :1], odd.clone(), 1)
     with pytest.raises(RuntimeError, match="count prompts of one length"):
         fused_ops.prefill_attention(q, kv, kv, q.clone(), 3)
+    with pytest.raises(RuntimeError, match="as long as its prompt's queries or longer"):
+        fused_ops.prefill_attention(q, kv[:6], kv[:6], q.clone(), 1)
 
 
 @needs_prefill_kernel
-def test_a_runner_attends_whole_prompts_with_the_kernel(tmp_path: Path) -> None:
+def test_a_runner_attends_prompts_and_context_chunks_with_the_kernel(tmp_path: Path) -> None:
     # head dim 64 (the tiny Llama's is 16): 2 query heads over 1 KV head.
     path = build_tiny_llama(tmp_path, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
     runner = ModelRunner(path, num_kv_blocks=32, block_size=4, dtype="bfloat16")
@@ -338,6 +388,7 @@ def test_a_runner_attends_whole_prompts_with_the_kernel(tmp_path: Path) -> None:
 
     *kernel, calls = logits(True)
     *sdpa, no_calls = logits(False)
-    assert calls == 2 * runner.config.num_layers and no_calls == 0  # the context chunk: SDPA
+    # Three calls a layer: the run of two, the prompt alone, the chunk after its context.
+    assert calls == 3 * runner.config.num_layers and no_calls == 0
     for got, expected in zip(kernel, sdpa, strict=True):
         torch.testing.assert_close(got, expected, atol=0.1, rtol=0.05)

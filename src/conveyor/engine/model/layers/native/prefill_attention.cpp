@@ -1,5 +1,5 @@
-// Causal attention of whole prompts of one length, back to back in a step, on the CPU in
-// bfloat16, through torch's brgemm (oneDNN's: AMX tiles where the CPU has them, AVX512-BF16
+// Causal attention of prompts (or prompt chunks) of one length, back to back in a step, on
+// the CPU in bfloat16, through torch's brgemm (oneDNN's: AMX tiles where the CPU has them, AVX512-BF16
 // dot products elsewhere; both take the same packed pairs).
 //
 // PyTorch's fused CPU kernel (SDPA) splits a 128-token prompt into query blocks of 32 and
@@ -21,9 +21,14 @@
 // element, a row's softmax at a time), the same bits; on 2 threads, 9 query heads over 3:
 // 16 prompts of 128 1.26 -> 1.01 ms, one of 2,048 14.2 -> 8.6 ms.
 //
-// Shapes: q [T, H, D], k and v [T, KVH, D] (any strides, the last one 1), T = count x len,
-// prompt p's tokens at rows p x len .. (p + 1) x len - 1; out [T, H, D] is written in place
-// (any strides, the last one 1). D 64 or 128; H a multiple of KVH. Registered as
+// A chunk that continues a cached context (a prefix-cache hit, a long prompt's later chunk)
+// is the same sum over more keys: its queries are the last of its keys, so query row r of a
+// chunk of len after `offset` earlier keys sees keys 0 .. offset + r.
+//
+// Shapes: q [T, H, D], T = count x len, prompt p's queries at rows p x len .. (p + 1) x
+// len - 1; k and v [count x klen, KVH, D], klen >= len, prompt p's keys (its context, then
+// its own) at rows p x klen .. (p + 1) x klen - 1 (any strides, the last one 1); out
+// [T, H, D] is written in place (any strides, the last one 1). D 64 or 128; H a multiple of KVH. Registered as
 // conveyor_native::prefill_attention; conveyor_native::has_prefill_attention says whether it
 // was built here (for a CPU with AVX512-BF16; native_kernels also checks its answer once,
 // as torch's brgemm must take packed bfloat16 on this CPU).
@@ -160,22 +165,23 @@ inline void softmax_rows(const float* scores, int64_t n, const int64_t* visible,
 }
 
 // The softmax of a block's `stacked` rows (the group's heads' `rows` rows each, the first
-// at position row0) of n scores, two rows at a time.
+// at key position pos0) of n scores, two rows at a time.
 inline void softmax_block(const float* scores, int64_t n, int64_t stacked, int64_t rows,
-                          int64_t row0, float scale, at::BFloat16* probs, float* sums) {
+                          int64_t pos0, float scale, at::BFloat16* probs, float* sums) {
   int64_t m = 0;
   for (; m + 2 <= stacked; m += 2) {
-    const int64_t visible[2] = {row0 + m % rows + 1, row0 + (m + 1) % rows + 1};
+    const int64_t visible[2] = {pos0 + m % rows + 1, pos0 + (m + 1) % rows + 1};
     softmax_rows<2>(scores + m * n, n, visible, scale, probs + m * n, sums + m);
   }
   if (m < stacked) {
-    const int64_t visible[1] = {row0 + m % rows + 1};
+    const int64_t visible[1] = {pos0 + m % rows + 1};
     softmax_rows<1>(scores + m * n, n, visible, scale, probs + m * n, sums + m);
   }
 }
 
+// `len` queries and `klen` keys a prompt (its queries the last `len` of its keys).
 struct Layout {
-  int64_t count, len, heads, kv_heads;
+  int64_t count, len, klen, heads, kv_heads;
   int64_t q_token, q_head, k_token, k_head, v_token, v_head, o_token, o_head;
 };
 
@@ -222,7 +228,8 @@ void attend_block(const Layout& s, const at::BFloat16* q, at::BFloat16* out,
   const int64_t group = s.heads / s.kv_heads;
   const int64_t rows = std::min(kRows, s.len - row0);
   const int64_t stacked = group * rows;
-  const int64_t n = keys_seen(row0 + rows);
+  const int64_t pos0 = s.klen - s.len + row0;  // the block's first row's key position
+  const int64_t n = keys_seen(pos0 + rows);
   const int64_t first_token = head.prompt * s.len;
   auto* queries = reinterpret_cast<at::BFloat16*>(w.queries.get());
   auto* probs = reinterpret_cast<at::BFloat16*>(w.probs.get());
@@ -245,7 +252,7 @@ void attend_block(const Layout& s, const at::BFloat16* q, at::BFloat16* out,
     blas::brgemm(stacked, width, DIM, DIM, head.packed, n, false, queries, key_bits + 2 * c,
                  scores + c, true);
   }
-  softmax_block(scores, n, stacked, rows, row0, scale, probs, sums);
+  softmax_block(scores, n, stacked, rows, pos0, scale, probs, sums);
   for (int64_t c = 0; c < n; c += kKeyChunk) {
     const int64_t width = std::min(kKeyChunk, n - c);
     // values are [packed/2][DIM][2]: chunk c starts c/2 rows of pairs in
@@ -270,12 +277,12 @@ template <int64_t DIM>
 void attend_blocks(const Layout& s, const at::BFloat16* q, const at::BFloat16* k,
                    const at::BFloat16* v, at::BFloat16* out, int64_t prompt, int64_t kv_head,
                    int64_t first, int64_t end, float scale, Workspace& w) {
-  const int64_t last_row = std::min(s.len, end * kRows);
-  const PackedHead head{prompt, kv_head, keys_seen(last_row)};
-  const int64_t first_token = prompt * s.len;
-  pack_keys<DIM>(k + first_token * s.k_token + kv_head * s.k_head, s.k_token, last_row,
+  const int64_t last_key = s.klen - s.len + std::min(s.len, end * kRows);
+  const PackedHead head{prompt, kv_head, keys_seen(last_key)};
+  const int64_t first_key = prompt * s.klen;
+  pack_keys<DIM>(k + first_key * s.k_token + kv_head * s.k_head, s.k_token, last_key,
                  head.packed, w.keys.get());
-  pack_values<DIM>(v + first_token * s.v_token + kv_head * s.v_head, s.v_token, last_row,
+  pack_values<DIM>(v + first_key * s.v_token + kv_head * s.v_head, s.v_token, last_key,
                    head.packed, w.values.get());
   for (int64_t block = first; block < end; ++block) {
     attend_block<DIM>(s, q, out, head, block * kRows, scale, w);
@@ -302,7 +309,7 @@ void attend_all(const Layout& s, const at::BFloat16* q, const at::BFloat16* k,
   const int64_t stacked = s.heads / s.kv_heads * std::min(kRows, s.len);
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min(threads, tasks), 1, [&](int64_t, int64_t) {
-    Workspace w(keys_seen(s.len), stacked, DIM);
+    Workspace w(keys_seen(s.klen), stacked, DIM);
     for (int64_t task = next++; task < tasks; task = next++) {
       const int64_t span = spans - 1 - task / heads, group = task % heads;
       const int64_t first = span * per_span, end = std::min(blocks, first + per_span);
@@ -338,14 +345,17 @@ void prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   TORCH_CHECK(dim == 64 || dim == 128, "prefill_attention: head dim 64 or 128, got ", dim);
   TORCH_CHECK(count >= 1 && tokens % count == 0,
               "prefill_attention: tokens must be count prompts of one length");
-  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == tokens && k.size(2) == dim,
-              "prefill_attention: k and v must be [tokens, kv_heads, dim]");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(2) == dim,
+              "prefill_attention: k and v must be [keys, kv_heads, dim], alike");
+  TORCH_CHECK(k.size(0) % count == 0 && k.size(0) / count >= tokens / count,
+              "prefill_attention: k and v must hold count contexts, each as long as its "
+              "prompt's queries or longer");
   TORCH_CHECK(out.sizes() == q.sizes(), "prefill_attention: out must be shaped as q");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "prefill_attention: heads must be a multiple of kv_heads");
 #if defined(__AVX512BF16__)
-  const Layout s{count,       tokens / count, q.size(1),    k.size(1),   q.stride(0),
-                 q.stride(1), k.stride(0),    k.stride(1),  v.stride(0), v.stride(1),
-                 out.stride(0), out.stride(1)};
+  const Layout s{count,       tokens / count, k.size(0) / count, q.size(1),   k.size(1),
+                 q.stride(0), q.stride(1),    k.stride(0),       k.stride(1), v.stride(0),
+                 v.stride(1), out.stride(0),  out.stride(1)};
   const auto* qp = q.const_data_ptr<at::BFloat16>();
   const auto* kp = k.const_data_ptr<at::BFloat16>();
   const auto* vp = v.const_data_ptr<at::BFloat16>();
