@@ -392,3 +392,20 @@ def test_a_runner_attends_prompts_and_context_chunks_with_the_kernel(tmp_path: P
     assert calls == 3 * runner.config.num_layers and no_calls == 0
     for got, expected in zip(kernel, sdpa, strict=True):
         torch.testing.assert_close(got, expected, atol=0.1, rtol=0.05)
+
+
+@needs_prefill_kernel
+@pytest.mark.parametrize(("window", "uses_kernel"), [(None, True), (8, True), (6, False)])
+def test_a_context_chunk_goes_to_the_kernel_unless_a_window_hides_keys(
+    tmp_path: Path, window: int | None, uses_kernel: bool
+) -> None:
+    path = build_tiny_llama(tmp_path, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    runner = ModelRunner(path, num_kv_blocks=32, block_size=4, dtype="bfloat16")
+    attentions = [m for m in runner.model.modules() if isinstance(m, Attention)]
+    runner.execute([SeqChunk((5, 6, 7, 8, 9), 0, (0, 1), True)])
+    for module in attentions:
+        module.window = window  # the chunk's queries sit at 5..7: a window of 6 hides key 0
+    with torch.profiler.profile() as profiled:
+        runner.execute([SeqChunk((10, 11, 12), 5, (0, 1), True)])
+    calls = [e.name for e in profiled.events()].count("conveyor_native::prefill_attention")
+    assert calls == (runner.config.num_layers if uses_kernel else 0)
