@@ -24,6 +24,7 @@ __all__ = [
     "StepInput",
     "build_masks",
     "prefill_runs",
+    "window_hides_keys",
 ]
 
 
@@ -114,8 +115,7 @@ def build_masks(
     device = like.device
     prefill: list[torch.Tensor | None] = []
     for seq in step.prefills:
-        is_window_binding = window is not None and window < seq.end_pos
-        if seq.start_pos == 0 and not is_window_binding:
+        if seq.start_pos == 0 and not window_hides_keys(window, seq.end_pos):
             prefill.append(None)
             continue
         # Query i sits at position start_pos + i and may see keys 0 .. start_pos + i:
@@ -132,6 +132,12 @@ def build_masks(
         visible = _causal_window_mask(query_pos, key_pos, window)[:, None, None, :]
         decode.append(_additive(visible, like))
     return AttentionMasks(prefill, decode, prefill_runs(step.prefills, prefill))
+
+
+def window_hides_keys(window: int | None, end_pos: int) -> bool:
+    """Whether a sliding ``window`` hides some of a sequence's ``end_pos`` keys from one of
+    its queries (else its attention is plainly causal)."""
+    return window is not None and window < end_pos
 
 
 def prefill_runs(

@@ -12,6 +12,7 @@ from conveyor.engine.model.step_inputs import (
     StepInput,
     build_masks,
     prefill_runs,
+    window_hides_keys,
 )
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
@@ -42,6 +43,13 @@ def test_a_binding_window_hides_keys_too_far_back() -> None:
     (mask,) = build_masks(step, 2, 4, LIKE).prefill
     assert mask is not None
     assert (mask == 0).tolist() == [[True, False, False], [True, True, False], [False, True, True]]
+
+
+def test_a_window_hides_keys_only_when_shorter_than_the_context() -> None:
+    # A query at position end_pos - 1 sees keys end_pos - window .. end_pos - 1.
+    assert not window_hides_keys(None, 100)
+    assert not window_hides_keys(8, 8)
+    assert window_hides_keys(7, 8)
 
 
 def test_decode_rows_hide_padding_past_each_query() -> None:

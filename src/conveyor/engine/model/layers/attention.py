@@ -28,6 +28,7 @@ from conveyor.engine.model.step_inputs import (
     DecodeBucket,
     PrefillSpan,
     StepInput,
+    window_hides_keys,
 )
 
 if TYPE_CHECKING:
@@ -267,7 +268,7 @@ class Attention(nn.Module):
         else:
             keys, values = self._gather(blocks, seq.context_blocks)
             keys, values = keys[: seq.end_pos], values[: seq.end_pos]
-            if self._runs_native_prefill(q) and (self.window is None or self.window >= seq.end_pos):
+            if self._runs_native_prefill(q) and not window_hides_keys(self.window, seq.end_pos):
                 fused_ops.prefill_attention(q[rows], keys, values, out[rows], 1)
                 return
         # [len, heads, dim] -> [1, heads, len, dim] as SDPA expects.

@@ -258,15 +258,22 @@ needs_prefill_kernel = pytest.mark.skipif(
 
 
 def _sdpa_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, count: int) -> torch.Tensor:
-    """Causal SDPA of ``count`` prompts back to back, in q's dtype, as [T, heads, dim]."""
+    """SDPA of ``count`` prompts (or chunks) back to back, in q's dtype, as [T, heads, dim]:
+    each one's queries are the last of its keys (a causal mask aligned to the bottom right;
+    as many keys as queries: plain causal)."""
     tokens, heads, dim = q.shape
+    length, keys = tokens // count, k.shape[0] // count
+    query_pos = torch.arange(keys - length, keys)[:, None]
+    hidden = torch.arange(keys)[None, :] > query_pos
+    mask = torch.zeros(length, keys, dtype=q.dtype).masked_fill_(hidden, float("-inf"))
 
-    def batched(x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(count, tokens // count, x.shape[1], dim).transpose(1, 2)
+    def batched(x: torch.Tensor, rows: int) -> torch.Tensor:
+        return x.reshape(count, rows, x.shape[1], dim).transpose(1, 2)
 
     out = F.scaled_dot_product_attention(
-        batched(q), batched(k), batched(v), is_causal=True, enable_gqa=k.shape[1] != heads
-    )
+        batched(q, length), batched(k, keys), batched(v, keys), attn_mask=mask,
+        enable_gqa=k.shape[1] != heads,
+    )  # fmt: skip
     return out.transpose(1, 2).reshape(tokens, heads, dim)
 
 
@@ -301,27 +308,6 @@ def test_prefill_attention_matches_sdpa(
     assert (out[0] == 7.0).all() and (out[-1] == 7.0).all()  # its rows only
 
 
-def _sdpa_after_context(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, count: int
-) -> torch.Tensor:
-    """SDPA of ``count`` chunks whose queries are the last of their keys (a causal mask
-    aligned to the bottom right), in q's dtype, as [T, heads, dim]."""
-    tokens, heads, dim = q.shape
-    length, keys = tokens // count, k.shape[0] // count
-    query_pos = torch.arange(keys - length, keys)[:, None]
-    hidden = torch.arange(keys)[None, :] > query_pos
-    mask = torch.zeros(length, keys, dtype=q.dtype).masked_fill_(hidden, float("-inf"))
-
-    def batched(x: torch.Tensor, rows: int) -> torch.Tensor:
-        return x.reshape(count, rows, x.shape[1], dim).transpose(1, 2)
-
-    out = F.scaled_dot_product_attention(
-        batched(q, length), batched(k, keys), batched(v, keys), attn_mask=mask,
-        enable_gqa=k.shape[1] != heads,
-    )  # fmt: skip
-    return out.transpose(1, 2).reshape(tokens, heads, dim)
-
-
 @needs_prefill_kernel
 @pytest.mark.parametrize(
     ("count", "length", "context", "heads", "kv_heads", "dim"),
@@ -343,9 +329,9 @@ def test_prefill_attention_after_a_context_matches_sdpa(
             for _ in range(2))  # fmt: skip
     out = torch.full((count * length, heads, dim), 7.0, dtype=torch.bfloat16)
     fused_ops.prefill_attention(q, k, v, out, count)
-    exact = _sdpa_after_context(q.float(), k.float(), v.float(), count)
+    exact = _sdpa_prompts(q.float(), k.float(), v.float(), count)
     error = (out.float() - exact).abs().max().item()
-    sdpa_error = (_sdpa_after_context(q, k, v, count).float() - exact).abs().max().item()
+    sdpa_error = (_sdpa_prompts(q, k, v, count).float() - exact).abs().max().item()
     assert error <= 1.5 * sdpa_error + 2e-3
 
 

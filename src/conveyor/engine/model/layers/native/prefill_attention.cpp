@@ -1,6 +1,6 @@
 // Causal attention of prompts (or prompt chunks) of one length, back to back in a step, on
-// the CPU in bfloat16, through torch's brgemm (oneDNN's: AMX tiles where the CPU has them, AVX512-BF16
-// dot products elsewhere; both take the same packed pairs).
+// the CPU in bfloat16, through torch's brgemm (oneDNN's: AMX tiles where the CPU has them,
+// AVX512-BF16 dot products elsewhere; both take the same packed pairs).
 //
 // PyTorch's fused CPU kernel (SDPA) splits a 128-token prompt into query blocks of 32 and
 // spends most of its time outside its matmuls at that size. Here a task takes one prompt's
@@ -28,8 +28,8 @@
 // Shapes: q [T, H, D], T = count x len, prompt p's queries at rows p x len .. (p + 1) x
 // len - 1; k and v [count x klen, KVH, D], klen >= len, prompt p's keys (its context, then
 // its own) at rows p x klen .. (p + 1) x klen - 1 (any strides, the last one 1); out
-// [T, H, D] is written in place (any strides, the last one 1). D 64 or 128; H a multiple of KVH. Registered as
-// conveyor_native::prefill_attention; conveyor_native::has_prefill_attention says whether it
+// [T, H, D] is written in place (any strides, the last one 1). D 64 or 128; H a multiple
+// of KVH. Registered as conveyor_native::prefill_attention; conveyor_native::has_prefill_attention says whether it
 // was built here (for a CPU with AVX512-BF16; native_kernels also checks its answer once,
 // as torch's brgemm must take packed bfloat16 on this CPU).
 
