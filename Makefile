@@ -38,12 +38,16 @@ lint: $(BIN)/.installed
 # two cores; tests sharing a loaded model or server stay in one process (tests/conftest.py).
 TEST_WORKERS ?= 2
 
+# The native CPU kernels are built (or found in their cache) first: a build takes about a
+# minute, more than a unit test's time limit.
 test: $(BIN)/.installed lint  ## install, lint, type-check, run every test
+	$(BIN)/python -m conveyor.engine.model.layers.native_kernels
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The same suite under coverage.py, server subprocesses included: about twice the CPU for
 # Conveyor's own Python, so it is its own target rather than part of every test run.
 coverage: $(BIN)/.installed  ## run every test under coverage, print line coverage, fail under the floor
+	$(BIN)/python -m conveyor.engine.model.layers.native_kernels
 	$(BIN)/coverage erase
 	$(BIN)/coverage run -m pytest -n $(TEST_WORKERS) --dist loadgroup
 	$(BIN)/coverage combine --quiet

@@ -13,11 +13,12 @@ bfloat16 through torch's brgemm (AMX or AVX512-BF16), where the CPU has AVX512-B
 the kernel's answer on a small case checks out once; elsewhere SDPA does.
 
 The library is compiled once per set of sources, torch build, compiler and CPU (``g++`` or
-``$CXX``, ``-O3 -march=native``, torch's headers, about 20 s) into
+``$CXX``, ``-O3 -march=native``, torch's headers, about a minute on two cores) into
 ``$CONVEYOR_KERNEL_CACHE`` (default ``~/.cache/conveyor/kernels``), then loaded from there.
 Where it cannot be built (no compiler, a failed build) the runner keeps the PyTorch
 path and says so once in the log; ``native_kernels: false`` in a model's config turns
-it off.
+it off. ``python -m conveyor.engine.model.layers.native_kernels`` builds it ahead (``make
+test`` does, so that no test's own time limit has to cover a build).
 """
 
 from __future__ import annotations
@@ -269,3 +270,10 @@ def prefill_attention_runs() -> bool:
         log.warning("the native prefill attention is off (SDPA instead): off by %.3g", off_by)
         return False
     return True
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    built = native_library()
+    log.info("native kernels: %s", built or "off")
+    sys.exit(0 if built is not None else 1)

@@ -87,6 +87,25 @@ def test_it_matches_the_float64_reference(
                                rtol=tolerance, atol=tolerance)  # fmt: skip
 
 
+@pytest.mark.parametrize("block_size", [BLOCK_SIZE, 16])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("group", range(1, 9))
+def test_every_group_size_of_the_register_path_matches_the_reference(
+    group: int, dtype: torch.dtype, tolerance: float, dim: int, block_size: int
+) -> None:
+    # The values pass is compiled once per group size (1 to 8 query heads a KV head), and
+    # sums a head's vectors in chunks where the group's sums would not fit the registers
+    # whole (8 heads of 128 dims: four chunks of two vectors on AVX-512).
+    q, k, v, tables, mask = _case(
+        rows=5, heads=2 * group, kv_heads=2, width=6, dtype=dtype, dim=dim,
+        block_size=block_size, seed=group,
+    )  # fmt: skip
+    got = NativeDecodeAttention()(q, k, v, tables, mask)
+    torch.testing.assert_close(got.double(), _reference(q, k, v, tables, mask),
+                               rtol=tolerance, atol=tolerance)  # fmt: skip
+
+
 @pytest.mark.parametrize("dim", [HEAD_DIM, 64])
 def test_it_reads_the_caches_through_their_strides(dim: int) -> None:
     # K and V as the runner hands them: two views of one [2, ...] allocation per layer.

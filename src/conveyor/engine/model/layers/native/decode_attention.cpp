@@ -194,9 +194,29 @@ void attend_task(const Layout& s, int64_t row, int64_t kv_head, const scalar_t* 
 constexpr int64_t kMaxGroup = 8;
 constexpr int64_t kLine = 64;  // bytes per cache line
 
+// ``locality`` as __builtin_prefetch's: 3 into the first-level cache, 2 into the second.
+template <int locality = 3>
 inline void prefetch(const void* start, int64_t bytes) {
   const char* at = static_cast<const char*>(start);
-  for (int64_t offset = 0; offset < bytes; offset += kLine) __builtin_prefetch(at + offset);
+  for (int64_t offset = 0; offset < bytes; offset += kLine)
+    __builtin_prefetch(at + offset, 0, locality);
+}
+
+// Before block b of a row is scored: the keys of the block two ahead into the first-level
+// cache (at b = 0 also the next one's), and block b's values into the second-level cache
+// for the values pass (so that it reads them from there). Blocks whose first slot the mask
+// hides are not fetched. Asking a block earlier than the one about to be scored hides more
+// of the memory's latency: the blocks of a row lie anywhere in the cache.
+template <typename scalar_t>
+inline void prefetch_for_block(const Layout& s, const int64_t* row_table, const float* row_mask,
+                               const scalar_t* k, const scalar_t* v, int64_t b) {
+  const int64_t bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
+  const auto visible = [&](int64_t at) {
+    return at < s.blocks_per_row && row_mask[at * s.block_size] != kNegInf;
+  };
+  for (int64_t ahead = b == 0 ? 1 : 2; ahead <= 2; ++ahead)
+    if (visible(b + ahead)) prefetch(k + row_table[b + ahead] * s.c_block, bytes);
+  if (visible(b)) prefetch<2>(v + row_table[b] * s.c_block, bytes);
 }
 
 // queries [H, dim] = the row's query heads in float32, scaled.
@@ -212,14 +232,13 @@ void load_queries(const Layout& s, int64_t row, const scalar_t* q, float scale, 
 // scaled already: load_queries): each key is loaded once into vector registers and scored
 // against every query head of its group, each score a horizontal sum.
 template <int DV, typename scalar_t>
-void score_row_vec(const Layout& s, int64_t row, const scalar_t* k, const int64_t* tables,
-                   const float* mask, float* scores, const float* queries) {
+void score_row_vec(const Layout& s, int64_t row, const scalar_t* k, const scalar_t* v,
+                   const int64_t* tables, const float* mask, float* scores, const float* queries) {
   const int64_t G = s.group, L = s.length, BS = s.block_size;
   const float* row_mask = mask + row * L;
   const int64_t* row_table = tables + row * s.blocks_per_row;
-  const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
   for (int64_t b = 0; b < s.blocks_per_row; ++b) {
-    if (b + 1 < s.blocks_per_row && row_mask[(b + 1) * BS] != kNegInf) prefetch(k + row_table[b + 1] * s.c_block, block_bytes);
+    prefetch_for_block(s, row_table, row_mask, k, v, b);
     const scalar_t* block = k + row_table[b] * s.c_block;
     for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head) {
       Vec qv[kMaxGroup][DV];
@@ -273,15 +292,15 @@ inline __m512 sum_each(const __m512* x) {
 // into one vector, which is scaled by ``scale``, masked and stored. Groups of sixteen slots
 // that the mask hides whole are not read.
 template <typename scalar_t, typename Dots>
-void score_row_x16(const Layout& s, int64_t row, const scalar_t* k, const int64_t* tables,
-                   const float* mask, float scale, float* scores, Dots dots) {
+void score_row_x16(const Layout& s, int64_t row, const scalar_t* k, const scalar_t* v,
+                   const int64_t* tables, const float* mask, float scale, float* scores,
+                   Dots dots) {
   const int64_t G = s.group, L = s.length, BS = s.block_size;
   const float* row_mask = mask + row * L;
   const int64_t* row_table = tables + row * s.blocks_per_row;
-  const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
   const __m512 scale_v = _mm512_set1_ps(scale), hidden = _mm512_set1_ps(kNegInf);
   for (int64_t b = 0; b < s.blocks_per_row; ++b) {
-    if (b + 1 < s.blocks_per_row && row_mask[(b + 1) * BS] != kNegInf) prefetch(k + row_table[b + 1] * s.c_block, block_bytes);
+    prefetch_for_block(s, row_table, row_mask, k, v, b);
     const scalar_t* block = k + row_table[b] * s.c_block;
     for (int64_t first = 0; first < BS; first += 16) {
       const int64_t pos = b * BS + first;
@@ -353,58 +372,100 @@ struct Bfloat16Dots {
 // space for the row's query heads in float32.
 template <int DV, typename scalar_t>
 void score_row(const Layout& s, int64_t row, const scalar_t* q, const scalar_t* k,
-               const int64_t* tables, const float* mask, float scale, float* scores,
-               float* queries) {
+               const scalar_t* v, const int64_t* tables, const float* mask, float scale,
+               float* scores, float* queries) {
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
     if (s.block_size % 16 == 0 && (DV == 4 || DV == 8)) {
       const at::BFloat16* row_q = q + row * s.q_row;
-      if (DV == 4) return score_row_x16(s, row, k, tables, mask, scale, scores, Bfloat16Dots<2>{s, row_q});
-      return score_row_x16(s, row, k, tables, mask, scale, scores, Bfloat16Dots<4>{s, row_q});
+      if (DV == 4)
+        return score_row_x16(s, row, k, v, tables, mask, scale, scores, Bfloat16Dots<2>{s, row_q});
+      return score_row_x16(s, row, k, v, tables, mask, scale, scores, Bfloat16Dots<4>{s, row_q});
     }
   }
 #endif
   load_queries<DV, scalar_t>(s, row, q, scale, queries);
 #if defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX512)
   if (s.block_size % 16 == 0)
-    return score_row_x16(s, row, k, tables, mask, 1.0f, scores, FloatDots<DV, scalar_t>{queries});
+    return score_row_x16(s, row, k, v, tables, mask, 1.0f, scores,
+                         FloatDots<DV, scalar_t>{queries});
 #endif
-  score_row_vec<DV, scalar_t>(s, row, k, tables, mask, scores, queries);
+  score_row_vec<DV, scalar_t>(s, row, k, v, tables, mask, scores, queries);
+}
+
+// Vector registers: 32 with AVX-512, 16 with AVX2.
+constexpr int kVectorRegisters = Vec::size() == 16 ? 32 : 16;
+
+// How many of a head's DV vectors the values pass sums at once for a group of G query
+// heads: as many as fit in the vector registers with the sums of the G heads, the values
+// they are summing and a weight.
+constexpr int chunk_vectors(int DV, int G) {
+  int C = DV;
+  while (C > 1 && (G + 1) * C + 1 > kVectorRegisters) C /= 2;
+  return C;
 }
 
 // acc [H, dim] = the row's values weighted by probs [H, L] (unnormalised), a value at a
-// time: each value loaded once into vector registers and used by every query head of its
-// group.
-template <int DV, typename scalar_t>
-void values_row_vec(const Layout& s, int64_t row, const scalar_t* v, const int64_t* tables,
-                    const float* mask, const float* scores, float* acc) {
-  const int64_t G = s.group, L = s.length, H = s.heads, BS = s.block_size;
+// time, block by block: for each KV head and each chunk of C of its DV vectors, the G query
+// heads' sums stay in vector registers over the block's slots (G and C known at compile
+// time: with G read at run time they lived on the stack, a load and a store around every
+// FMA), each value loaded once and used by every query head of its group. Each sum adds
+// its terms in the order of the positions, whatever the chunks.
+template <int DV, int G, typename scalar_t>
+void values_row_group(const Layout& s, int64_t row, const scalar_t* v, const int64_t* tables,
+                      const float* mask, const float* scores, float* acc) {
+  constexpr int C = chunk_vectors(DV, G);
+  static_assert(DV % C == 0, "a head's vectors split into whole chunks");
+  const int64_t L = s.length, BS = s.block_size;
   const float* row_mask = mask + row * L;
   const int64_t* row_table = tables + row * s.blocks_per_row;
   const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
-  std::fill(acc, acc + H * DV * Vec::size(), 0.0f);
+  std::fill(acc, acc + s.heads * DV * Vec::size(), 0.0f);
   if (row_mask[0] != kNegInf) prefetch(v + row_table[0] * s.c_block, block_bytes);
   for (int64_t b = 0; b < s.blocks_per_row; ++b) {
-    if (b + 1 < s.blocks_per_row && row_mask[(b + 1) * BS] != kNegInf) prefetch(v + row_table[b + 1] * s.c_block, block_bytes);
+    if (b + 1 < s.blocks_per_row && row_mask[(b + 1) * BS] != kNegInf)
+      prefetch(v + row_table[b + 1] * s.c_block, block_bytes);
     const scalar_t* block = v + row_table[b] * s.c_block;
     for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head) {
-      Vec av[kMaxGroup][DV];
-      for (int64_t g = 0; g < G; ++g)
-        for (int i = 0; i < DV; ++i) av[g][i] = Vec::loadu(acc + ((kv_head * G + g) * DV + i) * Vec::size());
-      for (int64_t slot = 0; slot < BS; ++slot) {
-        const int64_t pos = b * BS + slot;
-        if (row_mask[pos] == kNegInf) continue;
-        const scalar_t* value = block + slot * s.c_slot + kv_head * s.c_head;
-        Vec values[DV];
-        for (int i = 0; i < DV; ++i) values[i] = load16(value + i * Vec::size());
-        for (int64_t g = 0; g < G; ++g) {
-          const Vec weight(scores[(kv_head * G + g) * L + pos]);
-          for (int i = 0; i < DV; ++i) av[g][i] = at::vec::fmadd(weight, values[i], av[g][i]);
+      const float* head_scores = scores + kv_head * G * L + b * BS;
+      float* head_acc = acc + kv_head * G * DV * Vec::size();
+      for (int first = 0; first < DV; first += C) {
+        Vec av[G][C];
+        for (int g = 0; g < G; ++g)
+          for (int i = 0; i < C; ++i)
+            av[g][i] = Vec::loadu(head_acc + (g * DV + first + i) * Vec::size());
+        for (int64_t slot = 0; slot < BS; ++slot) {
+          if (row_mask[b * BS + slot] == kNegInf) continue;
+          const scalar_t* value =
+              block + slot * s.c_slot + kv_head * s.c_head + first * Vec::size();
+          Vec values[C];
+          for (int i = 0; i < C; ++i) values[i] = load16(value + i * Vec::size());
+          for (int g = 0; g < G; ++g) {
+            const Vec weight(head_scores[g * L + slot]);
+            for (int i = 0; i < C; ++i) av[g][i] = at::vec::fmadd(weight, values[i], av[g][i]);
+          }
         }
+        for (int g = 0; g < G; ++g)
+          for (int i = 0; i < C; ++i) av[g][i].store(head_acc + (g * DV + first + i) * Vec::size());
       }
-      for (int64_t g = 0; g < G; ++g)
-        for (int i = 0; i < DV; ++i) av[g][i].store(acc + ((kv_head * G + g) * DV + i) * Vec::size());
     }
+  }
+}
+
+// values_row_group for the row's group size (1 to kMaxGroup).
+template <int DV, typename scalar_t>
+void values_row(const Layout& s, int64_t row, const scalar_t* v, const int64_t* tables,
+                const float* mask, const float* scores, float* acc) {
+  static_assert(kMaxGroup == 8, "one case per group size");
+  switch (s.group) {
+    case 1: return values_row_group<DV, 1>(s, row, v, tables, mask, scores, acc);
+    case 2: return values_row_group<DV, 2>(s, row, v, tables, mask, scores, acc);
+    case 3: return values_row_group<DV, 3>(s, row, v, tables, mask, scores, acc);
+    case 4: return values_row_group<DV, 4>(s, row, v, tables, mask, scores, acc);
+    case 5: return values_row_group<DV, 5>(s, row, v, tables, mask, scores, acc);
+    case 6: return values_row_group<DV, 6>(s, row, v, tables, mask, scores, acc);
+    case 7: return values_row_group<DV, 7>(s, row, v, tables, mask, scores, acc);
+    default: return values_row_group<DV, 8>(s, row, v, tables, mask, scores, acc);
   }
 }
 
@@ -415,11 +476,11 @@ void attend_row_vec(const Layout& s, int64_t row, const scalar_t* q, const scala
   const int64_t L = s.length, H = s.heads;
   float* scores = work.data();         // [H, L]
   float* queries = scores + H * L;     // [H, dim], scaled
-  score_row<DV, scalar_t>(s, row, q, k, tables, mask, scale, scores, queries);
+  score_row<DV, scalar_t>(s, row, q, k, v, tables, mask, scale, scores, queries);
   float sums[kMaxGroup * 64];
   for (int64_t h = 0; h < H; ++h) sums[h] = exp_and_sum(scores + h * L, L);
   float* acc = queries;  // [H, dim]: the queries are no longer needed
-  values_row_vec<DV, scalar_t>(s, row, v, tables, mask, scores, acc);
+  values_row<DV, scalar_t>(s, row, v, tables, mask, scores, acc);
   for (int64_t h = 0; h < H; ++h) {
     const Vec norm(sums[h] > 0.0f ? 1.0f / sums[h] : 0.0f);
     float* head = acc + h * s.dim;
