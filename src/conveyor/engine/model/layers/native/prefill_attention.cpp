@@ -29,9 +29,10 @@
 // len - 1; k and v [count x klen, KVH, D], klen >= len, prompt p's keys (its context, then
 // its own) at rows p x klen .. (p + 1) x klen - 1 (any strides, the last one 1); out
 // [T, H, D] is written in place (any strides, the last one 1). D 64 or 128; H a multiple
-// of KVH. Registered as conveyor_native::prefill_attention; conveyor_native::has_prefill_attention says whether it
-// was built here (for a CPU with AVX512-BF16; native_kernels also checks its answer once,
-// as torch's brgemm must take packed bfloat16 on this CPU).
+// of KVH. Registered as conveyor_native::prefill_attention;
+// conveyor_native::has_prefill_attention says whether it was built here (for a CPU with
+// AVX512-BF16; native_kernels also checks its answer once, as torch's brgemm must take
+// packed bfloat16 on this CPU).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
