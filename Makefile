@@ -38,8 +38,8 @@ lint: $(BIN)/.installed
 # two cores; tests sharing a loaded model or server stay in one process (tests/conftest.py).
 TEST_WORKERS ?= 2
 
-# The native CPU kernels are built (or found in their cache) first: a build takes about a
-# minute, more than a unit test's time limit.
+# The native CPU kernels are built (or found in their cache) first: a build takes about half
+# a minute on two cores, too close to a unit test's 30 s limit.
 test: $(BIN)/.installed lint  ## install, lint, type-check, run every test
 	$(BIN)/python -m conveyor.engine.model.layers.native_kernels
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup

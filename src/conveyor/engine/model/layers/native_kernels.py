@@ -12,39 +12,33 @@ over each row instead of an intermediate tensor per PyTorch op; so does the KV w
 bfloat16 through torch's brgemm (AMX or AVX512-BF16), where the CPU has AVX512-BF16 and
 the kernel's answer on a small case checks out once; elsewhere SDPA does.
 
-The library is compiled once per set of sources, torch build, compiler and CPU (``g++`` or
-``$CXX``, ``-O3 -march=native``, torch's headers, about a minute on two cores) into
-``$CONVEYOR_KERNEL_CACHE`` (default ``~/.cache/conveyor/kernels``), then loaded from there.
-Where it cannot be built (no compiler, a failed build) the runner keeps the PyTorch
-path and says so once in the log; ``native_kernels: false`` in a model's config turns
-it off. ``python -m conveyor.engine.model.layers.native_kernels`` builds it ahead (``make
-test`` does, so that no test's own time limit has to cover a build).
+The library is compiled once per set of sources, torch build, compiler and CPU
+(``native_build``: about half a minute on two cores) into ``$CONVEYOR_KERNEL_CACHE``
+(default ``~/.cache/conveyor/kernels``), then loaded from there. Where it cannot be built
+(no compiler, a failed build) the runner keeps the PyTorch path and says so once in the
+log; ``native_kernels: false`` in a model's config turns it off. ``python -m
+conveyor.engine.model.layers.native_kernels`` builds it ahead (``make test`` does, so that
+no test's own time limit has to cover a build).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
-import os
 import subprocess
 import sys
-import tempfile
 import threading
-import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from conveyor.engine.model.layers.native_build import build_library, library_path
+
 __all__ = [
-    "CACHE_ENV",
     "PREFILL_HEAD_DIMS",
     "NativeDecodeAttention",
-    "build_command",
     "install_native_kernels",
-    "kernel_cache_dir",
     "native_decode_attention",
     "native_library",
     "prefill_attention_runs",
@@ -52,7 +46,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "CONVEYOR_KERNEL_CACHE"
 NATIVE_DIR = Path(__file__).with_name("native")
 SOURCES = (
     NATIVE_DIR / "decode_attention.cpp",
@@ -66,80 +59,6 @@ PREFILL_HEAD_DIMS = (64, 128)
 # The prefill attention's largest error allowed against float32 on its one-time check (its
 # error there is about 0.01, bfloat16 rounding; a wrong kernel is off by the values' scale).
 PREFILL_CHECK_TOLERANCE = 0.05
-
-# torch's vectorised types (at::vec) pick their width from these defines, as inductor's do.
-_CAPABILITY_DEFINES = {
-    "AVX512": ["-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"],
-    "AVX2": ["-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"],
-}
-
-
-def kernel_cache_dir() -> Path:
-    """Where built libraries are kept (``$CONVEYOR_KERNEL_CACHE`` or the user's cache)."""
-    configured = os.environ.get(CACHE_ENV)
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "conveyor" / "kernels"
-
-
-def build_command(sources: Sequence[Path], target: Path) -> list[str]:
-    """The compiler call that builds ``sources`` into the shared library ``target``."""
-    torch_dir = Path(torch.__file__).parent
-    capability = torch.backends.cpu.get_cpu_capability()
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [
-        os.environ.get("CXX", "g++"),
-        "-O3",
-        "-march=native",
-        "-std=c++20",
-        "-shared",
-        "-fPIC",
-        "-fopenmp",
-        "-w",
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        *_CAPABILITY_DEFINES.get(capability, []),
-        f"-I{torch_dir / 'include'}",
-        f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        *map(str, sources),
-        f"-L{torch_dir / 'lib'}",
-        "-ltorch",
-        "-ltorch_cpu",
-        "-lc10",
-        "-o",
-        str(target),
-    ]
-
-
-def _library_path(sources: Sequence[Path]) -> Path:
-    """The cached library's path: named after everything that shapes the build."""
-    command = build_command(sources, Path("out.so"))
-    compiler = subprocess.run(
-        [command[0], "--version"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout.splitlines()[:1]
-    digest = hashlib.sha256()
-    parts = [source.read_bytes() for source in sources]
-    for part in (*parts, torch.__version__.encode(), " ".join(command).encode(),
-                 str(compiler).encode(), sys.platform.encode()):  # fmt: skip
-        digest.update(part)
-    return kernel_cache_dir() / f"conveyor_native-{digest.hexdigest()[:20]}.so"
-
-
-def _build(sources: Sequence[Path], target: Path) -> None:
-    """Compile to a private name beside ``target``, then rename it into place (atomic:
-    processes building at once each write their own file, and either one wins)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    started_s = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=target.parent) as work:
-        built = Path(work) / target.name
-        done = subprocess.run(
-            build_command(sources, built), capture_output=True, text=True, check=False, timeout=600
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"the compiler failed: {done.stderr[-2000:]}")
-        os.replace(built, target)
-    log.info("built %s in %.1f s", target.name, time.perf_counter() - started_s)
-
 
 _LOADING = threading.Lock()
 
@@ -157,9 +76,9 @@ def _load_once() -> Path | None:
     """``native_library`` without the lock: the first call builds and loads, later ones
     return its answer."""
     try:
-        path = _library_path(SOURCES)
+        path = library_path(SOURCES)
         if not path.exists():
-            _build(SOURCES, path)
+            build_library(SOURCES, path)
         torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
         torch.library.register_fake(OP_NAME)(_fake_decode_attention)
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:

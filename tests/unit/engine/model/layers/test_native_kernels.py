@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conveyor.engine.model.layers.native_build import CACHE_ENV
 from conveyor.engine.model.layers.native_kernels import (
-    CACHE_ENV,
     NativeDecodeAttention,
     _load_once,
-    kernel_cache_dir,
     native_library,
     prefill_attention_runs,
 )
@@ -180,16 +179,6 @@ def test_the_op_runs_inside_a_compiled_graph_unbroken() -> None:
 
     compiled = torch.compile(attend, fullgraph=True, dynamic=False)
     torch.testing.assert_close(compiled(q, mask), attend(q, mask))
-
-
-def test_the_cache_lives_where_the_environment_says(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "kernels"))
-    assert kernel_cache_dir() == tmp_path / "kernels"
-    monkeypatch.delenv(CACHE_ENV)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert kernel_cache_dir() == tmp_path / "xdg" / "conveyor" / "kernels"
 
 
 def test_a_failed_build_leaves_the_kernels_off_and_says_why(
