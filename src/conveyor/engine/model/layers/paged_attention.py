@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from conveyor.engine.model.huge_pages import advise_huge_pages
 from conveyor.engine.model.layers.attention import Attention
 
 __all__ = [
@@ -174,10 +175,13 @@ def cache_at_offset(
     Dynamo specialises a storage offset of 0 (or 1): a graph traced on one layer's cache
     view at offset 0 would not serve the other layers' views, and one traced on an offset
     would not serve offset 0. Every view of a cache allocated here has an offset of at least
-    ``CACHE_OFFSET_ELEMENTS``, so one graph serves them all.
+    ``CACHE_OFFSET_ELEMENTS``, so one graph serves them all. On a Linux CPU its memory is
+    advised into transparent huge pages first (``huge_pages``).
     """
     numel = CACHE_OFFSET_ELEMENTS + math.prod(shape)
-    flat = torch.zeros(numel, dtype=dtype, device=device)
+    flat = torch.empty(numel, dtype=dtype, device=device)
+    advise_huge_pages(flat)  # before the first touch: zeroing faults the pages in
+    flat.zero_()
     return flat[CACHE_OFFSET_ELEMENTS:].view(shape)
 
 
