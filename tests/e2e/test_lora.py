@@ -17,6 +17,7 @@ import torch
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.fakes.checkpoints import build_lora_adapter, build_tiny_llama
 from tests.e2e.conftest import Server, start_server, stop_server
+from tests.polling import until
 
 pytestmark = pytest.mark.slow
 
@@ -109,12 +110,20 @@ def test_adapters_are_listed_under_their_base(server: Server) -> None:
 def test_lora_requests_info_under_vllms_name(server: Server, client: openai.OpenAI) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    complete(client, "sql")  # finished: no adapter runs or waits now
-    text = httpx.get(f"{server.url}/metrics").text
-    (info,) = [
-        sample for family in text_string_to_metric_families(text)
-        for sample in family.samples if sample.name == "vllm:lora_requests_info"
-    ]  # fmt: skip
+    complete(client, "sql")  # finished: no adapter runs or waits once the engine publishes
+
+    def settled_info() -> Any:
+        """The info sample once no adapter runs in it (None before)."""
+        text = httpx.get(f"{server.url}/metrics").text
+        (info,) = [
+            sample for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == "vllm:lora_requests_info"
+        ]  # fmt: skip
+        return info if info.labels["running_lora_adapters"] == "" else None
+
+    # The engine publishes its gauges after the step that finished the request, which may
+    # come after the client has its answer: wait for that rather than race it.
+    info = until(settled_info, "the finished adapter to leave vllm:lora_requests_info")
     assert info.labels == {"max_lora": "8", "running_lora_adapters": "",
                            "waiting_lora_adapters": ""}  # fmt: skip
     assert info.value > 1.7e9  # when the engine last published it (a Unix time)
