@@ -10,13 +10,12 @@ After each one, freed heap pages are handed back to the operating system.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from conveyor.c_library import c_library
 from conveyor.errors import ConveyorError
 
 LARGE_INPUT_BYTES = 64 * 1024
@@ -52,10 +51,7 @@ def _call_then_trim(call: Callable[[], T]) -> T:
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    trim = getattr(c_library(), "malloc_trim", None)  # None without a C library too
     return trim  # type: ignore[no-any-return]
 
 

@@ -13,7 +13,6 @@ empty, advises, then zeroes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 import sys
@@ -21,6 +20,8 @@ from collections.abc import Callable
 from typing import cast
 
 import torch
+
+from conveyor.c_library import c_library
 
 __all__ = ["HUGE_PAGE_BYTES", "advise_huge_pages"]
 
@@ -33,12 +34,10 @@ _MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
 @functools.cache
 def _madvise() -> Callable[[int, int, int], int] | None:
     """libc's ``madvise``, or None off Linux (or where libc cannot be found)."""
-    if not sys.platform.startswith("linux"):
+    library = c_library() if sys.platform.startswith("linux") else None
+    if library is None:
         return None
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    function = ctypes.CDLL(name, use_errno=True).madvise
+    function = library.madvise
     function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     function.restype = ctypes.c_int
     return cast("Callable[[int, int, int], int]", function)

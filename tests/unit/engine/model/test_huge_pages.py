@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conveyor.engine.model.huge_pages import HUGE_PAGE_BYTES, advise_huge_pages
-from conveyor.engine.model.layers.paged_attention import CACHE_OFFSET_ELEMENTS, cache_at_offset
+from conveyor.engine.model.layers.paged_attention import cache_at_offset
 
 pytestmark = pytest.mark.model  # runs torch code: left out of mutation runs
 
@@ -31,7 +31,7 @@ def _vm_flags(address: int) -> list[str]:
 
 
 @linux_only
-def test_a_cache_is_advised_into_huge_pages_before_it_is_zeroed() -> None:
+def test_a_cache_from_cache_at_offset_is_advised_into_huge_pages() -> None:
     shape = (2, 2, 640, 16, 3, 64)  # 15 MiB of bfloat16: whole huge pages inside it
     cache = cache_at_offset(shape, torch.bfloat16, torch.device("cpu"))
     assert cache.shape == shape and not cache.any()
@@ -48,7 +48,7 @@ def test_the_advice_covers_the_whole_huge_pages_inside_the_tensor() -> None:
 
 
 def test_a_tensor_smaller_than_a_huge_page_is_left_alone() -> None:
-    small = torch.zeros(CACHE_OFFSET_ELEMENTS + 1024, dtype=torch.float32)
+    small = torch.zeros(1024, dtype=torch.float32)
     assert advise_huge_pages(small) == 0
 
 

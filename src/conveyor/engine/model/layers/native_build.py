@@ -117,7 +117,7 @@ def library_path(sources: Sequence[Path]) -> Path:
     return kernel_cache_dir() / f"conveyor_native-{digest.hexdigest()[:20]}.so"
 
 
-def build_jobs() -> int:
+def _build_jobs() -> int:
     """How many compiler processes to run at once: the CPUs this process may use."""
     return max(1, len(os.sched_getaffinity(0)))
 
@@ -132,7 +132,7 @@ def build_library(sources: Sequence[Path], target: Path, jobs: int | None = None
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
         objects = [Path(work) / f"{index}-{source.stem}.o" for index, source in enumerate(sources)]
         calls = [compile_command(s, o) for s, o in zip(sources, objects, strict=True)]
-        with ThreadPoolExecutor(max_workers=jobs or build_jobs()) as pool:
+        with ThreadPoolExecutor(max_workers=jobs or _build_jobs()) as pool:
             for done in list(pool.map(_run, calls)):
                 _check(done)
         built = Path(work) / target.name
