@@ -135,8 +135,10 @@ class Attention(nn.Module):
         self.native_rope = False
         # Conveyor's CPU KV write (``native_kernels``): a row copy per token.
         self.native_kv_write = False
-        # Conveyor's CPU attention of whole prompts (``native_kernels``): bfloat16, AVX512-BF16.
+        # Conveyor's CPU attention of whole prompts (``native_kernels``), on or off, and the
+        # dtypes it takes on this CPU (bfloat16 with AVX512-BF16, float32 with AVX-512).
         self.native_prefill = False
+        self.native_prefill_dtypes: frozenset[torch.dtype] = frozenset()
         # Set by ``compiled_layers``: a compiled layer calls ``attend`` as an opaque op.
         self.op_slot: torch.Tensor | None = None
         # The GPU's one call a layer for the whole step (``varlen_kernels``), where
@@ -281,8 +283,8 @@ class Attention(nn.Module):
         out[rows] = attended[0].transpose(0, 1)
 
     def _runs_native_prefill(self, q: torch.Tensor) -> bool:
-        """Whether the native prefill attention takes this step's prompts (bfloat16)."""
-        return q.dtype == torch.bfloat16 and fused_ops.eager_native(self.native_prefill)
+        """Whether the native prefill attention takes this step's prompts (their dtype)."""
+        return q.dtype in self.native_prefill_dtypes and fused_ops.eager_native(self.native_prefill)
 
     def _attend_prompts(
         self,

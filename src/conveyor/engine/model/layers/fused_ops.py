@@ -62,8 +62,8 @@ def prefill_attention(
     """Causal attention of ``count`` prompts (or chunks) of one length, back to back in
     ``q`` [T, heads, dim], written into ``out`` [T, heads, dim]. ``k``, ``v`` [count x K,
     kv_heads, dim] hold each one's K keys, K >= T / count: a chunk's queries are the last
-    of its keys (K > T / count: a cached context before them). bfloat16, head dim 64 or
-    128, on a CPU with AVX512-BF16 (``native/prefill_attention.cpp``;
+    of its keys (K > T / count: a cached context before them). Head dim 64 or 128; bfloat16
+    on a CPU with AVX512-BF16, float32 on one with AVX-512 (``native/prefill_attention.cpp``;
     ``native_kernels.prefill_attention_runs``)."""
     torch.ops.conveyor_native.prefill_attention(q, k, v, out, count, q.shape[-1] ** -0.5)
 

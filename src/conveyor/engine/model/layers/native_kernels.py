@@ -36,6 +36,7 @@ from torch import nn
 from conveyor.engine.model.layers.native_build import build_library, library_path
 
 __all__ = [
+    "PREFILL_DTYPES",
     "PREFILL_HEAD_DIMS",
     "NativeDecodeAttention",
     "install_native_kernels",
@@ -56,6 +57,8 @@ SOURCES = (
 OP_NAME = "conveyor_native::decode_attention"
 # Head dims the prefill attention kernel (``native/prefill_attention.cpp``) is built for.
 PREFILL_HEAD_DIMS = (64, 128)
+# The dtypes it is built for (each where the CPU has the instructions for it).
+PREFILL_DTYPES = (torch.bfloat16, torch.float32)
 # The prefill attention's largest error allowed against float32 on its one-time check (its
 # error there is about 0.01, bfloat16 rounding; a wrong kernel is off by the values' scale).
 PREFILL_CHECK_TOLERANCE = 0.05
@@ -147,32 +150,35 @@ def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
     if native_library() is None:
         return None
     native = NativeDecodeAttention()
-    prefill = prefill_attention_runs()
+    prefill = frozenset(d for d in PREFILL_DTYPES if prefill_attention_runs(d))
     for module in model.modules():
         if isinstance(module, Attention):
             module.paged_decode = native
             module.native_rope = True
             module.native_kv_write = True
-            module.native_prefill = prefill and module.head_dim in PREFILL_HEAD_DIMS
+            if module.head_dim in PREFILL_HEAD_DIMS:
+                module.native_prefill = bool(prefill)
+                module.native_prefill_dtypes = prefill
         elif isinstance(module, (RMSNorm, MLP)):
             module.native = True
     return native
 
 
 @functools.cache
-def prefill_attention_runs() -> bool:
-    """Whether the native prefill attention runs here: built (the CPU has AVX512-BF16), and
-    its answer on two small prompts as close to float32 SDPA as bfloat16 allows (torch's
-    brgemm must take packed bfloat16 operands on this CPU: checked once, not assumed)."""
-    if native_library() is None or not torch.ops.conveyor_native.has_prefill_attention():
+def prefill_attention_runs(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the native prefill attention runs here in ``dtype``: built for it (bfloat16
+    where the CPU has AVX512-BF16, float32 where it has AVX-512), and its answer on two
+    small prompts as close to float32 SDPA as the dtype allows (torch's brgemm must take
+    packed bfloat16 operands on this CPU: checked once, not assumed)."""
+    if native_library() is None or not torch.ops.conveyor_native.has_prefill_attention(dtype):
         return False
     gen = torch.Generator().manual_seed(0)
     count, length, heads, dim = 2, 40, 2, 64
     q, k, v = (torch.randn(count * length, h, dim, generator=gen) for h in (heads, 1, 1))
-    out = torch.empty(count * length, heads, dim, dtype=torch.bfloat16)
+    out = torch.empty(count * length, heads, dim, dtype=dtype)
     try:
         torch.ops.conveyor_native.prefill_attention(
-            q.bfloat16(), k.bfloat16(), v.bfloat16(), out, count, dim**-0.5
+            q.to(dtype), k.to(dtype), v.to(dtype), out, count, dim**-0.5
         )
     except RuntimeError as error:
         log.warning("the native prefill attention is off (SDPA instead): %s", error)

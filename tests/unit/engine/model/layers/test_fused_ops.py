@@ -253,8 +253,22 @@ def test_a_runners_layers_fuse_each_residual_add_into_the_next_norm(llama_path: 
 
 
 needs_prefill_kernel = pytest.mark.skipif(
-    not prefill_attention_runs(), reason="the prefill attention needs AVX512-BF16"
+    not prefill_attention_runs(), reason="the bfloat16 prefill attention needs AVX512-BF16"
 )
+# The prefill attention's dtypes, each skipped where this CPU lacks what it is built for.
+PREFILL_DTYPES = [
+    pytest.param(torch.bfloat16, marks=needs_prefill_kernel, id="bfloat16"),
+    pytest.param(
+        torch.float32,
+        marks=pytest.mark.skipif(
+            not prefill_attention_runs(torch.float32),
+            reason="the float32 prefill attention needs AVX-512",
+        ),
+        id="float32",
+    ),
+]
+# Its error against float64 may exceed SDPA's by this much more than half again.
+PREFILL_SLACK = {torch.bfloat16: 2e-3, torch.float32: 1e-6}
 
 
 def _sdpa_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, count: int) -> torch.Tensor:
@@ -277,7 +291,7 @@ def _sdpa_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, count: int)
     return out.transpose(1, 2).reshape(tokens, heads, dim)
 
 
-@needs_prefill_kernel
+@pytest.mark.parametrize("dtype", PREFILL_DTYPES)
 @pytest.mark.parametrize(
     ("count", "length", "heads", "kv_heads", "dim"),
     [
@@ -290,25 +304,25 @@ def _sdpa_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, count: int)
     ],
 )
 def test_prefill_attention_matches_sdpa(
-    count: int, length: int, heads: int, kv_heads: int, dim: int
+    count: int, length: int, heads: int, kv_heads: int, dim: int, dtype: torch.dtype
 ) -> None:
     # q, k, v as slices of one packed projection (strided), as the layers pass them.
     tokens = count * length
     gen = torch.Generator().manual_seed(length)
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(torch.bfloat16)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
     q = qkv[:, : heads * dim].view(tokens, heads, dim)
     k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
     v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
-    out = torch.full((tokens + 2, heads, dim), 7.0, dtype=torch.bfloat16)
+    out = torch.full((tokens + 2, heads, dim), 7.0, dtype=dtype)
     fused_ops.prefill_attention(q, k, v, out[1:-1], count)
-    exact = _sdpa_prompts(q.float(), k.float(), v.float(), count)
-    error = (out[1:-1].float() - exact).abs().max().item()
-    sdpa_error = (_sdpa_prompts(q, k, v, count).float() - exact).abs().max().item()
-    assert error <= 1.5 * sdpa_error + 2e-3  # as close to float32 as PyTorch's kernel
+    exact = _sdpa_prompts(q.double(), k.double(), v.double(), count)
+    error = (out[1:-1].double() - exact).abs().max().item()
+    sdpa_error = (_sdpa_prompts(q, k, v, count).double() - exact).abs().max().item()
+    assert error <= 1.5 * sdpa_error + PREFILL_SLACK[dtype]  # as close as PyTorch's kernel
     assert (out[0] == 7.0).all() and (out[-1] == 7.0).all()  # its rows only
 
 
-@needs_prefill_kernel
+@pytest.mark.parametrize("dtype", PREFILL_DTYPES)
 @pytest.mark.parametrize(
     ("count", "length", "context", "heads", "kv_heads", "dim"),
     [
@@ -319,29 +333,32 @@ def test_prefill_attention_matches_sdpa(
     ],
 )
 def test_prefill_attention_after_a_context_matches_sdpa(
-    count: int, length: int, context: int, heads: int, kv_heads: int, dim: int
+    count: int, length: int, context: int, heads: int, kv_heads: int, dim: int, dtype: torch.dtype
 ) -> None:
     gen = torch.Generator().manual_seed(length + context)
     keys = context + length
-    q = torch.randn(count * length, heads, dim, generator=gen).to(torch.bfloat16)
+    q = torch.randn(count * length, heads, dim, generator=gen).to(dtype)
     # Gathered from the cache: whole rows, contiguous, as ``Attention._gather`` returns.
-    k, v = (torch.randn(count * keys, kv_heads, dim, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(count * keys, kv_heads, dim, generator=gen).to(dtype)
             for _ in range(2))  # fmt: skip
-    out = torch.full((count * length, heads, dim), 7.0, dtype=torch.bfloat16)
+    out = torch.full((count * length, heads, dim), 7.0, dtype=dtype)
     fused_ops.prefill_attention(q, k, v, out, count)
-    exact = _sdpa_prompts(q.float(), k.float(), v.float(), count)
-    error = (out.float() - exact).abs().max().item()
-    sdpa_error = (_sdpa_prompts(q, k, v, count).float() - exact).abs().max().item()
-    assert error <= 1.5 * sdpa_error + 2e-3
+    exact = _sdpa_prompts(q.double(), k.double(), v.double(), count)
+    error = (out.double() - exact).abs().max().item()
+    sdpa_error = (_sdpa_prompts(q, k, v, count).double() - exact).abs().max().item()
+    assert error <= 1.5 * sdpa_error + PREFILL_SLACK[dtype]
 
 
-@needs_prefill_kernel
-def test_prefill_attention_refuses_what_it_is_not_built_for() -> None:
-    q, kv = torch.randn(8, 2, 64).to(torch.bfloat16), torch.randn(8, 1, 64).to(torch.bfloat16)
-    with pytest.raises(RuntimeError, match="bfloat16 only"):
-        fused_ops.prefill_attention(q.float(), kv.float(), kv.float(), q.float(), 1)
+@pytest.mark.parametrize("dtype", PREFILL_DTYPES)
+def test_prefill_attention_refuses_what_it_is_not_built_for(dtype: torch.dtype) -> None:
+    q, kv = torch.randn(8, 2, 64).to(dtype), torch.randn(8, 1, 64).to(dtype)
+    with pytest.raises(RuntimeError, match="bfloat16 or float32 only"):
+        fused_ops.prefill_attention(q.half(), kv.half(), kv.half(), q.half(), 1)
+    other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+    with pytest.raises(RuntimeError, match="in one dtype"):
+        fused_ops.prefill_attention(q, kv.to(other), kv.to(other), q.clone(), 1)
     with pytest.raises(RuntimeError, match="head dim 64 or 128"):
-        odd = torch.randn(8, 2, 96).to(torch.bfloat16)
+        odd = torch.randn(8, 2, 96).to(dtype)
         fused_ops.prefill_attention(odd, odd[:, :1], odd[:, :1], odd.clone(), 1)
     with pytest.raises(RuntimeError, match="count prompts of one length"):
         fused_ops.prefill_attention(q, kv, kv, q.clone(), 3)
@@ -349,13 +366,16 @@ def test_prefill_attention_refuses_what_it_is_not_built_for() -> None:
         fused_ops.prefill_attention(q, kv[:6], kv[:6], q.clone(), 1)
 
 
-@needs_prefill_kernel
-def test_a_runner_attends_prompts_and_context_chunks_with_the_kernel(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", PREFILL_DTYPES)
+def test_a_runner_attends_prompts_and_context_chunks_with_the_kernel(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
     # head dim 64 (the tiny Llama's is 16): 2 query heads over 1 KV head.
     path = build_tiny_llama(tmp_path, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
-    runner = ModelRunner(path, num_kv_blocks=32, block_size=4, dtype="bfloat16")
+    runner = ModelRunner(path, num_kv_blocks=32, block_size=4, dtype=str(dtype).split(".")[-1])
     attentions = [m for m in runner.model.modules() if isinstance(m, Attention)]
     assert attentions and all(m.native_prefill for m in attentions)
+    assert all(dtype in m.native_prefill_dtypes for m in attentions)
     # Two prompts of 6 (one run), one of 5 (a run alone), then a chunk with cached context.
     first = [
         SeqChunk((5, 6, 7, 8, 9, 10), 0, (0, 1), True),
@@ -376,8 +396,9 @@ def test_a_runner_attends_prompts_and_context_chunks_with_the_kernel(tmp_path: P
     *sdpa, no_calls = logits(False)
     # Three calls a layer: the run of two, the prompt alone, the chunk after its context.
     assert calls == 3 * runner.config.num_layers and no_calls == 0
+    close = {"atol": 0.1, "rtol": 0.05} if dtype == torch.bfloat16 else {"atol": 1e-4, "rtol": 1e-4}
     for got, expected in zip(kernel, sdpa, strict=True):
-        torch.testing.assert_close(got, expected, atol=0.1, rtol=0.05)
+        torch.testing.assert_close(got, expected, **close)
 
 
 @needs_prefill_kernel

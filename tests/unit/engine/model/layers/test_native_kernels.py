@@ -11,6 +11,7 @@ import torch
 
 from conveyor.engine.model.layers.native_build import CACHE_ENV
 from conveyor.engine.model.layers.native_kernels import (
+    PREFILL_DTYPES,
     NativeDecodeAttention,
     _load_once,
     native_library,
@@ -225,7 +226,7 @@ def test_models_loading_at_once_load_one_at_a_time(monkeypatch: pytest.MonkeyPat
 
 def _without_cache(monkeypatch: pytest.MonkeyPatch, kernel: object) -> bool:
     """``prefill_attention_runs``'s answer, uncached, with ``kernel`` as the op."""
-    monkeypatch.setattr(torch.ops.conveyor_native, "has_prefill_attention", lambda: True)
+    monkeypatch.setattr(torch.ops.conveyor_native, "has_prefill_attention", lambda dtype: True)
     monkeypatch.setattr(torch.ops.conveyor_native, "prefill_attention", kernel)
     answer: bool = prefill_attention_runs.__wrapped__()  # type: ignore[attr-defined]
     return answer
@@ -255,6 +256,9 @@ def test_a_prefill_kernel_that_refuses_this_cpu_is_left_off(
     assert "not supported here" in caplog.text
 
 
-def test_the_prefill_kernel_is_used_wherever_it_is_built() -> None:
-    # On a CPU with AVX512-BF16 (AMX or not) the check passes; elsewhere nothing is built.
-    assert prefill_attention_runs() == bool(torch.ops.conveyor_native.has_prefill_attention())
+@pytest.mark.parametrize("dtype", PREFILL_DTYPES)
+def test_the_prefill_kernel_is_used_wherever_it_is_built(dtype: torch.dtype) -> None:
+    # bfloat16 on a CPU with AVX512-BF16 (AMX or not), float32 on one with AVX-512: the
+    # check passes; elsewhere nothing is built for the dtype.
+    built = bool(torch.ops.conveyor_native.has_prefill_attention(dtype))
+    assert prefill_attention_runs(dtype) == built

@@ -49,15 +49,17 @@
 #include <limits>
 #include <memory>
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 namespace {
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 
 constexpr int64_t kLanes = 16;  // float32 lanes of a vector
+
+#if defined(__AVX512BF16__)
 
 // Keys [len, DIM] (rows stride apart) as [DIM/2][padded][pair]: for each pair of head
 // dims, every key's two values side by side; keys past len are zero. Sixteen keys' pair p
@@ -116,13 +118,25 @@ void pack_values(const at::BFloat16* v, int64_t stride, int64_t len, int64_t pad
   }
 }
 
-// Softmax numerators of rows' n raw scores, exp((s - max) x scale), rounded to bfloat16
-// into probs (zero past each row's `visible` keys, its own position); each row's float32
+#endif  // __AVX512BF16__
+
+// Sixteen probabilities into place: as they are, or rounded to bfloat16.
+inline void store_probs(float* out, __m512 e) { _mm512_storeu_ps(out, e); }
+
+#if defined(__AVX512BF16__)
+inline void store_probs(at::BFloat16* out, __m512 e) {
+  const __m256bh rounded = _mm512_cvtneps_pbh(e);
+  std::memcpy(out, &rounded, sizeof(rounded));
+}
+#endif
+
+// Softmax numerators of rows' n raw scores, exp((s - max) x scale), in probs' type (float32,
+// or rounded to bfloat16) into probs (n a multiple of 16; probs may be scores itself) (zero past each row's `visible` keys, its own position); each row's float32
 // sum into sums. Two rows at a time, so that one row's reductions overlap the other's
 // work; a row's last vector of visible keys is loaded masked (-inf past them).
-template <int64_t ROWS>
+template <int64_t ROWS, typename prob_t>
 inline void softmax_rows(const float* scores, int64_t n, const int64_t* visible, float scale,
-                         at::BFloat16* probs, float* sums) {
+                         prob_t* probs, float* sums) {
   using Vec = at::vec::Vectorized<float>;
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t whole[ROWS];
@@ -143,32 +157,31 @@ inline void softmax_rows(const float* scores, int64_t n, const int64_t* visible,
   const Vec factor(scale);
   for (int64_t r = 0; r < ROWS; ++r) {
     const float* row = scores + r * n;
-    at::BFloat16* out = probs + r * n;
+    prob_t* out = probs + r * n;
     Vec sum_vec(0.0f);
     for (int64_t v = 0; v < whole[r]; ++v) {
       const Vec e = ((Vec(_mm512_loadu_ps(row + v * kLanes)) - top[r]) * factor).exp_u20();
       sum_vec = sum_vec + e;
-      const __m256bh rounded = _mm512_cvtneps_pbh(e);
-      std::memcpy(out + v * kLanes, &rounded, sizeof(rounded));
+      store_probs(out + v * kLanes, e);
     }
     int64_t done = whole[r] * kLanes;
     if (tail[r] != 0) {
       const Vec loaded(_mm512_mask_loadu_ps(neg_inf, tail[r], row + done));
       const Vec e = ((loaded - top[r]) * factor).exp_u20();
       sum_vec = sum_vec + e;
-      const __m256bh rounded = _mm512_cvtneps_pbh(e);
-      std::memcpy(out + done, &rounded, sizeof(rounded));
+      store_probs(out + done, e);
       done += kLanes;
     }
-    std::memset(static_cast<void*>(out + done), 0, (n - done) * sizeof(at::BFloat16));
+    std::memset(static_cast<void*>(out + done), 0, (n - done) * sizeof(prob_t));
     sums[r] = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum_vec);
   }
 }
 
 // The softmax of a block's `stacked` rows (the group's heads' `rows` rows each, the first
 // at key position pos0) of n scores, two rows at a time.
+template <typename prob_t>
 inline void softmax_block(const float* scores, int64_t n, int64_t stacked, int64_t rows,
-                          int64_t pos0, float scale, at::BFloat16* probs, float* sums) {
+                          int64_t pos0, float scale, prob_t* probs, float* sums) {
   int64_t m = 0;
   for (; m + 2 <= stacked; m += 2) {
     const int64_t visible[2] = {pos0 + m % rows + 1, pos0 + (m + 1) % rows + 1};
@@ -197,6 +210,50 @@ inline int64_t keys_seen(int64_t last_row) {
   return (last_row + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
 }
 
+// Tasks: each prompt's KV head, its blocks split into `spans` runs of about equal length
+// where there are too few prompts and heads to go round the threads (a long prompt), so
+// that the threads share it; the threads take tasks as they finish their last, the runs
+// nearest the prompts' ends (the most keys) first. Each thread makes its workspace once
+// (`make_workspace()`) and calls `run(prompt, kv_head, first_block, end_block, workspace)`,
+// then `done()`.
+template <typename MakeWorkspace, typename Run, typename Done>
+void run_tasks(const Layout& s, MakeWorkspace make_workspace, Run run, Done done) {
+  if (s.len == 0) {
+    return;
+  }
+  const int64_t blocks = (s.len + kRows - 1) / kRows;
+  const int64_t heads = s.count * s.kv_heads;
+  const int64_t threads = at::get_num_threads();
+  const int64_t wanted = kTasksPerThread * threads;
+  const int64_t spans = std::clamp<int64_t>((wanted + heads - 1) / heads, 1, blocks);
+  const int64_t per_span = (blocks + spans - 1) / spans;
+  const int64_t tasks = heads * spans;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(threads, tasks), 1, [&](int64_t, int64_t) {
+    auto w = make_workspace();
+    for (int64_t task = next++; task < tasks; task = next++) {
+      const int64_t span = spans - 1 - task / heads, group = task % heads;
+      const int64_t first = span * per_span, end = std::min(blocks, first + per_span);
+      if (first < end) {
+        run(group / s.kv_heads, group % s.kv_heads, first, end, w);
+      }
+    }
+    done();
+  });
+}
+
+// Rows a block stacks: every query head of a KV head, up to kRows rows each.
+inline int64_t stacked_rows(const Layout& s) {
+  return s.heads / s.kv_heads * std::min(kRows, s.len);
+}
+
+// One prompt's KV head: where its keys and values are, packed `packed` keys long.
+struct PackedHead {
+  int64_t prompt, kv_head, packed;
+};
+
+#if defined(__AVX512BF16__)
+
 // A thread's buffers, sized for the longest prompt (`longest` keys, `stacked` rows) and
 // reused from task to task; never zeroed (every value read is written first).
 struct Workspace {
@@ -211,11 +268,6 @@ struct Workspace {
   std::unique_ptr<uint32_t[]> keys, values;
   std::unique_ptr<uint16_t[]> queries, probs;
   std::unique_ptr<float[]> scores, totals, sums;
-};
-
-// One prompt's KV head: where its keys and values are, packed `packed` keys long.
-struct PackedHead {
-  int64_t prompt, kv_head, packed;
 };
 
 // A block of up to kRows query rows of one prompt, for every query head of one KV head,
@@ -290,56 +342,138 @@ void attend_blocks(const Layout& s, const at::BFloat16* q, const at::BFloat16* k
   }
 }
 
-// Tasks: each prompt's KV head, its blocks split into `spans` runs of about equal length
-// where there are too few prompts and heads to go round the threads (a long prompt), so
-// that the threads share it; the threads take tasks as they finish their last, the runs
-// nearest the prompts' ends (the most keys) first.
 template <int64_t DIM>
 void attend_all(const Layout& s, const at::BFloat16* q, const at::BFloat16* k,
                 const at::BFloat16* v, at::BFloat16* out, float scale) {
-  if (s.len == 0) {
-    return;
-  }
-  const int64_t blocks = (s.len + kRows - 1) / kRows;
-  const int64_t heads = s.count * s.kv_heads;
-  const int64_t threads = at::get_num_threads();
-  const int64_t wanted = kTasksPerThread * threads;
-  const int64_t spans = std::clamp<int64_t>((wanted + heads - 1) / heads, 1, blocks);
-  const int64_t per_span = (blocks + spans - 1) / spans;
-  const int64_t tasks = heads * spans;
-  const int64_t stacked = s.heads / s.kv_heads * std::min(kRows, s.len);
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min(threads, tasks), 1, [&](int64_t, int64_t) {
-    Workspace w(keys_seen(s.klen), stacked, DIM);
-    for (int64_t task = next++; task < tasks; task = next++) {
-      const int64_t span = spans - 1 - task / heads, group = task % heads;
-      const int64_t first = span * per_span, end = std::min(blocks, first + per_span);
-      if (first < end) {
-        attend_blocks<DIM>(s, q, k, v, out, group / s.kv_heads, group % s.kv_heads, first,
-                           end, scale, w);
-      }
-    }
-    at::native::cpublas::brgemm_release(true);
-  });
+  run_tasks(
+      s, [&] { return Workspace(keys_seen(s.klen), stacked_rows(s), DIM); },
+      [&](int64_t prompt, int64_t kv_head, int64_t first, int64_t end, Workspace& w) {
+        attend_blocks<DIM>(s, q, k, v, out, prompt, kv_head, first, end, scale, w);
+      },
+      [] { at::native::cpublas::brgemm_release(true); });
 }
 
 #endif  // __AVX512BF16__
 
-bool has_prefill_attention() {
+// float32: keys [len, dim] (rows stride apart) transposed into [dim][padded] for the
+// scores' matmul; keys past len are zero. Sixteen keys' value at one head dim are gathered
+// into one vector.
+void transpose_keys(const float* k, int64_t stride, int64_t len, int64_t padded, int64_t dim,
+                    float* out) {
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(static_cast<int32_t>(stride)));
+  for (int64_t j0 = 0; j0 < padded; j0 += kLanes) {
+    const int64_t live = std::clamp<int64_t>(len - j0, 0, kLanes);
+    const __mmask16 mask = static_cast<__mmask16>((1u << live) - 1u);
+    const float* first = k + std::min(j0, len - 1) * stride;
+    for (int64_t d = 0; d < dim; ++d) {
+      _mm512_storeu_ps(out + d * padded + j0,
+                       _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, rows, first + d, 4));
+    }
+  }
+}
+
+// float32: a thread's buffers, sized for the longest prompt, reused from task to task.
+struct Workspace32 {
+  Workspace32(int64_t longest, int64_t stacked, int64_t dim)
+      : keys(new float[dim * longest]),
+        queries(new float[stacked * dim]),
+        scores(new float[stacked * longest]),
+        totals(new float[stacked * dim]),
+        sums(new float[stacked]) {}
+  std::unique_ptr<float[]> keys, queries, scores, totals, sums;
+};
+
+// float32: a block of up to kRows query rows of one prompt, for every query head of one KV
+// head, against its keys transposed in `w` (`head.packed` wide) and its values where they
+// are: the heads' rows stacked into one matrix, their scores (torch's brgemm), the softmax
+// (rows of scores `n` long: the keys seen, rounded up to 16), the probabilities applied to
+// the values (as many as the last row sees).
+void attend_block32(const Layout& s, const float* q, const float* v, float* out,
+                    const PackedHead& head, int64_t row0, int64_t dim, float scale,
+                    Workspace32& w) {
+  namespace blas = at::native::cpublas;
+  const int64_t group = s.heads / s.kv_heads;
+  const int64_t rows = std::min(kRows, s.len - row0);
+  const int64_t stacked = group * rows;
+  const int64_t pos0 = s.klen - s.len + row0;  // the block's first row's key position
+  const int64_t seen = pos0 + rows;            // keys its last row sees
+  const int64_t n = (seen + kLanes - 1) / kLanes * kLanes;
+  const int64_t first_token = head.prompt * s.len;
+  const float* values = v + head.prompt * s.klen * s.v_token + head.kv_head * s.v_head;
+  float* queries = w.queries.get();
+  float* scores = w.scores.get();
+  float* totals = w.totals.get();
+  float* sums = w.sums.get();
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t q_head = head.kv_head * group + g;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(queries + (g * rows + r) * dim,
+                  q + (first_token + row0 + r) * s.q_token + q_head * s.q_head,
+                  dim * sizeof(float));
+    }
+  }
+  for (int64_t c = 0; c < n; c += kKeyChunk) {
+    const int64_t width = std::min(kKeyChunk, n - c);
+    blas::brgemm(stacked, width, dim, dim, head.packed, n, false, queries, w.keys.get() + c,
+                 scores + c, false);
+  }
+  softmax_block(scores, n, stacked, rows, pos0, scale, scores, sums);
+  for (int64_t c = 0; c < seen; c += kKeyChunk) {
+    const int64_t width = std::min(kKeyChunk, seen - c);
+    blas::brgemm(stacked, dim, width, n, s.v_token, dim, c > 0, scores + c,
+                 values + c * s.v_token, totals, false);
+  }
+  for (int64_t m = 0; m < stacked; ++m) {
+    const int64_t q_head = head.kv_head * group + m / rows;
+    const __m512 inverse = _mm512_set1_ps(1.0f / sums[m]);
+    float* o = out + (first_token + row0 + m % rows) * s.o_token + q_head * s.o_head;
+    for (int64_t d = 0; d < dim; d += kLanes) {
+      _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(totals + m * dim + d), inverse));
+    }
+  }
+}
+
+void attend_all32(const Layout& s, const float* q, const float* k, const float* v, float* out,
+                  int64_t dim, float scale) {
+  run_tasks(
+      s, [&] { return Workspace32(keys_seen(s.klen), stacked_rows(s), dim); },
+      [&](int64_t prompt, int64_t kv_head, int64_t first, int64_t end, Workspace32& w) {
+        const int64_t last_key = s.klen - s.len + std::min(s.len, end * kRows);
+        const PackedHead head{prompt, kv_head, keys_seen(last_key)};
+        transpose_keys(k + prompt * s.klen * s.k_token + kv_head * s.k_head, s.k_token,
+                       last_key, head.packed, dim, w.keys.get());
+        for (int64_t block = first; block < end; ++block) {
+          attend_block32(s, q, v, out, head, block * kRows, dim, scale, w);
+        }
+      },
+      [] { at::native::cpublas::brgemm_release(false); });
+}
+
+#endif  // __AVX512F__
+
+bool has_prefill_attention(at::ScalarType dtype) {
 #if defined(__AVX512BF16__)
-  return true;
-#else
-  return false;
+  if (dtype == at::kBFloat16) return true;
 #endif
+#if defined(__AVX512F__)
+  if (dtype == at::kFloat) return true;
+#endif
+  return false;
 }
 
 void prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        at::Tensor& out, int64_t count, double scale) {
-  TORCH_CHECK(has_prefill_attention(), "prefill_attention: not on this CPU (needs AVX512-BF16)");
+  const at::ScalarType dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat,
+              "prefill_attention: bfloat16 or float32 only");
+  TORCH_CHECK(has_prefill_attention(dtype), "prefill_attention: not for ", dtype,
+              " on this CPU (bfloat16 needs AVX512-BF16, float32 AVX-512)");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && out.dim() == 3,
               "prefill_attention: q, k, v and out must be [tokens, heads, dim]");
   for (const at::Tensor* t : {&q, &k, &v, static_cast<const at::Tensor*>(&out)}) {
-    TORCH_CHECK(t->scalar_type() == at::kBFloat16, "prefill_attention: bfloat16 only");
+    TORCH_CHECK(t->scalar_type() == dtype, "prefill_attention: q, k, v and out in one dtype");
     TORCH_CHECK(t->stride(2) == 1, "prefill_attention: the last dimension must be contiguous");
   }
   const int64_t tokens = q.size(0), dim = q.size(2);
@@ -353,18 +487,26 @@ void prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tenso
               "prompt's queries or longer");
   TORCH_CHECK(out.sizes() == q.sizes(), "prefill_attention: out must be shaped as q");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "prefill_attention: heads must be a multiple of kv_heads");
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
   const Layout s{count,       tokens / count, k.size(0) / count, q.size(1),   k.size(1),
                  q.stride(0), q.stride(1),    k.stride(0),       k.stride(1), v.stride(0),
                  v.stride(1), out.stride(0),  out.stride(1)};
+  const auto factor = static_cast<float>(scale);
+  if (dtype == at::kFloat) {
+    attend_all32(s, q.const_data_ptr<float>(), k.const_data_ptr<float>(),
+                 v.const_data_ptr<float>(), out.mutable_data_ptr<float>(), dim, factor);
+    return;
+  }
+#endif
+#if defined(__AVX512BF16__)
   const auto* qp = q.const_data_ptr<at::BFloat16>();
   const auto* kp = k.const_data_ptr<at::BFloat16>();
   const auto* vp = v.const_data_ptr<at::BFloat16>();
   auto* op = out.mutable_data_ptr<at::BFloat16>();
   if (dim == 64) {
-    attend_all<64>(s, qp, kp, vp, op, static_cast<float>(scale));
+    attend_all<64>(s, qp, kp, vp, op, factor);
   } else {
-    attend_all<128>(s, qp, kp, vp, op, static_cast<float>(scale));
+    attend_all<128>(s, qp, kp, vp, op, factor);
   }
 #endif
 }
@@ -372,7 +514,7 @@ void prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(conveyor_native, m) {
-  m.def("has_prefill_attention() -> bool", &has_prefill_attention);
+  m.def("has_prefill_attention(ScalarType dtype) -> bool", &has_prefill_attention);
   m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) out, int count, float scale) -> ()");
 }
 
