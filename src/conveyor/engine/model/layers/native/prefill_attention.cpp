@@ -30,9 +30,15 @@
 // its own) at rows p x klen .. (p + 1) x klen - 1 (any strides, the last one 1); out
 // [T, H, D] is written in place (any strides, the last one 1). D 64 or 128; H a multiple
 // of KVH. Registered as conveyor_native::prefill_attention;
-// conveyor_native::has_prefill_attention says whether it was built here (for a CPU with
-// AVX512-BF16; native_kernels also checks its answer once, as torch's brgemm must take
-// packed bfloat16 on this CPU).
+// conveyor_native::has_prefill_attention(dtype) says whether it was built here for dtype
+// (bfloat16 for a CPU with AVX512-BF16; native_kernels also checks its answer once, as
+// torch's brgemm must take packed bfloat16 on this CPU).
+//
+// float32 (any CPU with AVX-512): the same tasks and softmax (probabilities kept in
+// float32). A task transposes its prompt's keys once for the scores' matmul (sixteen keys'
+// value at one head dim gathered into a vector); the values are read where they lie; both
+// matmuls are torch's brgemm in float32. SmolLM2's 16 prompts of 128 on 2 threads of an Ice
+// Lake Xeon: 3.8 ms a layer, against 10.1 in PyTorch's SDPA.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
