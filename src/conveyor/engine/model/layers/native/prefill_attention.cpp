@@ -37,8 +37,9 @@
 // float32 (any CPU with AVX-512): the same tasks and softmax (probabilities kept in
 // float32). A task transposes its prompt's keys once for the scores' matmul (sixteen keys'
 // value at one head dim gathered into a vector); the values are read where they lie; both
-// matmuls are torch's brgemm in float32. SmolLM2's 16 prompts of 128 on 2 threads of an Ice
-// Lake Xeon: 3.8 ms a layer, against 10.1 in PyTorch's SDPA.
+// matmuls are torch's brgemm in float32. In a step of SmolLM2's 16 prompts of 128 on 2
+// threads of an Ice Lake Xeon: 3.0-3.1 ms a layer, against 5.0 in PyTorch's SDPA and 0.5
+// more to copy its output into place.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
