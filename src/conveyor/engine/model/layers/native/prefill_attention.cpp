@@ -66,6 +66,19 @@ namespace {
 
 constexpr int64_t kLanes = 16;  // float32 lanes of a vector
 
+// Offsets of sixteen rows `stride` elements apart, for a gather of one element of each.
+inline __m512i row_offsets(int64_t stride) {
+  return _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(static_cast<int32_t>(stride)));
+}
+
+// The lanes of the sixteen keys from j0 on that are among the first len.
+inline __mmask16 live_lanes(int64_t len, int64_t j0) {
+  const int64_t live = std::clamp<int64_t>(len - j0, 0, kLanes);
+  return static_cast<__mmask16>((1u << live) - 1u);
+}
+
 #if defined(__AVX512BF16__)
 
 // Keys [len, DIM] (rows stride apart) as [DIM/2][padded][pair]: for each pair of head
@@ -74,12 +87,9 @@ constexpr int64_t kLanes = 16;  // float32 lanes of a vector
 template <int64_t DIM>
 void pack_keys(const at::BFloat16* k, int64_t stride, int64_t len, int64_t padded,
                uint32_t* out) {
-  const __m512i rows = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(static_cast<int32_t>(stride)));
+  const __m512i rows = row_offsets(stride);
   for (int64_t j0 = 0; j0 < padded; j0 += kLanes) {
-    const int64_t live = std::clamp<int64_t>(len - j0, 0, kLanes);
-    const __mmask16 mask = static_cast<__mmask16>((1u << live) - 1u);
+    const __mmask16 mask = live_lanes(len, j0);
     const at::BFloat16* first = k + std::min(j0, len - 1) * stride;
     for (int64_t p = 0; p < DIM / 2; ++p) {
       // scale 2: the indices count bfloat16 elements
@@ -127,11 +137,12 @@ void pack_values(const at::BFloat16* v, int64_t stride, int64_t len, int64_t pad
 
 #endif  // __AVX512BF16__
 
-// Sixteen probabilities into place: as they are, or rounded to bfloat16.
-inline void store_probs(float* out, __m512 e) { _mm512_storeu_ps(out, e); }
+// Sixteen float32 values into place (probabilities, outputs): as they are, or rounded to
+// bfloat16.
+inline void store_floats(float* out, __m512 e) { _mm512_storeu_ps(out, e); }
 
 #if defined(__AVX512BF16__)
-inline void store_probs(at::BFloat16* out, __m512 e) {
+inline void store_floats(at::BFloat16* out, __m512 e) {
   const __m256bh rounded = _mm512_cvtneps_pbh(e);
   std::memcpy(out, &rounded, sizeof(rounded));
 }
@@ -169,14 +180,14 @@ inline void softmax_rows(const float* scores, int64_t n, const int64_t* visible,
     for (int64_t v = 0; v < whole[r]; ++v) {
       const Vec e = ((Vec(_mm512_loadu_ps(row + v * kLanes)) - top[r]) * factor).exp_u20();
       sum_vec = sum_vec + e;
-      store_probs(out + v * kLanes, e);
+      store_floats(out + v * kLanes, e);
     }
     int64_t done = whole[r] * kLanes;
     if (tail[r] != 0) {
       const Vec loaded(_mm512_mask_loadu_ps(neg_inf, tail[r], row + done));
       const Vec e = ((loaded - top[r]) * factor).exp_u20();
       sum_vec = sum_vec + e;
-      store_probs(out + done, e);
+      store_floats(out + done, e);
       done += kLanes;
     }
     std::memset(static_cast<void*>(out + done), 0, (n - done) * sizeof(prob_t));
@@ -259,6 +270,41 @@ struct PackedHead {
   int64_t prompt, kv_head, packed;
 };
 
+// A block's query rows (rows from row0 of one prompt) for every query head of one KV head,
+// stacked into one matrix [group x rows, dim]: query head g's rows from row g x rows on.
+template <typename scalar_t>
+void stack_queries(const Layout& s, const scalar_t* q, const PackedHead& head, int64_t row0,
+                   int64_t rows, int64_t dim, scalar_t* queries) {
+  const int64_t group = s.heads / s.kv_heads;
+  const int64_t first_token = head.prompt * s.len;
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t q_head = head.kv_head * group + g;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(queries + (g * rows + r) * dim,
+                  q + (first_token + row0 + r) * s.q_token + q_head * s.q_head,
+                  dim * sizeof(scalar_t));
+    }
+  }
+}
+
+// The stacked rows' sums of values (totals [group x rows, dim]) divided by their sums of
+// probabilities, into their rows and heads of out.
+template <typename scalar_t>
+void write_rows(const Layout& s, const float* totals, const float* sums,
+                const PackedHead& head, int64_t row0, int64_t rows, int64_t dim,
+                scalar_t* out) {
+  const int64_t group = s.heads / s.kv_heads;
+  const int64_t first_token = head.prompt * s.len;
+  for (int64_t m = 0; m < group * rows; ++m) {
+    const int64_t q_head = head.kv_head * group + m / rows;
+    const __m512 inverse = _mm512_set1_ps(1.0f / sums[m]);
+    scalar_t* o = out + (first_token + row0 + m % rows) * s.o_token + q_head * s.o_head;
+    for (int64_t d = 0; d < dim; d += kLanes) {
+      store_floats(o + d, _mm512_mul_ps(_mm512_loadu_ps(totals + m * dim + d), inverse));
+    }
+  }
+}
+
 #if defined(__AVX512BF16__)
 
 // A thread's buffers, sized for the longest prompt (`longest` keys, `stacked` rows) and
@@ -290,20 +336,12 @@ void attend_block(const Layout& s, const at::BFloat16* q, at::BFloat16* out,
   const int64_t stacked = group * rows;
   const int64_t pos0 = s.klen - s.len + row0;  // the block's first row's key position
   const int64_t n = keys_seen(pos0 + rows);
-  const int64_t first_token = head.prompt * s.len;
   auto* queries = reinterpret_cast<at::BFloat16*>(w.queries.get());
   auto* probs = reinterpret_cast<at::BFloat16*>(w.probs.get());
   float* scores = w.scores.get();
   float* totals = w.totals.get();
   float* sums = w.sums.get();
-  for (int64_t g = 0; g < group; ++g) {
-    const int64_t q_head = head.kv_head * group + g;
-    for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(queries + (g * rows + r) * DIM,
-                  q + (first_token + row0 + r) * s.q_token + q_head * s.q_head,
-                  DIM * sizeof(at::BFloat16));
-    }
-  }
+  stack_queries(s, q, head, row0, rows, DIM, queries);
   const auto* key_bits = reinterpret_cast<const at::BFloat16*>(w.keys.get());
   const auto* value_bits = reinterpret_cast<const at::BFloat16*>(w.values.get());
   for (int64_t c = 0; c < n; c += kKeyChunk) {
@@ -319,16 +357,7 @@ void attend_block(const Layout& s, const at::BFloat16* q, at::BFloat16* out,
     blas::brgemm(stacked, DIM, width, n, DIM, DIM, c > 0, probs + c, value_bits + c * DIM,
                  totals, true);
   }
-  for (int64_t m = 0; m < stacked; ++m) {
-    const int64_t q_head = head.kv_head * group + m / rows;
-    const __m512 inverse = _mm512_set1_ps(1.0f / sums[m]);
-    at::BFloat16* o = out + (first_token + row0 + m % rows) * s.o_token + q_head * s.o_head;
-    for (int64_t d = 0; d < DIM; d += kLanes) {
-      const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(totals + m * DIM + d), inverse);
-      const __m256bh rounded = _mm512_cvtneps_pbh(scaled);
-      std::memcpy(o + d, &rounded, sizeof(rounded));
-    }
-  }
+  write_rows(s, totals, sums, head, row0, rows, DIM, out);
 }
 
 // Blocks [first, end) of one prompt's KV head: its keys and values up to the last block's
@@ -367,12 +396,9 @@ void attend_all(const Layout& s, const at::BFloat16* q, const at::BFloat16* k,
 // into one vector.
 void transpose_keys(const float* k, int64_t stride, int64_t len, int64_t padded, int64_t dim,
                     float* out) {
-  const __m512i rows = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(static_cast<int32_t>(stride)));
+  const __m512i rows = row_offsets(stride);
   for (int64_t j0 = 0; j0 < padded; j0 += kLanes) {
-    const int64_t live = std::clamp<int64_t>(len - j0, 0, kLanes);
-    const __mmask16 mask = static_cast<__mmask16>((1u << live) - 1u);
+    const __mmask16 mask = live_lanes(len, j0);
     const float* first = k + std::min(j0, len - 1) * stride;
     for (int64_t d = 0; d < dim; ++d) {
       _mm512_storeu_ps(out + d * padded + j0,
@@ -407,20 +433,12 @@ void attend_block32(const Layout& s, const float* q, const float* v, float* out,
   const int64_t pos0 = s.klen - s.len + row0;  // the block's first row's key position
   const int64_t seen = pos0 + rows;            // keys its last row sees
   const int64_t n = (seen + kLanes - 1) / kLanes * kLanes;
-  const int64_t first_token = head.prompt * s.len;
   const float* values = v + head.prompt * s.klen * s.v_token + head.kv_head * s.v_head;
   float* queries = w.queries.get();
   float* scores = w.scores.get();
   float* totals = w.totals.get();
   float* sums = w.sums.get();
-  for (int64_t g = 0; g < group; ++g) {
-    const int64_t q_head = head.kv_head * group + g;
-    for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(queries + (g * rows + r) * dim,
-                  q + (first_token + row0 + r) * s.q_token + q_head * s.q_head,
-                  dim * sizeof(float));
-    }
-  }
+  stack_queries(s, q, head, row0, rows, dim, queries);
   for (int64_t c = 0; c < n; c += kKeyChunk) {
     const int64_t width = std::min(kKeyChunk, n - c);
     blas::brgemm(stacked, width, dim, dim, head.packed, n, false, queries, w.keys.get() + c,
@@ -432,14 +450,7 @@ void attend_block32(const Layout& s, const float* q, const float* v, float* out,
     blas::brgemm(stacked, dim, width, n, s.v_token, dim, c > 0, scores + c,
                  values + c * s.v_token, totals, false);
   }
-  for (int64_t m = 0; m < stacked; ++m) {
-    const int64_t q_head = head.kv_head * group + m / rows;
-    const __m512 inverse = _mm512_set1_ps(1.0f / sums[m]);
-    float* o = out + (first_token + row0 + m % rows) * s.o_token + q_head * s.o_head;
-    for (int64_t d = 0; d < dim; d += kLanes) {
-      _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(totals + m * dim + d), inverse));
-    }
-  }
+  write_rows(s, totals, sums, head, row0, rows, dim, out);
 }
 
 void attend_all32(const Layout& s, const float* q, const float* k, const float* v, float* out,
