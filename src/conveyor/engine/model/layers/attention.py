@@ -135,9 +135,8 @@ class Attention(nn.Module):
         self.native_rope = False
         # Conveyor's CPU KV write (``native_kernels``): a row copy per token.
         self.native_kv_write = False
-        # Conveyor's CPU attention of whole prompts (``native_kernels``), on or off, and the
-        # dtypes it takes on this CPU (bfloat16 with AVX512-BF16, float32 with AVX-512).
-        self.native_prefill = False
+        # The dtypes Conveyor's CPU attention of prompts (``native_kernels``) takes here
+        # (bfloat16 with AVX512-BF16, float32 with AVX-512); empty: SDPA attends them.
         self.native_prefill_dtypes: frozenset[torch.dtype] = frozenset()
         # Set by ``compiled_layers``: a compiled layer calls ``attend`` as an opaque op.
         self.op_slot: torch.Tensor | None = None
@@ -284,7 +283,7 @@ class Attention(nn.Module):
 
     def _runs_native_prefill(self, q: torch.Tensor) -> bool:
         """Whether the native prefill attention takes this step's prompts (their dtype)."""
-        return q.dtype in self.native_prefill_dtypes and fused_ops.eager_native(self.native_prefill)
+        return fused_ops.eager_native(q.dtype in self.native_prefill_dtypes)
 
     def _attend_prompts(
         self,

@@ -157,7 +157,6 @@ def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
             module.native_rope = True
             module.native_kv_write = True
             if module.head_dim in PREFILL_HEAD_DIMS:
-                module.native_prefill = bool(prefill)
                 module.native_prefill_dtypes = prefill
         elif isinstance(module, (RMSNorm, MLP)):
             module.native = True
@@ -168,8 +167,8 @@ def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
 def prefill_attention_runs(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether the native prefill attention runs here in ``dtype``: built for it (bfloat16
     where the CPU has AVX512-BF16, float32 where it has AVX-512), and its answer on two
-    small prompts as close to float32 SDPA as the dtype allows (torch's brgemm must take
-    packed bfloat16 operands on this CPU: checked once, not assumed)."""
+    small prompts within ``PREFILL_CHECK_TOLERANCE`` of float32 SDPA (torch's brgemm must
+    take packed bfloat16 operands on this CPU: checked once, not assumed)."""
     if native_library() is None or not torch.ops.conveyor_native.has_prefill_attention(dtype):
         return False
     gen = torch.Generator().manual_seed(0)

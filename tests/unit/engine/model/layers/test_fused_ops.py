@@ -374,8 +374,7 @@ def test_a_runner_attends_prompts_and_context_chunks_with_the_kernel(
     path = build_tiny_llama(tmp_path, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
     runner = ModelRunner(path, num_kv_blocks=32, block_size=4, dtype=str(dtype).split(".")[-1])
     attentions = [m for m in runner.model.modules() if isinstance(m, Attention)]
-    assert attentions and all(m.native_prefill for m in attentions)
-    assert all(dtype in m.native_prefill_dtypes for m in attentions)
+    assert attentions and all(dtype in m.native_prefill_dtypes for m in attentions)
     # Two prompts of 6 (one run), one of 5 (a run alone), then a chunk with cached context.
     first = [
         SeqChunk((5, 6, 7, 8, 9, 10), 0, (0, 1), True),
@@ -386,7 +385,7 @@ def test_a_runner_attends_prompts_and_context_chunks_with_the_kernel(
 
     def logits(native: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
         for module in attentions:
-            module.native_prefill = native
+            module.native_prefill_dtypes = frozenset({dtype} if native else ())
         with torch.profiler.profile() as profiled:
             step = runner.execute(first), runner.execute(later)
         calls = [e.name for e in profiled.events()].count("conveyor_native::prefill_attention")

@@ -1,6 +1,7 @@
 // Causal attention of prompts (or prompt chunks) of one length, back to back in a step, on
-// the CPU in bfloat16, through torch's brgemm (oneDNN's: AMX tiles where the CPU has them,
-// AVX512-BF16 dot products elsewhere; both take the same packed pairs).
+// the CPU in bfloat16 (float32: see below), through torch's brgemm (oneDNN's: AMX tiles
+// where the CPU has them, AVX512-BF16 dot products elsewhere; both take the same packed
+// pairs).
 //
 // PyTorch's fused CPU kernel (SDPA) splits a 128-token prompt into query blocks of 32 and
 // spends most of its time outside its matmuls at that size. Here a task takes one prompt's
