@@ -53,10 +53,9 @@ def record_finish(metrics: GeneratorMetrics, request: GenerationRequest) -> None
 
 
 def publish_kv_usage(metrics: GeneratorMetrics, manager: BlockManager) -> None:
-    """The KV-cache gauges: blocks used, free, and the used share."""
-    metrics.kv_blocks_used.set(manager.num_used_blocks)
-    metrics.kv_blocks_free.set(manager.num_free_blocks)
-    metrics.kv_cache_usage.set(manager.num_used_blocks / max(1, manager.num_blocks))
+    """The KV-cache gauges: blocks used, free, and the used share, set together (a scrape
+    never sees one from before a step beside another from after it)."""
+    metrics.kv_usage.set(manager.num_used_blocks, manager.num_free_blocks, manager.num_blocks)
 
 
 def publish_adapters(metrics: GeneratorMetrics, seqs: Iterable[Sequence]) -> None:

@@ -28,8 +28,8 @@ class _NoOpMetric:
     def inc(self, amount: float = 1.0) -> None:
         """Ignore an increment."""
 
-    def set(self, value: float) -> None:
-        """Ignore a gauge value."""
+    def set(self, *values: float) -> None:
+        """Ignore a gauge's value (or the KV-cache gauges' three)."""
 
     def observe(self, value: float) -> None:
         """Ignore an observation."""

@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from conveyor.observability.kv_tier_metrics import KVTierFamilies
+from conveyor.observability.kv_usage_metrics import KVUsageFamilies
 from conveyor.observability.usage_metrics import UsageMetrics
 from conveyor.observability.vllm_names import AdapterActivity, VllmNames
 from conveyor.priority import Priority
@@ -98,8 +99,8 @@ class GeneratorMetrics:
 
     running: Any
     waiting: Any
-    kv_blocks_used: Any
-    kv_blocks_free: Any
+    # Blocks used, blocks free and the used share, set together (``KVUsage.set``).
+    kv_usage: Any
     prompt_tokens: Any
     generated_tokens: Any
     time_to_first_token_s: dict[Priority, Any]
@@ -109,7 +110,6 @@ class GeneratorMetrics:
     oom_backoffs: Any
     latency_s: dict[Priority, Any]
     requests: dict[str, Any]
-    kv_cache_usage: Any
     prefix_cache_query_tokens: Any
     finished: dict[str, Any]
     prompt_length: Any
@@ -260,14 +260,7 @@ class Metrics:
             "conveyor_waiting_sequences", "Sequences waiting for admission (preempted included)",
             ["model"], registry=reg,
         )  # fmt: skip
-        self.kv_blocks_used = Gauge(
-            "conveyor_kv_blocks_used", "KV-cache blocks held by sequences", ["model"],
-            registry=reg,
-        )  # fmt: skip
-        self.kv_blocks_free = Gauge(
-            "conveyor_kv_blocks_free", "KV-cache blocks free (cached prefixes included)",
-            ["model"], registry=reg,
-        )  # fmt: skip
+        self.kv_usage = KVUsageFamilies(reg)
         self.prompt_tokens = Counter(
             "conveyor_prompt_tokens_total", "Prompt tokens of admitted requests", ["model"],
             registry=reg,
@@ -300,10 +293,6 @@ class Metrics:
 
     def _add_generation_request_families(self, reg: CollectorRegistry) -> None:
         """Per-request families of generative models, as vLLM's (mapped in the docs)."""
-        self.kv_cache_usage = Gauge(
-            "conveyor_kv_cache_usage_ratio", "Share of KV-cache blocks held (0..1)", ["model"],
-            registry=reg,
-        )  # fmt: skip
         self.prefix_cache_query_tokens = Counter(
             "conveyor_prefix_cache_query_tokens_total",
             "Tokens looked up in the prefix cache at admission (hits: "
@@ -351,8 +340,7 @@ class Metrics:
         children = GeneratorMetrics(
             running=self.running_seqs.labels(model),
             waiting=self.waiting_seqs.labels(model),
-            kv_blocks_used=self.kv_blocks_used.labels(model),
-            kv_blocks_free=self.kv_blocks_free.labels(model),
+            kv_usage=self.kv_usage.labels(model),
             prompt_tokens=self.prompt_tokens.labels(model),
             generated_tokens=self.generated_tokens.labels(model),
             time_to_first_token_s=by_priority(self.time_to_first_token_s, model),
@@ -362,7 +350,6 @@ class Metrics:
             oom_backoffs=self.oom_backoffs.labels(model),
             latency_s=by_priority(self.latency_s, model),
             requests={o: self.requests.labels(model, o) for o in OUTCOMES},
-            kv_cache_usage=self.kv_cache_usage.labels(model),
             prefix_cache_query_tokens=self.prefix_cache_query_tokens.labels(model),
             finished={r: self.finished.labels(model, r) for r in FINISH_REASONS},
             prompt_length=self.prompt_length.labels(model),

@@ -116,7 +116,7 @@ class VllmNames(Collector):
         waiting = samples_by_model(metrics.queue_depth)
         running.update(samples_by_model(metrics.running_seqs))
         waiting.update(samples_by_model(metrics.waiting_seqs))
-        kv = samples_by_model(metrics.kv_cache_usage)
+        kv = {model: s.ratio for model, s in metrics.kv_usage.snapshots().items()}
         for name, values in (("vllm:num_requests_running", running),
                              ("vllm:num_requests_waiting", waiting),
                              ("vllm:kv_cache_usage_perc", kv),

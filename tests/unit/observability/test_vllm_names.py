@@ -36,7 +36,7 @@ def test_a_generative_models_queue_seats_and_kv_cache_under_vllms_names() -> Non
     gen = metrics.for_generator("llama")
     gen.running.set(3)
     gen.waiting.set(5)
-    gen.kv_cache_usage.set(0.25)
+    gen.kv_usage.set(16, 48, 64)
     found = scrape(metrics)
     assert by_model(found["vllm:num_requests_running"]) == {"llama": 3}
     assert by_model(found["vllm:num_requests_waiting"]) == {"llama": 5}
