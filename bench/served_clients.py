@@ -59,8 +59,8 @@ def vllm_client_argv(
             "--random-output-len", str(settings.output_len), "--ignore-eos", *extra,
             "--num-prompts", str(num), "--seed", str(point_seed(settings.seed, point, num)),
             "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
-            "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
-            "--disable-tqdm"]  # fmt: skip
+            "--save-result", "--save-detailed", "--result-dir", str(out.parent),
+            "--result-filename", out.name, "--disable-tqdm"]  # fmt: skip
 
 
 def run_vllm_client(argv: list[str], out: Path) -> dict[str, Any]:
@@ -73,11 +73,23 @@ def run_vllm_client(argv: list[str], out: Path) -> dict[str, Any]:
 
 def client_figures(raw: dict[str, Any]) -> dict[str, Any]:
     """The figures of a ``vllm bench serve`` result; RuntimeError when no request
-    completed (its figures would read as zeros: a peer refusing every request)."""
+    completed (its figures would read as zeros: a peer refusing every request). With the
+    detailed result, also each request's send time and TTFT (``requests``)."""
     if not raw["completed"]:
         raise RuntimeError(f"no request completed ({raw.get('failed', '?')} failed)")
-    return {"completed": raw["completed"], "failed": raw.get("failed", 0),
-            **{name: raw[name] for name in FIGURES}}  # fmt: skip
+    figures = {"completed": raw["completed"], "failed": raw.get("failed", 0),
+               **{name: raw[name] for name in FIGURES}}  # fmt: skip
+    if raw.get("start_times") and raw.get("ttfts"):
+        figures["requests"] = request_timings(raw["start_times"], raw["ttfts"])
+    return figures
+
+
+def request_timings(starts: Sequence[float], ttfts: Sequence[float]) -> list[list[float]]:
+    """Each request's send time (seconds from the first send) and TTFT (ms), in send order,
+    so that a tail can be traced to its wave; a failed request's TTFT is 0."""
+    first = min(starts)
+    rows = sorted((start - first, 1000 * ttft) for start, ttft in zip(starts, ttfts, strict=True))
+    return [[round(start, 3), round(ttft, 1)] for start, ttft in rows]
 
 
 def word_prompts(settings: Settings, num: int, salt: int) -> list[str]:

@@ -85,6 +85,12 @@ def test_a_client_run_where_no_request_completed_is_an_error() -> None:
         client_figures({**raw, "completed": 0, "failed": 16})
 
 
+def test_a_detailed_result_keeps_each_requests_send_time_and_ttft_in_send_order() -> None:
+    raw = {"completed": 3, "failed": 0, **dict.fromkeys(FIGURES, 1.0),
+           "start_times": [100.5, 100.0, 101.25], "ttfts": [0.25, 1.5, 0.0125]}  # fmt: skip
+    assert client_figures(raw)["requests"] == [[0.0, 1500.0], [0.5, 250.0], [1.25, 12.5]]
+
+
 def test_no_two_runs_send_the_same_prompts(tmp_path: Path) -> None:
     """The warm-up (16 at c16), c16 and c64 (64 each) get seeds of their own: a prefix
     cache must not serve one run's prompts from another's."""
