@@ -189,8 +189,8 @@ void attend_task(const Layout& s, int64_t row, int64_t kv_head, const scalar_t* 
 // The same as attend_task for a whole row, where a head is DV whole vectors (dim =
 // 16 * DV) and a KV head has at most kMaxGroup query heads. The row's blocks are read in
 // order, each block's slots for every KV head while the block is in the core's first-level
-// cache, the next block's keys (then values) prefetched meanwhile; each key and value is
-// loaded once into vector registers and used by every query head of its group.
+// cache, later blocks' keys (then values) prefetched meanwhile (RowPrefetch); each key and
+// value is loaded once into vector registers and used by every query head of its group.
 constexpr int64_t kMaxGroup = 8;
 constexpr int64_t kLine = 64;  // bytes per cache line
 
@@ -210,11 +210,12 @@ inline void prefetch(const void* start, int64_t bytes) {
 // them.
 //
 // Each block's prefetches are spread over its scoring: ``step`` asks for the next of
-// ``slices`` equal slices, once per head scored. Asked all at once at the block's start,
-// some two hundred lines that the core could not track at once, they helped no more than
-// no software prefetch at all: SmolLM2's shapes, 2 threads of a Zen 4 EPYC, KV from memory,
-// 64 rows of 128-256 tokens 0.82-0.86 ms a layer in bfloat16 either way, 0.61-0.63 ms
-// spread; 16 rows 0.22-0.24 against 0.15 ms; float32 64 rows 1.27-1.34 against 1.05 ms.
+// ``slices`` equal slices, once per head scored. Asked all at once at the block's start
+// (some two hundred lines: more than a core keeps in flight, the likely reason), they
+// helped no more than no software prefetch at all. The call alone, SmolLM2's shapes, 2 threads of a Zen 4 EPYC,
+// KV from memory, 64 rows of 128-256 tokens in bfloat16: 0.81-0.91 ms a layer with the burst
+// or with none, 0.60-0.77 ms spread; 16 rows 0.20-0.26 against 0.15-0.17 ms; float32 64
+// rows 1.23-1.37 against 1.03-1.05 ms.
 template <typename scalar_t>
 class RowPrefetch {
  public:
