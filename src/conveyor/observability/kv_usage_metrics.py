@@ -17,16 +17,12 @@ from prometheus_client.registry import Collector
 
 __all__ = ["KVUsage", "KVUsageFamilies", "KVUsageSnapshot"]
 
-USED, FREE, RATIO = (
-    "conveyor_kv_blocks_used",
-    "conveyor_kv_blocks_free",
-    "conveyor_kv_cache_usage_ratio",
+# Each family: its name, its help, and the snapshot's attribute it shows.
+FAMILIES = (
+    ("conveyor_kv_blocks_used", "KV-cache blocks held by sequences", "used"),
+    ("conveyor_kv_blocks_free", "KV-cache blocks free (cached prefixes included)", "free"),
+    ("conveyor_kv_cache_usage_ratio", "Share of KV-cache blocks held (0..1)", "ratio"),
 )
-HELP = {
-    USED: "KV-cache blocks held by sequences",
-    FREE: "KV-cache blocks free (cached prefixes included)",
-    RATIO: "Share of KV-cache blocks held (0..1)",
-}
 
 
 class KVUsageSnapshot(NamedTuple):
@@ -72,17 +68,13 @@ class KVUsageFamilies(Collector):
 
     def describe(self) -> list[Any]:
         """The families' names, with no samples."""
-        return [_family(name) for name in HELP]
+        return [GaugeMetricFamily(name, text, labels=["model"]) for name, text, _ in FAMILIES]
 
     def collect(self) -> Iterator[Any]:
         """The three families, all from one snapshot of every model."""
         snapshots = sorted(self.snapshots().items())
-        for name, figure in ((USED, "used"), (FREE, "free"), (RATIO, "ratio")):
-            family = _family(name)
+        for name, text, figure in FAMILIES:
+            family = GaugeMetricFamily(name, text, labels=["model"])
             for model, snapshot in snapshots:
                 family.add_metric([model], float(getattr(snapshot, figure)))
             yield family
-
-
-def _family(name: str) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, HELP[name], labels=["model"])
