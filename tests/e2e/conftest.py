@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.exit_report import exit_report
 from tests.polling import until
 
 SYNTHETIC = {
@@ -94,7 +95,7 @@ def wait_until_ready(server: Server, ready_timeout_s: float = 90) -> Server:
 
     def ready() -> bool:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{server.log()}")
+            raise RuntimeError(exit_report("server", process.returncode, server.log()))
         return httpx.get(f"{server.url}/ready", timeout=1).status_code == 200
 
     try:

@@ -21,6 +21,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.exit_report import exit_report
 from tests.polling import until
 from tests.postgres import fresh_database
 
@@ -153,7 +154,7 @@ class Fleet:
 
         def is_ready() -> bool:
             if proc.process.poll() is not None:
-                pytest.fail(f"{proc.name} exited early:\n{proc.log()}")
+                pytest.fail(exit_report(proc.name, proc.process.returncode, proc.log()))
             return httpx.get(f"{proc.url}/ready", timeout=1).status_code == 200
 
         until(is_ready, lambda: f"{proc.name} to be ready:\n{proc.log()}",
