@@ -318,6 +318,7 @@ REPO_WIDE_TESTS = frozenset({
     "test_code_shape.py",  # this file: the code's shape
     "test_deploy.py",  # deploy/'s manifests
     "test_missing_services.py",  # tests/missing.py: a missing service fails under CI
+    "test_exit_report.py",  # tests/exit_report.py: a server that exits before it is ready
     "test_mutation_report.py",  # bench/mutation_report.py
     "engine/test_torch_free.py",  # the engine's modules import without torch
     "docs/test_readme.py",  # README.md
