@@ -136,7 +136,7 @@ class Attention(nn.Module):
         # Conveyor's CPU KV write (``native_kernels``): a row copy per token.
         self.native_kv_write = False
         # The dtypes Conveyor's CPU attention of prompts (``native_kernels``) takes here
-        # (bfloat16 with AVX512-BF16, float32 with AVX-512); empty: SDPA attends them.
+        # (bfloat16 with AVX512-BF16, float32 with AVX-512 or AVX2); empty: SDPA attends them.
         self.native_prefill_dtypes: frozenset[torch.dtype] = frozenset()
         # Set by ``compiled_layers``: a compiled layer calls ``attend`` as an opaque op.
         self.op_slot: torch.Tensor | None = None

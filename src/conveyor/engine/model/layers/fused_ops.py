@@ -63,8 +63,8 @@ def prefill_attention(
     ``q`` [T, heads, dim], written into ``out`` [T, heads, dim]. ``k``, ``v`` [count x K,
     kv_heads, dim] hold each one's K keys, K >= T / count: a chunk's queries are the last
     of its keys (K > T / count: a cached context before them). Head dim 64 or 128; bfloat16
-    on a CPU with AVX512-BF16, float32 on one with AVX-512 (``native/prefill_attention.cpp``;
-    ``native_kernels.prefill_attention_runs``)."""
+    on a CPU with AVX512-BF16, float32 on one with AVX-512 or AVX2
+    (``native/prefill_attention.cpp``; ``native_kernels.prefill_attention_runs``)."""
     torch.ops.conveyor_native.prefill_attention(q, k, v, out, count, q.shape[-1] ** -0.5)
 
 

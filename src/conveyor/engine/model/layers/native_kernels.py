@@ -166,7 +166,7 @@ def install_native_kernels(model: nn.Module) -> NativeDecodeAttention | None:
 @functools.cache
 def prefill_attention_runs(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether the native prefill attention runs here in ``dtype``: built for it (bfloat16
-    where the CPU has AVX512-BF16, float32 where it has AVX-512), and its answer on two
+    where the CPU has AVX512-BF16, float32 where it has AVX-512 or AVX2), and its answer on two
     small prompts within ``PREFILL_CHECK_TOLERANCE`` of float32 SDPA (torch's brgemm must
     take packed bfloat16 operands on this CPU: checked once, not assumed)."""
     if native_library() is None or not torch.ops.conveyor_native.has_prefill_attention(dtype):

@@ -262,7 +262,7 @@ PREFILL_DTYPES = [
         torch.float32,
         marks=pytest.mark.skipif(
             not prefill_attention_runs(torch.float32),
-            reason="the float32 prefill attention needs AVX-512",
+            reason="the float32 prefill attention needs AVX-512 or AVX2",
         ),
         id="float32",
     ),
