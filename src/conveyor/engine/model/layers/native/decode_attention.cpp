@@ -122,20 +122,21 @@ inline float exp_and_sum(float* scores, int64_t n) {
   return sum;
 }
 
-// 16 lanes of float from 16 elements at src.
+// One vector of float (Vec::size() lanes: 16 with AVX-512, 8 with AVX2) from as many
+// elements at src, widened from 16-bit dtypes.
 template <typename scalar_t>
-inline Vec load16(const scalar_t* src) {
+inline Vec load_vec(const scalar_t* src) {
   return Vec::loadu(src);
 }
 
 template <>
-inline Vec load16<at::BFloat16>(const at::BFloat16* src) {
+inline Vec load_vec<at::BFloat16>(const at::BFloat16* src) {
   using BVec = at::vec::Vectorized<at::BFloat16>;
   return std::get<0>(at::vec::convert_to_float<at::BFloat16>(BVec::loadu(src, Vec::size())));
 }
 
 template <>
-inline Vec load16<at::Half>(const at::Half* src) {
+inline Vec load_vec<at::Half>(const at::Half* src) {
   using HVec = at::vec::Vectorized<at::Half>;
   return std::get<0>(at::vec::convert_to_float<at::Half>(HVec::loadu(src, Vec::size())));
 }
@@ -274,7 +275,7 @@ template <int DV, typename scalar_t>
 void load_queries(const Layout& s, int64_t row, const scalar_t* q, float scale, float* queries) {
   for (int64_t h = 0; h < s.heads; ++h) {
     const scalar_t* src = q + row * s.q_row + h * s.q_head;
-    for (int i = 0; i < DV; ++i) (load16(src + i * Vec::size()) * Vec(scale)).store(queries + (h * DV + i) * Vec::size());
+    for (int i = 0; i < DV; ++i) (load_vec(src + i * Vec::size()) * Vec(scale)).store(queries + (h * DV + i) * Vec::size());
   }
 }
 
@@ -305,7 +306,7 @@ void score_row_vec(const Layout& s, int64_t row, const scalar_t* k, const scalar
         }
         const scalar_t* key = block + slot * s.c_slot + kv_head * s.c_head;
         Vec keys[DV];
-        for (int i = 0; i < DV; ++i) keys[i] = load16(key + i * Vec::size());
+        for (int i = 0; i < DV; ++i) keys[i] = load_vec(key + i * Vec::size());
         for (int64_t g = 0; g < G; ++g) {
           Vec acc = qv[g][0] * keys[0];
           for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[g][i], keys[i], acc);
@@ -423,8 +424,8 @@ void score_row_x8(const Layout& s, int64_t row, const scalar_t* k, const scalar_
         __m256 sums[8];
         for (int j = 0; j < 8; ++j) {
           const scalar_t* key = keys + j * s.c_slot;
-          Vec acc = qv[0] * load16(key);
-          for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[i], load16(key + i * Vec::size()), acc);
+          Vec acc = qv[0] * load_vec(key);
+          for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[i], load_vec(key + i * Vec::size()), acc);
           sums[j] = acc;
         }
         const __m256 scored = _mm256_add_ps(sum_each8(sums), bias);
@@ -446,8 +447,8 @@ struct FloatDots {
     for (int i = 0; i < DV; ++i) qv[i] = Vec::loadu(queries + (head * DV + i) * Vec::size());
     for (int j = 0; j < 16; ++j) {
       const scalar_t* key = keys + j * stride;
-      Vec acc = qv[0] * load16(key);
-      for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[i], load16(key + i * Vec::size()), acc);
+      Vec acc = qv[0] * load_vec(key);
+      for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[i], load_vec(key + i * Vec::size()), acc);
       out[j] = acc;
     }
   }
@@ -553,7 +554,7 @@ void values_row_group(const Layout& s, int64_t row, const scalar_t* v, const int
           const scalar_t* value =
               block + slot * s.c_slot + kv_head * s.c_head + first * Vec::size();
           Vec values[C];
-          for (int i = 0; i < C; ++i) values[i] = load16(value + i * Vec::size());
+          for (int i = 0; i < C; ++i) values[i] = load_vec(value + i * Vec::size());
           for (int g = 0; g < G; ++g) {
             const Vec weight(head_scores[g * L + slot]);
             for (int i = 0; i < C; ++i) av[g][i] = at::vec::fmadd(weight, values[i], av[g][i]);
