@@ -69,7 +69,9 @@ def test_a_follow_up_turn_goes_to_the_worker_holding_its_prefix(
     gateway = fleet.spawn_gateway(extra_args=("--prefix-tokenizer", f"{LLAMA}={checkpoint}"))
     for proc in (*workers, gateway):
         fleet.wait_ready(proc)
-    until(lambda: routable_ids(gateway) == {"a", "b", "c"}, "three workers routable", timeout_s=10)
+    # Routable once the gateway has read each worker's fresh heartbeat: under a full suite on
+    # two cores that took over 10 s once after all three answered /ready.
+    until(lambda: routable_ids(gateway) == {"a", "b", "c"}, "three workers routable", timeout_s=30)
     conversations = [
         [{"role": "system", "content": f"You are assistant number {i}. Be brief."},
          {"role": "user", "content": f"Conversation {i}: tell me about paged attention."}]
