@@ -2,46 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 
 import pytest
 
-# Session fixtures that load a model or start a server: every test using one runs in the same
-# xdist worker, so each is built once per run, not once per worker.
-SHARED_SESSION_FIXTURES: dict[str, str] = {
-    # First: the engine: vllm tests (SmolLM2 imported once, one vLLM engine at a time).
-    "smollm2_dir": "vllm",
-    "smollm2_tokenizer": "smollm2",
-    "smollm2_runner": "smollm2",
-    "smollm2_hf": "smollm2",
-    "smollm2_scorer": "smollm2",
-    "default_server": "default_server",
-    "main_server": "main_server",
-}
-
-
-def xdist_group_of(nodeid: str, fixturenames: Collection[str]) -> str:
-    """The worker group of a test: its shared session fixture's, else its file's.
-
-    Keeping a file together keeps its module-scoped servers to one start per run.
-    """
-    for fixture, group in SHARED_SESSION_FIXTURES.items():
-        if fixture in fixturenames:
-            return group
-    return nodeid.split("::", 1)[0]
+from tests.worker_groups import run_order, xdist_group_of
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Group tests for ``pytest -n N --dist loadgroup`` (``make test``); harmless without it."""
+    groups = []
     for item in items:
-        fixturenames = getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid, fixturenames)))
+        group = xdist_group_of(item.nodeid, getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group(group))
+        groups.append((item.nodeid, group))
+    # The longest groups first (``tests/worker_groups.py``); xdist keeps this order.
+    items[:] = [items[i] for i in run_order(groups)]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse ``--dist loadgroup`` on a pytest whose node ids xdist 3.8 cannot mark."""
-    if config.getoption("dist", default="no") == "loadgroup" and pytest.version_tuple >= (9, 2):
+    """Refuse ``--dist loadgroup`` on a pytest whose node ids xdist 3.8 cannot mark; under
+    it, start the groups in the collection's order (the longest first), not xdist's (the
+    most tests first)."""
+    if config.getoption("dist", default="no") != "loadgroup":
+        return
+    config.option.loadscopereorder = False
+    if pytest.version_tuple >= (9, 2):
         raise pytest.UsageError(
             "--dist loadgroup needs pytest < 9.2 here: pytest-xdist 3.8 marks a test's group in "
             "its node id, which pytest 9.2 ignores, so every module's servers would start once "

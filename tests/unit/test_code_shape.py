@@ -319,6 +319,7 @@ REPO_WIDE_TESTS = frozenset({
     "test_deploy.py",  # deploy/'s manifests
     "test_missing_services.py",  # tests/missing.py: a missing service fails under CI
     "test_exit_report.py",  # tests/exit_report.py: a server that exits before it is ready
+    "test_worker_groups.py",  # tests/worker_groups.py: the suite's split between workers
     "test_mutation_report.py",  # bench/mutation_report.py
     "engine/test_torch_free.py",  # the engine's modules import without torch
     "docs/test_readme.py",  # README.md
