@@ -56,5 +56,6 @@ def run_order(tests: Sequence[tuple[str, str]]) -> list[int]:
     file_rank: dict[str, int] = {}
     for nodeid, group in tests:
         file = nodeid.split("::", 1)[0]
-        file_rank[file] = min(file_rank.get(file, rank_of(nodeid, group)), rank_of(nodeid, group))
+        rank = rank_of(nodeid, group)
+        file_rank[file] = min(file_rank.get(file, rank), rank)
     return sorted(range(len(tests)), key=lambda i: file_rank[tests[i][0].split("::", 1)[0]])
