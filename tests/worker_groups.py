@@ -37,6 +37,11 @@ def xdist_group_of(nodeid: str, fixturenames: Collection[str]) -> str:
     for fixture, group in SHARED_SESSION_FIXTURES.items():
         if fixture in fixturenames:
             return group
+    return file_of(nodeid)
+
+
+def file_of(nodeid: str) -> str:
+    """The test file of a node id (``tests/unit/test_x.py`` of ``tests/unit/test_x.py::t``)."""
     return nodeid.split("::", 1)[0]
 
 
@@ -55,7 +60,6 @@ def run_order(tests: Sequence[tuple[str, str]]) -> list[int]:
     stay together (its module-scoped fixtures set up once), else as collected."""
     file_rank: dict[str, int] = {}
     for nodeid, group in tests:
-        file = nodeid.split("::", 1)[0]
-        rank = rank_of(nodeid, group)
+        file, rank = file_of(nodeid), rank_of(nodeid, group)
         file_rank[file] = min(file_rank.get(file, rank), rank)
-    return sorted(range(len(tests)), key=lambda i: file_rank[tests[i][0].split("::", 1)[0]])
+    return sorted(range(len(tests)), key=lambda i: file_rank[file_of(tests[i][0])])

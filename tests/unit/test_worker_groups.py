@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from tests.worker_groups import LONG_GROUPS_FIRST, rank_of, run_order, xdist_group_of
+from pathlib import Path
+
+from tests.worker_groups import (
+    LONG_GROUPS_FIRST,
+    SHARED_SESSION_FIXTURES,
+    rank_of,
+    run_order,
+    xdist_group_of,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_shared_fixture_names_the_group_else_the_file() -> None:
@@ -42,3 +52,10 @@ def test_the_order_puts_long_groups_first_and_keeps_files_and_ties_together() ->
         "tests/unit/test_a.py::t1",
         "tests/unit/test_a.py::t2",
     ]
+
+
+def test_every_long_group_is_a_shared_fixtures_group_or_a_test_file_that_exists() -> None:
+    # A renamed file would otherwise drop out of the long groups without a word.
+    for group in LONG_GROUPS_FIRST:
+        shared = group in SHARED_SESSION_FIXTURES.values()
+        assert shared or (REPO_ROOT / group).is_file(), group
