@@ -74,12 +74,26 @@ def submit(
     )
 
 
-def wait_until(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...] = TERMINAL) -> Any:
-    """Poll the batch until its status is one of `statuses`."""
-    return until(
-        lambda: b if (b := client.batches.retrieve(batch_id)).status in statuses else None,
-        f"batch {batch_id} to be {statuses}", timeout_s=WAIT_S,
-    )  # fmt: skip
+def wait_until(
+    client: openai.OpenAI,
+    batch_id: str,
+    statuses: tuple[str, ...] = TERMINAL,
+    *,
+    timeout_s: float = WAIT_S,
+) -> Any:
+    """Poll the batch until its status is one of `statuses`; a timeout names the status and
+    counts it had last."""
+    seen: list[Any] = []
+
+    def reached() -> Any:
+        seen[:] = [client.batches.retrieve(batch_id)]
+        return seen[0] if seen[0].status in statuses else None
+
+    def what() -> str:
+        last = f" (it was {seen[0].status}, {seen[0].request_counts})" if seen else ""
+        return f"batch {batch_id} to be {statuses}{last}"
+
+    return until(reached, what, timeout_s=timeout_s)
 
 
 def wait_for_progress(client: openai.OpenAI, batch_id: str, num_done: int) -> Any:
@@ -115,11 +129,11 @@ def assert_each_once(
 
 
 def completed_each_once(
-    client: openai.OpenAI, batch_id: str, ids: list[str]
+    client: openai.OpenAI, batch_id: str, ids: list[str], *, timeout_s: float = WAIT_S
 ) -> list[dict[str, Any]]:
-    """Wait for the batch to end; it completed, every line once and none failed. The
-    output records."""
-    batch = wait_until(client, batch_id)
+    """Wait (up to `timeout_s`) for the batch to end; it completed, every line once and none
+    failed. The output records."""
+    batch = wait_until(client, batch_id, timeout_s=timeout_s)
     assert batch.status == "completed"
     assert batch.request_counts.completed == batch.request_counts.total == len(ids)
     outputs, errors = results(client, batch)

@@ -33,6 +33,9 @@ NUM_LINES = 200
 # little, yet each holds its seat for a few steps: the online request, waiting for a seat,
 # lets only a handful of lines finish (5 seen; first come first served would be 50 or more).
 LINE_TOKENS = 4
+# The restarted server (with LoRA) answers the 50 lines cut off, four at a time. 90 s was
+# not enough on a CI host with lm-eval's group running beside it; this bounds a hang only.
+FINISH_S = 600.0
 
 
 def chat_lines() -> list[dict[str, object]]:
@@ -86,5 +89,6 @@ def test_online_first_then_sigkill_mid_job_and_exactly_once_after_restart(
         vllm_launched.kill()
     second = vllm_launched.ready(vllm_adapter_root)  # again on the same data, now with LoRA
     client = openai.OpenAI(base_url=second.api, api_key="unused", max_retries=0)
-    outputs = completed_each_once(client, created.id, [str(line["custom_id"]) for line in lines])
+    ids = [str(line["custom_id"]) for line in lines]
+    outputs = completed_each_once(client, created.id, ids, timeout_s=FINISH_S)
     assert all(record["response"]["status_code"] == 200 for record in outputs)
