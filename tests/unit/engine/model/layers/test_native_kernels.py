@@ -4,13 +4,15 @@ the one-time check that turns the prefill attention on."""
 from __future__ import annotations
 
 import logging
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from conveyor.engine.model.layers.native_build import CACHE_ENV
+from conveyor.engine.model.layers.native_build import CACHE_ENV, compile_command
 from conveyor.engine.model.layers.native_kernels import (
+    NATIVE_DIR,
     PREFILL_DTYPES,
     NativeDecodeAttention,
     _load_once,
@@ -180,6 +182,26 @@ def test_the_op_runs_inside_a_compiled_graph_unbroken() -> None:
 
     compiled = torch.compile(attend, fullgraph=True, dynamic=False)
     torch.testing.assert_close(compiled(q, mask), attend(q, mask))
+
+
+@pytest.mark.slow  # the compiler reads torch's headers: seconds a source
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("source", ["decode_attention.cpp", "prefill_attention.cpp"])
+def test_a_kernel_compiles_for_torchs_avx2_vectors_on_an_avx512_cpu(
+    source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512 CPU: torch's vectors are AVX2's while the
+    compiler may use AVX-512. The prefill kernel's AVX-512 code, mixing its own vectors with
+    torch's, did not compile there, and every kernel was left off. Checked for a Sapphire
+    Rapids target (AVX-512, AVX512-BF16, AMX) on any host: the compiler needs no such CPU."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    command = compile_command(NATIVE_DIR / source, tmp_path / "out.o")
+    assert "-DCPU_CAPABILITY_AVX2" in command
+    command = ["-march=sapphirerapids" if part == "-march=native" else part for part in command]
+    done = subprocess.run(
+        [*command, "-fsyntax-only"], capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_failed_build_leaves_the_kernels_off_and_says_why(

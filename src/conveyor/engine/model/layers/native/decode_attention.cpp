@@ -8,9 +8,9 @@
 //
 // In bfloat16 on a CPU with AVX512-BF16 (blocks of a multiple of 16 slots, head dim 64 or
 // 128), keys are scored sixteen at a time by vdpbf16ps, straight from the cache, their
-// sums gathered into one vector (score_row_x16 with Bfloat16Dots); on other AVX-512 CPUs,
+// sums gathered into one vector (score_row_wide with Bfloat16Dots); on other AVX-512 CPUs,
 // and in float32 and float16, sixteen at a time by float32 FMAs (FloatDots); on AVX2,
-// eight at a time (score_row_x8); elsewhere a key at a time in float32. On 2 threads of a
+// eight at a time the same way; elsewhere a key at a time in float32. On 2 threads of a
 // Zen 3 EPYC (AVX2), SmolLM2's shapes, float32, KV from memory, the call alone took
 // 266-318 us a layer at 16 rows and 1,059-1,079 us at 64 with eight keys at a time, against
 // 376-420 and 1,593-1,603 us a key at a time.
@@ -35,9 +35,15 @@
 #include <immintrin.h>
 #endif
 
-// AVX2 without AVX-512, torch's vectors eight floats wide: keys scored eight at a time.
-#if defined(__AVX2__) && !defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX2)
-#define CONVEYOR_DECODE_X8 1
+// Keys scored a vector's width at a time (score_row_wide) where torch's vectors are
+// AVX-512's (sixteen floats) or AVX2's (eight); with AVX512-BF16 as well, bfloat16 keys
+// by vdpbf16ps.
+#if (defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX512)) || \
+    (defined(__AVX2__) && defined(CPU_CAPABILITY_AVX2))
+#define CONVEYOR_DECODE_WIDE 1
+#endif
+#if defined(CONVEYOR_DECODE_WIDE) && defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+#define CONVEYOR_DECODE_BF16 1
 #endif
 
 namespace {
@@ -317,10 +323,12 @@ void score_row_vec(const Layout& s, int64_t row, const scalar_t* k, const scalar
   }
 }
 
-#if defined(__AVX512F__)
+#if defined(CONVEYOR_DECODE_WIDE) && defined(CPU_CAPABILITY_AVX512)
 // Sixteen vectors' horizontal sums as one vector (lane j: the sum of x[j]'s lanes), by a
 // tree of in-lane unpacks and 128-bit shuffles: 45 instructions for 16 sums.
-inline __m512 sum_each(const __m512* x) {
+inline Vec sum_each(const Vec* v) {
+  __m512 x[16];
+  for (int i = 0; i < 16; ++i) x[i] = v[i];
   __m512 pairs[8];
   for (int i = 0; i < 8; ++i)
     pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]),
@@ -338,114 +346,71 @@ inline __m512 sum_each(const __m512* x) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88),
                        _mm512_shuffle_f32x4(low, high, 0xDD));
 }
-
-// Scores [H, L] of one row sixteen keys at a time (block_size a multiple of 16):
-// ``dots(head, keys, stride, out)`` fills out[j] with lanes that sum to query head
-// ``head``'s product with key j (at keys + j * stride); sum_each gathers the sixteen sums
-// into one vector, which is scaled by ``scale``, masked and stored. Groups of sixteen slots
-// that the mask hides whole are not read.
-template <typename scalar_t, typename Dots>
-void score_row_x16(const Layout& s, int64_t row, const scalar_t* k, const scalar_t* v,
-                   const int64_t* tables, const float* mask, float scale, float* scores,
-                   Dots dots) {
-  const int64_t G = s.group, L = s.length, BS = s.block_size;
-  const float* row_mask = mask + row * L;
-  const int64_t* row_table = tables + row * s.blocks_per_row;
-  const __m512 scale_v = _mm512_set1_ps(scale), hidden = _mm512_set1_ps(kNegInf);
-  RowPrefetch<scalar_t> ahead(s, row_table, row_mask, k, v, BS / 16 * s.heads);
-  for (int64_t b = 0; b < s.blocks_per_row; ++b) {
-    ahead.start_block(b);
-    const scalar_t* block = k + row_table[b] * s.c_block;
-    for (int64_t first = 0; first < BS; first += 16) {
-      const int64_t pos = b * BS + first;
-      const __m512 bias = _mm512_loadu_ps(row_mask + pos);
-      const __mmask16 is_hidden = _mm512_cmp_ps_mask(bias, hidden, _CMP_EQ_OQ);
-      for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head) {
-        const scalar_t* keys = block + first * s.c_slot + kv_head * s.c_head;
-        for (int64_t head = kv_head * G; head < (kv_head + 1) * G; ++head) {
-          ahead.step();
-          float* out = scores + head * L + pos;
-          if (is_hidden == 0xFFFF) {
-            _mm512_storeu_ps(out, hidden);
-            continue;
-          }
-          __m512 sums[16];
-          dots(head, keys, s.c_slot, sums);
-          const __m512 scored = _mm512_fmadd_ps(sum_each(sums), scale_v, bias);
-          _mm512_storeu_ps(out, _mm512_mask_mov_ps(scored, is_hidden, hidden));
-        }
-      }
-    }
-  }
-}
-#endif
-
-#if defined(CONVEYOR_DECODE_X8)
+#elif defined(CONVEYOR_DECODE_WIDE)
 // Eight vectors' horizontal sums as one vector (lane j: the sum of x[j]'s lanes): two rounds
 // of pairwise adds within 128-bit halves, then the halves' sums added across.
-inline __m256 sum_each8(const __m256* x) {
+inline Vec sum_each(const Vec* x) {
   const __m256 low4 = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
   const __m256 high4 = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
   return _mm256_add_ps(_mm256_permute2f128_ps(low4, high4, 0x20),
                        _mm256_permute2f128_ps(low4, high4, 0x31));
 }
+#endif
 
-// Scores [H, L] of one row eight keys at a time on AVX2 (block_size a multiple of 8), from
-// ``queries`` (float32, scaled already: load_queries): a query head's products with eight
-// keys in eight vectors, their sums gathered into one (sum_each8), masked and stored, in
-// place of score_row_vec's horizontal sum a score. Groups of eight slots that the mask
-// hides whole are not read.
-template <int DV, typename scalar_t>
-void score_row_x8(const Layout& s, int64_t row, const scalar_t* k, const scalar_t* v,
-                  const int64_t* tables, const float* mask, float* scores, const float* queries) {
+#if defined(CONVEYOR_DECODE_WIDE)
+// Scores [H, L] of one row a vector's width of keys at a time (W = Vec::size(): sixteen
+// with AVX-512, eight with AVX2; block_size a multiple of W): ``dots(head, keys, stride,
+// out)`` fills out[j] with lanes that sum to query head ``head``'s product with key j (at
+// keys + j * stride); sum_each gathers the W sums into one vector, which is scaled by
+// ``scale``, masked and stored, in place of score_row_vec's horizontal sum a score. Groups
+// of W slots that the mask hides whole are not read.
+template <typename scalar_t, typename Dots>
+void score_row_wide(const Layout& s, int64_t row, const scalar_t* k, const scalar_t* v,
+                    const int64_t* tables, const float* mask, float scale, float* scores,
+                    Dots dots) {
+  constexpr int64_t W = Vec::size();
   const int64_t G = s.group, L = s.length, BS = s.block_size;
   const float* row_mask = mask + row * L;
   const int64_t* row_table = tables + row * s.blocks_per_row;
-  const __m256 hidden = _mm256_set1_ps(kNegInf);
-  RowPrefetch<scalar_t> ahead(s, row_table, row_mask, k, v, BS / 8 * s.heads);
+  const Vec scale_v(scale), hidden(kNegInf);
+  RowPrefetch<scalar_t> ahead(s, row_table, row_mask, k, v, BS / W * s.heads);
   for (int64_t b = 0; b < s.blocks_per_row; ++b) {
     ahead.start_block(b);
     const scalar_t* block = k + row_table[b] * s.c_block;
-    for (int64_t first = 0; first < BS; first += 8) {
+    for (int64_t first = 0; first < BS; first += W) {
       const int64_t pos = b * BS + first;
-      const __m256 bias = _mm256_loadu_ps(row_mask + pos);
-      const __m256 is_hidden = _mm256_cmp_ps(bias, hidden, _CMP_EQ_OQ);
-      const bool all_hidden = _mm256_movemask_ps(is_hidden) == 0xFF;
-      for (int64_t head = 0; head < s.heads; ++head) {
-        ahead.step();
-        float* out = scores + head * L + pos;
-        if (all_hidden) {
-          _mm256_storeu_ps(out, hidden);
-          continue;
+      const Vec bias = Vec::loadu(row_mask + pos);
+      const Vec is_hidden = bias == hidden;
+      const bool all_hidden =
+          std::all_of(row_mask + pos, row_mask + pos + W, [](float x) { return x == kNegInf; });
+      for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head) {
+        const scalar_t* keys = block + first * s.c_slot + kv_head * s.c_head;
+        for (int64_t head = kv_head * G; head < (kv_head + 1) * G; ++head) {
+          ahead.step();
+          float* out = scores + head * L + pos;
+          if (all_hidden) {
+            hidden.store(out);
+            continue;
+          }
+          Vec sums[W];
+          dots(head, keys, s.c_slot, sums);
+          const Vec scored = at::vec::fmadd(sum_each(sums), scale_v, bias);
+          Vec::blendv(scored, hidden, is_hidden).store(out);
         }
-        const scalar_t* keys = block + first * s.c_slot + head / G * s.c_head;
-        Vec qv[DV];
-        for (int i = 0; i < DV; ++i) qv[i] = Vec::loadu(queries + (head * DV + i) * Vec::size());
-        __m256 sums[8];
-        for (int j = 0; j < 8; ++j) {
-          const scalar_t* key = keys + j * s.c_slot;
-          Vec acc = qv[0] * load_vec(key);
-          for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[i], load_vec(key + i * Vec::size()), acc);
-          sums[j] = acc;
-        }
-        const __m256 scored = _mm256_add_ps(sum_each8(sums), bias);
-        _mm256_storeu_ps(out, _mm256_blendv_ps(scored, hidden, is_hidden));
       }
     }
   }
 }
-#endif
 
-#if defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX512)
-// Dots for score_row_x16 in float32 FMAs, from ``queries`` [H, dim] (float32, scaled
+// Dots for score_row_wide in float32 FMAs, from ``queries`` [H, dim] (float32, scaled
 // already: load_queries); keys of 16-bit dtypes are widened to float32 on load.
 template <int DV, typename scalar_t>
 struct FloatDots {
   const float* queries;
-  void operator()(int64_t head, const scalar_t* keys, int64_t stride, __m512* out) const {
+  void operator()(int64_t head, const scalar_t* keys, int64_t stride, Vec* out) const {
     Vec qv[DV];
     for (int i = 0; i < DV; ++i) qv[i] = Vec::loadu(queries + (head * DV + i) * Vec::size());
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < Vec::size(); ++j) {
       const scalar_t* key = keys + j * stride;
       Vec acc = qv[0] * load_vec(key);
       for (int i = 1; i < DV; ++i) acc = at::vec::fmadd(qv[i], load_vec(key + i * Vec::size()), acc);
@@ -455,15 +420,15 @@ struct FloatDots {
 };
 #endif
 
-#if defined(__AVX512BF16__)
-// Dots for score_row_x16 in bfloat16 with AVX512-BF16 (dim of DP * 32): products of
+#if defined(CONVEYOR_DECODE_BF16)
+// Dots for score_row_wide in bfloat16 with AVX512-BF16 (dim of DP * 32): products of
 // bfloat16 pairs summed in float32 by vdpbf16ps straight from the query and the cache (no
 // conversion; the scale comes after).
 template <int DP>
 struct Bfloat16Dots {
   const Layout& s;
   const at::BFloat16* q;  // the row's query heads
-  void operator()(int64_t head, const at::BFloat16* keys, int64_t stride, __m512* out) const {
+  void operator()(int64_t head, const at::BFloat16* keys, int64_t stride, Vec* out) const {
     __m512bh qv[DP];
     for (int p = 0; p < DP; ++p) qv[p] = (__m512bh)_mm512_loadu_si512(q + head * s.q_head + 32 * p);
     for (int j = 0; j < 16; ++j) {
@@ -477,33 +442,29 @@ struct Bfloat16Dots {
 };
 #endif
 
-// Scores [H, L] of one row: sixteen keys at a time where blocks are of a multiple of
-// sixteen slots (by vdpbf16ps in bfloat16 with AVX512-BF16 and dim 64 or 128, else by
-// float32 FMAs on AVX-512), else a key at a time (score_row_vec). ``queries`` is work
-// space for the row's query heads in float32.
+// Scores [H, L] of one row: a vector's width of keys at a time where blocks are of a
+// multiple of it (by vdpbf16ps in bfloat16 with AVX512-BF16 and dim 64 or 128, else by
+// float32 FMAs, on AVX-512 and AVX2), else a key at a time (score_row_vec). ``queries`` is
+// work space for the row's query heads in float32.
 template <int DV, typename scalar_t>
 void score_row(const Layout& s, int64_t row, const scalar_t* q, const scalar_t* k,
                const scalar_t* v, const int64_t* tables, const float* mask, float scale,
                float* scores, float* queries) {
-#if defined(__AVX512BF16__)
+#if defined(CONVEYOR_DECODE_BF16)
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
     if (s.block_size % 16 == 0 && (DV == 4 || DV == 8)) {
       const at::BFloat16* row_q = q + row * s.q_row;
       if (DV == 4)
-        return score_row_x16(s, row, k, v, tables, mask, scale, scores, Bfloat16Dots<2>{s, row_q});
-      return score_row_x16(s, row, k, v, tables, mask, scale, scores, Bfloat16Dots<4>{s, row_q});
+        return score_row_wide(s, row, k, v, tables, mask, scale, scores, Bfloat16Dots<2>{s, row_q});
+      return score_row_wide(s, row, k, v, tables, mask, scale, scores, Bfloat16Dots<4>{s, row_q});
     }
   }
 #endif
   load_queries<DV, scalar_t>(s, row, q, scale, queries);
-#if defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX512)
-  if (s.block_size % 16 == 0)
-    return score_row_x16(s, row, k, v, tables, mask, 1.0f, scores,
-                         FloatDots<DV, scalar_t>{queries});
-#endif
-#if defined(CONVEYOR_DECODE_X8)
-  if (s.block_size % 8 == 0)
-    return score_row_x8<DV, scalar_t>(s, row, k, v, tables, mask, scores, queries);
+#if defined(CONVEYOR_DECODE_WIDE)
+  if (s.block_size % Vec::size() == 0)
+    return score_row_wide(s, row, k, v, tables, mask, 1.0f, scores,
+                          FloatDots<DV, scalar_t>{queries});
 #endif
   score_row_vec<DV, scalar_t>(s, row, k, v, tables, mask, scores, queries);
 }

@@ -64,9 +64,19 @@
 #include <immintrin.h>
 #endif
 
+// AVX-512 code where torch's vectors are AVX-512's too: ATEN_CPU_CAPABILITY=avx2 narrows
+// them to AVX2's on an AVX-512 CPU, and then the AVX2 code is built (the AVX-512 code, mixing
+// its own vectors with torch's, did not compile, and the kernels were left off).
+#if defined(__AVX512F__) && defined(CPU_CAPABILITY_AVX512)
+#define CONVEYOR_PREFILL_AVX512 1
+#endif
+// The bfloat16 kernel: AVX-512 with AVX512-BF16.
+#if defined(CONVEYOR_PREFILL_AVX512) && defined(__AVX512BF16__)
+#define CONVEYOR_PREFILL_BF16 1
+#endif
 // The float32 kernel: on AVX-512 (sixteen lanes a vector) and on AVX2 (eight; the same
 // tasks, matmuls and padding to sixteen keys, its own vector code where marked).
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(CPU_CAPABILITY_AVX2))
+#if defined(CONVEYOR_PREFILL_AVX512) || (defined(__AVX2__) && defined(CPU_CAPABILITY_AVX2))
 #define CONVEYOR_PREFILL_FLOAT32 1
 #endif
 
@@ -78,7 +88,7 @@ constexpr int64_t kLanes = 16;  // keys a row of scores is padded to a multiple 
 
 #endif
 
-#if defined(__AVX512F__)
+#if defined(CONVEYOR_PREFILL_AVX512)
 
 // Offsets of sixteen rows `stride` elements apart, for a gather of one element of each.
 inline __m512i row_offsets(int64_t stride) {
@@ -93,7 +103,7 @@ inline __mmask16 live_lanes(int64_t len, int64_t j0) {
   return static_cast<__mmask16>((1u << live) - 1u);
 }
 
-#if defined(__AVX512BF16__)
+#if defined(CONVEYOR_PREFILL_BF16)
 
 // Keys [len, DIM] (rows stride apart) as [DIM/2][padded][pair]: for each pair of head
 // dims, every key's two values side by side; keys past len are zero. Sixteen keys' pair p
@@ -149,18 +159,27 @@ void pack_values(const at::BFloat16* v, int64_t stride, int64_t len, int64_t pad
   }
 }
 
-#endif  // __AVX512BF16__
+#endif  // CONVEYOR_PREFILL_BF16
 
 // Sixteen float32 values into place (probabilities, outputs): as they are, or rounded to
 // bfloat16.
 inline void store_floats(float* out, __m512 e) { _mm512_storeu_ps(out, e); }
 
-#if defined(__AVX512BF16__)
+#if defined(CONVEYOR_PREFILL_BF16)
 inline void store_floats(at::BFloat16* out, __m512 e) {
   const __m256bh rounded = _mm512_cvtneps_pbh(e);
   std::memcpy(out, &rounded, sizeof(rounded));
 }
 #endif
+
+// A row of dim float32 sums times `factor` into out: as they are, or rounded to bfloat16.
+template <typename scalar_t>
+inline void scale_row(const float* totals, float factor, int64_t dim, scalar_t* out) {
+  const __m512 by = _mm512_set1_ps(factor);
+  for (int64_t d = 0; d < dim; d += kLanes) {
+    store_floats(out + d, _mm512_mul_ps(_mm512_loadu_ps(totals + d), by));
+  }
+}
 
 // Softmax numerators of rows' n raw scores, exp((s - max) x scale), in probs' type (float32,
 // or rounded to bfloat16) into probs (n a multiple of 16; probs may be scores itself) (zero past each row's `visible` keys, its own position); each row's float32
@@ -251,7 +270,15 @@ inline void softmax_rows(const float* scores, int64_t n, const int64_t* visible,
   }
 }
 
-#endif  // __AVX512F__, AVX2
+// AVX2: scale_row as above, for float32.
+inline void scale_row(const float* totals, float factor, int64_t dim, float* out) {
+  using Vec = at::vec::Vectorized<float>;
+  for (int64_t d = 0; d < dim; d += Vec::size()) {
+    (Vec::loadu(totals + d) * Vec(factor)).store(out + d);
+  }
+}
+
+#endif  // CONVEYOR_PREFILL_AVX512, AVX2
 
 #if defined(CONVEYOR_PREFILL_FLOAT32)
 
@@ -347,10 +374,6 @@ void stack_queries(const Layout& s, const scalar_t* q, const PackedHead& head, i
   }
 }
 
-#endif  // CONVEYOR_PREFILL_FLOAT32
-
-#if defined(__AVX512F__)
-
 // The stacked rows' sums of values (totals [group x rows, dim]) divided by their sums of
 // probabilities, into their rows and heads of out.
 template <typename scalar_t>
@@ -361,15 +384,16 @@ void write_rows(const Layout& s, const float* totals, const float* sums,
   const int64_t first_token = head.prompt * s.len;
   for (int64_t m = 0; m < group * rows; ++m) {
     const int64_t q_head = head.kv_head * group + m / rows;
-    const __m512 inverse = _mm512_set1_ps(1.0f / sums[m]);
     scalar_t* o = out + (first_token + row0 + m % rows) * s.o_token + q_head * s.o_head;
-    for (int64_t d = 0; d < dim; d += kLanes) {
-      store_floats(o + d, _mm512_mul_ps(_mm512_loadu_ps(totals + m * dim + d), inverse));
-    }
+    scale_row(totals + m * dim, 1.0f / sums[m], dim, o);
   }
 }
 
-#if defined(__AVX512BF16__)
+#endif  // CONVEYOR_PREFILL_FLOAT32
+
+#if defined(CONVEYOR_PREFILL_AVX512)
+
+#if defined(CONVEYOR_PREFILL_BF16)
 
 // A thread's buffers, sized for the longest prompt (`longest` keys, `stacked` rows) and
 // reused from task to task; never zeroed (every value read is written first).
@@ -453,7 +477,7 @@ void attend_all(const Layout& s, const at::BFloat16* q, const at::BFloat16* k,
       [] { at::native::cpublas::brgemm_release(true); });
 }
 
-#endif  // __AVX512BF16__
+#endif  // CONVEYOR_PREFILL_BF16
 
 // float32: keys [len, dim] (rows stride apart) transposed into [dim][padded] for the
 // scores' matmul; keys past len are zero. Sixteen keys' value at one head dim are gathered
@@ -473,22 +497,6 @@ void transpose_keys(const float* k, int64_t stride, int64_t len, int64_t padded,
 
 #elif defined(CONVEYOR_PREFILL_FLOAT32)
 
-// AVX2: write_rows as above, for float32.
-void write_rows(const Layout& s, const float* totals, const float* sums, const PackedHead& head,
-                int64_t row0, int64_t rows, int64_t dim, float* out) {
-  using Vec = at::vec::Vectorized<float>;
-  const int64_t group = s.heads / s.kv_heads;
-  const int64_t first_token = head.prompt * s.len;
-  for (int64_t m = 0; m < group * rows; ++m) {
-    const int64_t q_head = head.kv_head * group + m / rows;
-    const Vec inverse(1.0f / sums[m]);
-    float* o = out + (first_token + row0 + m % rows) * s.o_token + q_head * s.o_head;
-    for (int64_t d = 0; d < dim; d += Vec::size()) {
-      (Vec::loadu(totals + m * dim + d) * inverse).store(o + d);
-    }
-  }
-}
-
 // AVX2: transpose_keys as above, eight keys' value at one head dim gathered at a time.
 void transpose_keys(const float* k, int64_t stride, int64_t len, int64_t padded, int64_t dim,
                     float* out) {
@@ -505,7 +513,7 @@ void transpose_keys(const float* k, int64_t stride, int64_t len, int64_t padded,
   }
 }
 
-#endif  // __AVX512F__, AVX2
+#endif  // CONVEYOR_PREFILL_AVX512, AVX2
 
 #if defined(CONVEYOR_PREFILL_FLOAT32)
 
@@ -574,7 +582,7 @@ void attend_all32(const Layout& s, const float* q, const float* k, const float* 
 #endif  // CONVEYOR_PREFILL_FLOAT32
 
 bool has_prefill_attention(at::ScalarType dtype) {
-#if defined(__AVX512BF16__)
+#if defined(CONVEYOR_PREFILL_BF16)
   if (dtype == at::kBFloat16) return true;
 #endif
 #if defined(CONVEYOR_PREFILL_FLOAT32)
@@ -618,7 +626,7 @@ void prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     return;
   }
 #endif
-#if defined(__AVX512BF16__)
+#if defined(CONVEYOR_PREFILL_BF16)
   const auto* qp = q.const_data_ptr<at::BFloat16>();
   const auto* kp = k.const_data_ptr<at::BFloat16>();
   const auto* vp = v.const_data_ptr<at::BFloat16>();
