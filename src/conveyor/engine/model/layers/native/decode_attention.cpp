@@ -217,6 +217,12 @@ inline void prefetch(const void* start, int64_t bytes) {
     __builtin_prefetch(at + offset, 0, locality);
 }
 
+// Whether block ``b`` of a row is one to prefetch: within the row, its first slot not hidden
+// by the mask.
+inline bool block_visible(const Layout& s, const float* row_mask, int64_t b) {
+  return b < s.blocks_per_row && row_mask[b * s.block_size] != kNegInf;
+}
+
 // A row's prefetches while its keys are scored: the keys of the block two ahead of the one
 // being scored into the first-level cache (the first two blocks' before the row starts), and
 // the scored block's values into the second-level cache for the values pass (so that it
@@ -261,9 +267,7 @@ class RowPrefetch {
   }
 
  private:
-  bool visible(int64_t at) const {
-    return at < s_.blocks_per_row && mask_[at * s_.block_size] != kNegInf;
-  }
+  bool visible(int64_t at) const { return block_visible(s_, mask_, at); }
 
   const Layout& s_;
   const int64_t* table_;
@@ -497,10 +501,9 @@ void values_row_group(const Layout& s, int64_t row, const scalar_t* v, const int
   const int64_t* row_table = tables + row * s.blocks_per_row;
   const int64_t block_bytes = s.c_block * static_cast<int64_t>(sizeof(scalar_t));
   std::fill(acc, acc + s.heads * DV * Vec::size(), 0.0f);
-  if (row_mask[0] != kNegInf) prefetch(v + row_table[0] * s.c_block, block_bytes);
+  if (block_visible(s, row_mask, 0)) prefetch(v + row_table[0] * s.c_block, block_bytes);
   for (int64_t b = 0; b < s.blocks_per_row; ++b) {
-    if (b + 1 < s.blocks_per_row && row_mask[(b + 1) * BS] != kNegInf)
-      prefetch(v + row_table[b + 1] * s.c_block, block_bytes);
+    if (block_visible(s, row_mask, b + 1)) prefetch(v + row_table[b + 1] * s.c_block, block_bytes);
     const scalar_t* block = v + row_table[b] * s.c_block;
     for (int64_t kv_head = 0; kv_head < s.kv_heads; ++kv_head) {
       const float* head_scores = scores + kv_head * G * L + b * BS;
