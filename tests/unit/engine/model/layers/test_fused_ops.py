@@ -253,7 +253,8 @@ def test_a_runners_layers_fuse_each_residual_add_into_the_next_norm(llama_path: 
 
 
 needs_prefill_kernel = pytest.mark.skipif(
-    not prefill_attention_runs(), reason="the bfloat16 prefill attention needs AVX512-BF16"
+    not prefill_attention_runs(),
+    reason="the bfloat16 prefill attention needs AVX512-BF16 and torch's AVX-512 vectors",
 )
 # The prefill attention's dtypes, each skipped where this CPU lacks what it is built for.
 PREFILL_DTYPES = [
