@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +98,25 @@ def test_a_burst_split_across_two_gateways_admits_the_rpm_once(
     # The buckets refill continuously (100 a minute): a burst that takes longer on a busy
     # machine may admit that refill too; a quick one admits exactly the limit, or one more.
     refill = int((time.monotonic() - started_s) * 100 / 60)
-    codes = [answer.status_code for answer in answers]
-    assert set(codes) <= {200, 429}
-    assert 100 <= codes.count(200) <= 101 + refill, (codes.count(200), refill)
-    refused = next(answer for answer in answers if answer.status_code == 429)
+    outcomes = Counter(outcome(answer) for answer in answers)
+    # The limiter's refusals are its own code; on a busy machine the worker may refuse some
+    # of what the gateways admitted (its queue full): admitted all the same.
+    assert set(outcomes) <= {"ok", "rate_limit_exceeded", "queue_full", "deadline_unreachable"}
+    admitted = len(answers) - outcomes["rate_limit_exceeded"]
+    assert 100 <= admitted <= 101 + refill, (outcomes, refill)
+    refused = next(answer for answer in answers if outcome(answer) == "rate_limit_exceeded")
     assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     assert refused.headers["x-ratelimit-limit-requests"] == "100"
+
+
+def outcome(answer: httpx.Response) -> str:
+    """An answer's outcome: ok for a 200, a 429's error code, or another status."""
+    if answer.status_code == 200:
+        return "ok"
+    if answer.status_code != 429:
+        return str(answer.status_code)
+    return str(answer.json()["error"]["code"])
 
 
 def post_until(
